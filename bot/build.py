@@ -1,0 +1,47 @@
+"""Turns validated settings into stage objects.
+
+Each stage type lives in its own module and exposes ``create(...)``, which checks that
+type's options (raising ConfigError naming file and path) and builds the object without
+doing any I/O. ``check_all`` builds everything once so ``draftgate validate`` reports
+option errors too.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .config import PipelineConfig, Settings
+from .errors import ConfigError
+from .stages import Drafter, Sender, Source
+
+_SOURCES = {"maildir": "bot.sources.maildir", "schedule": "bot.sources.schedule",
+            "gmail": "bot.sources.gmail"}
+_SENDERS = {"outbox": "bot.senders.outbox", "webhook": "bot.senders.webhook",
+            "gmail_reply": "bot.senders.gmail", "gmail_draft": "bot.senders.gmail"}
+_DRAFTERS = {"template": "bot.drafters.template", "openai": "bot.drafters.openai",
+             "anthropic": "bot.drafters.anthropic"}
+
+
+def build_source(pipeline: PipelineConfig, settings: Settings) -> Source:
+    return importlib.import_module(_SOURCES[pipeline.source["type"]]).create(pipeline, settings)
+
+
+def build_sender(pipeline: PipelineConfig, settings: Settings) -> Sender:
+    return importlib.import_module(_SENDERS[pipeline.sender["type"]]).create(pipeline, settings)
+
+
+def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
+    model = settings.models[pipeline.drafter.get("model", "template")]
+    return importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
+
+
+def check_all(settings: Settings) -> list[str]:
+    """Build every stage of every pipeline; return every ConfigError message."""
+    errors: list[str] = []
+    for p in settings.pipelines:
+        for build in (build_source, build_drafter, build_sender):
+            try:
+                build(p, settings)
+            except ConfigError as exc:
+                errors.extend(exc.errors)
+    return errors

@@ -1,0 +1,476 @@
+"""YAML -> validated settings.
+
+Every problem is collected (not just the first) and names the file, the key path and
+what was expected, e.g. ``pipelines/support.yaml: source.query: expected a string, got
+42``. Type-specific options (a source's, a sender's, a model's) stay as dicts here and
+are checked by the module that implements that type, through :class:`Checker`, so
+each stage owns its own options.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from .errors import ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb)?\s*$", re.I)
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_SIZES = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, None: 1}
+
+SOURCE_TYPES = ("maildir", "schedule", "gmail")
+SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft")
+PROVIDERS = ("template", "openai", "anthropic")
+CHANNELS = ("console", "telegram")
+CATCHUP_POLICIES = ("latest", "all", "none")
+MARK_SEEN = ("at_fetch", "on_success")
+
+
+def parse_duration(value: Any) -> float:
+    """``"5m"`` -> 300.0; a bare number is seconds. Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like 30s, 5m, 1h or 2d")
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {value!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_size(value: Any) -> int:
+    """``"200kB"`` -> 200000; a bare number is bytes. Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size like 200kB or 5MB")
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"expected a size like 200kB or 5MB, got {value!r}")
+    return int(float(m.group(1)) * _SIZES[(m.group(2) or "").lower() or None])
+
+
+class Checker:
+    """Collects config errors with their file and path while reading a mapping."""
+
+    _MISSING = object()
+
+    def __init__(self, file: str, errors: list[str] | None = None):
+        self.file = file
+        self.errors = errors if errors is not None else []
+
+    def error(self, path: str, message: str) -> None:
+        self.errors.append(f"{self.file}: {path}: {message}" if path else f"{self.file}: {message}")
+
+    def mapping(self, value: Any, path: str) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.error(path, f"expected a mapping (key: value lines), got {_kind(value)}")
+            return {}
+        return value
+
+    def get(self, data: dict, key: str, path: str, kind: type | tuple, *,
+            default: Any = _MISSING, choices: tuple | None = None) -> Any:
+        """``data[key]`` checked against ``kind``; records an error and returns the
+        default (or None) when missing or wrong."""
+        full = f"{path}.{key}" if path else key
+        if key not in data or data[key] is None:
+            if default is self._MISSING:
+                self.error(full, f"missing; expected {_describe(kind, choices)}")
+                return None
+            return default
+        value = data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            self.error(full, f"expected {_describe(kind, choices)}, got {_kind(value)} {value!r}"[:300])
+            return default if default is not self._MISSING else None
+        if choices is not None and value not in choices:
+            self.error(full, f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+            return default if default is not self._MISSING else None
+        return value
+
+    def convert(self, data: dict, key: str, path: str, fn: Callable[[Any], Any],
+                default: Any = _MISSING) -> Any:
+        full = f"{path}.{key}" if path else key
+        if key not in data or data[key] is None:
+            if default is self._MISSING:
+                self.error(full, "missing")
+                return None
+            return default
+        try:
+            return fn(data[key])
+        except (ValueError, TypeError) as exc:
+            self.error(full, str(exc))
+            return default if default is not self._MISSING else None
+
+    def unknown(self, data: dict, known: set[str] | tuple, path: str) -> None:
+        for key in data:
+            if key not in known:
+                full = f"{path}.{key}" if path else str(key)
+                hint = _close(str(key), known)
+                self.error(full, "unknown key" + (f"; did you mean {hint!r}?" if hint else
+                                                   f"; expected one of {', '.join(sorted(known))}"))
+
+    def str_list(self, data: dict, key: str, path: str, default: list | None = None) -> list[str]:
+        value = self.get(data, key, path, (list, str), default=default if default is not None else [])
+        if isinstance(value, str):
+            return [value]
+        out = []
+        for i, v in enumerate(value or []):
+            if not isinstance(v, (str, int)) or isinstance(v, bool):
+                self.error(f"{path}.{key}[{i}]", f"expected a string, got {_kind(v)}")
+            else:
+                out.append(str(v))
+        return out
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false",
+            int: "a number", float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
+
+
+def _describe(kind: type | tuple, choices: tuple | None) -> str:
+    if choices:
+        return "one of " + ", ".join(map(str, choices))
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
+             dict: "a mapping", list: "a list"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _close(word: str, options) -> str | None:
+    import difflib
+    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.7)
+    return match[0] if match else None
+
+
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class TelegramConfig:
+    token_env: str = "TELEGRAM_BOT_TOKEN"
+    base_url: str = "https://api.telegram.org/bot"
+    base_file_url: str = "https://api.telegram.org/file/bot"
+    operators: list[int] = field(default_factory=list)
+    approvals_chat: int | None = None
+    ops_chat: int | None = None
+    receive: str = "polling"  # polling | webhook | off
+    webhook: dict[str, Any] = field(default_factory=dict)  # listen, port, url, secret_env
+    poll_timeout: float = 30.0
+
+
+@dataclass
+class ModelConfig:
+    name: str
+    provider: str
+    options: dict[str, Any]  # base_url, model, api_key_env, timeout, ... (checked by the drafter)
+
+
+@dataclass
+class PipelineConfig:
+    name: str
+    file: str
+    schedule: str  # "5m" or a cron expression
+    interval: float | None  # seconds, when schedule is an interval
+    cron: str | None
+    source: dict[str, Any]  # has "type"
+    filters: dict[str, Any]
+    drafter: dict[str, Any]  # model, prompt, max_input, ...
+    recipe: str
+    approval: dict[str, Any]  # channel, chat
+    sender: dict[str, Any]  # has "type"
+    lease: float = 600.0
+    max_attempts: int = 3
+    mark_seen: str = "at_fetch"
+    catchup: str = "latest"
+    catchup_max: int = 24
+    daily_token_budget: int | None = None
+    enabled: bool = True
+    base_dir: Path = Path(".")
+
+    def path(self, value: str) -> Path:
+        """A path from this pipeline's file, relative to the deployment directory."""
+        p = Path(os.path.expanduser(value))
+        return p if p.is_absolute() else self.base_dir / p
+
+
+@dataclass
+class Settings:
+    file: str
+    base_dir: Path
+    store: str
+    pipelines: list[PipelineConfig]
+    telegram: TelegramConfig | None = None
+    gmail_accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+    max_in_flight: int = 8
+    seen_ttl_days: float = 90.0
+    approval_ttl_days: float | None = None
+    runs_keep_days: float = 30.0
+    sweep_every: float = 86400.0
+    demo: bool = False  # console approvals auto-approve (clearly labelled)
+
+    def pipeline(self, name: str) -> PipelineConfig:
+        for p in self.pipelines:
+            if p.name == name:
+                return p
+        known = ", ".join(p.name for p in self.pipelines) or "none configured"
+        raise ConfigError(f"unknown pipeline {name!r}; known pipelines: {known}")
+
+    def resolve(self, value: str) -> Path:
+        p = Path(os.path.expanduser(value))
+        return p if p.is_absolute() else self.base_dir / p
+
+
+_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep"}
+_PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
+                  "sender", "lease", "max_attempts", "mark_seen", "catchup",
+                  "daily_token_budget", "enabled"}
+_FILTER_KEYS = {"skip_senders", "skip_mailing_lists", "skip_own", "own_addresses",
+                "max_body", "skip_subjects", "skip_auto_replies"}
+
+
+def _load_yaml(path: Path, ck: Checker) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        ck.error("", "file not found; create it or pass another with -c FILE")
+        return None
+    except OSError as exc:
+        ck.error("", f"cannot read: {exc}")
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        ck.error("", f"{where}not valid YAML: {getattr(exc, 'problem', exc)}")
+        return None
+
+
+def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] | None = None
+                  ) -> Settings:
+    """Read and validate the deployment file and every pipeline file it names.
+    Raises ConfigError listing every problem."""
+    path = Path(config_file)
+    base = path.parent.resolve()
+    errors: list[str] = []
+    ck = Checker(str(config_file), errors)
+    raw = _load_yaml(path, ck)
+    if errors:
+        raise ConfigError(errors)
+    data = ck.mapping(raw, "")
+    ck.unknown(data, _TOP_KEYS, "")
+    store = ck.get(data, "store", "", str, default="sqlite:///draftgate.db")
+    if store and not (store.startswith("sqlite://") or store.startswith("postgresql://")
+                      or store.startswith("postgres://")):
+        ck.error("store", f"expected sqlite:///path/to/state.db or postgresql://user@host/db, got {store!r}")
+    if store and store.startswith("sqlite:///") and not store.startswith("sqlite:////"):
+        rel = store[len("sqlite:///"):]
+        if rel and rel != ":memory:":
+            store = "sqlite:///" + str(base / rel)
+
+    settings = Settings(file=str(config_file), base_dir=base, store=store or "", pipelines=[])
+    settings.max_in_flight = ck.get(data, "max_in_flight", "", int, default=8)
+    if settings.max_in_flight is not None and settings.max_in_flight < 1:
+        ck.error("max_in_flight", "expected a whole number of at least 1")
+
+    sweep = ck.mapping(data.get("sweep"), "sweep")
+    ck.unknown(sweep, {"seen_ttl_days", "approval_ttl_days", "runs_keep_days", "every"}, "sweep")
+    settings.seen_ttl_days = ck.get(sweep, "seen_ttl_days", "sweep", float, default=90.0)
+    settings.approval_ttl_days = ck.get(sweep, "approval_ttl_days", "sweep", float, default=None)
+    settings.runs_keep_days = ck.get(sweep, "runs_keep_days", "sweep", float, default=30.0)
+    settings.sweep_every = ck.convert(sweep, "every", "sweep", parse_duration, default=86400.0)
+
+    if "telegram" in data and data["telegram"] is not None:
+        settings.telegram = _telegram(ck, ck.mapping(data["telegram"], "telegram"))
+
+    gmail = ck.mapping(data.get("gmail"), "gmail")
+    ck.unknown(gmail, {"accounts"}, "gmail")
+    accounts = ck.mapping(gmail.get("accounts"), "gmail.accounts")
+    for name, acc in accounts.items():
+        acc = ck.mapping(acc, f"gmail.accounts.{name}")
+        ck.get(acc, "token_file", f"gmail.accounts.{name}", str)
+        settings.gmail_accounts[str(name)] = dict(acc)
+
+    models = ck.mapping(data.get("models"), "models")
+    for name, m in models.items():
+        m = ck.mapping(m, f"models.{name}")
+        provider = ck.get(m, "provider", f"models.{name}", str, choices=PROVIDERS)
+        if provider:
+            settings.models[str(name)] = ModelConfig(str(name), provider, dict(m))
+    if "template" not in settings.models:
+        # The offline drafter is always available under this name.
+        settings.models["template"] = ModelConfig("template", "template", {"provider": "template"})
+
+    pattern = ck.get(data, "pipelines", "", (str, list), default="pipelines/*.yaml")
+    patterns = [pattern] if isinstance(pattern, str) else [str(p) for p in (pattern or [])]
+    files: list[Path] = []
+    for pat in patterns:
+        full = pat if os.path.isabs(pat) else str(base / pat)
+        matched = sorted(glob.glob(full))
+        if not matched and not glob.has_magic(pat):
+            ck.error("pipelines", f"{pat}: file not found")
+        files.extend(Path(m) for m in matched)
+    seen_names: dict[str, str] = {}
+    for f in files:
+        rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
+        pck = Checker(rel, errors)
+        p = _pipeline(pck, _load_yaml(f, pck), settings, base)
+        if p is None:
+            continue
+        if only_pipelines is not None and p.name not in only_pipelines:
+            continue
+        if p.name in seen_names:
+            pck.error("name", f"duplicate pipeline name {p.name!r}, already used in "
+                              f"{seen_names[p.name]}; each pipeline needs its own name")
+            continue
+        seen_names[p.name] = rel
+        settings.pipelines.append(p)
+    if not files:
+        ck.error("pipelines", f"no pipeline files match {', '.join(patterns)}")
+    if errors:
+        raise ConfigError(errors)
+    return settings
+
+
+def _telegram(ck: Checker, t: dict) -> TelegramConfig:
+    ck.unknown(t, {"token_env", "base_url", "base_file_url", "operators", "approvals_chat",
+                   "ops_chat", "receive", "webhook", "poll_timeout"}, "telegram")
+    cfg = TelegramConfig()
+    cfg.token_env = ck.get(t, "token_env", "telegram", str, default=cfg.token_env)
+    if "token" in t:
+        ck.error("telegram.token", "never put the token in YAML; set token_env to the name "
+                                   "of an environment variable that holds it")
+    cfg.base_url = ck.get(t, "base_url", "telegram", str, default=cfg.base_url)
+    cfg.base_file_url = ck.get(t, "base_file_url", "telegram", str, default=cfg.base_file_url)
+    ops = ck.get(t, "operators", "telegram", list)
+    for i, op in enumerate(ops or []):
+        if isinstance(op, bool) or not isinstance(op, int):
+            ck.error(f"telegram.operators[{i}]", f"expected a numeric Telegram user id, got {op!r}"
+                                                 " (usernames can change; ids cannot)")
+        else:
+            cfg.operators.append(op)
+    if ops is not None and not ops:
+        ck.error("telegram.operators", "expected at least one numeric user id")
+    cfg.approvals_chat = ck.get(t, "approvals_chat", "telegram", int, default=None)
+    cfg.ops_chat = ck.get(t, "ops_chat", "telegram", int, default=cfg.approvals_chat)
+    cfg.receive = ck.get(t, "receive", "telegram", str, default="polling",
+                         choices=("polling", "webhook", "off"))
+    cfg.webhook = ck.mapping(t.get("webhook"), "telegram.webhook")
+    cfg.poll_timeout = ck.convert(t, "poll_timeout", "telegram", parse_duration, default=30.0)
+    return cfg
+
+
+def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> PipelineConfig | None:
+    if raw is None and ck.errors:
+        return None
+    data = ck.mapping(raw, "")
+    if not data:
+        ck.error("", "empty pipeline file; expected at least name, schedule, source, sender")
+        return None
+    ck.unknown(data, _PIPELINE_KEYS, "")
+    name = ck.get(data, "name", "", str)
+    if name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        ck.error("name", f"expected letters, digits, '-', '_' or '.', got {name!r}")
+    schedule = ck.get(data, "schedule", "", (str, int), default="5m")
+    interval = cron = None
+    if isinstance(schedule, int) or (isinstance(schedule, str) and _DURATION.match(schedule)):
+        interval = parse_duration(schedule)
+        if interval < 1:
+            ck.error("schedule", "expected an interval of at least 1s")
+    elif isinstance(schedule, str):
+        from .scheduler import validate_cron
+
+        problem = validate_cron(schedule)
+        if problem:
+            ck.error("schedule", f"expected an interval like 5m or a cron expression like "
+                                 f"'0 9 * * MON-FRI': {problem}")
+        cron = schedule
+
+    source = ck.mapping(data.get("source"), "source")
+    if "source" not in data:
+        ck.error("source", "missing; expected a mapping with type: " + " | ".join(SOURCE_TYPES))
+    elif source:
+        stype = ck.get(source, "type", "source", str, choices=SOURCE_TYPES)
+        if stype == "gmail":
+            acc = source.get("account")
+            if acc is not None and acc not in settings.gmail_accounts:
+                ck.error("source.account", f"unknown Gmail account {acc!r}; add it under "
+                                           f"gmail.accounts in {settings.file}")
+
+    filters = ck.mapping(data.get("filters"), "filters")
+    ck.unknown(filters, _FILTER_KEYS, "filters")
+    if "max_body" in filters:
+        ck.convert(filters, "max_body", "filters", parse_size)
+
+    drafter = ck.mapping(data.get("drafter"), "drafter")
+    model = ck.get(drafter, "model", "drafter", str, default="template")
+    if model and model not in settings.models:
+        ck.error("drafter.model", f"unknown model {model!r}; define it under models in "
+                                  f"{settings.file} (known: {', '.join(sorted(settings.models))})")
+    prompt = ck.get(drafter, "prompt", "drafter", str, default=None)
+    if prompt and not (base / prompt).exists() and not Path(prompt).is_absolute():
+        ck.error("drafter.prompt", f"file not found: {prompt} (relative to {base})")
+    ck.get(drafter, "max_input", "drafter", int, default=8000)
+
+    approval = ck.mapping(data.get("approval"), "approval")
+    channel = ck.get(approval, "channel", "approval", str, default="console", choices=CHANNELS)
+    if channel == "telegram" and settings.telegram is None:
+        ck.error("approval.channel", f"telegram needs a telegram: section in {settings.file}")
+
+    sender = ck.mapping(data.get("sender"), "sender")
+    if "sender" not in data:
+        ck.error("sender", "missing; expected a mapping with type: " + " | ".join(SENDER_TYPES))
+    elif sender:
+        ck.get(sender, "type", "sender", str, choices=SENDER_TYPES)
+
+    recipe = ck.get(data, "recipe", "", (str, int), default="v1")
+    if recipe is not None and "|" in str(recipe):
+        ck.error("recipe", "must not contain '|'")
+    budget = ck.get(data, "daily_token_budget", "", int, default=None)
+    catchup = data.get("catchup", "latest")
+    catchup_max = 24
+    if isinstance(catchup, dict):
+        ck.unknown(catchup, {"policy", "max"}, "catchup")
+        catchup_max = ck.get(catchup, "max", "catchup", int, default=24)
+        catchup = ck.get(catchup, "policy", "catchup", str, default="latest", choices=CATCHUP_POLICIES)
+    else:
+        catchup = ck.get(data, "catchup", "", str, default="latest", choices=CATCHUP_POLICIES)
+    lease = ck.convert(data, "lease", "", parse_duration, default=600.0)
+    max_attempts = ck.get(data, "max_attempts", "", int, default=3)
+    if max_attempts is not None and max_attempts < 1:
+        ck.error("max_attempts", "expected a whole number of at least 1")
+    if name is None:
+        return None
+    return PipelineConfig(
+        name=name, file=ck.file, schedule=str(schedule), interval=interval, cron=cron,
+        source=dict(source), filters=dict(filters), drafter=dict(drafter),
+        recipe=str(recipe), approval=dict(approval), sender=dict(sender),
+        lease=lease or 600.0, max_attempts=max_attempts or 3,
+        mark_seen=ck.get(data, "mark_seen", "", str, default="at_fetch", choices=MARK_SEEN),
+        catchup=catchup or "latest", catchup_max=catchup_max or 24,
+        daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
+        base_dir=base,
+    )
+
+
+def env_secret(var: str, what: str) -> str:
+    """Read a secret from the environment; the error names the variable, never a value."""
+    value = os.environ.get(var, "")
+    if not value:
+        raise ConfigError(f"{what}: environment variable {var} is not set; export it "
+                          f"(for example in the service's EnvironmentFile)")
+    return value

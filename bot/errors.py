@@ -1,0 +1,73 @@
+"""Every error draftgate raises on purpose.
+
+::
+
+    DraftgateError
+    ├── ConfigError            bad YAML or settings; message names file, path, expectation
+    ├── StoreError             the store cannot be read or written (tick fails, is recorded)
+    ├── SourceError            fetching failed (the tick fails; nothing admitted is lost)
+    │   └── AuthError          credentials missing, expired or revoked: says which command fixes it
+    ├── DrafterError           the model call failed
+    │   ├── DrafterRetryable   timeout, 429, 5xx: the draft goes back to queued (attempt + 1)
+    │   └── BudgetExhausted    daily token budget spent: items stay queued
+    ├── ApprovalError          the approval channel is unreachable: drafts wait in ``ready``
+    └── SendError
+        ├── SendFailed         definite failure before delivery -> send_failed, Retry offered
+        └── SendUnknown        timeout, reset, 5xx: may have been delivered -> send_unknown
+"""
+
+from __future__ import annotations
+
+
+class DraftgateError(Exception):
+    """Base of every error draftgate raises on purpose."""
+
+
+class ConfigError(DraftgateError):
+    """Configuration is invalid. ``errors`` holds every problem found, one per line."""
+
+    def __init__(self, errors: list[str] | str):
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+class StoreError(DraftgateError):
+    pass
+
+
+class SourceError(DraftgateError):
+    pass
+
+
+class AuthError(SourceError):
+    pass
+
+
+class DrafterError(DraftgateError):
+    pass
+
+
+class DrafterRetryable(DrafterError):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class BudgetExhausted(DrafterError):
+    pass
+
+
+class ApprovalError(DraftgateError):
+    pass
+
+
+class SendError(DraftgateError):
+    pass
+
+
+class SendFailed(SendError):
+    """The recipient certainly did not get it (e.g. a 4xx before delivery)."""
+
+
+class SendUnknown(SendError):
+    """It may or may not have been delivered. Never retried blindly."""

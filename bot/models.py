@@ -1,0 +1,204 @@
+"""Plain data passed between stages. No I/O here.
+
+A fetched :class:`Item` becomes a row in the store's ``drafts`` table; the store hands
+it back as a :class:`Draft`. ``Message`` is the parsed email (or the slot, for a
+schedule source) and is stored as JSON in the draft's payload, so everything needed to
+draft and reply survives a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+# Draft lifecycle. Every transition is a compare-and-set in the store.
+QUEUED = "queued"
+DRAFTING = "drafting"
+READY = "ready"
+AWAITING = "awaiting"
+APPROVED = "approved"
+SENDING = "sending"
+SENT = "sent"
+SEND_FAILED = "send_failed"
+SEND_UNKNOWN = "send_unknown"
+FAILED = "failed"
+SKIPPED = "skipped"
+REJECTED = "rejected"
+EXPIRED = "expired"
+
+STATUSES = (
+    QUEUED, DRAFTING, READY, AWAITING, APPROVED, SENDING, SENT,
+    SEND_FAILED, SEND_UNKNOWN, FAILED, SKIPPED, REJECTED, EXPIRED,
+)
+#: States an operator has to act on (shown by /pending).
+PENDING_STATUSES = (READY, AWAITING, SEND_FAILED, SEND_UNKNOWN)
+#: States nothing moves any more, except /replay.
+TERMINAL_STATUSES = (SENT, FAILED, SKIPPED, REJECTED, EXPIRED)
+#: States /replay may send back to queued.
+REPLAYABLE_STATUSES = (FAILED, REJECTED, SKIPPED, EXPIRED)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def draft_key(pipeline: str, scope: str, item_id: str, recipe: str) -> str:
+    """``pipeline|scope|item_id|recipe``; a long or awkward item id is hashed, with
+    its readable start kept beside the hash so the key stays greppable."""
+    part = item_id
+    if len(part) > 80 or "|" in part:
+        readable = "".join(c for c in part[:40] if c.isalnum() or c in "@.-_<>")
+        part = f"{readable}~{hashlib.sha256(item_id.encode()).hexdigest()[:16]}"
+    return f"{pipeline}|{scope}|{part}|{recipe}"
+
+
+@dataclass
+class Message:
+    """A parsed email, or a schedule slot (``kind == "slot"``).
+
+    ``reply_to`` is the address a reply goes to, worked out by code from the
+    original's Reply-To or From; it is never taken from model output.
+    """
+
+    kind: str = "email"  # "email" | "slot"
+    message_id: str = ""  # RFC 5322 Message-ID, with angle brackets
+    from_name: str = ""
+    from_addr: str = ""
+    reply_to: str = ""
+    to: list[str] = field(default_factory=list)
+    cc: list[str] = field(default_factory=list)
+    subject: str = ""
+    date: str = ""  # ISO 8601 when known
+    body: str = ""  # plain text (HTML converted), possibly truncated
+    body_truncated: bool = False
+    references: list[str] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # a few kept for filters
+    size: int = 0  # bytes of the raw message
+    attachments: list[str] = field(default_factory=list)
+    thread_id: str = ""  # Gmail thread id
+    source_id: str = ""  # Gmail message id, or a file name
+    labels: list[str] = field(default_factory=list)
+    slot: str = ""  # schedule sources: the slot this item is for
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Message":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class Item:
+    """One fetched unit of work. ``skip_reason`` set means: record it as skipped."""
+
+    item_id: str
+    message: Message
+    skip_reason: str | None = None
+
+
+@dataclass
+class FetchResult:
+    """What a source returns. ``cursor`` is committed in the same transaction as the
+    admitted items, so a crash between the two can never skip mail."""
+
+    items: list[Item]
+    cursor: str | None = None
+    api_calls: int = 0
+    note: str = ""  # e.g. "first run: cursor recorded, 0 backfilled"
+
+
+@dataclass
+class Draft:
+    """A row of the ``drafts`` table."""
+
+    id: int
+    key: str
+    pipeline: str
+    scope: str
+    item_id: str
+    recipe: str
+    status: str
+    message: Message
+    attempt: int = 0
+    lease_until: float | None = None
+    fence: int = 0
+    body: str = ""
+    version: int = 1
+    instruction: str = ""  # regenerate instruction from the operator
+    approval_chat: str | None = None
+    approval_message_id: str | None = None
+    decided_by: str | None = None
+    decided_at: float | None = None
+    sent_id: str | None = None
+    error: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+@dataclass
+class DraftRequest:
+    """What a drafter gets. ``instruction`` is the operator's (regenerate); it is an
+    instruction, the message is data."""
+
+    pipeline: str
+    message: Message
+    instruction: str = ""
+    previous_body: str = ""
+    draft_key: str = ""
+
+
+@dataclass
+class DraftResult:
+    body: str
+    tokens_in: int = 0
+    tokens_out: int = 0
+    model: str = ""
+
+
+@dataclass
+class SendResult:
+    sent_id: str  # Gmail message id, outbox file name, webhook answer id
+
+
+@dataclass
+class RunCounts:
+    fetched: int = 0
+    new: int = 0
+    drafted: int = 0
+    skipped: int = 0
+    failed: int = 0
+    posted: int = 0
+    sent: int = 0
+    tokens: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Run:
+    id: int
+    pipeline: str
+    started_at: float
+    ended_at: float | None
+    status: str  # running | ok | error
+    error_text: str | None
+    counts: dict[str, int]
+    scheduled_for: float | None = None
+
+
+@dataclass
+class AuditEntry:
+    id: int
+    at: float
+    actor: str
+    action: str
+    draft_key: str | None
+    text_sha256: str | None
+    detail: str | None

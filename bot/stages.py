@@ -1,0 +1,112 @@
+"""The stage interfaces. The engine drives these without knowing which source,
+drafter, approval channel or sender sits behind them.
+
+::
+
+    Source.fetch -> Store.admit -> Store.claim -> Drafter.draft -> Store.finish_draft
+      -> ApprovalChannel.post -> (operator) -> Decisions.approve -> Sender.send
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Protocol, runtime_checkable
+
+from .models import Draft, DraftRequest, DraftResult, FetchResult, SendResult
+
+
+@dataclass
+class FetchContext:
+    pipeline: str
+    scope: str
+    scheduled_for: float  # the slot time of this tick (never now())
+    cursor: str | None  # what the last FetchResult.cursor stored
+    unseen: Callable[[list[str]], Awaitable[set[str]]]  # ids not seen yet
+    progress: Callable[[int, int], None] | None = None  # (done, total) for backfills
+
+
+@runtime_checkable
+class Source(Protocol):
+    scope: str  # e.g. "maildir:/path", "gmail:support", "slot"
+
+    async def fetch(self, ctx: FetchContext) -> FetchResult:
+        """Return new items (and the next cursor). Raise SourceError/AuthError on
+        failure; the engine records the run as failed and nothing is admitted."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    async def draft(self, request: DraftRequest) -> DraftResult:
+        """Raise DrafterRetryable (timeout, 429, 5xx), DrafterError (definite) or
+        BudgetExhausted. Must time out on its own."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class PostedRef:
+    chat: str
+    message_id: str
+
+
+class Decisions(Protocol):
+    """What an approval channel calls when an operator acts. Implemented by
+    ``bot.engine.Engine``. Each returns the draft after the transition, or ``None``
+    when the CAS did not match (double tap, old version, already decided)."""
+
+    async def approve(self, draft_id: int, version: int, actor: str) -> Draft | None: ...
+    async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None: ...
+    async def regenerate(self, draft_id: int, version: int, actor: str,
+                         instruction: str = "") -> Draft | None: ...
+    async def reject(self, draft_id: int, version: int, actor: str,
+                     reason: str = "") -> Draft | None: ...
+    async def retry_send(self, draft_id: int, actor: str) -> Draft | None: ...
+
+
+@runtime_checkable
+class ApprovalChannel(Protocol):
+    name: str
+
+    async def start(self, decisions: Decisions) -> None: ...
+
+    async def post(self, draft: Draft) -> PostedRef:
+        """Show the card for ``draft`` (status ``ready``). If the draft already has
+        an approval message (a new version after edit/regenerate), edit that card
+        instead of posting a second one. Raise ApprovalError if unreachable."""
+        ...
+
+    async def update(self, draft: Draft) -> None:
+        """Re-render the card after a decision or send outcome (sent, rejected,
+        send_failed with Retry...). Best effort: failures are logged."""
+        ...
+
+    async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
+        """Tell the operators something (ops chat). ``retry_draft``: offer Retry."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class Sender(Protocol):
+    name: str
+
+    async def send(self, draft: Draft) -> SendResult:
+        """Deliver the approved ``draft.body`` exactly once. Raise SendFailed when it
+        certainly did not go out, SendUnknown when it may have. Never retry a send
+        that may have reached the other side."""
+        ...
+
+    async def check(self, draft: Draft) -> str | None:
+        """For ``send_unknown`` recovery: the sent id if the message is found on the
+        other side, ``None`` if it certainly is not there. Raise SendUnknown if it
+        cannot tell yet."""
+        ...
+
+    async def close(self) -> None: ...
