@@ -1,15 +1,22 @@
 """Raw RFC 5322 bytes -> :class:`bot.models.Message`. Shared by the maildir and Gmail
 sources (Gmail is fetched in ``raw`` format and parsed here).
 
-Never raises for a merely ugly message: bad charsets are decoded with replacement,
-HTML-only mail is turned into text, a missing Subject or Date is left empty. Only a
-message with no usable sender raises :class:`UnparseableMessage`; the source records
-it as ``skipped`` with that reason.
+Never raises for a merely ugly message: bad or unknown charsets are decoded with
+replacement, undeclared 8-bit text is tried as UTF-8 then Windows-1252, HTML-only mail
+is turned into text, a missing Subject, Date or Message-ID is left empty, attachments
+are listed by name and never decoded. Only a message with no usable sender raises
+:class:`UnparseableMessage`; the source records it as ``skipped`` with that reason.
+
+Every string that leaves this module is clean: no CR/LF in header values (a Subject
+such as ``"Hi\\r\\nBcc: evil@x"`` cannot add a header to a reply), no NUL or other
+control characters, no lone surrogates (so it always encodes to UTF-8 and JSON).
 """
 
 from __future__ import annotations
 
+import codecs
 import email
+import email.header
 import email.policy
 import email.utils
 import hashlib
@@ -21,13 +28,28 @@ from html.parser import HTMLParser
 from .models import Message
 
 DEFAULT_MAX_BODY = 200_000
-_KEPT_HEADERS = ("List-Unsubscribe", "List-Id", "Precedence", "Auto-Submitted",
-                 "X-Autoreply", "X-Auto-Response-Suppress", "Return-Path")
-_CTRL = re.compile(r"[\r\n\x00]+")
+_KEPT_HEADERS = ("List-Unsubscribe", "List-Id", "List-Post", "Precedence", "Auto-Submitted",
+                 "X-Autoreply", "X-Autorespond", "X-Auto-Response-Suppress", "Return-Path")
+_MAX_HEADER = 2000  # characters kept of any header value; longer is noise or an attack
+_MAX_LIST = 100  # addresses kept from To / Cc, references kept
+_LINEBREAKS = re.compile(r"[\r\n]+[ \t]*")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SPACES = re.compile(r"[ \t]{2,}")
+_ENCODED_WORD = re.compile(r"=\?[^?\s]*\?[bBqQ]\?[^?\s]*\?=")
+# Deliberately simple: one @, no whitespace, no characters that end or split an
+# address in a header. Anything else is not something we reply to.
+_ADDR = re.compile(r"^[^\s@<>,;:\"()\[\]\\]+@[^\s@<>,;:\"()\[\]\\]+$")
+# Charsets that mail clients label as Latin-1 but that are really Windows-1252 (curly
+# quotes, euro sign); decoding as cp1252 is what every browser does too.
+_CHARSET_ALIASES = {"iso-8859-1": "cp1252", "latin-1": "cp1252", "latin1": "cp1252",
+                    "us-ascii": "cp1252", "ascii": "cp1252", "iso_8859-1": "cp1252",
+                    "unknown-8bit": "cp1252", "x-unknown": "cp1252", "x-user-defined": "cp1252",
+                    "utf8": "utf-8", "ks_c_5601-1987": "cp949", "gb2312": "gb18030",
+                    "gbk": "gb18030"}
 
 
 class UnparseableMessage(ValueError):
-    pass
+    """No usable sender: nobody to reply to. The text is the skip reason."""
 
 
 def stable_id(raw: bytes) -> str:
@@ -35,141 +57,54 @@ def stable_id(raw: bytes) -> str:
     return "sha256:" + hashlib.sha256(raw).hexdigest()[:32]
 
 
-def _header(msg: _RawMessage, name: str) -> str:
-    try:
-        value = msg.get(name)
-    except Exception:  # a malformed header: email raises various errors here
-        value = None
-    if value is None:
-        return ""
-    try:
-        text = str(value)
-    except Exception:
-        text = msg.get_all(name, failobj=[""])[0] if hasattr(msg, "get_all") else ""
+# -- text helpers ------------------------------------------------------------------------
+
+
+def _clean(text: str, *, multiline: bool = False) -> str:
+    """Drop control characters and lone surrogates; for headers, also CR/LF."""
+    if not isinstance(text, str):
         text = str(text)
-    # Header injection: never let CR/LF through into anything we echo into a reply.
-    return _CTRL.sub(" ", text).strip()
+    # Lone surrogates (from undecodable bytes) cannot be encoded as UTF-8 later.
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if multiline:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        return _CONTROL.sub("", text)
+    text = _LINEBREAKS.sub(" ", text)
+    text = _CONTROL.sub("", text)
+    return _SPACES.sub(" ", text).strip()
 
 
-class _TextFromHTML(HTMLParser):
-    _BLOCK = {"p", "div", "br", "tr", "li", "h1", "h2", "h3", "h4", "h5", "h6",
-              "blockquote", "table", "hr"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self._skip = 0
-
-    def handle_starttag(self, tag, attrs):
-        if tag in ("script", "style", "head"):
-            self._skip += 1
-        elif tag in self._BLOCK:
-            self.parts.append("\n")
-
-    def handle_endtag(self, tag):
-        if tag in ("script", "style", "head") and self._skip:
-            self._skip -= 1
-        elif tag in self._BLOCK:
-            self.parts.append("\n")
-
-    def handle_data(self, data):
-        if not self._skip:
-            self.parts.append(data)
+def _decode_bytes(data: bytes, charset: str | None) -> str:
+    """Decode with the declared charset; an unknown or lying one falls back to UTF-8
+    (when the bytes are valid UTF-8) or Windows-1252 (which decodes anything)."""
+    name = (charset or "").strip().strip('"').lower()
+    name = _CHARSET_ALIASES.get(name, name)
+    if name:
+        try:
+            return data.decode(name, errors="replace")
+        except Exception:  # LookupError, or a codec (idna, base64) unusable here
+            pass
+    # Mixed mail (UTF-8 text with a pasted Latin-1 line) keeps both readable.
+    return data.decode("utf-8", errors="draftgate-cp1252")
 
 
-def html_to_text(markup: str) -> str:
-    parser = _TextFromHTML()
+def _cp1252_fallback(exc: UnicodeError) -> tuple[str, int]:
+    if not isinstance(exc, UnicodeDecodeError):
+        raise exc
+    return exc.object[exc.start:exc.end].decode("cp1252", errors="replace"), exc.end
+
+
+codecs.register_error("draftgate-cp1252", _cp1252_fallback)
+
+
+def _raw_header_text(value: str) -> str:
+    """A header value as parsed with compat32: raw 8-bit bytes arrive as surrogate
+    escapes; decode them as UTF-8, else Windows-1252."""
     try:
-        parser.feed(markup)
-        parser.close()
-    except Exception:
-        return html.unescape(re.sub(r"<[^>]+>", " ", markup))
-    text = "".join(parser.parts)
-    text = re.sub(r"[ \t\xa0]+", " ", text)
-    return re.sub(r"\n\s*\n\s*\n+", "\n\n", text).strip()
-
-
-def _decode_part(part: _RawMessage) -> str:
-    payload = part.get_payload(decode=True)
-    if payload is None:
-        inner = part.get_payload()
-        return inner if isinstance(inner, str) else ""
-    charset = part.get_content_charset() or "utf-8"
-    try:
-        return payload.decode(charset, errors="replace")
-    except LookupError:  # unknown charset name
-        return payload.decode("utf-8", errors="replace")
-
-
-def _body(msg: _RawMessage) -> tuple[str, list[str]]:
-    plain: list[str] = []
-    htmls: list[str] = []
-    attachments: list[str] = []
-    for part in msg.walk() if msg.is_multipart() else [msg]:
-        if part.is_multipart():
-            continue
-        ctype = part.get_content_type()
-        disposition = (part.get("Content-Disposition") or "").lower()
-        filename = part.get_filename()
-        if filename or disposition.startswith("attachment"):
-            attachments.append(_CTRL.sub(" ", str(filename or ctype)))
-            continue
-        if ctype == "text/plain":
-            plain.append(_decode_part(part))
-        elif ctype == "text/html":
-            htmls.append(_decode_part(part))
-    if plain:
-        return "\n\n".join(p.strip() for p in plain), attachments
-    if htmls:
-        return "\n\n".join(html_to_text(h) for h in htmls), attachments
-    return "", attachments
-
-
-def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str = "") -> Message:
-    """Parse one message. ``body`` is cut to ``max_body`` characters
-    (``body_truncated`` says so)."""
-    try:
-        msg = email.message_from_bytes(raw, policy=email.policy.compat32)
-    except Exception as exc:  # pragma: no cover - compat32 is very tolerant
-        raise UnparseableMessage(f"not an email message: {exc}") from exc
-    from_header = _header(msg, "From")
-    from_name, from_addr = email.utils.parseaddr(from_header)
-    reply_name, reply_addr = email.utils.parseaddr(_header(msg, "Reply-To"))
-    if not from_addr or "@" not in from_addr:
-        if not (reply_addr and "@" in reply_addr):
-            raise UnparseableMessage(
-                f"no usable sender address (From: {from_header[:80]!r}); nobody to reply to")
-    subject = _decode_words(_header(msg, "Subject"))
-    date = ""
-    try:
-        parsed = email.utils.parsedate_to_datetime(_header(msg, "Date"))
-        date = parsed.isoformat() if parsed else ""
-    except (TypeError, ValueError, IndexError):
-        date = ""
-    body, attachments = _body(msg)
-    truncated = len(body) > max_body
-    if truncated:
-        body = body[:max_body]
-    refs = _header(msg, "References").split()
-    message_id = _header(msg, "Message-ID").split(" ")[0] if _header(msg, "Message-ID") else ""
-    return Message(
-        kind="email",
-        message_id=message_id,
-        from_name=_decode_words(from_name),
-        from_addr=from_addr.strip(),
-        reply_to=(reply_addr if reply_addr and "@" in reply_addr else from_addr).strip(),
-        to=[a for _, a in email.utils.getaddresses([_header(msg, "To")]) if a],
-        cc=[a for _, a in email.utils.getaddresses([_header(msg, "Cc")]) if a],
-        subject=subject,
-        date=date,
-        body=body,
-        body_truncated=truncated,
-        references=refs,
-        headers={h: _header(msg, h) for h in _KEPT_HEADERS if _header(msg, h)},
-        size=len(raw),
-        attachments=attachments,
-        source_id=source_id,
-    )
+        data = value.encode("ascii", "surrogateescape")
+    except UnicodeEncodeError:
+        return value
+    return _decode_bytes(data, None)
 
 
 def _decode_words(value: str) -> str:
@@ -178,20 +113,274 @@ def _decode_words(value: str) -> str:
         return value
     try:
         parts = email.header.decode_header(value)
-    except Exception:
+    except Exception:  # HeaderParseError, binascii errors on broken base64
         return value
     out = []
     for text, charset in parts:
-        if isinstance(text, bytes):
-            try:
-                out.append(text.decode(charset or "utf-8", errors="replace"))
-            except LookupError:
-                out.append(text.decode("utf-8", errors="replace"))
+        out.append(_decode_bytes(text, charset) if isinstance(text, bytes) else text)
+    return "".join(out)
+
+
+class _Headers:
+    """First value of each header, decoded and cleaned. Never raises."""
+
+    def __init__(self, msg: _RawMessage):
+        self._values: dict[str, str] = {}
+        try:
+            items = list(msg.raw_items())
+        except Exception:
+            items = []
+        for name, value in items:
+            key = str(name).strip().lower()
+            if key not in self._values:
+                self._values[key] = value if isinstance(value, str) else str(value)
+
+    def raw(self, name: str) -> str:
+        """Unfolded, 8-bit decoded, encoded words NOT decoded (for address parsing)."""
+        value = self._values.get(name.lower(), "")
+        return _clean(_raw_header_text(value))[:_MAX_HEADER * 4]
+
+    def text(self, name: str) -> str:
+        """Human text: encoded words decoded, then cleaned again (an encoded word can
+        carry CR/LF)."""
+        return _clean(_decode_words(self.raw(name)))[:_MAX_HEADER]
+
+
+def _address(value: str) -> tuple[str, str]:
+    """(display name, address) of the first address in ``value``; address is '' when
+    it is not a plain ``local@domain``."""
+    try:
+        # Encoded words are blanked before finding the address: a display name such
+        # as =?utf-8?q?x=0D=0ABcc:_evil@x?= must not be mistaken for one.
+        _, addr = email.utils.parseaddr(_ENCODED_WORD.sub("x", value))
+        name, same = email.utils.parseaddr(value)
+    except Exception:
+        return "", ""
+    addr = addr.strip()
+    if not _ADDR.match(addr) or len(addr) > 254:
+        return "", ""
+    if same.strip() != addr:
+        name = value.rsplit("<", 1)[0].strip().strip('"') if "<" in value else ""
+    return _clean(_decode_words(name))[:200], addr
+
+
+def _address_list(value: str) -> list[str]:
+    try:
+        pairs = email.utils.getaddresses([value])
+    except Exception:
+        return []
+    return [a.strip() for _, a in pairs if _ADDR.match(a.strip() or "-")][:_MAX_LIST]
+
+
+# -- HTML --------------------------------------------------------------------------------
+
+
+class _TextFromHTML(HTMLParser):
+    _BLOCK = {"p", "div", "br", "tr", "li", "h1", "h2", "h3", "h4", "h5", "h6",
+              "blockquote", "table", "hr"}
+    _HIDDEN = {"script", "style", "head", "title"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self._HIDDEN:
+            self._skip += 1
+        elif tag in self._BLOCK:
+            self.parts.append("\n")
+
+    def handle_startendtag(self, tag, attrs):
+        if tag in self._BLOCK:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in self._HIDDEN:
+            self._skip = max(0, self._skip - 1)
+        elif tag in self._BLOCK:
+            self.parts.append("\n")
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.parts.append(data)
+
+
+def html_to_text(markup: str, limit: int | None = None) -> str:
+    """Readable plain text from an HTML body (scripts, styles and head dropped).
+    With ``limit``, stops parsing once that many characters of text exist, so a huge
+    HTML mail costs no more than a small one."""
+    parser = _TextFromHTML()
+    try:
+        for start in range(0, len(markup), 65536):
+            parser.feed(markup[start:start + 65536])
+            if limit is not None and sum(map(len, parser.parts)) > limit + 4096:
+                break
         else:
-            out.append(text)
-    return _CTRL.sub(" ", "".join(out)).strip()
+            parser.close()
+        text = "".join(parser.parts)
+    except Exception:
+        text = html.unescape(re.sub(r"<[^>]+>", " ", markup))
+    text = re.sub(r"[ \t\xa0]+", " ", text)
+    text = re.sub(r" *\n *", "\n", text)
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
-import email.header  # noqa: E402  (used by _decode_words)
+# -- body --------------------------------------------------------------------------------
 
-__all__ = ["parse_email", "html_to_text", "stable_id", "UnparseableMessage", "EmailMessage"]
+
+def _parts(msg: _RawMessage, depth: int = 0):
+    """Leaf parts in order. Does not descend into attached messages (message/rfc822:
+    a forwarded mail is an attachment, not this sender's words) and stops at a silly
+    nesting depth."""
+    if depth > 20:
+        return
+    if msg.is_multipart() and _content_type(msg) != "message/rfc822":
+        payload = msg.get_payload()
+        for sub in payload if isinstance(payload, list) else []:
+            if isinstance(sub, _RawMessage):
+                yield from _parts(sub, depth + 1)
+    else:
+        yield msg
+
+
+def _filename(part: _RawMessage) -> str | None:
+    try:
+        name = part.get_filename()
+    except Exception:
+        name = None
+    if name is None:
+        return None
+    return _clean(_decode_words(_raw_header_text(str(name))))[:200] or "unnamed"
+
+
+def _decode_part(part: _RawMessage, limit: int) -> tuple[str, bool]:
+    """The part's text, decoded, and whether it was cut at ``limit`` bytes first (so a
+    5 MB body is not decoded and converted whole)."""
+    try:
+        payload = part.get_payload(decode=True)
+    except Exception:
+        payload = None
+    if payload is None:
+        inner = part.get_payload()
+        payload = inner.encode("ascii", "surrogateescape") if isinstance(inner, str) else b""
+    cut = len(payload) > limit
+    if cut:
+        payload = payload[:limit]
+    try:
+        charset = part.get_content_charset()
+    except Exception:
+        charset = None
+    return _decode_bytes(payload, charset), cut
+
+
+def _content_type(part: _RawMessage) -> str:
+    try:
+        return part.get_content_type()
+    except Exception:
+        return "text/plain"
+
+
+def _body(msg: _RawMessage, max_body: int) -> tuple[str, bool, list[str]]:
+    plain: list[str] = []
+    htmls: list[str] = []
+    attachments: list[str] = []
+    cut_any = False
+    # Bytes decoded per part: enough for max_body characters in any charset, and for
+    # HTML whose markup is much longer than its text.
+    byte_limit = max(max_body, 1) * 8 + 1024
+    for part in _parts(msg):
+        ctype = _content_type(part)
+        disposition = str(part.get("Content-Disposition", "") or "").lower()
+        filename = _filename(part)
+        if filename or disposition.startswith("attachment") or not ctype.startswith("text/"):
+            attachments.append(filename or ctype)
+            continue
+        if ctype == "text/plain":
+            text, cut = _decode_part(part, byte_limit)
+            plain.append(text)
+            cut_any |= cut
+        elif ctype == "text/html":
+            text, cut = _decode_part(part, byte_limit)
+            htmls.append(text)
+            cut_any |= cut
+        else:  # text/calendar, text/csv...: listed, not read
+            attachments.append(filename or ctype)
+    if plain:
+        body = "\n\n".join(_clean(p, multiline=True).strip() for p in plain)
+    elif htmls:
+        body = "\n\n".join(html_to_text(_clean(h, multiline=True), max_body) for h in htmls)
+    else:
+        body = ""
+    return body, cut_any, attachments[:_MAX_LIST]
+
+
+# -- entry point -------------------------------------------------------------------------
+
+
+def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str = "") -> Message:
+    """Parse one message. ``body`` is cut to ``max_body`` characters
+    (``body_truncated`` says so); ``size`` is the raw size in bytes.
+
+    Raises only :class:`UnparseableMessage`, when neither From nor Reply-To holds a
+    usable address.
+    """
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogateescape")
+    try:
+        msg = email.message_from_bytes(bytes(raw), policy=email.policy.compat32)
+    except Exception as exc:  # compat32 is very tolerant; this is defence in depth
+        raise UnparseableMessage(f"not an email message: {type(exc).__name__}") from exc
+    h = _Headers(msg)
+    from_raw = h.raw("From")
+    from_name, from_addr = _address(from_raw)
+    _, reply_addr = _address(h.raw("Reply-To"))
+    if not from_addr and not reply_addr:
+        shown = _clean(_decode_words(from_raw))[:80]
+        what = f"From: {shown!r}" if shown else "no From or Reply-To header"
+        raise UnparseableMessage(f"no usable sender address ({what}); nobody to reply to")
+
+    date = ""
+    date_raw = h.raw("Date")
+    if date_raw:
+        try:
+            parsed = email.utils.parsedate_to_datetime(date_raw)
+            date = parsed.isoformat() if parsed else ""
+        except Exception:  # TypeError, ValueError, IndexError, OverflowError...
+            date = ""
+
+    try:
+        body, cut, attachments = _body(msg, max_body)
+    except Exception:  # a structure the email package chokes on: keep the headers
+        body, cut, attachments = "", True, []
+    truncated = cut or len(body) > max_body
+    body = body[:max_body]
+
+    message_id = h.raw("Message-ID").split(" ")[0][:_MAX_HEADER] if h.raw("Message-ID") else ""
+    refs = [r for r in h.raw("References").split() if r.startswith("<")][-_MAX_LIST:]
+    in_reply_to = h.raw("In-Reply-To").split()
+    if not refs and in_reply_to and in_reply_to[0].startswith("<"):
+        # RFC 5322 3.6.4: without References, the parent's In-Reply-To stands in.
+        refs = [in_reply_to[0]]
+    return Message(
+        kind="email",
+        message_id=message_id,
+        from_name=from_name,
+        from_addr=from_addr,
+        reply_to=reply_addr or from_addr,
+        to=_address_list(h.raw("To")),
+        cc=_address_list(h.raw("Cc")),
+        subject=h.text("Subject"),
+        date=date,
+        body=body,
+        body_truncated=truncated,
+        references=refs,
+        headers={name: h.text(name) for name in _KEPT_HEADERS if h.text(name)},
+        size=len(raw),
+        attachments=attachments,
+        source_id=_clean(source_id),
+    )
+
+
+__all__ = ["parse_email", "html_to_text", "stable_id", "UnparseableMessage", "EmailMessage",
+           "DEFAULT_MAX_BODY"]

@@ -1,0 +1,169 @@
+"""parse_email on a corpus of awkward real-world shapes (tests/corpus/)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from bot.mime import UnparseableMessage, html_to_text, parse_email, stable_id
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+def _parse(name: str, **kw):
+    return parse_email((CORPUS / name).read_bytes(), **kw)
+
+
+# file, field, expected value (== for strings/lists/bools, "in" for ~substring)
+CASES = [
+    ("latin1.eml", "from_name", "José García"),
+    ("latin1.eml", "subject", "Pedido atrasado - ¿dónde está?"),
+    ("latin1.eml", "body", "Hola, mi pedido no ha llegado. ¿Dónde está? Gracias, José."),
+    ("latin1.eml", "date", "2026-11-29T10:02:00+01:00"),
+    ("windows1252_as_latin1.eml", "body", "It costs 5 € — “really”."),
+    ("windows1252_as_latin1.eml", "subject", "“Smart” quotes"),
+    ("iso2022jp.eml", "subject", "注文について"),
+    ("iso2022jp.eml", "from_name", "山田太郎"),
+    ("iso2022jp.eml", "body", "お世話になっております。注文の件です。"),
+    ("unknown_charset.eml", "body", "Hello été café"),
+    ("unknown_charset.eml", "subject", "Qapla'"),
+    ("bogus_codec_charset.eml", "body", "hello ÿþ world"),
+    ("nested_multipart.eml", "body",
+     "Hi, where is my order #1234? The box in the photo is damaged. Café au lait."),
+    ("nested_multipart.eml", "attachments", ["image/png", "invoice.pdf", "message/rfc822"]),
+    ("nested_multipart.eml", "references", ["<a@x>", "<b@x>"]),
+    ("html_only.eml", "body", "Hello there,\n\nI need a refund & an invoice.\n\nThanks"),
+    ("no_body.eml", "body", ""),
+    ("no_subject_date_id.eml", "subject", ""),
+    ("no_subject_date_id.eml", "date", ""),
+    ("no_subject_date_id.eml", "message_id", ""),
+    ("no_subject_date_id.eml", "body", "Just a line."),
+    ("quoted_printable.eml", "body", "Softbreak and € sign and a long line that goes on and on."),
+    ("base64.eml", "body", "Grüße aus Köln\nZeile zwei"),
+    ("broken_base64.eml", "from_addr", "b64@example.com"),
+    ("encoded_subject.eml", "subject", "Factura nº 42 — ¿urgente? (segunda parte)"),
+    ("encoded_subject.eml", "from_name", "Ana María"),
+    ("header_injection.eml", "subject", "Hi Bcc: evil@x"),
+    ("header_injection.eml", "reply_to", "victim@ok.example"),
+    ("header_raw_crlf.eml", "subject", "Hi"),
+    ("attachments_only.eml", "attachments", ["résumé.bin", "notes.txt"]),
+    ("attachments_only.eml", "body", ""),
+    ("reply_to_only.eml", "reply_to", "help@example.com"),
+    ("reply_to_only.eml", "from_addr", ""),
+    ("raw_8bit_headers.eml", "from_name", "José Peña"),
+    ("raw_8bit_headers.eml", "subject", "Café olé"),
+    ("raw_8bit_headers.eml", "body", "No charset declared: café"),
+    ("in_reply_to_only.eml", "references", ["<parent@example.com>"]),
+    ("in_reply_to_only.eml", "date", ""),
+    ("mailing_list.eml", "headers", {"List-Unsubscribe": "<https://mailer.example/u?x=1>",
+                                     "List-Id": "Deals <deals.mailer.example>",
+                                     "Precedence": "bulk"}),
+    ("auto_reply.eml", "headers", {"Auto-Submitted": "auto-replied", "X-Autoreply": "yes"}),
+]
+
+
+@pytest.mark.parametrize("name,field,expected", CASES,
+                         ids=[f"{c[0]}:{c[1]}" for c in CASES])
+def test_corpus_field(name, field, expected):
+    """Each awkward message yields the text a human would read."""
+    assert getattr(_parse(name), field) == expected
+
+
+@pytest.mark.parametrize("name", ["no_sender.eml", "bad_from.eml", "garbage.bin"])
+def test_no_usable_sender_is_the_only_error(name):
+    """Without a From or Reply-To address there is nobody to reply to: a clear reason."""
+    with pytest.raises(UnparseableMessage, match="no usable sender"):
+        _parse(name)
+
+
+def test_every_corpus_message_is_clean_and_serialisable():
+    """No CR/LF in any header field, no control characters, and every message
+    round-trips through JSON and UTF-8 (it is stored as the draft's payload)."""
+    for path in sorted(CORPUS.iterdir()):
+        try:
+            m = parse_email(path.read_bytes(), source_id=path.name)
+        except UnparseableMessage:
+            continue
+        for field in ("subject", "from_name", "from_addr", "reply_to", "message_id", "date"):
+            value = getattr(m, field)
+            assert "\r" not in value and "\n" not in value, (path.name, field)
+        assert all("\n" not in v for v in m.headers.values())
+        assert all(" " not in a and "@" in a for a in [m.reply_to] + m.to + m.cc)
+        assert "\x00" not in m.body
+        json.dumps(m.to_dict(), ensure_ascii=False).encode("utf-8")
+
+
+def test_forwarded_message_text_is_not_taken_as_the_body():
+    """An attached message/rfc822 is listed, its text is not the sender's words."""
+    m = _parse("nested_multipart.eml")
+    assert "SECRET FORWARDED" not in m.body
+    assert "ATTACHED TEXT" not in _parse("attachments_only.eml").body
+
+
+def test_five_megabyte_body_is_cut_fast():
+    """A 5 MB message is truncated to max_body, flagged, and parsed quickly."""
+    raw = (b"From: a@b.example\r\nSubject: big\r\n\r\n"
+           + (b"word " * 12 + b"\r\n") * 85_000)
+    assert len(raw) > 5_000_000
+    start = time.perf_counter()
+    m = parse_email(raw, max_body=200_000)
+    assert time.perf_counter() - start < 2.0
+    assert len(m.body) == 200_000 and m.body_truncated
+    assert m.size == len(raw)
+
+
+def test_huge_html_and_base64_bodies_are_cut():
+    html = (b"From: a@b.example\r\nContent-Type: text/html\r\n\r\n"
+            + b"<p>word <b>x</b></p>\r\n" * 300_000)
+    m = parse_email(html, max_body=5000)
+    assert m.body_truncated and 0 < len(m.body) <= 5000
+    b64 = (b"From: a@b.example\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+           + base64.encodebytes(b"y" * 2_000_000))
+    m = parse_email(b64, max_body=1000)
+    assert m.body == "y" * 1000 and m.body_truncated
+
+
+def test_small_body_is_not_flagged_truncated():
+    assert not _parse("latin1.eml").body_truncated
+
+
+def test_stable_id_depends_only_on_bytes():
+    raw = (CORPUS / "no_subject_date_id.eml").read_bytes()
+    assert stable_id(raw) == stable_id(bytes(raw))
+    assert stable_id(raw) != stable_id(raw + b"x")
+    assert stable_id(raw).startswith("sha256:")
+
+
+def test_html_to_text_drops_scripts_and_keeps_paragraphs():
+    text = html_to_text("<style>x{}</style><div>a</div><script>b()</script><p>c&amp;d</p>")
+    assert text == "a\n\nc&d"
+
+
+def test_mangled_messages_never_raise_anything_else():
+    """Random byte damage to every corpus file: parse_email either returns a Message
+    or raises UnparseableMessage, never anything else."""
+    rng = random.Random(1234)
+    files = [p.read_bytes() for p in sorted(CORPUS.iterdir())]
+    for _ in range(2000):
+        raw = bytearray(rng.choice(files))
+        for _ in range(rng.randint(1, 12)):
+            pos = rng.randrange(len(raw) or 1)
+            op = rng.random()
+            if op < 0.4 and raw:
+                raw[pos] = rng.randrange(256)
+            elif op < 0.7:
+                del raw[pos:pos + rng.randint(1, 40)]
+            else:
+                raw[pos:pos] = rng.choice([b"\r\n", b"=?", b"?=", b"--", b"\x00", b":", b"<",
+                                           b"; charset=idna", b"=?x?b?", b"\xff\xfe"])
+        try:
+            m = parse_email(bytes(raw))
+        except UnparseableMessage:
+            continue
+        json.dumps(m.to_dict()).encode("utf-8")
+        assert "\n" not in m.subject
