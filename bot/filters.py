@@ -1,0 +1,128 @@
+"""Pipeline ``filters:``, applied to every fetched message before any drafting.
+
+Pure: :func:`skip_reason` looks only at the parsed message and the options, and
+returns a reason a human can read in ``/status`` ("mailing list (List-Unsubscribe
+header)") or ``None`` to draft it.
+
+Options (all optional)::
+
+    filters:
+      skip_senders: ["noreply@*", "*@mailer.example"]  # globs on the sender address
+      skip_mailing_lists: true      # List-Unsubscribe, List-Id, Precedence: bulk/list
+      skip_own: true                # default true: never answer our own mail (loops)
+      own_addresses: [support@shop.example]  # besides the sender's own From
+      max_body: 200kB               # raw message size
+      skip_subjects: ["^\\[JIRA\\]", "(?i)invoice paid"]  # regexes, searched, any case
+      skip_auto_replies: true       # default true: Auto-Submitted, X-Autoreply (loops)
+
+Schedule slots (``kind == "slot"``) have no sender and are never filtered.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+
+from .config import Checker, parse_size
+from .models import Message
+
+_LIST_PRECEDENCE = ("bulk", "list", "junk")
+
+
+def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) -> str | None:
+    """Why ``message`` should be skipped, or ``None`` to draft it."""
+    if message.kind != "email":
+        return None
+    sender = (message.from_addr or message.reply_to).lower()
+    headers = {k.lower(): v for k, v in message.headers.items()}
+
+    if filters.get("skip_own", True):
+        own = {a.strip().lower() for a in [*own_addresses, *_as_list(filters.get("own_addresses"))]
+               if a and a.strip()}
+        for addr in (message.from_addr, message.reply_to):
+            if addr and addr.lower() in own:
+                return f"sent from our own address {addr}"
+
+    if filters.get("skip_auto_replies", True):
+        auto = headers.get("auto-submitted", "").strip().lower()
+        if auto and not auto.startswith("no"):
+            return f"automatic reply (Auto-Submitted: {auto[:40]})"
+        for name in ("x-autoreply", "x-autorespond"):
+            if name in headers:
+                return f"automatic reply ({_canonical(name)} header)"
+        if headers.get("precedence", "").strip().lower() == "auto_reply":
+            return "automatic reply (Precedence: auto_reply)"
+
+    if filters.get("skip_mailing_lists", False):
+        for name in ("list-unsubscribe", "list-id"):
+            if name in headers:
+                return f"mailing list ({_canonical(name)} header)"
+        precedence = headers.get("precedence", "").strip().lower()
+        if precedence in _LIST_PRECEDENCE:
+            return f"mailing list (Precedence: {precedence})"
+
+    for pattern in _as_list(filters.get("skip_senders")):
+        for addr in {sender, message.reply_to.lower()} - {""}:
+            if fnmatch.fnmatchcase(addr, pattern.strip().lower()):
+                return f"sender {addr} matches filters.skip_senders {pattern!r}"
+
+    for pattern in _as_list(filters.get("skip_subjects")):
+        rx = _regex(pattern)
+        if rx is not None and rx.search(message.subject):
+            return f"subject matches filters.skip_subjects {pattern!r}"
+
+    if filters.get("max_body") is not None:
+        try:
+            limit = parse_size(filters["max_body"])
+        except ValueError:
+            limit = None  # reported by check_options at validate time
+        size = message.size or len(message.body.encode("utf-8"))
+        if limit is not None and size > limit:
+            return f"body of {size} bytes exceeds filters.max_body ({_human(limit)})"
+    return None
+
+
+def check_options(ck: Checker, filters: dict, path: str = "filters") -> None:
+    """Record an error in ``ck`` for every malformed filter option."""
+    ck.str_list(filters, "skip_senders", path)
+    ck.str_list(filters, "own_addresses", path)
+    for key in ("skip_mailing_lists", "skip_own", "skip_auto_replies"):
+        ck.get(filters, key, path, bool, default=None)
+    if "max_body" in filters:
+        ck.convert(filters, "max_body", path, parse_size)
+    subjects = filters.get("skip_subjects")
+    for i, pattern in enumerate(ck.str_list(filters, "skip_subjects", path)):
+        if _regex(pattern) is None:
+            where = f"{path}.skip_subjects[{i}]" if isinstance(subjects, list) else f"{path}.skip_subjects"
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                ck.error(where, f"not a valid regular expression ({exc}): {pattern!r}")
+
+
+def _as_list(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+@functools.lru_cache(maxsize=256)
+def _regex(pattern: str) -> re.Pattern | None:
+    try:
+        return re.compile(pattern, re.IGNORECASE)
+    except re.error:
+        return None
+
+
+def _canonical(name: str) -> str:
+    return "-".join(part.capitalize() for part in name.split("-"))
+
+
+def _human(size: int) -> str:
+    for unit, scale in (("MB", 1000**2), ("kB", 1000)):
+        if size >= scale:
+            return f"{size / scale:g}{unit}"
+    return f"{size} bytes"

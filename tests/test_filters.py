@@ -1,0 +1,97 @@
+"""Pipeline filters: each rule, its default, and the reason a human reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.config import Checker
+from bot.filters import check_options, skip_reason
+from bot.models import Message
+
+OWN = ["support@shop.example"]
+
+
+def _msg(**kw) -> Message:
+    base = dict(from_addr="alice@customer.example", reply_to="alice@customer.example",
+                subject="Where is my order #1234?", body="Hi", size=400)
+    base.update(kw)
+    return Message(**base)
+
+
+# (case id, message fields, filters, expected reason or None)
+CASES = [
+    ("plain mail is drafted", {}, {"skip_senders": ["noreply@*"], "skip_mailing_lists": True,
+                                   "max_body": "200kB", "skip_subjects": ["^\\[JIRA\\]"]}, None),
+    ("noreply glob", {"from_addr": "noreply@shop.example", "reply_to": "noreply@shop.example"},
+     {"skip_senders": ["noreply@*"]},
+     "sender noreply@shop.example matches filters.skip_senders 'noreply@*'"),
+    ("domain glob, any case", {"from_addr": "News@Mailer.Example", "reply_to": "News@Mailer.Example"},
+     {"skip_senders": ["*@mailer.example"]},
+     "sender news@mailer.example matches filters.skip_senders '*@mailer.example'"),
+    ("glob does not match a lookalike", {"from_addr": "noreply-fan@x.example"},
+     {"skip_senders": ["noreply@*"]}, None),
+    ("List-Unsubscribe", {"headers": {"List-Unsubscribe": "<https://x/u>"}},
+     {"skip_mailing_lists": True}, "mailing list (List-Unsubscribe header)"),
+    ("List-Id", {"headers": {"List-Id": "<deals.x>"}},
+     {"skip_mailing_lists": True}, "mailing list (List-Id header)"),
+    ("Precedence bulk", {"headers": {"Precedence": "Bulk"}},
+     {"skip_mailing_lists": True}, "mailing list (Precedence: bulk)"),
+    ("lists allowed when off", {"headers": {"List-Unsubscribe": "<https://x/u>"}},
+     {"skip_mailing_lists": False}, None),
+    ("lists allowed by default", {"headers": {"List-Unsubscribe": "<https://x/u>"}}, {}, None),
+    ("own address, by default", {"from_addr": "Support@Shop.example"}, {},
+     "sent from our own address Support@Shop.example"),
+    ("own address from filters.own_addresses", {"from_addr": "sales@shop.example"},
+     {"own_addresses": ["sales@shop.example"]}, "sent from our own address sales@shop.example"),
+    ("own address allowed when skip_own false", {"from_addr": "support@shop.example"},
+     {"skip_own": False}, None),
+    ("max_body exceeded", {"size": 300_001}, {"max_body": "200kB"},
+     "body of 300001 bytes exceeds filters.max_body (200kB)"),
+    ("max_body exactly at limit", {"size": 200_000}, {"max_body": "200kB"}, None),
+    ("max_body as bare bytes", {"size": 2000}, {"max_body": 1000},
+     "body of 2000 bytes exceeds filters.max_body (1kB)"),
+    ("subject regex, any case", {"subject": "[jira] PROJ-1 updated"},
+     {"skip_subjects": ["^\\[JIRA\\]"]}, "subject matches filters.skip_subjects '^\\\\[JIRA\\\\]'"),
+    ("subject regex searched not matched whole", {"subject": "Re: invoice paid, thanks"},
+     {"skip_subjects": ["invoice paid"]}, "subject matches filters.skip_subjects 'invoice paid'"),
+    ("Auto-Submitted by default", {"headers": {"Auto-Submitted": "auto-replied"}}, {},
+     "automatic reply (Auto-Submitted: auto-replied)"),
+    ("Auto-Submitted: no is a human", {"headers": {"Auto-Submitted": "no"}}, {}, None),
+    ("X-Autoreply", {"headers": {"X-Autoreply": "yes"}}, {}, "automatic reply (X-Autoreply header)"),
+    ("auto replies allowed when off", {"headers": {"X-Autoreply": "yes"}},
+     {"skip_auto_replies": False}, None),
+    ("slots are never filtered", {"kind": "slot", "from_addr": "", "reply_to": "", "size": 10**9},
+     {"max_body": "1kB", "skip_senders": ["*"]}, None),
+]
+
+
+@pytest.mark.parametrize("fields,filters,expected", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_skip_reason(fields, filters, expected):
+    assert skip_reason(_msg(**fields), filters, own_addresses=OWN) == expected
+
+
+def test_own_address_wins_over_other_reasons():
+    """The most important reason (a reply loop) is the one recorded."""
+    m = _msg(from_addr="support@shop.example", headers={"List-Id": "x"})
+    assert skip_reason(m, {"skip_mailing_lists": True}, own_addresses=OWN).startswith("sent from our own")
+
+
+@pytest.mark.parametrize("filters,expected", [
+    ({"skip_subjects": ["(unclosed"]}, "pipelines/p.yaml: filters.skip_subjects[0]: not a valid regular expression"),
+    ({"max_body": "lots"}, "pipelines/p.yaml: filters.max_body: expected a size like 200kB"),
+    ({"skip_mailing_lists": "yes"}, "pipelines/p.yaml: filters.skip_mailing_lists: expected true or false"),
+    ({"skip_senders": [3.5]}, "pipelines/p.yaml: filters.skip_senders[0]: expected a string"),
+])
+def test_check_options_names_file_and_path(filters, expected):
+    ck = Checker("pipelines/p.yaml")
+    check_options(ck, filters)
+    assert len(ck.errors) == 1 and ck.errors[0].startswith(expected), ck.errors
+
+
+def test_check_options_accepts_a_full_valid_set():
+    ck = Checker("pipelines/p.yaml")
+    check_options(ck, {"skip_senders": "noreply@*", "skip_mailing_lists": True, "skip_own": False,
+                       "own_addresses": ["a@b.example"], "max_body": "200kB",
+                       "skip_subjects": ["^x", "y$"], "skip_auto_replies": True})
+    assert ck.errors == []
