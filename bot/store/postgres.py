@@ -1,0 +1,679 @@
+"""PostgreSQL backend (asyncpg), for running draftgate on several hosts.
+
+Same tables, same transitions and the same contract tests as the SQLite store. What
+differs is how concurrent writers are kept apart:
+
+* claims take rows with ``FOR UPDATE SKIP LOCKED``, so processes claiming at once
+  each get different drafts and nobody waits on another's row lock;
+* admit inserts with ``ON CONFLICT DO NOTHING``, so two hosts admitting the same
+  mail both succeed and exactly one queues it;
+* migrations run under ``pg_advisory_xact_lock``, so hosts starting together
+  migrate once.
+
+URL: ``postgresql://user[:password]@host[:port]/db[?schema=NAME]``. ``schema`` puts
+every table in that schema (created if missing); the rest of the query is passed
+to asyncpg unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import time
+from typing import Any, AsyncIterator
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+
+from ..errors import StoreError
+from ..models import (
+    APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED, READY,
+    REJECTED, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED,
+    TERMINAL_STATUSES, AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
+)
+from .base import AdmitResult, ReplayResult, Store, SweepResult
+from .pg_schema import MIGRATIONS
+
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_DAY = 86400.0
+
+#: Tables ``migrate-store`` copies, with the columns that order a keyset scan.
+COPY_TABLES: dict[str, tuple[str, ...]] = {
+    "seen_items": ("pipeline", "scope", "item_id"),
+    "cursors": ("pipeline", "scope"),
+    "drafts": ("id",),
+    "pipeline_runs": ("id",),
+    "audit": ("id",),
+    "token_usage": ("pipeline", "day"),
+    "pipeline_flags": ("pipeline",),
+}
+
+
+def _now(now: float | None) -> float:
+    return time.time() if now is None else float(now)
+
+
+def _utc_day(t: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(t))
+
+
+def _redact(url: str) -> str:
+    """The URL with any password replaced, safe to put in an error or a log line."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+def parse_pg_url(url: str) -> tuple[str, str]:
+    """Split ``?schema=NAME`` off a PostgreSQL URL: ``(dsn_for_asyncpg, schema)``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise StoreError(f"not a PostgreSQL URL: {_redact(url)!r}; expected postgresql://user@host/db")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = "public"
+    rest = []
+    for k, v in query:
+        if k == "schema":
+            schema = v
+        else:
+            rest.append((k, v))
+    if not _SCHEMA_NAME.match(schema):
+        raise StoreError(
+            f"store URL {_redact(url)!r}: schema={schema!r} is not a plain identifier; "
+            "use letters, digits and underscores, starting with a letter or underscore")
+    dsn = urlunsplit(parts._replace(query=urlencode(rest)))
+    return dsn, schema
+
+
+def _lock_key(label: str) -> int:
+    """A stable signed 64-bit advisory lock key for ``label``."""
+    return int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "big", signed=True)
+
+
+def _draft(row: asyncpg.Record) -> Draft:
+    return Draft(
+        id=row["id"], key=row["key"], pipeline=row["pipeline"], scope=row["scope"],
+        item_id=row["item_id"], recipe=row["recipe"], status=row["status"],
+        message=Message.from_dict(json.loads(row["payload"])),
+        attempt=row["attempt"], lease_until=row["lease_until"], fence=row["fence"],
+        body=row["body"], version=row["version"], instruction=row["instruction"],
+        approval_chat=row["approval_chat"], approval_message_id=row["approval_message_id"],
+        decided_by=row["decided_by"], decided_at=row["decided_at"], sent_id=row["sent_id"],
+        error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
+        created_at=row["created_at"], updated_at=row["updated_at"],
+    )
+
+
+def _run(row: asyncpg.Record) -> Run:
+    return Run(
+        id=row["id"], pipeline=row["pipeline"], started_at=row["started_at"],
+        ended_at=row["ended_at"], status=row["status"], error_text=row["error_text"],
+        counts=json.loads(row["counts"] or "{}"), scheduled_for=row["scheduled_for"],
+    )
+
+
+class PostgresStore(Store):
+    """Store on PostgreSQL through an asyncpg pool (1..``max_size`` connections)."""
+
+    def __init__(self, url: str, *, max_size: int = 10):
+        self.url = url
+        self._dsn, self._schema = parse_pg_url(url)
+        self._max_size = max_size
+        self._pool: asyncpg.Pool | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            # One plain connection first: the schema must exist before the pool's
+            # search_path can point at it, and the migration lock serialises hosts.
+            con = await asyncpg.connect(self._dsn, timeout=10)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+            raise StoreError(
+                f"cannot connect to PostgreSQL at {_redact(self._dsn)}: {e}. Check the "
+                "store URL (postgresql://user@host:port/db) and that the server is running "
+                "and accepts this user") from e
+        try:
+            await self._migrate(con)
+        except asyncpg.PostgresError as e:
+            raise StoreError(f"PostgreSQL store {_redact(self.url)}: migration failed: {e}") from e
+        finally:
+            await con.close()
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=1, max_size=self._max_size, timeout=10,
+                server_settings={"search_path": self._schema},
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+            raise StoreError(f"cannot open a connection pool to {_redact(self._dsn)}: {e}") from e
+
+    async def _migrate(self, con: asyncpg.Connection) -> None:
+        ident = '"' + self._schema + '"'
+        async with con.transaction():
+            # Transaction-scoped, so a crashed process can never leave it held.
+            await con.execute("SELECT pg_advisory_xact_lock($1)",
+                              _lock_key(f"draftgate-migrate:{self._schema}"))
+            await con.execute(f"CREATE SCHEMA IF NOT EXISTS {ident}")
+            await con.execute(f"SET LOCAL search_path TO {ident}")
+            await con.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                " applied_at DOUBLE PRECISION NOT NULL)")
+            done = {r["version"] for r in await con.fetch("SELECT version FROM schema_migrations")}
+            for version, name, sql in MIGRATIONS:
+                if version in done:
+                    continue
+                await con.execute(sql)
+                await con.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+                    version, name, time.time())
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    @contextlib.asynccontextmanager
+    async def _tx(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection inside one transaction; database errors -> StoreError."""
+        if self._pool is None:
+            raise StoreError("the PostgreSQL store is not open; call open() first")
+        try:
+            async with self._pool.acquire() as con:
+                async with con.transaction():
+                    yield con
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+            raise StoreError(f"PostgreSQL store {_redact(self.url)}: {e}") from e
+
+    # -- fetch side ----------------------------------------------------------------
+    async def unseen(self, pipeline: str, scope: str, item_ids: list[str]) -> set[str]:
+        if not item_ids:
+            return set()
+        async with self._tx() as con:
+            rows = await con.fetch(
+                "SELECT item_id FROM seen_items WHERE pipeline=$1 AND scope=$2"
+                " AND item_id = ANY($3::text[])", pipeline, scope, list(item_ids))
+        return set(item_ids) - {r["item_id"] for r in rows}
+
+    async def admit(self, pipeline: str, scope: str, recipe: str, items: list[Item], *,
+                    cursor: str | None = None, mark_seen: bool = True,
+                    now: float | None = None) -> AdmitResult:
+        t = _now(now)
+        result = AdmitResult()
+        unique: dict[str, Item] = {}
+        for item in items:
+            if item.item_id in unique:
+                result.already_seen += 1  # a duplicate within one fetch
+            else:
+                unique[item.item_id] = item
+        ids = list(unique)
+        async with self._tx() as con:
+            if ids:
+                if mark_seen:
+                    # The insert's conflict check decides who saw it first, even
+                    # when two hosts admit the same mail at the same moment.
+                    rows = await con.fetch(
+                        "INSERT INTO seen_items (pipeline, scope, item_id, seen_at)"
+                        " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i"
+                        " ON CONFLICT DO NOTHING RETURNING item_id",
+                        pipeline, scope, ids, t)
+                    fresh = {r["item_id"] for r in rows}
+                else:
+                    rows = await con.fetch(
+                        "SELECT item_id FROM seen_items WHERE pipeline=$1 AND scope=$2"
+                        " AND item_id = ANY($3::text[])", pipeline, scope, ids)
+                    fresh = set(ids) - {r["item_id"] for r in rows}
+                todo = [unique[i] for i in ids if i in fresh]
+                keys, statuses, item_ids, payloads, errors = [], [], [], [], []
+                for item in todo:
+                    keys.append(draft_key(pipeline, scope, item.item_id, recipe))
+                    statuses.append(SKIPPED if item.skip_reason else QUEUED)
+                    item_ids.append(item.item_id)
+                    payloads.append(json.dumps(item.message.to_dict()))
+                    errors.append(item.skip_reason)
+                inserted: set[str] = set()
+                if todo:
+                    rows = await con.fetch(
+                        "INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status,"
+                        " payload, error, created_at, updated_at)"
+                        " SELECT k, $1, $2, i, $3, s, p, e, $4, $4"
+                        " FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::text[])"
+                        "   WITH ORDINALITY AS u(k, i, s, p, e, n)"
+                        " ORDER BY n"
+                        " ON CONFLICT (key) DO NOTHING RETURNING key",
+                        pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors)
+                    inserted = {r["key"] for r in rows}
+                for key, status in zip(keys, statuses):
+                    if key in inserted:
+                        (result.skipped if status == SKIPPED else result.new).append(key)
+                result.already_seen += len(ids) - len(inserted)
+            if cursor is not None:
+                await self._put_cursor(con, pipeline, scope, cursor, t)
+        return result
+
+    async def mark_seen(self, pipeline: str, scope: str, item_ids: list[str],
+                        now: float | None = None) -> None:
+        if not item_ids:
+            return
+        async with self._tx() as con:
+            await con.execute(
+                "INSERT INTO seen_items (pipeline, scope, item_id, seen_at)"
+                " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i ON CONFLICT DO NOTHING",
+                pipeline, scope, list(dict.fromkeys(item_ids)), _now(now))
+
+    async def get_cursor(self, pipeline: str, scope: str) -> str | None:
+        async with self._tx() as con:
+            return await con.fetchval(
+                "SELECT value FROM cursors WHERE pipeline=$1 AND scope=$2", pipeline, scope)
+
+    async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
+        async with self._tx() as con:
+            await self._put_cursor(con, pipeline, scope, value, time.time())
+
+    @staticmethod
+    async def _put_cursor(con, pipeline: str, scope: str, value: str | None, t: float) -> None:
+        await con.execute(
+            "INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (pipeline, scope) DO UPDATE SET value=EXCLUDED.value,"
+            " updated_at=EXCLUDED.updated_at", pipeline, scope, value, t)
+
+    # -- drafting ------------------------------------------------------------------
+    async def claim(self, pipeline: str, lease_seconds: float, *, limit: int = 1,
+                    now: float | None = None) -> list[Draft]:
+        if limit <= 0:
+            return []
+        t = _now(now)
+        async with self._tx() as con:
+            # SKIP LOCKED: a row another process is claiming right now is passed over
+            # instead of waited for, so N hosts claim N disjoint batches. MATERIALIZED
+            # because a plain `id IN (subquery)` may be planned as a nested loop that
+            # re-runs the LIMIT subquery per row and claims more than `limit`.
+            rows = await con.fetch(
+                "WITH picked AS MATERIALIZED (SELECT id FROM drafts"
+                "   WHERE pipeline=$1 AND status=$6 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                " UPDATE drafts d SET status=$4, lease_until=$3,"
+                " fence=nextval('draft_fence_seq'), updated_at=$5"
+                " FROM picked WHERE d.id = picked.id AND d.status=$6 RETURNING d.*",
+                pipeline, limit, t + lease_seconds, DRAFTING, t, QUEUED)
+        return sorted((_draft(r) for r in rows), key=lambda d: d.id)
+
+    async def claim_key(self, key: str, lease_seconds: float,
+                        now: float | None = None) -> Draft | None:
+        t = _now(now)
+        return await self._one(
+            "UPDATE drafts SET status=$2, lease_until=$3, fence=nextval('draft_fence_seq'),"
+            " updated_at=$4 WHERE key=$1 AND status=$5 RETURNING *",
+            key, DRAFTING, t + lease_seconds, t, QUEUED)
+
+    async def _one(self, sql: str, *args: Any) -> Draft | None:
+        async with self._tx() as con:
+            row = await con.fetchrow(sql, *args)
+        return _draft(row) if row else None
+
+    async def finish_draft(self, draft_id: int, fence: int, body: str, *,
+                           tokens_in: int = 0, tokens_out: int = 0,
+                           now: float | None = None) -> Draft | None:
+        t = _now(now)
+        async with self._tx() as con:
+            row = await con.fetchrow(
+                "UPDATE drafts SET status=$4, body=$3, lease_until=NULL, error=NULL,"
+                " tokens_in=tokens_in+$5, tokens_out=tokens_out+$6, updated_at=$7"
+                " WHERE id=$1 AND fence=$2 AND status=$8 RETURNING *",
+                draft_id, fence, body, READY, tokens_in, tokens_out, t, DRAFTING)
+            if row is None:
+                return None
+            await self._count_tokens(con, row["pipeline"], tokens_in + tokens_out, t)
+        return _draft(row)
+
+    async def fail_draft(self, draft_id: int, fence: int, error: str, *,
+                         retryable: bool, max_attempts: int,
+                         now: float | None = None) -> Draft | None:
+        return await self._one(
+            "UPDATE drafts SET"
+            " status = CASE WHEN $4 AND attempt + 1 < $5 THEN $6 ELSE $7 END,"
+            " attempt=attempt+1, error=$3, lease_until=NULL, updated_at=$8"
+            " WHERE id=$1 AND fence=$2 AND status=$9 RETURNING *",
+            draft_id, fence, error, retryable, max_attempts, QUEUED, FAILED, _now(now), DRAFTING)
+
+    async def release(self, draft_id: int, fence: int) -> bool:
+        async with self._tx() as con:
+            row = await con.fetchrow(
+                "UPDATE drafts SET status=$3, lease_until=NULL, updated_at=$4"
+                " WHERE id=$1 AND fence=$2 AND status=$5 RETURNING id",
+                draft_id, fence, QUEUED, time.time(), DRAFTING)
+        return row is not None
+
+    async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
+        async with self._tx() as con:
+            await self._count_tokens(con, pipeline, tokens, _now(now))
+
+    @staticmethod
+    async def _count_tokens(con, pipeline: str, tokens: int, t: float) -> None:
+        if not tokens:
+            return
+        await con.execute(
+            "INSERT INTO token_usage (pipeline, day, tokens) VALUES ($1, $2, $3)"
+            " ON CONFLICT (pipeline, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens",
+            pipeline, _utc_day(t), tokens)
+
+    async def tokens_used(self, pipeline: str, day: str) -> int:
+        async with self._tx() as con:
+            v = await con.fetchval(
+                "SELECT tokens FROM token_usage WHERE pipeline=$1 AND day=$2", pipeline, day)
+        return int(v or 0)
+
+    # -- approval ------------------------------------------------------------------
+    async def _list(self, sql: str, *args: Any) -> list[Draft]:
+        async with self._tx() as con:
+            rows = await con.fetch(sql, *args)
+        return [_draft(r) for r in rows]
+
+    async def _by_status(self, statuses: tuple[str, ...], pipeline: str | None,
+                         limit: int | None = None) -> list[Draft]:
+        return await self._list(
+            "SELECT * FROM drafts WHERE status = ANY($1::text[])"
+            " AND ($2::text IS NULL OR pipeline=$2) ORDER BY id LIMIT $3",
+            list(statuses), pipeline, limit)
+
+    async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
+        return await self._by_status((READY,), pipeline, limit)
+
+    async def mark_posted(self, draft_id: int, version: int, chat: str,
+                          message_id: str) -> Draft | None:
+        return await self._one(
+            "UPDATE drafts SET status=$5, approval_chat=$3, approval_message_id=$4,"
+            " updated_at=$6 WHERE id=$1 AND version=$2 AND status=$7 RETURNING *",
+            draft_id, version, str(chat), str(message_id), AWAITING, time.time(), READY)
+
+    async def _decide(self, sql: str, args: tuple, *, actor: str, action: str,
+                      t: float, text_of=lambda row: row["body"], detail: str | None = None
+                      ) -> Draft | None:
+        """A CAS transition and its audit row, in one transaction."""
+        async with self._tx() as con:
+            row = await con.fetchrow(sql, *args)
+            if row is None:
+                return None
+            await self._audit(con, actor, action, row["key"], text_of(row), detail, t)
+        return _draft(row)
+
+    async def approve(self, draft_id: int, version: int, actor: str,
+                      now: float | None = None) -> Draft | None:
+        t = _now(now)
+        return await self._decide(
+            "UPDATE drafts SET status=$3, decided_by=$4, decided_at=$5, updated_at=$5"
+            " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
+            (draft_id, version, APPROVED, actor, t, AWAITING),
+            actor=actor, action="approve", t=t)
+
+    async def edit(self, draft_id: int, version: int, body: str, actor: str,
+                   now: float | None = None) -> Draft | None:
+        t = _now(now)
+        return await self._decide(
+            "UPDATE drafts SET status=$3, body=$4, version=version+1, updated_at=$5"
+            " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
+            (draft_id, version, READY, body, t, AWAITING),
+            actor=actor, action="edit", t=t)
+
+    async def regenerate(self, draft_id: int, version: int, actor: str,
+                         instruction: str = "", now: float | None = None) -> Draft | None:
+        t = _now(now)
+        return await self._decide(
+            "UPDATE drafts SET status=$3, instruction=$4, version=version+1, attempt=0,"
+            " lease_until=NULL, updated_at=$5"
+            " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
+            (draft_id, version, QUEUED, instruction, t, AWAITING),
+            actor=actor, action="regenerate", t=t, detail=instruction or None)
+
+    async def reject(self, draft_id: int, version: int, actor: str, reason: str = "",
+                     now: float | None = None) -> Draft | None:
+        t = _now(now)
+        return await self._decide(
+            "UPDATE drafts SET status=$3, decided_by=$4, decided_at=$5, updated_at=$5,"
+            " error=$7 WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
+            (draft_id, version, REJECTED, actor, t, AWAITING, reason or None),
+            actor=actor, action="reject", t=t, detail=reason or None)
+
+    # -- sending -------------------------------------------------------------------
+    async def approved(self, pipeline: str | None = None) -> list[Draft]:
+        return await self._by_status((APPROVED,), pipeline)
+
+    async def begin_send(self, draft_id: int) -> Draft | None:
+        return await self._one(
+            "UPDATE drafts SET status=$2, updated_at=$3 WHERE id=$1 AND status=$4 RETURNING *",
+            draft_id, SENDING, time.time(), APPROVED)
+
+    async def mark_sent(self, draft_id: int, sent_id: str, now: float | None = None
+                        ) -> Draft | None:
+        t = _now(now)
+        return await self._decide(
+            "UPDATE drafts SET status=$2, sent_id=$3, error=NULL, updated_at=$4"
+            " WHERE id=$1 AND status = ANY($5::text[]) RETURNING *",
+            (draft_id, SENT, str(sent_id), t, [SENDING, SEND_UNKNOWN]),
+            actor="draftgate", action="sent", t=t, detail=str(sent_id))
+
+    async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
+        return await self._one(
+            "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
+            " WHERE id=$1 AND status=$5 RETURNING *",
+            draft_id, SEND_FAILED, reason, time.time(), SENDING)
+
+    async def mark_send_unknown(self, draft_id: int, reason: str) -> Draft | None:
+        return await self._one(
+            "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
+            " WHERE id=$1 AND status=$5 RETURNING *",
+            draft_id, SEND_UNKNOWN, reason, time.time(), SENDING)
+
+    async def retry_send(self, draft_id: int, actor: str, now: float | None = None
+                         ) -> Draft | None:
+        t = _now(now)
+        return await self._decide(
+            "UPDATE drafts SET status=$2, updated_at=$3"
+            " WHERE id=$1 AND status = ANY($4::text[]) RETURNING *",
+            (draft_id, APPROVED, t, [SEND_FAILED, SEND_UNKNOWN]),
+            actor=actor, action="retry_send", t=t)
+
+    async def send_unknown(self, pipeline: str | None = None) -> list[Draft]:
+        return await self._by_status((SEND_UNKNOWN,), pipeline)
+
+    # -- reading ---------------------------------------------------------------------
+    async def get_draft(self, draft_id: int) -> Draft | None:
+        return await self._one("SELECT * FROM drafts WHERE id=$1", draft_id)
+
+    async def get_draft_by_key(self, key: str) -> Draft | None:
+        return await self._one("SELECT * FROM drafts WHERE key=$1", key)
+
+    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
+        return await self._list(
+            "SELECT * FROM drafts WHERE pipeline=$1 AND item_id=$2 ORDER BY id",
+            pipeline, item_id)
+
+    async def pending(self, pipeline: str | None = None) -> list[Draft]:
+        return await self._by_status(PENDING_STATUSES, pipeline)
+
+    async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
+        async with self._tx() as con:
+            rows = await con.fetch(
+                "SELECT status, count(*) AS n FROM drafts"
+                " WHERE ($1::text IS NULL OR pipeline=$1) GROUP BY status", pipeline)
+        return {r["status"]: r["n"] for r in rows}
+
+    async def seen_count(self, pipeline: str) -> int:
+        async with self._tx() as con:
+            return await con.fetchval(
+                "SELECT count(*) FROM seen_items WHERE pipeline=$1", pipeline)
+
+    # -- runs --------------------------------------------------------------------------
+    async def start_run(self, pipeline: str, scheduled_for: float | None = None,
+                        now: float | None = None) -> int:
+        async with self._tx() as con:
+            return await con.fetchval(
+                "INSERT INTO pipeline_runs (pipeline, started_at, status, counts, scheduled_for)"
+                " VALUES ($1, $2, 'running', '{}', $3) RETURNING id",
+                pipeline, _now(now), scheduled_for)
+
+    async def end_run(self, run_id: int, status: str, counts: dict[str, int],
+                      error_text: str | None = None, now: float | None = None) -> None:
+        async with self._tx() as con:
+            await con.execute(
+                "UPDATE pipeline_runs SET ended_at=$2, status=$3, counts=$4, error_text=$5"
+                " WHERE id=$1", run_id, _now(now), status, json.dumps(counts), error_text)
+
+    async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
+        async with self._tx() as con:
+            rows = await con.fetch(
+                "SELECT * FROM pipeline_runs WHERE pipeline=$1"
+                " ORDER BY started_at DESC, id DESC LIMIT $2", pipeline, limit)
+        return [_run(r) for r in rows]
+
+    async def last_run(self, pipeline: str, status: str | None = None) -> Run | None:
+        async with self._tx() as con:
+            row = await con.fetchrow(
+                "SELECT * FROM pipeline_runs WHERE pipeline=$1"
+                " AND ($2::text IS NULL OR status=$2)"
+                " ORDER BY started_at DESC, id DESC LIMIT 1", pipeline, status)
+        return _run(row) if row else None
+
+    # -- audit -------------------------------------------------------------------------
+    @staticmethod
+    async def _audit(con, actor: str, action: str, draft_key: str | None,
+                     text: str | None, detail: str | None, t: float) -> None:
+        await con.execute(
+            "INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail)"
+            " VALUES ($1, $2, $3, $4, $5, $6)",
+            t, actor, action, draft_key, sha256_text(text) if text is not None else None, detail)
+
+    async def audit(self, actor: str, action: str, draft_key: str | None = None,
+                    text: str | None = None, detail: str | None = None,
+                    now: float | None = None) -> None:
+        async with self._tx() as con:
+            await self._audit(con, actor, action, draft_key, text, detail, _now(now))
+
+    async def audit_log(self, draft_key: str | None = None, limit: int = 100
+                        ) -> list[AuditEntry]:
+        async with self._tx() as con:
+            rows = await con.fetch(
+                "SELECT * FROM audit WHERE ($1::text IS NULL OR draft_key=$1)"
+                " ORDER BY id DESC LIMIT $2", draft_key, limit)
+        return [AuditEntry(id=r["id"], at=r["at"], actor=r["actor"], action=r["action"],
+                           draft_key=r["draft_key"], text_sha256=r["text_sha256"],
+                           detail=r["detail"]) for r in rows]
+
+    # -- operations --------------------------------------------------------------------
+    async def replay(self, pipeline: str, item_id: str, actor: str,
+                     now: float | None = None) -> ReplayResult:
+        t = _now(now)
+        async with self._tx() as con:
+            rows = await con.fetch(
+                "SELECT * FROM drafts WHERE pipeline=$1 AND item_id=$2 ORDER BY id FOR UPDATE",
+                pipeline, item_id)
+            result = await self._replay_in(con, pipeline, item_id, rows, t)
+            await self._audit(con, actor, "replay",
+                              result.draft.key if result.draft else (rows[-1]["key"] if rows else None),
+                              None, f"{pipeline} {item_id}: {result.outcome}"
+                              + (f" ({result.detail})" if result.detail else ""), t)
+        return result
+
+    @staticmethod
+    async def _replay_in(con, pipeline: str, item_id: str, rows, t: float) -> ReplayResult:
+        if not rows:
+            deleted = await con.fetch(
+                "DELETE FROM seen_items WHERE pipeline=$1 AND item_id=$2 RETURNING scope",
+                pipeline, item_id)
+            if deleted:
+                return ReplayResult("unseen", "seen mark removed; the next fetch takes it again")
+            return ReplayResult("not_found", f"no draft and no seen mark for {item_id!r} in {pipeline}")
+        sent = [r for r in rows if r["status"] == SENT]
+        if sent:
+            return ReplayResult("refused", "already sent", _draft(sent[-1]))
+        busy = [r for r in rows if r["status"] not in TERMINAL_STATUSES]
+        if busy:
+            return ReplayResult("refused", f"still in flight ({busy[-1]['status']})", _draft(busy[-1]))
+        target = [r for r in rows if r["status"] in REPLAYABLE_STATUSES][-1]
+        row = await con.fetchrow(
+            "UPDATE drafts SET status=$2, attempt=0, version=version+1, lease_until=NULL,"
+            " error=NULL, updated_at=$3 WHERE id=$1 AND status=$4 RETURNING *",
+            target["id"], QUEUED, t, target["status"])
+        return ReplayResult("requeued", f"was {target['status']}", _draft(row))
+
+    async def sweep(self, *, seen_ttl_days: float, max_attempts: int = 3,
+                    approval_ttl_days: float | None = None, runs_keep_days: float = 30,
+                    now: float | None = None) -> SweepResult:
+        t = _now(now)
+        res = SweepResult()
+        async with self._tx() as con:
+            # A seen mark is only needed while its draft is alive: a terminal draft's
+            # key already stops a re-admit on its own.
+            res.seen_deleted = _count(await con.execute(
+                "DELETE FROM seen_items s WHERE s.seen_at < $1 AND NOT EXISTS ("
+                " SELECT 1 FROM drafts d WHERE d.pipeline=s.pipeline AND d.scope=s.scope"
+                " AND d.item_id=s.item_id AND NOT (d.status = ANY($2::text[])))",
+                t - seen_ttl_days * _DAY, list(TERMINAL_STATUSES)))
+            rows = await con.fetch(
+                "UPDATE drafts SET"
+                " status = CASE WHEN attempt + 1 < $2 THEN $3 ELSE $4 END,"
+                " attempt=attempt+1, lease_until=NULL, updated_at=$1,"
+                " error = CASE WHEN attempt + 1 < $2 THEN error ELSE 'lease expired' END"
+                " WHERE status=$5 AND lease_until < $1 RETURNING status",
+                t, max_attempts, QUEUED, FAILED, DRAFTING)
+            res.leases_requeued = sum(1 for r in rows if r["status"] == QUEUED)
+            res.leases_failed = len(rows) - res.leases_requeued
+            if approval_ttl_days is not None:
+                res.approvals_expired = _count(await con.execute(
+                    "UPDATE drafts SET status=$1, updated_at=$2"
+                    " WHERE status=$3 AND updated_at < $4",
+                    EXPIRED, t, AWAITING, t - approval_ttl_days * _DAY))
+            res.runs_pruned = _count(await con.execute(
+                "DELETE FROM pipeline_runs WHERE started_at < $1", t - runs_keep_days * _DAY))
+        return res
+
+    async def recover_sending(self) -> int:
+        async with self._tx() as con:
+            return _count(await con.execute(
+                "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4",
+                SEND_UNKNOWN, "interrupted while sending (process stopped)", time.time(), SENDING))
+
+    async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
+        t = time.time()
+        async with self._tx() as con:
+            await con.execute(
+                "INSERT INTO pipeline_flags (pipeline, paused, updated_by, updated_at)"
+                " VALUES ($1, $2, $3, $4) ON CONFLICT (pipeline) DO UPDATE SET"
+                " paused=EXCLUDED.paused, updated_by=EXCLUDED.updated_by,"
+                " updated_at=EXCLUDED.updated_at", pipeline, int(paused), actor, t)
+            await self._audit(con, actor, "pause" if paused else "resume", None, None, pipeline, t)
+
+    async def paused(self) -> set[str]:
+        async with self._tx() as con:
+            rows = await con.fetch("SELECT pipeline FROM pipeline_flags WHERE paused <> 0")
+        return {r["pipeline"] for r in rows}
+
+    # -- leader / locks ---------------------------------------------------------------------
+    async def try_lock(self, name: str, holder: str, ttl_seconds: float,
+                       now: float | None = None) -> bool:
+        t = _now(now)
+        async with self._tx() as con:
+            row = await con.fetchrow(
+                "INSERT INTO locks (name, holder, expires_at) VALUES ($1, $2, $3)"
+                " ON CONFLICT (name) DO UPDATE SET holder=EXCLUDED.holder,"
+                " expires_at=EXCLUDED.expires_at"
+                " WHERE locks.holder=EXCLUDED.holder OR locks.expires_at < $4"
+                " RETURNING holder", name, holder, t + ttl_seconds, t)
+        return row is not None
+
+    async def unlock(self, name: str, holder: str) -> None:
+        async with self._tx() as con:
+            await con.execute("DELETE FROM locks WHERE name=$1 AND holder=$2", name, holder)
+
+
+def _count(status: str) -> int:
+    """Row count from an asyncpg command tag such as ``UPDATE 3``."""
+    try:
+        return int(status.rsplit(" ", 1)[-1])
+    except (ValueError, AttributeError):
+        return 0
