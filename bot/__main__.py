@@ -1,0 +1,411 @@
+"""draftgate command line: ``draftgate COMMAND`` or ``python -m bot COMMAND``.
+
+Exit codes: 0 success, 1 runtime failure, 2 bad configuration or arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import importlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from . import ops
+from .config import Settings, load_settings
+from .errors import ConfigError, DraftgateError
+
+log = logging.getLogger("draftgate")
+REPO = Path(__file__).resolve().parent.parent
+DEMO_CONFIG = REPO / "demo" / "draftgate.yaml"
+
+
+def _actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:
+        return "cli"
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request URL, and a Telegram URL contains the bot token.
+    for noisy in ("httpx", "httpcore", "telegram.ext.Updater", "googleapiclient.discovery_cache"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load(args) -> Settings:
+    return load_settings(args.config)
+
+
+async def _open_store(settings: Settings):
+    from .store import create_store
+
+    store = create_store(settings.store)
+    await store.open()
+    return store
+
+
+def _channels(settings: Settings, store, *, demo: bool = False) -> dict:
+    from .approvals.console import ConsoleChannel
+
+    channels: dict = {}
+    used = {p.approval.get("channel", "console") for p in settings.pipelines}
+    if "console" in used or settings.telegram is None:
+        channels["console"] = ConsoleChannel(auto_approve=demo)
+    if settings.telegram is not None:
+        telegram = importlib.import_module("bot.approvals.telegram")
+        channels["telegram"] = telegram.create(settings, store)
+    return channels
+
+
+# -- run -----------------------------------------------------------------------------------
+
+async def _run(args) -> int:
+    settings = _load(args)
+    if args.pipeline:
+        settings.pipelines = [settings.pipeline(n) for n in args.pipeline]
+    from .build import check_all
+    from .engine import Engine
+
+    problems = check_all(settings)
+    if problems:
+        raise ConfigError(problems)
+    store = await _open_store(settings)
+    engine = None
+    try:
+        engine = Engine(settings, store, _channels(settings, store))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await engine.start()
+        posted = await engine.post_unposted()
+        if posted:
+            log.info("posted %d card(s) that were waiting from before", posted)
+        print(f"draftgate running {len(settings.pipelines)} pipeline(s) "
+              f"[{', '.join(p.name for p in settings.pipelines)}]; Ctrl-C or SIGTERM stops",
+              file=sys.stderr, flush=True)
+        if args.once:
+            for p in settings.pipelines:
+                await engine.tick(p.name)
+        else:
+            await engine.run_forever(stop)
+        print("draftgate stopping: finishing in-flight transitions", file=sys.stderr, flush=True)
+    finally:
+        if engine is not None:
+            await engine.stop()
+        await store.close()
+    return 0
+
+
+# -- demo ----------------------------------------------------------------------------------
+
+async def _demo(args) -> int:
+    settings = load_settings(args.config or DEMO_CONFIG)
+    settings.demo = True
+    from .engine import Engine
+
+    state = Path(settings.store[len("sqlite:///"):]).parent if settings.store.startswith("sqlite:///") else None
+    if args.fresh and state is not None and state.exists():
+        shutil.rmtree(state)
+        print(f"(--fresh: removed {state})")
+    print("=" * 72)
+    print(" draftgate DEMO: SQLite store, sample inbox, offline template drafter.")
+    print(" Approvals are AUTOMATIC in demo mode and labelled so on every card.")
+    print(f" config: {settings.file}")
+    print(f" store:  {settings.store}")
+    print("=" * 72)
+    store = await _open_store(settings)
+    try:
+        engine = Engine(settings, store, _channels(settings, store, demo=True))
+        await engine.start()
+        for label in ("first tick: fetch, filter, admit, draft, approve, send",
+                      "second tick: the same inbox again; nothing is new"):
+            for p in settings.pipelines:
+                print(f"\n▶ {p.name}: {label}")
+                counts = await engine.tick(p.name)
+                c = counts.to_dict()
+                print(f"  fetched {c['fetched']} · new {c['new']} · skipped {c['skipped']} · "
+                      f"drafted {c['drafted']} · cards {c['posted']} · sent {c['sent']} · "
+                      f"failed {c['failed']}")
+        out = [p.sender.get("path") for p in settings.pipelines if p.sender.get("type") == "outbox"]
+        for o in out:
+            folder = settings.resolve(o)
+            files = sorted(folder.glob("*.eml")) if folder.exists() else []
+            print(f"\noutbox {folder}: {len(files)} repl{'y' if len(files) == 1 else 'ies'} written")
+            for f in files[:12]:
+                print(f"  {f.name}")
+        print("\n" + "=" * 72 + "\n status\n" + "=" * 72)
+        print(ops.format_status_all(await ops.status_all(store, settings)))
+        for p in settings.pipelines:
+            print()
+            print(ops.format_status_one(await ops.status_one(store, settings, p.name)))
+        await engine.stop()
+    finally:
+        await store.close()
+    print("\nRun ./scripts/demo again: nothing is drafted or sent twice. "
+          "Start over with ./scripts/demo --fresh.")
+    return 0
+
+
+# -- read-only and operator commands --------------------------------------------------------
+
+async def _validate(args) -> int:
+    from .build import check_all
+
+    settings = _load(args)
+    problems = check_all(settings)
+    if problems:
+        raise ConfigError(problems)
+    print(f"{settings.file}: OK, {len(settings.pipelines)} pipeline(s)")
+    from . import scheduler
+
+    for p in settings.pipelines:
+        print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.get('type')}, "
+              f"drafter {p.drafter.get('model', 'template')}, approval "
+              f"{p.approval.get('channel', 'console')}, sender {p.sender.get('type')}, "
+              f"recipe {p.recipe}")
+    return 0
+
+
+async def _status(args) -> int:
+    settings = _load(args)
+    store = await _open_store(settings)
+    try:
+        if args.pipeline:
+            detail = await ops.status_one(store, settings, args.pipeline)
+            print(json.dumps(asdict(detail), indent=2) if args.json else ops.format_status_one(detail))
+        else:
+            items = await ops.status_all(store, settings)
+            print(json.dumps([asdict(i) for i in items], indent=2) if args.json
+                  else ops.format_status_all(items))
+    finally:
+        await store.close()
+    return 0
+
+
+async def _pending(args) -> int:
+    settings = _load(args)
+    store = await _open_store(settings)
+    try:
+        drafts = await ops.pending(store, settings)
+        if args.json:
+            print(json.dumps([{"id": d.id, "key": d.key, "pipeline": d.pipeline,
+                               "item_id": d.item_id, "status": d.status, "version": d.version,
+                               "from": d.message.from_addr, "subject": d.message.subject,
+                               "card": [d.approval_chat, d.approval_message_id],
+                               "created_at": d.created_at} for d in drafts], indent=2))
+        else:
+            print(ops.format_pending(drafts))
+    finally:
+        await store.close()
+    return 0
+
+
+async def _replay(args) -> int:
+    settings = _load(args)
+    store = await _open_store(settings)
+    try:
+        result = await ops.replay(store, args.pipeline, args.item_id, _actor(), settings)
+        print(ops.format_replay(args.pipeline, args.item_id, result))
+        return 0 if result.outcome in ("requeued", "unseen") else 1
+    finally:
+        await store.close()
+
+
+async def _sweep(args) -> int:
+    settings = _load(args)
+    if args.days is not None and args.days < 0:
+        raise ConfigError("--days: expected a number of days >= 0")
+    store = await _open_store(settings)
+    try:
+        print(ops.format_sweep(await ops.sweep(store, settings, days=args.days)))
+    finally:
+        await store.close()
+    return 0
+
+
+async def _review(args) -> int:
+    """Decide pending cards in the terminal."""
+    from .approvals.console import ConsoleChannel
+    from .engine import Engine
+
+    settings = _load(args)
+    store = await _open_store(settings)
+    try:
+        console = ConsoleChannel(interactive=True)
+        engine = Engine(settings, store, {"console": console, "telegram": console})
+        await console.start(engine)
+        waiting = [d for d in await ops.pending(store, settings) if d.status == "awaiting"]
+        if not waiting:
+            print("nothing awaiting a decision")
+        for d in waiting:
+            await console.post(d)
+            await console.review(d)
+        await engine.stop()
+    finally:
+        await store.close()
+    return 0
+
+
+async def _doctor(args) -> int:
+    settings = _load(args)
+    results: list[tuple[str, bool, str]] = []
+    try:
+        store = await _open_store(settings)
+        await store.close()
+        results.append(("store", True, settings.store.split("@")[-1]))
+    except Exception as exc:
+        results.append(("store", False, str(exc)))
+    for module in ("bot.gmail.doctor", "bot.drafters.doctor", "bot.approvals.telegram"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        check = getattr(mod, "doctor", None) or getattr(mod, "check", None)
+        if check is None:
+            continue
+        try:
+            results.extend(await check(settings))
+        except Exception as exc:
+            results.append((module, False, str(exc)))
+    width = max(len(n) for n, _, _ in results)
+    for name, ok, detail in results:
+        print(f"{'✅' if ok else '❌'} {name:<{width}}  {detail}")
+    return 0 if all(ok for _, ok, _ in results) else 1
+
+
+# -- parser ----------------------------------------------------------------------------------
+
+def _add_config(p: argparse.ArgumentParser, default: str | None = "draftgate.yaml") -> None:
+    p.add_argument("-c", "--config", default=default, metavar="FILE",
+                   help=f"deployment file (default: {default or 'demo/draftgate.yaml'})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftgate",
+        description="Drafts email replies with an LLM; sends nothing without a human's approval.",
+        epilog="Docs: README.md. Start with ./scripts/demo.")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging on stderr (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("run", help="run all pipelines on their schedules until SIGINT/SIGTERM",
+                       description="Run every enabled pipeline on its schedule, with the approval "
+                                   "channels, until SIGINT or SIGTERM; then stop cleanly.")
+    _add_config(p)
+    p.add_argument("--pipeline", action="append", metavar="NAME",
+                   help="run only this pipeline (repeatable)")
+    p.add_argument("--once", action="store_true", help="one tick per pipeline, then exit")
+    p.set_defaults(func=_run, verbose_default=1)
+
+    p = sub.add_parser("demo", help="offline demo: sample inbox, template drafter, auto-approval",
+                       description="Run the demo pipeline twice against the sample inbox in "
+                                   "demo/inbox (SQLite, template drafter, DEMO auto-approval, "
+                                   "replies written to var/demo/outbox), then print status.")
+    _add_config(p, default=None)
+    p.add_argument("--fresh", action="store_true", help="delete the demo's state first")
+    p.set_defaults(func=_demo, verbose_default=1)
+
+    p = sub.add_parser("validate", help="check the configuration; print every error",
+                       description="Load and check the deployment file and every pipeline "
+                                   "file; exit 2 listing every problem.")
+    _add_config(p)
+    p.set_defaults(func=_validate)
+
+    p = sub.add_parser("status", help="one line per pipeline, or recent runs of one",
+                       description="Without PIPELINE: one line per pipeline. With it: recent "
+                                   "runs newest first, last green, first red after it, pending, "
+                                   "seen count and tokens today.")
+    _add_config(p)
+    p.add_argument("pipeline", nargs="?", help="pipeline name")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_status)
+
+    p = sub.add_parser("pending", help="drafts waiting for a decision",
+                       description="Drafts that are ready, awaiting a decision, or whose send "
+                                   "failed or has an unknown outcome.")
+    _add_config(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_pending)
+
+    p = sub.add_parser("replay", help="send an item back through the pipeline",
+                       description="A failed, rejected, skipped or expired item goes back to "
+                                   "queued; an item only seen loses its seen mark. Sent items "
+                                   "are refused. Audited.")
+    _add_config(p)
+    p.add_argument("pipeline")
+    p.add_argument("item_id", help="the item id (Message-ID, slot, ...) as shown by status/pending")
+    p.set_defaults(func=_replay)
+
+    p = sub.add_parser("sweep", help="expire old seen marks, leases, approvals and runs",
+                       description="Delete seen marks older than the TTL (default from "
+                                   "sweep.seen_ttl_days, 90), return expired drafting leases to "
+                                   "the queue, expire stale approvals if configured, prune old "
+                                   "runs. Also runs daily inside `draftgate run`.")
+    _add_config(p)
+    p.add_argument("--days", type=float, default=None, help="seen-mark TTL in days")
+    p.set_defaults(func=_sweep)
+
+    p = sub.add_parser("review", help="decide awaiting drafts in the terminal",
+                       description="Show each draft awaiting a decision and approve, edit, "
+                                   "regenerate or reject it from the terminal.")
+    _add_config(p)
+    p.set_defaults(func=_review)
+
+    p = sub.add_parser("doctor", help="check the store, accounts, models and Telegram",
+                       description="Check that the store opens, each Gmail account answers with "
+                                   "the scopes its pipelines need, each model endpoint answers, "
+                                   "and the Telegram bot token works.")
+    _add_config(p)
+    p.set_defaults(func=_doctor)
+
+    for module in ("bot.gmail.auth", "bot.migrate"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(mod, "add_cli"):
+            mod.add_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(max(args.verbose, getattr(args, "verbose_default", 0)))
+    try:
+        result = args.func(args)
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+        return int(result or 0)
+    except ConfigError as exc:
+        print("configuration error:" if len(exc.errors) == 1 else
+              f"configuration errors ({len(exc.errors)}):", file=sys.stderr)
+        for e in exc.errors:
+            print(f"  {e}", file=sys.stderr)
+        return 2
+    except DraftgateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

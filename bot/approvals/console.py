@@ -1,0 +1,149 @@
+"""Approval in the terminal.
+
+Interactive (a terminal on stdin): each card is shown and the operator answers
+``a`` approve & send, ``e`` edit, ``g`` regenerate, ``r`` reject, or Enter to leave it
+pending. Demo mode (``auto_approve=True``) approves every card at once and says so
+on every card, so it is never mistaken for a real approval. With no terminal and no
+demo mode, cards are printed and wait; ``draftgate review`` decides them later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import sys
+import textwrap
+from typing import TextIO
+
+from ..models import Draft
+from ..stages import Decisions, PostedRef
+
+_RULE = "─" * 64
+
+
+def render(draft: Draft, *, width: int = 76, excerpt: int = 400) -> str:
+    m = draft.message
+    head = f"📨 {draft.pipeline} · #{draft.id} v{draft.version}"
+    lines = [head]
+    if m.kind == "slot":
+        lines.append(f"Slot: {m.slot}  Topic: {m.subject}")
+    else:
+        sender = f"{m.from_name} <{m.from_addr}>" if m.from_name else m.from_addr
+        lines += [f"From: {sender}", f"Subject: {m.subject or '(no subject)'}",
+                  f"Received: {m.date or 'unknown'}"]
+        if m.reply_to and m.reply_to != m.from_addr:
+            lines.append(f"Reply goes to: {m.reply_to}")
+        original = " ".join(m.body.split())
+        if original:
+            cut = original[:excerpt] + ("…" if len(original) > excerpt else "")
+            lines.append("» " + "\n  ".join(textwrap.wrap(cut, width - 2)))
+    lines.append("Draft:")
+    for para in draft.body.splitlines() or [""]:
+        lines.extend(textwrap.wrap(para, width) or [""])
+    return "\n".join(lines)
+
+
+class ConsoleChannel:
+    name = "console"
+
+    def __init__(self, *, auto_approve: bool = False, interactive: bool | None = None,
+                 out: TextIO | None = None, actor: str | None = None):
+        self.auto_approve = auto_approve
+        self.interactive = (sys.stdin.isatty() if interactive is None else interactive) and not auto_approve
+        self.out = out or sys.stdout
+        self.actor = actor or ("demo-auto-approve" if auto_approve else f"console:{_user()}")
+        self._decisions: Decisions | None = None
+        self._counter = 0
+        self._prompt_lock = asyncio.Lock()
+
+    def _print(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    async def start(self, decisions: Decisions) -> None:
+        self._decisions = decisions
+
+    async def post(self, draft: Draft) -> PostedRef:
+        self._print(_RULE)
+        self._print(render(draft))
+        if draft.approval_message_id:
+            return PostedRef("console", draft.approval_message_id)
+        self._counter += 1
+        return PostedRef("console", f"console-{draft.id}")
+
+    async def on_posted(self, draft: Draft) -> None:
+        """Called by the engine once the card is recorded as awaiting a decision."""
+        if self._decisions is None:
+            return
+        if self.auto_approve:
+            self._print(f"   [DEMO MODE] auto-approving #{draft.id} v{draft.version} "
+                        f"(a real deployment waits for an operator)")
+            await self._decisions.approve(draft.id, draft.version, self.actor)
+            return
+        if self.interactive:
+            async with self._prompt_lock:
+                await self.review(draft)
+        else:
+            self._print(f"   waiting for a decision: run `draftgate review` in a terminal")
+
+    async def review(self, draft: Draft) -> None:
+        """Ask the operator what to do with ``draft``."""
+        assert self._decisions is not None
+        answer = (await asyncio.to_thread(
+            _ask, "   [a]pprove & send, [e]dit, re[g]enerate, [r]eject, Enter = later: ")).strip().lower()
+        if answer in ("a", "approve"):
+            await self._decisions.approve(draft.id, draft.version, self.actor)
+        elif answer in ("e", "edit"):
+            self._print("   New text; end with a line containing only '.':")
+            body = await asyncio.to_thread(_read_block)
+            await self._decisions.edit(draft.id, draft.version, body, self.actor)
+        elif answer in ("g", "regenerate"):
+            instruction = await asyncio.to_thread(_ask, "   Instruction for the model (optional): ")
+            await self._decisions.regenerate(draft.id, draft.version, self.actor, instruction.strip())
+        elif answer in ("r", "reject"):
+            reason = await asyncio.to_thread(_ask, "   Reason (optional): ")
+            await self._decisions.reject(draft.id, draft.version, self.actor, reason.strip())
+        else:
+            self._print("   left pending")
+
+    async def update(self, draft: Draft) -> None:
+        who = draft.decided_by or "?"
+        text = {
+            "sent": f"✅ Sent by {who} · #{draft.id} v{draft.version} ({draft.sent_id})",
+            "rejected": f"🗑 Rejected by {who} · #{draft.id} v{draft.version}",
+            "send_failed": f"⚠️ Send failed · #{draft.id}: {draft.error}",
+            "send_unknown": f"❓ Send outcome unknown · #{draft.id}: {draft.error}",
+        }.get(draft.status, f"#{draft.id} v{draft.version}: {draft.status}")
+        self._print("   " + text)
+
+    async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
+        self._print(f"🔔 {text}")
+
+    async def stop(self) -> None:
+        return None
+
+
+def _ask(prompt: str) -> str:
+    try:
+        return input(prompt)
+    except EOFError:
+        return ""
+
+
+def _read_block() -> str:
+    lines = []
+    while True:
+        try:
+            line = input()
+        except EOFError:
+            break
+        if line.strip() == ".":
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "operator"

@@ -1,0 +1,556 @@
+"""One tick of one pipeline, the operator decisions, and the loop that runs ticks.
+
+A tick::
+
+    fetch -> filter -> admit (one transaction) -> claim/draft/finish (bounded in flight)
+          -> post ready cards -> send approved drafts -> check unknown sends
+    and one pipeline_runs row with the counts and the error, if any.
+
+The engine never holds a store transaction across a network call: every store method
+is its own short transaction, and drafting, posting and sending happen between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Callable
+
+from . import filters as _filters
+from . import scheduler
+from .build import build_drafter, build_sender, build_source
+from .config import PipelineConfig, Settings
+from .errors import (ApprovalError, BudgetExhausted, DrafterError, DrafterRetryable,
+                     DraftgateError, SendFailed, SendUnknown)
+from .models import FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts, draft_key
+from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
+from .store import Store
+
+log = logging.getLogger("draftgate.engine")
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line error text for runs, cards and notifications."""
+    if isinstance(exc, DraftgateError):
+        text = str(exc)
+    elif isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        text = "timed out"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:500] or type(exc).__name__
+
+
+def utc_day(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+class Engine:
+    """Drives every configured pipeline. Implements :class:`bot.stages.Decisions`."""
+
+    def __init__(self, settings: Settings, store: Store,
+                 channels: dict[str, ApprovalChannel] | None = None, *,
+                 clock: Callable[[], float] = time.time,
+                 drafters: dict[str, Drafter] | None = None,
+                 senders: dict[str, Sender] | None = None,
+                 sources: dict[str, Source] | None = None,
+                 send_check_delay: float = 5.0):
+        self.settings = settings
+        self.store = store
+        self.channels = dict(channels or {})
+        self.clock = clock
+        self.pipelines = {p.name: p for p in settings.pipelines}
+        self._drafters = dict(drafters or {})
+        self._senders = dict(senders or {})
+        self._sources = dict(sources or {})
+        self._tick_locks = {name: asyncio.Lock() for name in self.pipelines}
+        self._in_flight = asyncio.Semaphore(settings.max_in_flight)
+        self._send_check_delay = send_check_delay
+        self._budget_told: set[tuple[str, str]] = set()
+        self._unknown_told: set[tuple[int, int]] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._started = False
+
+    # -- stages ---------------------------------------------------------------------
+    def source(self, p: PipelineConfig) -> Source:
+        if p.name not in self._sources:
+            self._sources[p.name] = build_source(p, self.settings)
+        return self._sources[p.name]
+
+    def drafter(self, p: PipelineConfig) -> Drafter:
+        if p.name not in self._drafters:
+            self._drafters[p.name] = build_drafter(p, self.settings)
+        return self._drafters[p.name]
+
+    def sender(self, p: PipelineConfig) -> Sender:
+        if p.name not in self._senders:
+            self._senders[p.name] = build_sender(p, self.settings)
+        return self._senders[p.name]
+
+    def channel(self, p: PipelineConfig) -> ApprovalChannel:
+        name = p.approval.get("channel", "console")
+        try:
+            return self.channels[name]
+        except KeyError:
+            raise ApprovalError(f"pipeline {p.name}: approval channel {name!r} is not running") from None
+
+    def ops_channel(self) -> ApprovalChannel | None:
+        return self.channels.get("telegram") or next(iter(self.channels.values()), None)
+
+    def pipeline(self, name: str) -> PipelineConfig:
+        return self.settings.pipeline(name)
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        """Recover from a crash, start the approval channels, post what waits."""
+        stuck = await self.store.recover_sending()
+        if stuck:
+            log.warning("%d draft(s) were mid-send at the last stop; marked send_unknown "
+                        "and will be checked before anything is sent again", stuck)
+        for ch in {id(c): c for c in self.channels.values()}.values():
+            await ch.start(self)
+        self._started = True
+
+    async def stop(self) -> None:
+        """Let in-flight work finish its current transition, then close stages."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for ch in {id(c): c for c in self.channels.values()}.values():
+            try:
+                await ch.stop()
+            except Exception:
+                log.exception("stopping approval channel %s", getattr(ch, "name", ch))
+        for stage in [*self._sources.values(), *self._drafters.values(), *self._senders.values()]:
+            try:
+                await stage.close()
+            except Exception:
+                log.exception("closing %r", stage)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_task_error)
+        return task
+
+    # -- one tick -------------------------------------------------------------------
+    async def tick(self, name: str, scheduled_for: float | None = None) -> RunCounts:
+        """Run one tick of pipeline ``name`` for slot ``scheduled_for`` (default: the
+        newest due slot). Never overlaps another tick of the same pipeline, in this
+        process (lock) or on another host (lease row in the store)."""
+        p = self.pipeline(name)
+        if scheduled_for is None:
+            scheduled_for = scheduler.last_due(p, self.clock())
+        counts = RunCounts()
+        async with self._tick_locks[name]:
+            ttl = max(p.lease, 300.0)
+            if not await self.store.try_lock(f"tick:{name}", self.holder, ttl, now=self.clock()):
+                log.info("%s: another process is running this pipeline's tick; skipped", name)
+                return counts
+            try:
+                await self._tick_locked(p, scheduled_for, counts)
+            finally:
+                try:
+                    await self.store.unlock(f"tick:{name}", self.holder)
+                except Exception:
+                    log.exception("%s: releasing the tick lock", name)
+        return counts
+
+    async def _tick_locked(self, p: PipelineConfig, scheduled_for: float, counts: RunCounts) -> None:
+        started = self.clock()
+        try:
+            run_id = await self.store.start_run(p.name, scheduled_for, now=started)
+        except Exception as exc:
+            log.error("%s: store unavailable, tick not run: %s", p.name, describe_error(exc))
+            return
+        error: str | None = None
+        try:
+            await self._fetch_and_admit(p, scheduled_for, counts)
+        except Exception as exc:
+            error = describe_error(exc)
+            log.warning("%s: fetch failed: %s", p.name, error,
+                        exc_info=not isinstance(exc, DraftgateError))
+        try:
+            await self._drain(p, counts)
+        except Exception as exc:
+            error = error or describe_error(exc)
+            log.warning("%s: %s", p.name, error, exc_info=not isinstance(exc, DraftgateError))
+        status = "error" if error else "ok"
+        try:
+            recent = await self.store.recent_runs(p.name, limit=2)
+            previous = recent[1] if len(recent) > 1 else None
+            await self.store.end_run(run_id, status, counts.to_dict(), error, now=self.clock())
+        except Exception as exc:
+            log.error("%s: could not record the run: %s", p.name, describe_error(exc))
+            return
+        if previous is not None and previous.status in ("ok", "error") and previous.status != status:
+            if status == "error":
+                await self.notify(f"❌ {p.name} turned red: {error}")
+            else:
+                await self.notify(f"✅ {p.name} is green again")
+        elif previous is None and status == "error":
+            await self.notify(f"❌ {p.name} failed: {error}")
+
+    async def _fetch_and_admit(self, p: PipelineConfig, scheduled_for: float,
+                               counts: RunCounts) -> None:
+        source = self.source(p)
+        cursor = await self.store.get_cursor(p.name, source.scope)
+
+        async def unseen(ids: list[str]) -> set[str]:
+            return await self.store.unseen(p.name, source.scope, ids)
+
+        ctx = FetchContext(p.name, source.scope, scheduled_for, cursor, unseen)
+        result = await source.fetch(ctx)
+        counts.fetched = len(result.items)
+        own = _own_addresses(p, self.settings)
+        for item in result.items:
+            if item.skip_reason is None:
+                item.skip_reason = _filters.skip_reason(item.message, p.filters, own_addresses=own)
+        admitted = await self.store.admit(
+            p.name, source.scope, p.recipe, result.items, cursor=result.cursor,
+            mark_seen=p.mark_seen == "at_fetch", now=self.clock())
+        counts.new = len(admitted.new)
+        counts.skipped = len(admitted.skipped)
+        skipped_now = set(admitted.skipped)
+        for item in result.items:
+            if item.skip_reason and draft_key(p.name, source.scope, item.item_id, p.recipe) in skipped_now:
+                log.info("%s: skipped %s: %s", p.name, item.item_id, item.skip_reason)
+        if admitted.new or admitted.skipped:
+            log.info("%s: fetched %d, admitted %d new, %d skipped, %d seen before",
+                     p.name, counts.fetched, counts.new, counts.skipped, admitted.already_seen)
+
+    async def drain(self, name: str) -> RunCounts:
+        """Draft what is queued, post what is ready, send what is approved."""
+        counts = RunCounts()
+        await self._drain(self.pipeline(name), counts)
+        return counts
+
+    async def _drain(self, p: PipelineConfig, counts: RunCounts) -> None:
+        await self._draft_queued(p, counts)
+        await self._post_ready(p, counts)
+        await self._send_approved(p, counts)
+        await self._check_unknown(p, counts)
+
+    # -- drafting -------------------------------------------------------------------
+    async def _budget_left(self, p: PipelineConfig) -> bool:
+        if not p.daily_token_budget:
+            return True
+        day = utc_day(self.clock())
+        used = await self.store.tokens_used(p.name, day)
+        if used < p.daily_token_budget:
+            return True
+        if (p.name, day) not in self._budget_told:
+            self._budget_told.add((p.name, day))
+            await self.notify(f"⏸ {p.name}: daily token budget spent ({used:,} of "
+                              f"{p.daily_token_budget:,} tokens on {day} UTC). Items stay "
+                              f"queued and are drafted tomorrow; raise daily_token_budget "
+                              f"in {p.file} to continue today.")
+        return False
+
+    async def _draft_queued(self, p: PipelineConfig, counts: RunCounts) -> None:
+        workers = max(1, self.settings.max_in_flight)
+        stop = asyncio.Event()
+
+        async def worker() -> None:
+            while not stop.is_set():
+                if not await self._budget_left(p):
+                    stop.set()
+                    return
+                async with self._in_flight:
+                    claimed = await self.store.claim(p.name, p.lease, limit=1, now=self.clock())
+                    if not claimed:
+                        stop.set()
+                        return
+                    await self._draft_one(p, claimed[0], counts)
+
+        await asyncio.gather(*(worker() for _ in range(workers)))
+
+    async def _draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> None:
+        request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
+                               previous_body=d.body, draft_key=d.key)
+        try:
+            # The drafter times out on its own; this bound keeps a misbehaving one
+            # inside its lease so a stale answer can never race a newer claim.
+            result = await asyncio.wait_for(self.drafter(p).draft(request), timeout=p.lease * 0.9)
+        except BudgetExhausted as exc:
+            await self.store.release(d.id, d.fence)
+            await self.notify(f"⏸ {p.name}: {exc}")
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            retryable = not isinstance(exc, DrafterError) or isinstance(exc, DrafterRetryable)
+            reason = describe_error(exc)
+            if not isinstance(exc, DraftgateError):
+                log.exception("%s: drafter crashed on %s", p.name, d.key)
+            after = await self.store.fail_draft(d.id, d.fence, reason, retryable=retryable,
+                                                max_attempts=p.max_attempts, now=self.clock())
+            if after is not None and after.status == FAILED:
+                counts.failed += 1
+                await self.notify(f"⚠️ {p.name} #{d.id}: drafting failed after {after.attempt + 1} "
+                                  f"attempt(s): {reason}. `/replay {p.name} {d.item_id}` retries it.")
+            return
+        body = (result.body or "").strip()
+        stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
+                                               tokens_out=result.tokens_out, now=self.clock())
+        counts.tokens += result.tokens_in + result.tokens_out
+        if stored is None:
+            # The lease was lost (swept and re-claimed): this answer is stale.
+            log.warning("%s: draft for %s arrived after its lease was lost; discarded",
+                        p.name, d.key)
+            await self.store.add_tokens(p.name, result.tokens_in + result.tokens_out, now=self.clock())
+            return
+        counts.drafted += 1
+        if p.mark_seen == "on_success":
+            await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
+
+    # -- approval -------------------------------------------------------------------
+    async def _post_ready(self, p: PipelineConfig, counts: RunCounts) -> None:
+        for d in await self.store.unposted(p.name):
+            if not await self._post_one(p, d):
+                break
+            counts.posted += 1
+
+    async def _post_one(self, p: PipelineConfig, d: Draft) -> bool:
+        channel = self.channel(p)
+        try:
+            ref = await channel.post(d)
+        except ApprovalError as exc:
+            log.warning("%s: cannot post #%d yet (%s); it waits in ready", p.name, d.id, exc)
+            return False
+        posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id)
+        if posted is not None and hasattr(channel, "on_posted"):
+            await channel.on_posted(posted)
+        return True
+
+    async def post_unposted(self) -> int:
+        """Post every ``ready`` draft (the outbox pattern: cards survive restarts)."""
+        n = 0
+        for p in self.pipelines.values():
+            async with self._tick_locks[p.name]:
+                counts = RunCounts()
+                await self._post_ready(p, counts)
+                n += counts.posted
+        return n
+
+    # -- decisions (called by approval channels) ----------------------------------------
+    async def approve(self, draft_id: int, version: int, actor: str) -> Draft | None:
+        d = await self.store.approve(draft_id, version, actor, now=self.clock())
+        if d is None:
+            return None
+        log.info("%s #%d v%d approved by %s", d.pipeline, d.id, d.version, actor)
+        return await self._send(d)
+
+    async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None:
+        body = body.strip()
+        if not body:
+            return None
+        d = await self.store.edit(draft_id, version, body, actor, now=self.clock())
+        if d is not None:
+            await self._post_one(self.pipeline(d.pipeline), d)
+            d = await self.store.get_draft(d.id)
+        return d
+
+    async def regenerate(self, draft_id: int, version: int, actor: str,
+                         instruction: str = "") -> Draft | None:
+        d = await self.store.regenerate(draft_id, version, actor, instruction, now=self.clock())
+        if d is not None:
+            self._spawn(self.drain(d.pipeline))
+        return d
+
+    async def reject(self, draft_id: int, version: int, actor: str, reason: str = "") -> Draft | None:
+        d = await self.store.reject(draft_id, version, actor, reason, now=self.clock())
+        if d is not None:
+            await self._update_card(d)
+        return d
+
+    async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
+        d = await self.store.retry_send(draft_id, actor, now=self.clock())
+        if d is None:
+            return None
+        return await self._send(d)
+
+    # -- sending ------------------------------------------------------------------------
+    async def _send_approved(self, p: PipelineConfig, counts: RunCounts) -> None:
+        # Approved but never begun: the process stopped between approve and send. A
+        # human approved exactly this version, so sending it now keeps the promise.
+        for d in await self.store.approved(p.name):
+            after = await self._send(d)
+            if after is not None and after.status == "sent":
+                counts.sent += 1
+
+    async def _send(self, d: Draft) -> Draft | None:
+        p = self.pipeline(d.pipeline)
+        sending = await self.store.begin_send(d.id)
+        if sending is None:
+            return await self.store.get_draft(d.id)
+        try:
+            result = await self.sender(p).send(sending)
+        except SendFailed as exc:
+            after = await self.store.mark_send_failed(d.id, describe_error(exc))
+            log.warning("%s #%d: send failed: %s", p.name, d.id, exc)
+        except asyncio.CancelledError:
+            await asyncio.shield(self.store.mark_send_unknown(d.id, "interrupted during send"))
+            raise
+        except Exception as exc:
+            # Timeouts, resets, 5xx and anything unexpected: it may have gone out.
+            reason = describe_error(exc)
+            if not isinstance(exc, SendUnknown):
+                log.exception("%s #%d: unexpected error while sending", p.name, d.id)
+            after = await self.store.mark_send_unknown(d.id, reason)
+            self._spawn(self._check_later(d.id))
+        else:
+            after = await self.store.mark_sent(d.id, result.sent_id, now=self.clock())
+            log.info("%s #%d sent (%s)", p.name, d.id, result.sent_id)
+        if after is not None:
+            await self._update_card(after)
+        return after
+
+    async def _check_later(self, draft_id: int) -> None:
+        await asyncio.sleep(self._send_check_delay)
+        d = await self.store.get_draft(draft_id)
+        if d is not None and d.status == SEND_UNKNOWN:
+            await self._check_one(self.pipeline(d.pipeline), d)
+
+    async def _check_unknown(self, p: PipelineConfig, counts: RunCounts) -> None:
+        for d in await self.store.send_unknown(p.name):
+            if await self._check_one(p, d):
+                counts.sent += 1
+
+    async def _check_one(self, p: PipelineConfig, d: Draft) -> bool:
+        """Ask the other side whether an unknown send arrived. Never resends."""
+        try:
+            found = await self.sender(p).check(d)
+        except SendUnknown as exc:
+            log.info("%s #%d: outcome still unknown: %s", p.name, d.id, exc)
+            found = None
+            if (d.id, d.version) in self._unknown_told:
+                return False
+            self._unknown_told.add((d.id, d.version))
+            await self.notify(f"❓ {p.name} #{d.id}: cannot tell whether the reply was sent "
+                              f"({d.error}; {exc}). Check the mailbox; Retry sends it again.",
+                              retry_draft=d)
+            return False
+        except Exception as exc:
+            log.warning("%s #%d: checking the send failed: %s", p.name, d.id, describe_error(exc))
+            return False
+        if found:
+            after = await self.store.mark_sent(d.id, found, now=self.clock())
+            if after is not None:
+                await self._update_card(after)
+                return True
+            return False
+        if (d.id, d.version) not in self._unknown_told:
+            self._unknown_told.add((d.id, d.version))
+            await self.notify(f"❓ {p.name} #{d.id}: the send timed out or failed midway "
+                              f"({d.error}) and the message is not in Sent. Nothing was resent; "
+                              f"tap Retry to send it.", retry_draft=d)
+        return False
+
+    async def _update_card(self, d: Draft) -> None:
+        try:
+            await self.channel(self.pipeline(d.pipeline)).update(d)
+        except Exception as exc:
+            log.warning("%s #%d: could not update the card: %s", d.pipeline, d.id, describe_error(exc))
+
+    async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
+        ch = self.ops_channel()
+        log.info("notify: %s", text)
+        if ch is None:
+            return
+        try:
+            await ch.notify(text, retry_draft=retry_draft)
+        except Exception as exc:
+            log.warning("could not notify the operators: %s", describe_error(exc))
+
+    # -- operator controls ---------------------------------------------------------------
+    async def pause(self, name: str, actor: str) -> None:
+        self.pipeline(name)
+        await self.store.set_paused(name, True, actor)
+
+    async def resume(self, name: str, actor: str) -> None:
+        self.pipeline(name)
+        await self.store.set_paused(name, False, actor)
+
+    async def run_now(self, name: str) -> RunCounts:
+        return await self.tick(name)
+
+    async def sweep(self, days: float | None = None):
+        from . import ops
+
+        return await ops.sweep(self.store, self.settings, days=days, now=self.clock())
+
+    # -- the loop ------------------------------------------------------------------------
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        """Tick every pipeline on its schedule until ``stop`` is set. Pipelines run
+        concurrently; a slow tick coalesces the slots it overran into one catch-up
+        tick (the source's catch-up policy decides what that admits)."""
+        loops = [asyncio.create_task(self._pipeline_loop(p, stop), name=f"loop:{p.name}")
+                 for p in self.pipelines.values() if p.enabled]
+        loops.append(asyncio.create_task(self._sweep_loop(stop), name="sweep"))
+        await stop.wait()
+        for t in loops:
+            t.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _pipeline_loop(self, p: PipelineConfig, stop: asyncio.Event) -> None:
+        due = scheduler.last_due(p, self.clock())  # catch up at start
+        while not stop.is_set():
+            wait = due - self.clock()
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=wait)
+                    return
+                except asyncio.TimeoutError:
+                    pass
+            slot = scheduler.last_due(p, self.clock())
+            try:
+                if p.name in await self.store.paused():
+                    log.debug("%s is paused", p.name)
+                else:
+                    await self.tick(p.name, scheduled_for=slot)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: tick crashed", p.name)
+            due = scheduler.next_due(p, max(slot, self.clock()))
+
+    async def _sweep_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.settings.sweep_every)
+                return
+            except asyncio.TimeoutError:
+                pass
+            try:
+                result = await self.sweep()
+                log.info("daily sweep: %s", result.to_dict())
+            except Exception:
+                log.exception("sweep failed")
+
+
+def _own_addresses(p: PipelineConfig, settings: Settings) -> list[str]:
+    own = [str(a) for a in p.filters.get("own_addresses", []) or []]
+    account = p.source.get("account")
+    if account and account in settings.gmail_accounts:
+        addr = settings.gmail_accounts[account].get("address")
+        if addr:
+            own.append(str(addr))
+    sender_from = p.sender.get("from")
+    if sender_from:
+        import email.utils
+
+        own.append(email.utils.parseaddr(str(sender_from))[1])
+    return [a for a in own if a]
+
+
+def _log_task_error(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task failed", exc_info=task.exception())
