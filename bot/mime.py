@@ -315,6 +315,27 @@ def _body(msg: _RawMessage, max_body: int) -> tuple[str, bool, list[str]]:
     return body, cut_any, attachments[:_MAX_LIST]
 
 
+def _message_id(h: _Headers) -> str:
+    value = h.raw("Message-ID")
+    return value.split(" ")[0][:_MAX_HEADER] if value else ""
+
+
+def message_id_of(msg: _RawMessage) -> str:
+    """The cleaned Message-ID of an already parsed message (or header block), exactly
+    as :func:`parse_email` reports it; '' when there is none."""
+    return _message_id(_Headers(msg))
+
+
+def item_id(raw: bytes) -> str:
+    """The id a source uses for a raw message: its Message-ID, else :func:`stable_id`."""
+    try:
+        msg = email.message_from_bytes(bytes(raw), policy=email.policy.compat32)
+        mid = message_id_of(msg)
+    except Exception:
+        mid = ""
+    return mid or stable_id(raw)
+
+
 # -- entry point -------------------------------------------------------------------------
 
 
@@ -356,7 +377,7 @@ def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str 
     truncated = cut or len(body) > max_body
     body = body[:max_body]
 
-    message_id = h.raw("Message-ID").split(" ")[0][:_MAX_HEADER] if h.raw("Message-ID") else ""
+    message_id = _message_id(h)
     refs = [r for r in h.raw("References").split() if r.startswith("<")][-_MAX_LIST:]
     in_reply_to = h.raw("In-Reply-To").split()
     if not refs and in_reply_to and in_reply_to[0].startswith("<"):
@@ -382,5 +403,5 @@ def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str 
     )
 
 
-__all__ = ["parse_email", "html_to_text", "stable_id", "UnparseableMessage", "EmailMessage",
+__all__ = ["parse_email", "html_to_text", "stable_id", "item_id", "message_id_of", "UnparseableMessage", "EmailMessage",
            "DEFAULT_MAX_BODY"]

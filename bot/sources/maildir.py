@@ -1,0 +1,174 @@
+"""Source ``maildir``: a folder of ``.eml`` files, or a Maildir (``cur/`` and ``new/``,
+what mbsync or offlineimap write).
+
+::
+
+    source: {type: maildir, path: mail/inbox, max_body: 200kB}
+
+Read-only: files are never moved, renamed or flagged, so another mail client can own
+the folder. The item id is the Message-ID (a hash of the file's bytes when it has
+none), so a message moved from ``new/`` to ``cur/`` keeps its id. Only messages the
+store has not seen are parsed; a file that cannot be parsed becomes a skipped item
+with the reason, and the tick goes on. File I/O runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.parser
+import email.policy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import mime
+from ..config import Checker, PipelineConfig, Settings, parse_size
+from ..errors import ConfigError, SourceError
+from ..models import FetchResult, Item, Message
+
+_OPTIONS = {"type", "path", "max_body"}
+_HEAD_BYTES = 65536  # enough for the header block of nearly every message
+
+
+@dataclass(frozen=True)
+class _File:
+    path: Path
+    name: str  # relative to the source folder, shown as source_id
+    stamp: tuple[int, int]  # (mtime_ns, size): the id cache is valid while unchanged
+
+
+class MaildirSource:
+    """Reads ``.eml`` files or a Maildir without modifying them."""
+
+    scope = "maildir"
+
+    def __init__(self, folder: Path, *, max_body: int = mime.DEFAULT_MAX_BODY,
+                 where: str = "source.path"):
+        self.folder = folder
+        self.max_body = max_body
+        self._where = where
+        # path -> (stamp, item id): saves re-reading every file on every tick.
+        self._ids: dict[Path, tuple[tuple[int, int], str]] = {}
+
+    async def fetch(self, ctx) -> FetchResult:
+        """The messages in the folder that the store has not seen yet."""
+        listed = await asyncio.to_thread(self._identify)
+        by_id: dict[str, _File] = {}
+        for f, item_id in listed:
+            by_id.setdefault(item_id, f)  # the same message twice (copy): first file wins
+        fresh = await ctx.unseen(list(by_id)) if by_id else set()
+        todo = [(item_id, f) for item_id, f in by_id.items() if item_id in fresh]
+        items = await asyncio.to_thread(self._parse_all, todo, ctx.progress)
+        return FetchResult(items, cursor=None)
+
+    async def close(self) -> None:
+        return None
+
+    # -- runs in a worker thread -------------------------------------------------
+    def _files(self) -> list[_File]:
+        if not self.folder.is_dir():
+            what = "is not a folder" if self.folder.exists() else "does not exist"
+            raise SourceError(f"{self._where}: {self.folder} {what}; create it or point "
+                              f"source.path at a folder of .eml files or a Maildir")
+        maildir = (self.folder / "cur").is_dir() or (self.folder / "new").is_dir()
+        out: list[_File] = []
+        try:
+            if maildir:
+                # tmp/ holds messages still being written by the delivery agent.
+                candidates = [p for sub in ("new", "cur") if (self.folder / sub).is_dir()
+                              for p in (self.folder / sub).iterdir()]
+            else:
+                candidates = [p for p in self.folder.iterdir() if p.suffix.lower() == ".eml"]
+        except OSError as exc:
+            raise SourceError(f"{self._where}: cannot list {self.folder}: {exc.strerror or exc}") from exc
+        for p in candidates:
+            if p.name.startswith("."):
+                continue
+            try:
+                st = p.stat()
+            except OSError:
+                continue  # gone between listing and stat (another client moved it)
+            if not os.path.isfile(p):
+                continue
+            out.append(_File(p, str(p.relative_to(self.folder)), (st.st_mtime_ns, st.st_size)))
+        out.sort(key=lambda f: (f.stamp[0], f.name))
+        return out
+
+    def _identify(self) -> list[tuple[_File, str]]:
+        result = []
+        files = self._files()
+        alive = set()
+        for f in files:
+            alive.add(f.path)
+            cached = self._ids.get(f.path)
+            if cached and cached[0] == f.stamp:
+                result.append((f, cached[1]))
+                continue
+            item_id = _item_id(f)
+            self._ids[f.path] = (f.stamp, item_id)
+            result.append((f, item_id))
+        for gone in set(self._ids) - alive:
+            del self._ids[gone]
+        return result
+
+    def _parse_all(self, todo: list[tuple[str, _File]], progress) -> list[Item]:
+        items = []
+        for done, (item_id, f) in enumerate(todo, 1):
+            items.append(self._parse(item_id, f))
+            if progress is not None:
+                progress(done, len(todo))
+        return items
+
+    def _parse(self, item_id: str, f: _File) -> Item:
+        try:
+            raw = f.path.read_bytes()
+        except OSError as exc:
+            return _skipped(item_id, f, f"cannot read {f.name}: {exc.strerror or exc}")
+        try:
+            message = mime.parse_email(raw, max_body=self.max_body, source_id=f.name)
+        except mime.UnparseableMessage as exc:
+            return _skipped(item_id, f, f"unparseable: {exc}", size=len(raw))
+        return Item(item_id, message)
+
+
+def _item_id(f: _File) -> str:
+    """Message-ID from the header block; a hash of the whole file without one. An
+    unreadable file gets an id from its name, so it is reported (skipped) once and
+    picked up under its real id once it can be read."""
+    try:
+        with open(f.path, "rb") as fh:
+            head = fh.read(_HEAD_BYTES)
+            mid = _message_id(head)
+            if mid:
+                return mid
+            return mime.stable_id(head + fh.read())
+    except OSError:
+        return f"unreadable:{f.name}"
+
+
+def _message_id(head: bytes) -> str:
+    try:
+        msg = email.parser.BytesHeaderParser(policy=email.policy.compat32).parsebytes(head)
+    except Exception:
+        return ""
+    # The same cleaning parse_email applies, so the id matches Message.message_id.
+    return mime.message_id_of(msg)
+
+
+def _skipped(item_id: str, f: _File, reason: str, size: int = 0) -> Item:
+    return Item(item_id, Message(kind="email", source_id=f.name, size=size), skip_reason=reason)
+
+
+def create(pipeline: PipelineConfig, settings: Settings) -> MaildirSource:
+    """Check ``source:`` options and build the source (no I/O)."""
+    ck = Checker(pipeline.file)
+    opts = pipeline.source
+    ck.unknown(opts, _OPTIONS, "source")
+    path = ck.get(opts, "path", "source", str)
+    max_body = ck.convert(opts, "max_body", "source", parse_size, default=mime.DEFAULT_MAX_BODY)
+    if isinstance(max_body, int) and max_body < 1:
+        ck.error("source.max_body", "expected a size of at least 1 byte, like 200kB")
+    if ck.errors:
+        raise ConfigError(ck.errors)
+    return MaildirSource(pipeline.path(path), max_body=max_body,
+                         where=f"{pipeline.file}: source.path")

@@ -1,0 +1,173 @@
+"""The maildir source: .eml folders and Maildirs, read-only, ids from Message-ID."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bot import mime
+from bot.config import PipelineConfig, Settings
+from bot.errors import ConfigError, SourceError
+from bot.sources import maildir
+from bot.stages import FetchContext, Source
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+def _pipeline(tmp_path: Path, **source) -> PipelineConfig:
+    return PipelineConfig(
+        name="support", file="pipelines/support.yaml", schedule="5m", interval=300.0, cron=None,
+        source={"type": "maildir", **source}, filters={}, drafter={}, recipe="v1",
+        approval={}, sender={"type": "outbox"}, base_dir=tmp_path)
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(file="draftgate.yaml", base_dir=tmp_path, store="sqlite:///x.db", pipelines=[])
+
+
+class _Seen:
+    """Stands in for the store's seen marks."""
+
+    def __init__(self, seen=()):
+        self.seen = set(seen)
+        self.asked: list[list[str]] = []
+
+    async def unseen(self, ids):
+        self.asked.append(list(ids))
+        return {i for i in ids if i not in self.seen}
+
+    def ctx(self) -> FetchContext:
+        return FetchContext("support", "maildir", 0.0, None, self.unseen)
+
+
+def _source(tmp_path, folder="inbox", **opts) -> maildir.MaildirSource:
+    return maildir.create(_pipeline(tmp_path, path=folder, **opts), _settings(tmp_path))
+
+
+def _copy(names, dest: Path):
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copy(CORPUS / name, dest / (Path(name).stem + ".eml"))
+
+
+def _snapshot(folder: Path):
+    return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns, p.read_bytes())
+                  for p in folder.rglob("*") if p.is_file())
+
+
+async def test_eml_folder_items_keyed_by_message_id(tmp_path):
+    """Each file is one item; the id is its Message-ID, or a hash without one."""
+    _copy(["latin1.eml", "html_only.eml", "no_subject_date_id.eml"], tmp_path / "inbox")
+    src = _source(tmp_path)
+    assert isinstance(src, Source) and src.scope == "maildir"
+    result = await src.fetch(_Seen().ctx())
+    ids = {i.item_id: i for i in result.items}
+    raw_no_id = (CORPUS / "no_subject_date_id.eml").read_bytes()
+    assert set(ids) == {"<latin1-1@cliente.example>", "<html@example.net>", mime.stable_id(raw_no_id)}
+    assert ids["<latin1-1@cliente.example>"].message.subject == "Pedido atrasado - ¿dónde está?"
+    assert ids["<html@example.net>"].message.source_id == "html_only.eml"
+    assert all(i.skip_reason is None for i in result.items)
+    assert result.cursor is None
+
+
+async def test_unparseable_file_is_a_skipped_item_and_the_rest_continue(tmp_path):
+    _copy(["no_sender.eml", "latin1.eml"], tmp_path / "inbox")
+    result = await _source(tmp_path).fetch(_Seen().ctx())
+    by_file = {i.message.source_id: i for i in result.items}
+    assert by_file["latin1.eml"].skip_reason is None
+    assert by_file["no_sender.eml"].skip_reason.startswith("unparseable: no usable sender")
+    assert by_file["no_sender.eml"].item_id == mime.stable_id((CORPUS / "no_sender.eml").read_bytes())
+
+
+async def test_seen_messages_are_not_returned(tmp_path):
+    """Only ids the store has not seen come back, so a second tick admits nothing."""
+    _copy(["latin1.eml", "html_only.eml"], tmp_path / "inbox")
+    src = _source(tmp_path)
+    seen = _Seen({"<latin1-1@cliente.example>"})
+    result = await src.fetch(seen.ctx())
+    assert [i.item_id for i in result.items] == ["<html@example.net>"]
+    seen.seen.add("<html@example.net>")
+    assert (await src.fetch(seen.ctx())).items == []
+
+
+async def test_maildir_reads_new_and_cur_ignores_tmp_and_dotfiles(tmp_path):
+    box = tmp_path / "Mail" / "INBOX"
+    _copy(["latin1.eml"], box / "new")
+    _copy(["html_only.eml"], box / "cur")
+    _copy(["base64.eml"], box / "tmp")
+    shutil.copy(CORPUS / "encoded_subject.eml", box / "cur" / ".hidden")
+    os.rename(box / "cur" / "html_only.eml", box / "cur" / "1700000000.M1P2.host:2,S")
+    src = _source(tmp_path, "Mail/INBOX")
+    ids = sorted(i.item_id for i in (await src.fetch(_Seen().ctx())).items)
+    assert ids == ["<html@example.net>", "<latin1-1@cliente.example>"]
+
+
+async def test_message_moved_from_new_to_cur_keeps_its_id(tmp_path):
+    """A mail client flagging a message as read renames it; it is still the same item."""
+    box = tmp_path / "box"
+    _copy(["no_subject_date_id.eml"], box / "new")
+    (box / "cur").mkdir()
+    src = _source(tmp_path, "box")
+    first = [i.item_id for i in (await src.fetch(_Seen().ctx())).items]
+    os.rename(box / "new" / "no_subject_date_id.eml", box / "cur" / "no_subject_date_id.eml:2,S")
+    second = [i.item_id for i in (await src.fetch(_Seen().ctx())).items]
+    assert first == second and len(first) == 1
+
+
+async def test_fetch_never_modifies_the_folder(tmp_path):
+    box = tmp_path / "box"
+    _copy(["latin1.eml", "no_sender.eml"], box / "new")
+    _copy(["html_only.eml"], box / "cur")
+    before = _snapshot(box)
+    await _source(tmp_path, "box").fetch(_Seen().ctx())
+    assert _snapshot(box) == before
+
+
+async def test_two_copies_of_one_message_give_one_item(tmp_path):
+    _copy(["latin1.eml"], tmp_path / "inbox")
+    shutil.copy(CORPUS / "latin1.eml", tmp_path / "inbox" / "copy.eml")
+    result = await _source(tmp_path).fetch(_Seen().ctx())
+    assert [i.item_id for i in result.items] == ["<latin1-1@cliente.example>"]
+
+
+async def test_max_body_truncates(tmp_path):
+    _copy(["latin1.eml"], tmp_path / "inbox")
+    item = (await _source(tmp_path, max_body="10").fetch(_Seen().ctx())).items[0]
+    assert item.message.body == "Hola, mi p" and item.message.body_truncated
+
+
+async def test_missing_folder_is_a_source_error_naming_the_path(tmp_path):
+    with pytest.raises(SourceError, match=r"pipelines/support.yaml: source.path: .*nowhere does not exist"):
+        await _source(tmp_path, "nowhere").fetch(_Seen().ctx())
+
+
+async def test_a_changed_file_is_identified_again(tmp_path):
+    """The id cache follows the file's mtime and size."""
+    _copy(["no_subject_date_id.eml"], tmp_path / "inbox")
+    src = _source(tmp_path)
+    first = (await src.fetch(_Seen().ctx())).items[0].item_id
+    (tmp_path / "inbox" / "no_subject_date_id.eml").write_bytes(
+        (CORPUS / "latin1.eml").read_bytes())
+    second = (await src.fetch(_Seen().ctx())).items[0].item_id
+    assert first != second == "<latin1-1@cliente.example>"
+
+
+@pytest.mark.parametrize("opts,expected", [
+    ({}, "pipelines/support.yaml: source.path: missing"),
+    ({"path": 3}, "pipelines/support.yaml: source.path: expected a string"),
+    ({"path": "x", "max_body": "huge"}, "pipelines/support.yaml: source.max_body: expected a size"),
+    ({"path": "x", "query": "in:inbox"}, "pipelines/support.yaml: source.query: unknown key"),
+])
+def test_create_reports_bad_options(tmp_path, opts, expected):
+    with pytest.raises(ConfigError) as err:
+        maildir.create(_pipeline(tmp_path, **opts), _settings(tmp_path))
+    assert err.value.errors[0].startswith(expected), err.value.errors
+
+
+def test_create_does_no_io(tmp_path):
+    """validate builds every source; a folder that does not exist yet is fine there."""
+    src = _source(tmp_path, "not/yet/there")
+    assert src.folder == tmp_path / "not/yet/there"
