@@ -26,7 +26,7 @@ from .errors import ConfigError, DraftgateError
 
 log = logging.getLogger("draftgate")
 REPO = Path(__file__).resolve().parent.parent
-DEMO_CONFIG = REPO / "demo" / "draftgate.yaml"
+DEMO_CONFIG = REPO / "draftgate.demo.yaml"
 
 
 def _actor() -> str:
@@ -292,7 +292,7 @@ async def _doctor(args) -> int:
 
 def _add_config(p: argparse.ArgumentParser, default: str | None = "draftgate.yaml") -> None:
     p.add_argument("-c", "--config", default=default, metavar="FILE",
-                   help=f"deployment file (default: {default or 'demo/draftgate.yaml'})")
+                   help=f"deployment file (default: {default or 'draftgate.demo.yaml'})")
 
 
 def build_parser() -> argparse.ArgumentParser:
