@@ -1,0 +1,371 @@
+"""The engine keeps the three promises across ticks, failures and decisions.
+
+Stages here are small recording doubles of the stage Protocols (the real sources,
+drafters, senders and channels have their own tests against fake servers); the store
+is the real SQLite store on a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bot.config import load_settings
+from bot.engine import Engine
+from bot.errors import DrafterError, DrafterRetryable, SendFailed, SendUnknown, SourceError
+from bot.models import DraftResult, FetchResult, Item, Message, SendResult
+from bot.stages import PostedRef
+from bot.store import create_store
+
+T0 = 1_764_410_400.0  # 2025-11-29T10:00:00Z
+
+
+class Clock:
+    def __init__(self, t: float = T0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class ListSource:
+    scope = "test"
+
+    def __init__(self, messages: list[Message] | None = None):
+        self.messages = list(messages or [])
+        self.fail: Exception | None = None
+        self.calls = 0
+
+    async def fetch(self, ctx):
+        self.calls += 1
+        if self.fail:
+            raise self.fail
+        return FetchResult([Item(m.message_id, m) for m in self.messages])
+
+    async def close(self):
+        pass
+
+
+class ScriptDrafter:
+    name = "script"
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.errors: list[Exception] = []
+        self.tokens = 0
+
+    async def draft(self, request):
+        self.calls.append(request.draft_key)
+        if self.errors:
+            raise self.errors.pop(0)
+        text = f"Hello {request.message.from_name or 'there'}, about {request.message.subject}."
+        if request.instruction:
+            text += f" ({request.instruction})"
+        return DraftResult(text, tokens_in=self.tokens, tokens_out=self.tokens)
+
+    async def close(self):
+        pass
+
+
+class RecordingSender:
+    name = "rec"
+
+    def __init__(self):
+        self.sent: list[tuple[str, str]] = []  # (key, body)
+        self.script: list[Exception] = []
+        self.delivered_on_unknown = False
+        self.check_calls = 0
+
+    async def send(self, draft):
+        self.sent.append((draft.key, draft.body))
+        if self.script:
+            exc = self.script.pop(0)
+            if isinstance(exc, SendUnknown) and not self.delivered_on_unknown:
+                self.sent.pop()
+            raise exc
+        return SendResult(f"sent-{draft.id}")
+
+    async def check(self, draft):
+        self.check_calls += 1
+        return f"found-{draft.id}" if any(k == draft.key for k, _ in self.sent) else None
+
+    async def close(self):
+        pass
+
+
+class RecordingChannel:
+    name = "console"
+
+    def __init__(self, auto_approve: bool = False):
+        self.auto_approve = auto_approve
+        self.posts: list[tuple[int, int]] = []  # (draft id, version)
+        self.new_cards = 0
+        self.updates: list[tuple[int, str]] = []
+        self.notes: list[str] = []
+        self.retry_offered: list[int] = []
+        self.down = False
+        self.decisions = None
+
+    async def start(self, decisions):
+        self.decisions = decisions
+
+    async def post(self, draft):
+        from bot.errors import ApprovalError
+
+        if self.down:
+            raise ApprovalError("unreachable")
+        self.posts.append((draft.id, draft.version))
+        if not draft.approval_message_id:
+            self.new_cards += 1
+        return PostedRef("chat", draft.approval_message_id or f"m{draft.id}")
+
+    async def on_posted(self, draft):
+        if self.auto_approve:
+            await self.decisions.approve(draft.id, draft.version, "tester")
+
+    async def update(self, draft):
+        self.updates.append((draft.id, draft.status))
+
+    async def notify(self, text, *, retry_draft=None):
+        self.notes.append(text)
+        if retry_draft is not None:
+            self.retry_offered.append(retry_draft.id)
+
+    async def stop(self):
+        pass
+
+
+def msg(n: int, **kw) -> Message:
+    base = dict(message_id=f"<m{n}@example.com>", from_name=f"User{n}", from_addr=f"u{n}@example.com",
+                reply_to=f"u{n}@example.com", subject=f"Question {n}", body=f"Body {n}")
+    base.update(kw)
+    return Message(**base)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "draftgate.yaml").write_text(
+        f"store: sqlite:///{tmp_path}/state.db\npipelines: pipelines/*.yaml\nmax_in_flight: 4\n")
+    for name in ("alpha", "beta"):
+        (tmp_path / "pipelines" / f"{name}.yaml").write_text(
+            f"name: {name}\nschedule: 5m\nsource: {{type: maildir, path: inbox}}\n"
+            f"sender: {{type: outbox, path: out}}\nmax_attempts: 2\nlease: 60s\n"
+            f"daily_token_budget: 100\n")
+    return tmp_path / "draftgate.yaml"
+
+
+class World:
+    def __init__(self, engine, store, sources, drafter, sender, channel, clock):
+        self.engine, self.store, self.sources = engine, store, sources
+        self.drafter, self.sender, self.channel, self.clock = drafter, sender, channel, clock
+
+
+@pytest.fixture
+async def world(config):
+    settings = load_settings(config)
+    store = create_store(settings.store)
+    await store.open()
+    clock = Clock()
+    sources = {"alpha": ListSource(), "beta": ListSource()}
+    drafter, sender, channel = ScriptDrafter(), RecordingSender(), RecordingChannel()
+    engine = Engine(settings, store, {"console": channel}, clock=clock,
+                    sources=sources, drafters={"alpha": drafter, "beta": drafter},
+                    senders={"alpha": sender, "beta": sender}, send_check_delay=0.01)
+    await engine.start()
+    yield World(engine, store, sources, drafter, sender, channel, clock)
+    await engine.stop()
+    await store.close()
+
+
+async def test_a_tick_drafts_posts_and_a_second_tick_admits_nothing(world):
+    world.sources["alpha"].messages = [msg(1), msg(2)]
+    first = await world.engine.tick("alpha")
+    assert (first.fetched, first.new, first.drafted, first.posted) == (2, 2, 2, 2)
+    second = await world.engine.tick("alpha")
+    assert (second.fetched, second.new, second.drafted, second.posted) == (2, 0, 0, 0)
+    assert len(world.drafter.calls) == 2 and world.channel.new_cards == 2
+    runs = await world.store.recent_runs("alpha")
+    assert [r.status for r in runs] == ["ok", "ok"]
+    assert runs[1].counts["drafted"] == 2 and runs[0].counts["new"] == 0
+
+
+async def test_approve_sends_once_and_a_second_approval_sends_nothing(world):
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    after = await world.engine.approve(d.id, d.version, "anna")
+    assert after.status == "sent" and after.sent_id == f"sent-{d.id}"
+    assert await world.engine.approve(d.id, d.version, "bob") is None
+    both = await asyncio.gather(world.engine.approve(d.id, d.version, "x"),
+                                world.engine.approve(d.id, d.version, "y"))
+    assert both == [None, None]
+    assert len(world.sender.sent) == 1
+    assert (d.id, "sent") in world.channel.updates
+
+
+async def test_concurrent_approvals_of_one_card_send_once(world):
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    results = await asyncio.gather(*(world.engine.approve(d.id, d.version, f"op{i}") for i in range(5)))
+    assert sum(r is not None for r in results) == 1
+    assert len(world.sender.sent) == 1
+
+
+async def test_edit_makes_a_new_version_on_the_same_card_and_the_old_button_is_dead(world):
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    edited = await world.engine.edit(d.id, d.version, "Shorter answer.", "anna")
+    assert edited.version == d.version + 1 and edited.status == "awaiting"
+    assert world.channel.new_cards == 1 and world.channel.posts[-1] == (d.id, d.version + 1)
+    assert await world.engine.approve(d.id, d.version, "anna") is None
+    assert world.sender.sent == []
+    done = await world.engine.approve(d.id, edited.version, "anna")
+    assert done.status == "sent" and world.sender.sent == [(d.key, "Shorter answer.")]
+
+
+async def test_regenerate_redrafts_with_the_instruction_as_version_plus_one(world):
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    again = await world.engine.regenerate(d.id, d.version, "anna", "mention the refund")
+    assert again.version == d.version + 1
+    await world.engine.drain("alpha")
+    now = await world.store.get_draft(d.id)
+    assert now.status == "awaiting" and "mention the refund" in now.body
+    assert len(world.drafter.calls) == 2 and world.channel.new_cards == 1
+
+
+async def test_reject_is_final_and_sends_nothing(world):
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    rejected = await world.engine.reject(d.id, d.version, "anna", "spam")
+    assert rejected.status == "rejected"
+    assert await world.engine.approve(d.id, d.version, "anna") is None
+    assert world.sender.sent == []
+
+
+async def test_a_failing_source_records_a_red_run_and_other_pipelines_go_on(world):
+    world.sources["alpha"].fail = SourceError("Gmail 503: backend error")
+    world.sources["beta"].messages = [msg(7)]
+    await asyncio.gather(world.engine.tick("alpha"), world.engine.tick("beta"))
+    [red] = await world.store.recent_runs("alpha")
+    assert red.status == "error" and "Gmail 503" in red.error_text
+    [green] = await world.store.recent_runs("beta")
+    assert green.status == "ok" and green.counts["drafted"] == 1
+    assert any("alpha" in n and "Gmail 503" in n for n in world.channel.notes)
+    world.sources["alpha"].fail = None
+    await world.engine.tick("alpha")
+    assert any("alpha is green again" in n for n in world.channel.notes)
+
+
+async def test_retryable_drafting_errors_requeue_then_fail_with_the_reason(world):
+    world.sources["alpha"].messages = [msg(1)]
+    world.drafter.errors = [DrafterRetryable("429 rate limited"), DrafterRetryable("500 upstream")]
+    await world.engine.tick("alpha")  # attempt 1 fails -> back in the queue for the next tick
+    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    assert d.status == "queued" and d.attempt == 1 and world.channel.notes == []
+    await world.engine.tick("alpha")  # attempt 2 of max_attempts 2 fails -> failed
+    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    assert d.status == "failed" and "500 upstream" in d.error
+    assert any("drafting failed" in n and "/replay alpha" in n for n in world.channel.notes)
+    assert world.channel.posts == []
+
+
+async def test_a_definite_drafting_error_fails_at_once(world):
+    world.sources["alpha"].messages = [msg(1)]
+    world.drafter.errors = [DrafterError("401: check OPENAI_API_KEY")]
+    await world.engine.tick("alpha")
+    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    assert d.status == "failed" and len(world.drafter.calls) == 1
+
+
+async def test_the_daily_budget_keeps_items_queued_until_the_next_day(world):
+    """Drafting stops once the day's tokens are spent (overshooting by at most the
+    drafts already in flight), the operator is told once, and it resumes next day."""
+    world.drafter.tokens = 30  # 60 per draft; the budget is 100
+    world.sources["alpha"].messages = [msg(n) for n in range(1, 9)]
+    await world.engine.tick("alpha")
+    first = await world.store.count_by_status("alpha")
+    assert 2 <= first.get("awaiting", 0) <= 2 + 3 and first.get("queued", 0) >= 3
+    await world.engine.tick("alpha")
+    assert await world.store.count_by_status("alpha") == first
+    assert sum("budget" in n for n in world.channel.notes) == 1
+    assert world.engine.pipelines["alpha"].daily_token_budget == 100
+    world.clock.t += 86400
+    await world.engine.tick("alpha")
+    await world.engine.tick("alpha")
+    world.clock.t += 86400
+    await world.engine.tick("alpha")
+    assert (await world.store.count_by_status("alpha")).get("awaiting") == 8
+
+
+async def test_unknown_send_is_checked_not_resent(world):
+    world.sources["alpha"].messages = [msg(1), msg(2)]
+    await world.engine.tick("alpha")
+    d1, d2 = await world.store.pending("alpha")
+    # d1: delivered but the answer was lost; d2: not delivered.
+    world.sender.delivered_on_unknown = True
+    world.sender.script = [SendUnknown("connection reset")]
+    after = await world.engine.approve(d1.id, d1.version, "anna")
+    assert after.status == "send_unknown"
+    world.sender.delivered_on_unknown = False
+    world.sender.script = [SendUnknown("timed out")]
+    await world.engine.approve(d2.id, d2.version, "anna")
+    await world.engine.drain("alpha")
+    assert (await world.store.get_draft(d1.id)).status == "sent"
+    assert (await world.store.get_draft(d2.id)).status == "send_unknown"
+    assert d2.id in world.channel.retry_offered
+    assert [k for k, _ in world.sender.sent] == [d1.key]  # one POST each, d2 never resent
+    retried = await world.engine.retry_send(d2.id, "anna")
+    assert retried.status == "sent"
+    assert [k for k, _ in world.sender.sent] == [d1.key, d2.key]
+
+
+async def test_a_definite_send_failure_offers_retry(world):
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    world.sender.script = [SendFailed("400 invalid recipient")]
+    after = await world.engine.approve(d.id, d.version, "anna")
+    assert after.status == "send_failed" and "400" in after.error
+    assert (d.id, "send_failed") in world.channel.updates
+
+
+async def test_an_approved_draft_left_by_a_crash_is_sent_once_on_the_next_tick(world):
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    await world.store.approve(d.id, d.version, "anna")  # the process died right here
+    await world.engine.tick("alpha")
+    await world.engine.tick("alpha")
+    assert len(world.sender.sent) == 1
+    assert (await world.store.get_draft(d.id)).status == "sent"
+
+
+async def test_cards_wait_in_ready_while_the_channel_is_down(world):
+    world.sources["alpha"].messages = [msg(1)]
+    world.channel.down = True
+    counts = await world.engine.tick("alpha")
+    assert counts.drafted == 1 and counts.posted == 0
+    [d] = await world.store.pending("alpha")
+    assert d.status == "ready"
+    world.channel.down = False
+    assert await world.engine.post_unposted() == 1
+    assert (await world.store.get_draft(d.id)).status == "awaiting"
+    assert world.channel.new_cards == 1
+
+
+async def test_filters_skip_with_a_reason_before_any_drafting(world, config):
+    world.engine.pipelines["alpha"].filters = {"skip_senders": ["noreply@*"]}
+    world.sources["alpha"].messages = [msg(1, from_addr="noreply@shop.example",
+                                           reply_to="noreply@shop.example")]
+    counts = await world.engine.tick("alpha")
+    assert counts.skipped == 1 and world.drafter.calls == []
+    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    assert d.status == "skipped" and "noreply@" in d.error
