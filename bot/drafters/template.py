@@ -1,0 +1,132 @@
+"""Drafter ``template``: fills a template file with the message's fields, offline.
+
+::
+
+    drafter: {model: template, prompt: templates/reply.txt}
+
+Fields: ``{from_name}``, ``{first_name}``, ``{from_addr}``, ``{subject}``, ``{date}``,
+``{excerpt}``, ``{slot}``, ``{instruction}``. ``{{`` and ``}}`` are literal braces.
+
+Only the template has fields. Substitution is one pass with a fixed table: text from
+the email (a subject of ``"{instruction}"`` or ``"{0.__class__}"``) is inserted as is
+and never expanded, there is no attribute or index access, and an unknown or
+malformed field is left visible in the draft (the operator sees it on the card)
+instead of failing. The template is read when drafting, so editing it takes effect on
+the next draft without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime
+from pathlib import Path
+
+from ..config import Checker, ModelConfig, PipelineConfig, Settings
+from ..errors import ConfigError, DrafterError
+from ..models import DraftRequest, DraftResult, Message
+
+FIELDS = ("from_name", "first_name", "from_addr", "subject", "date", "excerpt", "slot",
+          "instruction")
+EXCERPT_CHARS = 300
+_FIELD = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def render(template: str, values: dict[str, str]) -> str:
+    """Substitute ``{name}`` fields from ``values`` in one pass; unknown fields stay."""
+
+    def one(m: re.Match) -> str:
+        token = m.group(0)
+        if token == "{{":
+            return "{"
+        if token == "}}":
+            return "}"
+        return values.get(m.group(1), token)
+
+    return _FIELD.sub(one, template)
+
+
+def fields_for(message: Message, instruction: str = "") -> dict[str, str]:
+    """The template fields for ``message``."""
+    name = message.from_name.strip()
+    return {
+        "from_name": name or message.from_addr or message.reply_to,
+        "first_name": _first_name(name),
+        "from_addr": message.reply_to or message.from_addr,
+        "subject": message.subject or "(no subject)",
+        "date": _human_date(message.date),
+        "excerpt": _excerpt(message.body),
+        "slot": message.slot,
+        "instruction": instruction.strip(),
+    }
+
+
+class TemplateDrafter:
+    """Drafts by filling the pipeline's template. Costs no tokens."""
+
+    name = "template"
+
+    def __init__(self, path: Path, *, where: str = "drafter.prompt"):
+        self.path = path
+        self._where = where
+
+    async def draft(self, request: DraftRequest) -> DraftResult:
+        template = await asyncio.to_thread(self._read)
+        values = fields_for(request.message, request.instruction)
+        body = render(template, values).strip()
+        if values["instruction"] and "{instruction}" not in template:
+            # Regenerate with an instruction: a template cannot follow it, so it is
+            # carried as a visible note for the operator to act on when editing.
+            body += f"\n\n[Note: {values['instruction']}]"
+        return DraftResult(body=body + "\n", tokens_in=0, tokens_out=0,
+                           model=f"template:{self.path.name}")
+
+    async def close(self) -> None:
+        return None
+
+    def _read(self) -> str:
+        try:
+            return self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise DrafterError(f"{self._where}: cannot read template {self.path}: {reason}") from exc
+
+
+def create(model: ModelConfig, pipeline: PipelineConfig, settings: Settings) -> TemplateDrafter:
+    """Check the template drafter's options and build it (no I/O)."""
+    errors: list[str] = []
+    mck = Checker(settings.file, errors)
+    mck.unknown(model.options, {"provider"}, f"models.{model.name}")
+    ck = Checker(pipeline.file, errors)
+    prompt = ck.get(pipeline.drafter, "prompt", "drafter", str, default=None)
+    if prompt is None and not errors:
+        ck.error("drafter.prompt", "missing; the template drafter needs a template file, e.g. "
+                                   "prompt: templates/reply.txt (fields: "
+                                   + ", ".join("{" + f + "}" for f in FIELDS) + ")")
+    if errors:
+        raise ConfigError(errors)
+    return TemplateDrafter(pipeline.path(prompt), where=f"{pipeline.file}: drafter.prompt")
+
+
+def _first_name(name: str) -> str:
+    if "," in name:  # "Buyer, Alice"
+        name = name.split(",", 1)[1]
+    words = [w for w in name.replace('"', " ").split() if any(c.isalpha() for c in w)]
+    return words[0] if words else "there"
+
+
+def _human_date(iso: str) -> str:
+    if not iso:
+        return ""
+    try:
+        return datetime.fromisoformat(iso).strftime("%a %d %b %Y %H:%M")
+    except ValueError:
+        return iso
+
+
+def _excerpt(body: str) -> str:
+    text = " ".join(body.split())
+    if len(text) <= EXCERPT_CHARS:
+        return text
+    cut = text[:EXCERPT_CHARS].rsplit(" ", 1)[0] or text[:EXCERPT_CHARS]
+    return cut + " …"

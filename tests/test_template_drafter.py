@@ -1,0 +1,113 @@
+"""The offline template drafter: fields in, no injection from email text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.config import ModelConfig, PipelineConfig, Settings
+from bot.drafters import template
+from bot.errors import ConfigError, DrafterError
+from bot.models import DraftRequest, Message
+from bot.stages import Drafter
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = ModelConfig("template", "template", {"provider": "template"})
+
+
+def _pipeline(base: Path, **drafter) -> PipelineConfig:
+    return PipelineConfig(
+        name="support", file="pipelines/support.yaml", schedule="5m", interval=300.0, cron=None,
+        source={"type": "maildir", "path": "inbox"}, filters={}, drafter={"model": "template", **drafter},
+        recipe="v1", approval={}, sender={"type": "outbox"}, base_dir=base)
+
+
+def _settings(base: Path) -> Settings:
+    return Settings(file="draftgate.yaml", base_dir=base, store="sqlite:///x.db", pipelines=[])
+
+
+def _drafter(tmp_path: Path, text: str) -> template.TemplateDrafter:
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    return template.create(MODEL, _pipeline(tmp_path, prompt="t.txt"), _settings(tmp_path))
+
+
+ALICE = Message(from_name="Alice Buyer", from_addr="alice@customer.example",
+                reply_to="alice@customer.example", subject="Where is my order #1234?",
+                date="2026-11-29T10:02:00+00:00", body="Hi,\n\nwhere is my order #1234?\nIt was due Friday.")
+
+
+async def test_fills_every_field(tmp_path):
+    d = _drafter(tmp_path, "{from_name}|{first_name}|{from_addr}|{subject}|{date}|{excerpt}|{slot}|{instruction}")
+    assert isinstance(d, Drafter)
+    result = await d.draft(DraftRequest("support", ALICE, instruction="mention the tracking link"))
+    assert result.body == ("Alice Buyer|Alice|alice@customer.example|Where is my order #1234?|"
+                           "Sun 29 Nov 2026 10:02|Hi, where is my order #1234? It was due Friday.||"
+                           "mention the tracking link\n")
+    assert (result.tokens_in, result.tokens_out) == (0, 0)
+
+
+@pytest.mark.parametrize("subject", ["{instruction}", "{0.__class__.__mro__}", "{from_addr!r:>99}",
+                                     "{excerpt}{excerpt}", "}{", "{{subject}}"])
+async def test_email_text_cannot_inject_fields(tmp_path, subject):
+    """Whatever the sender writes is inserted verbatim, never expanded."""
+    d = _drafter(tmp_path, "Re: {subject} / {instruction}")
+    msg = Message(from_addr="x@evil.example", subject=subject, body="{from_addr}")
+    result = await d.draft(DraftRequest("support", msg, instruction="SECRET"))
+    assert result.body == f"Re: {subject} / SECRET\n"
+
+
+async def test_template_cannot_reach_attributes_and_unknown_fields_stay_visible(tmp_path):
+    d = _drafter(tmp_path, "{subject.__class__} {nope} {subject[0]} {{literal}} {")
+    result = await d.draft(DraftRequest("support", ALICE))
+    assert result.body == "{subject.__class__} {nope} {subject[0]} {literal} {\n"
+
+
+@pytest.mark.parametrize("name,first", [("Alice Buyer", "Alice"), ("Buyer, Alice", "Alice"),
+                                        ("", "there"), ('"山田 太郎"', "山田"), ("123", "there")])
+def test_first_name(name, first):
+    assert template.fields_for(Message(from_name=name, from_addr="a@b.example"))["first_name"] == first
+
+
+def test_missing_subject_and_long_excerpt():
+    f = template.fields_for(Message(from_addr="a@b.example", body="word " * 500))
+    assert f["subject"] == "(no subject)" and f["from_name"] == "a@b.example"
+    assert f["excerpt"].endswith(" …") and len(f["excerpt"]) <= template.EXCERPT_CHARS + 2
+
+
+async def test_regenerate_instruction_becomes_a_note_when_template_has_no_field(tmp_path):
+    d = _drafter(tmp_path, "Hi {first_name}")
+    result = await d.draft(DraftRequest("support", ALICE, instruction="offer a refund"))
+    assert result.body == "Hi Alice\n\n[Note: offer a refund]\n"
+
+
+async def test_template_edits_apply_to_the_next_draft(tmp_path):
+    d = _drafter(tmp_path, "one")
+    assert (await d.draft(DraftRequest("support", ALICE))).body == "one\n"
+    (tmp_path / "t.txt").write_text("two", encoding="utf-8")
+    assert (await d.draft(DraftRequest("support", ALICE))).body == "two\n"
+
+
+async def test_missing_template_file_is_a_drafter_error(tmp_path):
+    d = template.create(MODEL, _pipeline(tmp_path, prompt="gone.txt"), _settings(tmp_path))
+    with pytest.raises(DrafterError, match="pipelines/support.yaml: drafter.prompt: cannot read template"):
+        await d.draft(DraftRequest("support", ALICE))
+
+
+def test_prompt_is_required(tmp_path):
+    with pytest.raises(ConfigError, match=r"pipelines/support.yaml: drafter.prompt: missing; the "
+                                          r"template drafter needs a template file"):
+        template.create(MODEL, _pipeline(tmp_path), _settings(tmp_path))
+
+
+def test_unknown_model_option(tmp_path):
+    model = ModelConfig("offline", "template", {"provider": "template", "model": "gpt"})
+    with pytest.raises(ConfigError, match=r"draftgate.yaml: models.offline.model: unknown key"):
+        template.create(model, _pipeline(tmp_path, prompt="t.txt"), _settings(tmp_path))
+
+
+async def test_demo_template_renders_without_leftover_fields():
+    d = template.create(MODEL, _pipeline(REPO, prompt="demo/templates/reply.txt"), _settings(REPO))
+    body = (await d.draft(DraftRequest("support", ALICE))).body
+    assert body.startswith("Hi Alice,") and "Where is my order #1234?" in body
+    assert "{" not in body and "}" not in body
