@@ -347,7 +347,7 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
 
 
 def _telegram(ck: Checker, t: dict) -> TelegramConfig:
-    ck.unknown(t, {"token_env", "base_url", "base_file_url", "operators", "approvals_chat",
+    ck.unknown(t, {"token", "token_env", "base_url", "base_file_url", "operators", "approvals_chat",
                    "ops_chat", "receive", "webhook", "poll_timeout"}, "telegram")
     cfg = TelegramConfig()
     cfg.token_env = ck.get(t, "token_env", "telegram", str, default=cfg.token_env)

@@ -1,0 +1,146 @@
+"""Configuration errors name the file, the key path and what was expected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.__main__ import main
+from bot.config import load_settings, parse_duration, parse_size
+from bot.errors import ConfigError
+
+GOOD = """\
+name: {name}
+schedule: 5m
+source: {{type: maildir, path: inbox}}
+sender: {{type: outbox, path: out}}
+"""
+
+
+def write(tmp_path: Path, pipelines: dict[str, str], top: str = "") -> Path:
+    (tmp_path / "pipelines").mkdir(exist_ok=True)
+    for fname, text in pipelines.items():
+        (tmp_path / "pipelines" / fname).write_text(text)
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text(f"store: sqlite:///{tmp_path}/s.db\npipelines: pipelines/*.yaml\n" + top)
+    return cfg
+
+
+def errors_of(cfg: Path) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg)
+    return info.value.errors
+
+
+def test_a_good_config_loads_with_defaults(tmp_path):
+    s = load_settings(write(tmp_path, {"a.yaml": GOOD.format(name="a")}))
+    [p] = s.pipelines
+    assert (p.name, p.interval, p.recipe, p.mark_seen, p.max_attempts, p.lease) == \
+        ("a", 300.0, "v1", "at_fetch", 3, 600.0)
+    assert s.store == f"sqlite:///{tmp_path}/s.db"
+
+
+def test_missing_field_names_file_and_path(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": "name: a\nschedule: 5m\nsource: {type: maildir, path: x}\n"})
+    assert errors_of(cfg) == [
+        "pipelines/a.yaml: sender: missing; expected a mapping with type: "
+        "outbox | webhook | gmail_reply | gmail_draft"]
+
+
+def test_wrong_type_names_file_path_and_expectation(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "max_attempts: three\n"})
+    [err] = errors_of(cfg)
+    assert err.startswith("pipelines/a.yaml: max_attempts: expected a whole number, got a string")
+
+
+def test_unknown_source_type_lists_the_known_ones(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("maildir", "imap")})
+    [err] = errors_of(cfg)
+    assert err == ("pipelines/a.yaml: source.type: expected one of maildir, schedule, gmail, "
+                   "got 'imap'")
+
+
+def test_duplicate_pipeline_name_names_both_files(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="same"), "b.yaml": GOOD.format(name="same")})
+    [err] = errors_of(cfg)
+    assert err.startswith("pipelines/b.yaml: name: duplicate pipeline name 'same', already used "
+                          "in pipelines/a.yaml")
+
+
+def test_every_error_is_reported_at_once(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": "name: a\nschedule: every tuesday\nsource: {type: imap}\n"
+                                     "sender: {type: outbox}\nlease: soon\nbogus: 1\n"},
+                top="max_in_flight: -1\n")
+    errs = errors_of(cfg)
+    joined = "\n".join(errs)
+    for expected in ("draftgate.yaml: max_in_flight:", "pipelines/a.yaml: schedule:",
+                     "pipelines/a.yaml: source.type:", "pipelines/a.yaml: lease:",
+                     "pipelines/a.yaml: bogus: unknown key"):
+        assert expected in joined
+    assert len(errs) >= 5
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "max_attemps: 3\n"})
+    [err] = errors_of(cfg)
+    assert "did you mean 'max_attempts'?" in err
+
+
+def test_yaml_syntax_error_gives_line_and_column(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": "name: a\nsource: {type: maildir\n"})
+    [err] = errors_of(cfg)
+    assert err.startswith("pipelines/a.yaml: line ") and "not valid YAML" in err
+
+
+def test_a_secret_in_yaml_is_refused(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")},
+                top="telegram: {token: '123:abc', operators: [1], approvals_chat: 1}\n")
+    [err] = errors_of(cfg)
+    assert "telegram.token" in err and "token_env" in err and "123:abc" not in err
+
+
+def test_telegram_operators_must_be_numeric_ids(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")},
+                top="telegram: {operators: ['@anna'], approvals_chat: 1}\n")
+    [err] = errors_of(cfg)
+    assert err.endswith("draftgate.yaml: telegram.operators[0]: expected a numeric Telegram user id, "
+                        "got '@anna' (usernames can change; ids cannot)")
+
+
+def test_missing_deployment_file(tmp_path):
+    [err] = errors_of(tmp_path / "nope.yaml")
+    assert "nope.yaml" in err and "file not found" in err
+
+
+@pytest.mark.parametrize("text, seconds", [("30s", 30), ("5m", 300), ("1h", 3600), ("2d", 172800),
+                                           (45, 45), ("1.5m", 90)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "5 minutes", "", True])
+def test_bad_durations_explain_the_format(bad):
+    with pytest.raises(ValueError, match="30s, 5m, 1h or 2d"):
+        parse_duration(bad)
+
+
+@pytest.mark.parametrize("text, size", [("200kB", 200_000), ("5MB", 5_000_000), (1024, 1024)])
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+def test_validate_command_exits_2_with_every_error(tmp_path, capsys):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("maildir", "imap"),
+                           "b.yaml": GOOD.format(name="a")})
+    assert main(["validate", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "source.type" in err and "duplicate pipeline name" in err
+
+
+def test_validate_command_accepts_the_demo_and_the_examples(capsys):
+    root = Path(__file__).resolve().parent.parent
+    assert main(["validate", "-c", str(root / "draftgate.demo.yaml")]) == 0
+    assert main(["validate", "-c", str(root / "draftgate.example.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "demo:" in out and "support:" in out and "posts:" in out
