@@ -255,6 +255,18 @@ class Engine:
         return False
 
     async def _draft_queued(self, p: PipelineConfig, counts: RunCounts) -> None:
+        # A lease left by a crashed or hung worker goes back to the queue here, on
+        # every tick, rather than waiting for the daily sweep.
+        try:
+            _requeued, failed = await self.store.requeue_expired(
+                p.name, max_attempts=p.max_attempts, now=self.clock())
+        except NotImplementedError:
+            failed = 0
+        if failed:
+            counts.failed += failed
+            await self.notify(f"⚠️ {p.name}: {failed} draft(s) failed: their drafting lease "
+                              f"expired on the last attempt. /pending and /status show them; "
+                              f"/replay retries one.")
         workers = max(1, self.settings.max_in_flight)
         stop = asyncio.Event()
 

@@ -278,6 +278,13 @@ class Store(abc.ABC):
         ``max_attempts``, failed), expire ``awaiting`` drafts older than
         ``approval_ttl_days`` if given, prune runs older than ``runs_keep_days``."""
 
+    async def requeue_expired(self, pipeline: str, *, max_attempts: int,
+                              now: float | None = None) -> tuple[int, int]:
+        """The lease part of ``sweep`` for one pipeline, cheap enough for every tick:
+        expired ``drafting`` leases -> ``queued`` (attempt + 1, new fence) or, past
+        ``max_attempts``, ``failed``. Returns (requeued, failed)."""
+        raise NotImplementedError
+
     @abc.abstractmethod
     async def recover_sending(self) -> int:
         """At start: every ``sending`` row (a crash mid-send) -> ``send_unknown``."""
