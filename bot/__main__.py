@@ -270,7 +270,7 @@ async def _doctor(args) -> int:
         results.append(("store", True, settings.store.split("@")[-1]))
     except Exception as exc:
         results.append(("store", False, str(exc)))
-    for module in ("bot.gmail.doctor", "bot.drafters.doctor", "bot.approvals.telegram"):
+    for module in ("bot.gmail.doctor", "bot.approvals.telegram"):
         try:
             mod = importlib.import_module(module)
         except ImportError:
@@ -282,10 +282,36 @@ async def _doctor(args) -> int:
             results.extend(await check(settings))
         except Exception as exc:
             results.append((module, False, str(exc)))
+    results.extend(await _doctor_models(settings))
     width = max(len(n) for n, _, _ in results)
     for name, ok, detail in results:
         print(f"{'✅' if ok else '❌'} {name:<{width}}  {detail}")
     return 0 if all(ok for _, ok, _ in results) else 1
+
+
+async def _doctor_models(settings: Settings) -> list[tuple[str, bool, str]]:
+    """One minimal request to each model endpoint that a pipeline uses."""
+    from .build import build_drafter
+
+    out: list[tuple[str, bool, str]] = []
+    done: set[str] = set()
+    for p in settings.pipelines:
+        name = p.drafter.get("model", "template")
+        if name in done:
+            continue
+        done.add(name)
+        drafter = build_drafter(p, settings)
+        ping = getattr(drafter, "ping", None)
+        if ping is None:
+            out.append((f"model {name}", True, "offline template drafter"))
+            continue
+        try:
+            out.append((f"model {name}", True, await ping()))
+        except Exception as exc:
+            out.append((f"model {name}", False, str(exc)))
+        finally:
+            await drafter.close()
+    return out
 
 
 # -- parser ----------------------------------------------------------------------------------
