@@ -1,0 +1,320 @@
+"""How draftgate calls a model: the ``models:`` options every LLM drafter shares, and
+one bounded retry loop around a single SDK call.
+
+The SDKs' own retries are switched off (``max_retries=0``) so that there is exactly
+one place that decides how often and how long we wait, and so the worst case of one
+``draft()`` is known: ``timeout * (retries + 1)`` plus the waits. The pipeline's
+lease must be longer than that, or a slow but healthy call would lose its claim and
+the item would be drafted twice; :func:`model_options` checks it.
+
+After the in-call retries a transient failure (429, 5xx, timeout, connection) raises
+:class:`DrafterRetryable` (the engine puts the item back in the queue) and a definite
+one (400, 401, 404...) raises :class:`DrafterError` (the item fails with the reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, TypeVar
+
+from ..config import Checker, ModelConfig, PipelineConfig, Settings, parse_duration
+from ..errors import ConfigError, DrafterError, DrafterRetryable
+from ..models import DraftRequest, DraftResult
+from . import prompt as _prompt
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Longest Retry-After we sit out inside one call; a longer one goes back to the queue.
+MAX_WAIT = 60.0
+_MAX_BACKOFF = 30.0
+_KNOWN = {"provider", "base_url", "model", "api_key_env", "temperature", "max_output_tokens",
+          "timeout", "retries", "backoff"}
+#: Used as the API key for local servers (Ollama, llama.cpp...) that want none.
+NO_KEY = "not-needed"
+
+
+@dataclass
+class ModelOptions:
+    name: str  # the models: entry, e.g. "default"
+    provider: str
+    base_url: str | None
+    model: str
+    api_key_env: str | None
+    temperature: float | None
+    max_output_tokens: int
+    timeout: float
+    retries: int
+    backoff: float
+
+    @property
+    def where(self) -> str:
+        return f"models.{self.name}"
+
+    def worst_case(self) -> float:
+        """Least time every attempt needs when each one times out (plus the backoff
+        between them); the lease has to be longer than this."""
+        waits = sum(min(self.backoff * 2 ** i, _MAX_BACKOFF) for i in range(self.retries))
+        return self.timeout * (self.retries + 1) + waits
+
+    def api_key(self) -> str:
+        """The secret, read at first use. The error names the variable, never a value."""
+        if not self.api_key_env:
+            return NO_KEY
+        import os
+
+        value = os.environ.get(self.api_key_env, "")
+        if not value:
+            raise DrafterError(
+                f"{self.where}: environment variable {self.api_key_env} is not set; export it "
+                f"with the {self.provider} API key (or remove api_key_env for a local server "
+                f"that needs no key)")
+        return value
+
+
+def model_options(model: ModelConfig, pipeline: PipelineConfig, settings: Settings, *,
+                  default_base_url: str, default_key_env: str,
+                  temperature_ok: bool = True) -> ModelOptions:
+    """Check ``models.<name>`` (errors name the deployment file and key path) and that
+    the pipeline's lease outlasts the worst case of one call. No I/O."""
+    errors: list[str] = []
+    ck = Checker(settings.file, errors)
+    where = f"models.{model.name}"
+    data = model.options
+    if "api_key" in data:
+        ck.error(f"{where}.api_key", "never put the key in YAML; set api_key_env to the name "
+                                     "of an environment variable that holds it")
+    ck.unknown({k: v for k, v in data.items() if k != "api_key"}, _KNOWN, where)
+    base_url = ck.get(data, "base_url", where, str, default=None)
+    if base_url is not None and not base_url.startswith(("http://", "https://")):
+        ck.error(f"{where}.base_url", f"expected an http:// or https:// URL, got {base_url!r}")
+    name = ck.get(data, "model", where, str)
+    if name is not None and not name.strip():
+        ck.error(f"{where}.model", "expected a model name, e.g. gpt-4.1-mini or llama3.1")
+    # The official endpoint needs a key, so it defaults to the usual variable; a
+    # custom base_url (Ollama, vLLM...) often needs none.
+    key_env = ck.get(data, "api_key_env", where, str,
+                     default=None if base_url else default_key_env)
+    temperature = ck.get(data, "temperature", where, float, default=None)
+    if temperature is not None and not temperature_ok:
+        ck.error(f"{where}.temperature", f"the {model.provider} provider takes no temperature "
+                                         f"(its Messages API has none); remove it")
+    elif temperature is not None and not 0 <= temperature <= 2:
+        ck.error(f"{where}.temperature", f"expected a number from 0 to 2, got {temperature}")
+    max_out = ck.get(data, "max_output_tokens", where, int, default=1024)
+    if max_out is not None and max_out < 1:
+        ck.error(f"{where}.max_output_tokens", "expected a whole number of at least 1")
+    timeout = ck.convert(data, "timeout", where, parse_duration, default=60.0)
+    if timeout is not None and timeout <= 0:
+        ck.error(f"{where}.timeout", "expected a duration above zero, like 60s")
+    retries = ck.get(data, "retries", where, int, default=2)
+    if retries is not None and not 0 <= retries <= 10:
+        ck.error(f"{where}.retries", f"expected a whole number from 0 to 10, got {retries}")
+    backoff = ck.convert(data, "backoff", where, parse_duration, default=1.0)
+    if backoff is not None and backoff < 0:
+        ck.error(f"{where}.backoff", "expected a duration of zero or more, like 1s")
+    if errors:
+        raise ConfigError(errors)
+    opts = ModelOptions(model.name, model.provider, base_url or default_base_url, name,
+                        key_env, temperature, max_out, timeout, retries, backoff)
+    worst = opts.worst_case()
+    if pipeline.lease <= worst:
+        raise ConfigError(
+            f"{pipeline.file}: lease: {pipeline.lease:g}s is not longer than one draft can "
+            f"take with {where} (timeout {opts.timeout:g}s x {opts.retries + 1} attempts plus "
+            f"backoff = {worst:g}s); a call that slow would lose its claim and the item would "
+            f"be drafted twice. Set lease to at least {int(worst * 1.5) + 1}s, or lower "
+            f"{where}.timeout or {where}.retries")
+    return opts
+
+
+@dataclass
+class Failure:
+    """What went wrong with one attempt, in words an operator can act on."""
+
+    reason: str
+    retryable: bool
+    retry_after: float | None = None
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    """Seconds from ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP date)."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            parsed = email.utils.parsedate_tz(value)
+            if parsed is None:
+                continue
+            seconds = email.utils.mktime_tz(parsed) - time.time()
+        if seconds == seconds and seconds >= 0:  # not NaN
+            return seconds
+    return None
+
+
+async def call_with_retries(opts: ModelOptions, call: Callable[[], Awaitable[T]],
+                            classify: Callable[[BaseException], Failure | None], *,
+                            budget: float) -> T:
+    """Run ``call`` up to ``retries + 1`` times. ``classify`` turns an SDK exception into
+    a :class:`Failure` (``None``: not an SDK error, let it propagate). Waits honour
+    Retry-After up to :data:`MAX_WAIT`, else back off exponentially with jitter. No
+    retry starts that could not finish within ``budget`` seconds from now (the part of
+    the lease we may use), so a claim is never outlived by its own call."""
+    attempts = opts.retries + 1
+    deadline = time.monotonic() + budget
+    for attempt in range(1, attempts + 1):
+        try:
+            return await call()
+        except (DrafterError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            failure = classify(exc)
+            if failure is None:
+                raise
+        where = f"{opts.provider} {opts.model}"
+        if not failure.retryable:
+            raise DrafterError(f"{where}: {failure.reason}")
+        if failure.retry_after is not None and failure.retry_after > MAX_WAIT:
+            # Sitting out a long rate limit would hold the claim for minutes; the queue
+            # will offer the item again.
+            raise DrafterRetryable(f"{where}: {failure.reason} (retry after "
+                                   f"{failure.retry_after:g}s)", retry_after=failure.retry_after)
+        if attempt == attempts:
+            raise DrafterRetryable(f"{where}: {failure.reason} (after {attempts} attempt"
+                                   f"{'s' if attempts > 1 else ''})",
+                                   retry_after=failure.retry_after)
+        if failure.retry_after is not None:
+            wait = failure.retry_after
+        else:
+            wait = min(opts.backoff * 2 ** (attempt - 1), _MAX_BACKOFF) * (1 - 0.25 * random.random())
+        if time.monotonic() + wait + opts.timeout > deadline:
+            raise DrafterRetryable(f"{where}: {failure.reason} (after {attempt} attempt"
+                                   f"{'s' if attempt > 1 else ''}; no time left for another "
+                                   f"within the lease)", retry_after=failure.retry_after)
+        log.info("%s: %s; attempt %d of %d, retrying in %.2fs", where, failure.reason,
+                 attempt, attempts, wait)
+        await asyncio.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def status_failure(status: int, message: str, headers: Any, key_env: str | None,
+                   where: str) -> Failure:
+    """Classify an HTTP error answer from either provider."""
+    message = " ".join(str(message).split())[:300]
+    if status == 429:
+        return Failure(f"rate limited (HTTP 429): {message}", True, retry_after_seconds(headers))
+    if status in (408, 409) or status >= 500:
+        return Failure(f"server error (HTTP {status}): {message}", True,
+                       retry_after_seconds(headers))
+    if status in (401, 403):
+        hint = (f"check the API key in environment variable {key_env}" if key_env else
+                f"the server wants an API key: set {where}.api_key_env to the name of an "
+                f"environment variable that holds it")
+        return Failure(f"not authorised (HTTP {status}): {message}; {hint}", False)
+    if status == 404:
+        return Failure(f"not found (HTTP 404): {message}; check {where}.model and "
+                       f"{where}.base_url", False)
+    return Failure(f"request refused (HTTP {status}): {message}", False)
+
+
+@dataclass
+class Answer:
+    """One successful model answer, provider-neutral."""
+
+    text: str | None
+    cut_off: bool
+    tokens_in: int
+    tokens_out: int
+    model: str
+
+
+class LLMDrafter:
+    """The flow shared by the OpenAI-compatible and Anthropic drafters. Subclasses say
+    how to build the client, make one call and classify the SDK's errors."""
+
+    provider = ""
+    default_base_url = ""
+    default_key_env = ""
+    temperature_ok = True
+
+    def __init__(self, model: ModelConfig, pipeline: PipelineConfig, settings: Settings):
+        # Both checks run before raising, so `draftgate validate` lists every problem.
+        errors: list[str] = []
+        try:
+            self.opts = model_options(model, pipeline, settings,
+                                      default_base_url=self.default_base_url,
+                                      default_key_env=self.default_key_env,
+                                      temperature_ok=self.temperature_ok)
+        except ConfigError as exc:
+            errors.extend(exc.errors)
+        try:
+            self.prompt_settings = _prompt.prompt_settings(pipeline)
+        except ConfigError as exc:
+            errors.extend(exc.errors)
+        if errors:
+            raise ConfigError(errors)
+        self.name = f"{self.provider}:{model.name}"
+        self.pipeline = pipeline.name
+        # Most of the lease, keeping a margin for the store update after the call.
+        self._budget = max(self.opts.timeout, pipeline.lease * 0.9)
+        self._prompt_text: str | None = None
+        self._client: Any = None
+
+    # -- subclass hooks ---------------------------------------------------------------
+    def _new_client(self, api_key: str) -> Any:
+        raise NotImplementedError
+
+    async def _call(self, client: Any, p: _prompt.Prompt, max_tokens: int) -> Answer:
+        raise NotImplementedError
+
+    def _classify(self, exc: BaseException) -> Failure | None:
+        raise NotImplementedError
+
+    # -- Drafter ----------------------------------------------------------------------
+    def _get_client(self) -> Any:
+        if self._client is None:
+            # Created at first use, not in create(): `validate` and start-up do no I/O
+            # and need no secrets.
+            self._client = self._new_client(self.opts.api_key())
+        return self._client
+
+    async def draft(self, request: DraftRequest) -> DraftResult:
+        """One draft, with in-call retries; see the module docstring for the errors."""
+        if self._prompt_text is None:
+            self._prompt_text = _prompt.load_prompt(self.prompt_settings)
+        p = _prompt.build(request, self.prompt_settings, self._prompt_text)
+        client = self._get_client()
+        answer = await call_with_retries(
+            self.opts, lambda: self._call(client, p, self.opts.max_output_tokens),
+            self._classify, budget=self._budget)
+        try:
+            body = _prompt.check_output(answer.text, cut_off=answer.cut_off)
+        except DrafterError as exc:
+            raise DrafterError(f"{self.opts.provider} {self.opts.model}: {exc}") from None
+        return DraftResult(body, answer.tokens_in, answer.tokens_out, answer.model or self.opts.model)
+
+    async def ping(self) -> str:
+        """A minimal request for ``draftgate doctor``: one attempt, a one-token answer.
+        Returns a short description; raises DrafterError saying what is wrong."""
+        client = self._get_client()
+        p = _prompt.Prompt("Answer with the single word: ok", "ping", "")
+        answer = await call_with_retries(
+            ModelOptions(**{**self.opts.__dict__, "retries": 0}),
+            lambda: self._call(client, p, 5), self._classify, budget=self.opts.timeout)
+        return f"{self.opts.provider} {answer.model or self.opts.model} at {self.opts.base_url}: ok"
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()

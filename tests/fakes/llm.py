@@ -1,0 +1,277 @@
+"""A fake OpenAI-compatible and Anthropic model server on 127.0.0.1.
+
+It answers ``POST /v1/chat/completions`` and ``POST /v1/messages`` in the shapes the
+real ``openai`` and ``anthropic`` SDKs parse, with usage fields, and records every
+request body. Each request takes the next scripted step (or the default: a normal
+answer), so a test can say "429 with Retry-After, then an answer" or "hold this one
+until I say so"::
+
+    with FakeLLM() as fake:
+        fake.script(fake.error(429, retry_after=0.05), fake.reply("Hi"))
+        hold = fake.hold()            # the request after that waits for hold.release()
+        fake.script(hold)
+        ...
+        assert hold.arrived.wait(5)   # the client's request is in the server now
+
+Synchronisation is by events, never by sleeps: ``hold.arrived`` is set when the held
+request came in, ``hold.finished`` when its late answer has been written to a client
+that may have given up long ago.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["FakeLLM", "Reply", "Error", "Hold"]
+
+
+@dataclass
+class Reply:
+    """A normal answer. ``text=None`` answers with a default draft naming the request."""
+
+    text: str | None = None
+    tokens_in: int = 11
+    tokens_out: int = 7
+    delay: float = 0.0  # seconds to wait before answering (a slow model)
+    finish: str = "stop"  # openai finish_reason; "length" means cut off
+
+
+@dataclass
+class Error:
+    status: int
+    message: str = "fake error"
+    retry_after: float | None = None  # seconds, sent as a Retry-After header
+
+
+@dataclass
+class Hold:
+    """Keep the request open until :meth:`release`; then answer with ``then``."""
+
+    then: Reply | Error = field(default_factory=Reply)
+    arrived: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+    # Set once the late answer was written (or the write failed because the client
+    # had gone); a client that closed its socket may still "accept" the bytes.
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+Step = Reply | Error | Hold
+
+
+@dataclass
+class Request:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    at: float
+
+    @property
+    def api(self) -> str:
+        return "anthropic" if self.path.endswith("/messages") else "openai"
+
+    def texts(self) -> tuple[str, str]:
+        """(instructions, data): the system prompt and the user message's text."""
+        if self.api == "anthropic":
+            system = self.body.get("system", "")
+            if isinstance(system, list):
+                system = "".join(b.get("text", "") for b in system)
+            user = "".join(_content_text(m.get("content")) for m in self.body["messages"]
+                           if m.get("role") == "user")
+            return system, user
+        system = "".join(_content_text(m.get("content")) for m in self.body["messages"]
+                         if m.get("role") in ("system", "developer"))
+        user = "".join(_content_text(m.get("content")) for m in self.body["messages"]
+                       if m.get("role") == "user")
+        return system, user
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return ""
+
+
+class FakeLLM:
+    """The server. Use as a context manager, or call :meth:`start` / :meth:`stop`."""
+
+    def __init__(self, *, latency: float = 0.0):
+        self.latency = latency  # added to every answer (the bench's 200 ms model)
+        self.requests: list[Request] = []
+        self.default: Step = Reply()
+        self._script: list[Step] = []
+        self._lock = threading.Lock()
+        self._holds: list[Hold] = []
+        self._arrivals = threading.Condition(self._lock)
+        self._ids = itertools.count(1)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+    def start(self) -> "FakeLLM":
+        fake = self
+
+        class Handler(_Handler):
+            server_fake = fake
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        for h in self._holds:
+            h.release()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "FakeLLM":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """Base URL for the anthropic SDK (it appends ``/v1/messages``)."""
+        assert self._server is not None, "start() the fake first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def openai_url(self) -> str:
+        """Base URL for the openai SDK (it appends ``/chat/completions``)."""
+        return self.url + "/v1"
+
+    # -- scripting ------------------------------------------------------------------
+    def script(self, *steps: Step) -> None:
+        """Queue steps; each request takes the next one, then the default."""
+        with self._lock:
+            self._script.extend(steps)
+
+    @staticmethod
+    def reply(text: str | None = None, **kw: Any) -> Reply:
+        return Reply(text, **kw)
+
+    @staticmethod
+    def error(status: int, message: str = "fake error", retry_after: float | None = None) -> Error:
+        return Error(status, message, retry_after)
+
+    def hold(self, then: Reply | Error | None = None) -> Hold:
+        h = Hold(then or Reply())
+        self._holds.append(h)
+        return h
+
+    def wait_requests(self, n: int, timeout: float = 10.0) -> bool:
+        """Block until at least ``n`` requests arrived."""
+        with self._arrivals:
+            return self._arrivals.wait_for(lambda: len(self.requests) >= n, timeout)
+
+    def _next(self, req: Request) -> Step:
+        with self._lock:
+            self.requests.append(req)
+            self._arrivals.notify_all()
+            return self._script.pop(0) if self._script else self.default
+
+    def _answer_body(self, req: Request, r: Reply) -> dict[str, Any]:
+        n = next(self._ids)
+        model = req.body.get("model", "fake-model")
+        text = r.text if r.text is not None else f"Thank you for your message. (fake draft {n})"
+        if req.api == "anthropic":
+            return {
+                "id": f"msg_fake{n}", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": text}] if text else [],
+                "stop_reason": "max_tokens" if r.finish == "length" else "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": r.tokens_in, "output_tokens": r.tokens_out},
+            }
+        return {
+            "id": f"chatcmpl-fake{n}", "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "finish_reason": r.finish, "logprobs": None,
+                         "message": {"role": "assistant", "content": text, "refusal": None}}],
+            "usage": {"prompt_tokens": r.tokens_in, "completion_tokens": r.tokens_out,
+                      "total_tokens": r.tokens_in + r.tokens_out},
+        }
+
+
+def _error_body(api: str, e: Error) -> dict[str, Any]:
+    if api == "anthropic":
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                429: "rate_limit_error", 529: "overloaded_error"}.get(e.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": e.message}}
+    return {"error": {"message": e.message, "type": "fake_error", "param": None,
+                      "code": str(e.status)}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_fake: FakeLLM
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet test output
+        pass
+
+    def do_POST(self) -> None:
+        fake = self.server_fake
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {"_raw": raw.decode("utf-8", "replace")}
+        path = self.path.split("?")[0]
+        if path not in ("/v1/chat/completions", "/v1/messages"):
+            self._send(404, {"error": {"message": f"no route {path}"}})
+            return
+        req = Request(path, {k.lower(): v for k, v in self.headers.items()}, body, time.time())
+        step = fake._next(req)
+        hold: Hold | None = None
+        if isinstance(step, Hold):
+            hold = step
+            hold.arrived.set()
+            # Bounded so a forgotten hold cannot wedge the server for ever.
+            hold.released.wait(120)
+            step = hold.then
+        try:
+            if isinstance(step, Error):
+                headers = {}
+                if step.retry_after is not None:
+                    headers["Retry-After"] = f"{step.retry_after:g}"
+                self._send(step.status, _error_body(req.api, step), headers)
+            else:
+                delay = step.delay + fake.latency
+                if delay:
+                    time.sleep(delay)
+                self._send(200, fake._answer_body(req, step))
+        finally:
+            if hold is not None:
+                hold.finished.set()
+
+    def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> bool:
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+            return True
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError):
+            self.close_connection = True
+            return False

@@ -1,0 +1,357 @@
+"""The OpenAI-compatible and Anthropic drafters, through the real SDKs, against the fake
+model server in tests/fakes/llm.py. Every test runs for both providers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from bot.build import build_drafter
+from bot.config import load_settings
+from bot.errors import ConfigError, DrafterError, DrafterRetryable
+from bot.models import DraftRequest, Message
+from tests.fakes.llm import FakeLLM
+
+PROVIDERS = ["openai", "anthropic"]
+KEY_ENV = "DG_TEST_LLM_KEY"
+SECRET = "sk-test-secret-value-123"
+
+
+@pytest.fixture
+def fake():
+    with FakeLLM() as f:
+        yield f
+
+
+def write_config(tmp: Path, provider: str, base_url: str, *, model: str = "",
+                 drafter: str = "", lease: str = "10m") -> Path:
+    """A deployment with one pipeline whose drafter is ``models.llm``."""
+    (tmp / "pipelines").mkdir(exist_ok=True)
+    (tmp / "prompts").mkdir(exist_ok=True)
+    (tmp / "prompts" / "support.md").write_text("You are the support desk of Example Shop.\n")
+    model = model or (f"    timeout: 2s\n    retries: 2\n    backoff: 10ms\n"
+                      f"    api_key_env: {KEY_ENV}\n"
+                      + ("    temperature: 0.2\n" if provider == "openai" else ""))
+    (tmp / "draftgate.yaml").write_text(
+        f"store: sqlite:///{tmp}/state.db\n"
+        f"models:\n  llm:\n    provider: {provider}\n    base_url: {base_url}\n"
+        f"    model: test-model\n{model}")
+    drafter = drafter or ("  signature: \"-- Anna, Example Shop\"\n")
+    (tmp / "pipelines" / "support.yaml").write_text(
+        f"name: support\nschedule: 5m\nsource: {{type: maildir, path: inbox}}\n"
+        f"sender: {{type: outbox, path: out}}\nlease: {lease}\n"
+        f"drafter:\n  model: llm\n  prompt: prompts/support.md\n{drafter}")
+    return tmp / "draftgate.yaml"
+
+
+def make(tmp: Path, provider: str, fake: FakeLLM, **kw):
+    url = fake.openai_url if provider == "openai" else fake.url
+    settings = load_settings(write_config(tmp, provider, url, **kw))
+    return build_drafter(settings.pipelines[0], settings)
+
+
+def request(**kw) -> DraftRequest:
+    m = dict(message_id="<q1@customer.example>", from_name="Alice Buyer",
+             from_addr="alice@customer.example", reply_to="alice@customer.example",
+             subject="Where is my order #1234?", date="2025-11-29T10:02:00+00:00",
+             body="Hi, where is my order #1234? It was due Friday.\n\nAlice")
+    m.update(kw.pop("message", {}))
+    return DraftRequest("support", Message(**m), draft_key="support|test|q1|v1", **kw)
+
+
+@pytest.fixture(autouse=True)
+def api_key(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_draft_carries_the_model_text_and_its_token_usage(tmp_path, fake, provider):
+    """One call: the body is the model's text, tokens come from the usage fields."""
+    fake.script(fake.reply("  Hi Alice,\n\nyour parcel left on Monday.\n\n-- Anna  \n",
+                           tokens_in=321, tokens_out=45))
+    d = make(tmp_path, provider, fake)
+    try:
+        result = await d.draft(request())
+    finally:
+        await d.close()
+    assert result.body == "Hi Alice,\n\nyour parcel left on Monday.\n\n-- Anna"
+    assert (result.tokens_in, result.tokens_out) == (321, 45)
+    [req] = fake.requests
+    assert req.body["model"] == "test-model" and req.body["max_tokens"] == 1024
+    assert req.body.get("temperature") == (0.2 if provider == "openai" else None)
+    assert "tools" not in req.body  # the model can do nothing but write text
+    # openai sends "Authorization: Bearer"; anthropic 2.x does too (older: x-api-key).
+    assert SECRET in req.headers.get("authorization", "") + req.headers.get("x-api-key", "")
+    system, user = req.texts()
+    assert system.startswith("You are the support desk of Example Shop.")
+    assert "-- Anna, Example Shop" in system and "language the sender wrote in" in system
+    assert "Where is my order #1234?" in user and "alice@customer.example" in user
+    assert "Where is my order" not in system
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_429_then_success_gives_one_draft_after_honouring_retry_after(tmp_path, fake, provider):
+    fake.script(fake.error(429, "slow down", retry_after=0.4), fake.reply("Hello again"))
+    d = make(tmp_path, provider, fake)
+    started = time.monotonic()
+    try:
+        result = await d.draft(request())
+    finally:
+        await d.close()
+    assert result.body == "Hello again"
+    assert len(fake.requests) == 2
+    assert fake.requests[1].at - fake.requests[0].at >= 0.4
+    assert time.monotonic() - started >= 0.4
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_retry_after_beyond_the_cap_returns_the_item_to_the_queue_at_once(tmp_path, fake, provider):
+    """Sitting out a 5-minute rate limit would hold the claim; the queue retries later."""
+    fake.script(fake.error(429, "quota", retry_after=300))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterRetryable) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert err.value.retry_after == 300 and "429" in str(err.value)
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_500_on_every_attempt_is_retryable_with_the_providers_reason(tmp_path, fake, provider):
+    fake.script(*[fake.error(500, "upstream exploded", retry_after=0.01)] * 3)
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterRetryable) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert "HTTP 500" in str(err.value) and "upstream exploded" in str(err.value)
+    assert "3 attempts" in str(err.value)
+    assert len(fake.requests) == 3  # retries: 2, and the SDK's own retries are off
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_model_that_does_not_answer_in_time_is_retryable(tmp_path, fake, provider):
+    model = f"    timeout: 0.3s\n    retries: 0\n    api_key_env: {KEY_ENV}\n"
+    hold = fake.hold()
+    fake.script(hold)
+    d = make(tmp_path, provider, fake, model=model)
+    try:
+        with pytest.raises(DrafterRetryable) as err:
+            await d.draft(request())
+    finally:
+        hold.release()
+        await d.close()
+    assert hold.arrived.is_set()
+    assert "timeout" in str(err.value) and "0.3s" in str(err.value)
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_slow_answer_within_the_timeout_is_a_draft(tmp_path, fake, provider):
+    fake.script(fake.reply("took a while", delay=0.3))
+    d = make(tmp_path, provider, fake)
+    try:
+        assert (await d.draft(request())).body == "took a while"
+    finally:
+        await d.close()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_401_is_definite_and_names_the_env_var_but_never_the_key(tmp_path, fake, provider):
+    fake.script(fake.error(401, "invalid x-api-key"))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert not isinstance(err.value, DrafterRetryable)
+    assert KEY_ENV in str(err.value) and "401" in str(err.value)
+    assert SECRET not in str(err.value)
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_400_and_404_are_definite(tmp_path, fake, provider):
+    fake.script(fake.error(400, "context too long"), fake.error(404, "no such model"))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterError) as bad:
+            await d.draft(request())
+        with pytest.raises(DrafterError) as missing:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert not isinstance(bad.value, DrafterRetryable) and "context too long" in str(bad.value)
+    assert not isinstance(missing.value, DrafterRetryable)
+    assert "models.llm.model" in str(missing.value)
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_missing_key_variable_is_named_at_first_call_and_nothing_is_sent(
+        tmp_path, fake, provider, monkeypatch):
+    monkeypatch.delenv(KEY_ENV)
+    d = make(tmp_path, provider, fake)  # building needs no secret (validate, start-up)
+    with pytest.raises(DrafterError) as err:
+        await d.draft(request())
+    await d.close()
+    assert f"environment variable {KEY_ENV} is not set" in str(err.value)
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_local_server_without_a_key_needs_no_variable(tmp_path, fake, provider):
+    d = make(tmp_path, provider, fake, model="    timeout: 2s\n")
+    try:
+        assert (await d.draft(request())).body
+    finally:
+        await d.close()
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_unreachable_server_is_retryable(tmp_path, provider):
+    with FakeLLM() as gone:
+        url = gone.openai_url if provider == "openai" else gone.url
+    settings = load_settings(write_config(
+        tmp_path, provider, url, model=f"    timeout: 2s\n    retries: 1\n    backoff: 10ms\n"))
+    d = build_drafter(settings.pipelines[0], settings)
+    try:
+        with pytest.raises(DrafterRetryable) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert "cannot connect" in str(err.value)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("answer,reason", [("   \n ", "empty draft"),
+                                           ("x" * 20_001, "20,001 characters"),
+                                           ("Dear Al", "cut off")])
+async def test_an_unusable_answer_is_a_definite_error(tmp_path, fake, provider, answer, reason):
+    fake.script(fake.reply(answer, finish="length" if reason == "cut off" else "stop"))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert not isinstance(err.value, DrafterRetryable) and reason in str(err.value)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_the_regenerate_instruction_is_an_instruction_and_the_old_draft_is_data(
+        tmp_path, fake, provider):
+    d = make(tmp_path, provider, fake)
+    try:
+        await d.draft(request(instruction="Mention the 30-day refund window.",
+                              previous_body="Hi Alice, it is on its way."))
+    finally:
+        await d.close()
+    system, user = fake.requests[0].texts()
+    assert "Mention the 30-day refund window." in system
+    assert "Mention the 30-day refund window." not in user
+    nonce = fake.requests[0].texts()[1].split("<<<EMAIL ")[1].split(">>>")[0]
+    prev = user.split(f"<<<PREVIOUS DRAFT {nonce}>>>")[1].split(f"<<<END PREVIOUS DRAFT {nonce}>>>")[0]
+    assert prev.strip() == "Hi Alice, it is on its way."
+    assert "Hi Alice, it is on its way." not in system
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_schedule_slot_gets_a_writing_prompt_not_a_reply_prompt(tmp_path, fake, provider):
+    d = make(tmp_path, provider, fake)
+    try:
+        await d.draft(request(message=dict(kind="slot", slot="2025-11-29T09:00", subject="",
+                                           body="", from_addr="", from_name="")))
+    finally:
+        await d.close()
+    system, user = fake.requests[0].texts()
+    assert "scheduled slot 2025-11-29T09:00" in system
+    assert "reply" not in system.split("Rules that always apply:")[1].splitlines()[1].lower()
+    assert "Slot: 2025-11-29T09:00" in user
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_long_email_is_cut_to_max_input_with_a_visible_marker(tmp_path, fake, provider):
+    d = make(tmp_path, provider, fake, drafter="  max_input: 1000\n")
+    newest = "Please cancel order #99. " * 20  # ~500 chars, the part that matters
+    history = "\n".join(f"> old line {i} " + "x" * 60 for i in range(500))
+    try:
+        await d.draft(request(message=dict(body=f"{newest}\n\nOn Mon, Shop wrote:\n{history}")))
+    finally:
+        await d.close()
+    _, user = fake.requests[0].texts()
+    assert newest.strip() in user  # the newest message survives whole
+    assert "[truncated]" in user and "old line 0" in user and "old line 499" not in user
+    assert len(user) < 1400
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_one_client_serves_many_drafts_and_close_releases_it(tmp_path, fake, provider):
+    d = make(tmp_path, provider, fake)
+    for _ in range(3):
+        await d.draft(request())
+    client = d._client
+    await d.close()
+    assert client is not None and d._client is None
+    assert len(fake.requests) == 3
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_ping_makes_one_minimal_request(tmp_path, fake, provider):
+    d = make(tmp_path, provider, fake)
+    try:
+        text = await d.ping()
+    finally:
+        await d.close()
+    assert "ok" in text and fake.requests[0].body["max_tokens"] == 5
+
+
+# -- configuration errors ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("model,expected", [
+    ("    timeout: soon\n", "draftgate.yaml: models.llm.timeout: expected a duration"),
+    ("    retries: -1\n", "draftgate.yaml: models.llm.retries: expected a whole number from 0 to 10"),
+    ("    temprature: 0.3\n", "draftgate.yaml: models.llm.temprature: unknown key; did you mean 'temperature'?"),
+    ("    api_key: sk-123\n", "draftgate.yaml: models.llm.api_key: never put the key in YAML"),
+    ("    max_output_tokens: 0\n", "draftgate.yaml: models.llm.max_output_tokens: expected a whole number of at least 1"),
+])
+def test_bad_model_options_name_the_file_and_path(tmp_path, fake, provider, model, expected):
+    with pytest.raises(ConfigError) as err:
+        make(tmp_path, provider, fake, model=model)
+    assert expected in str(err.value)
+    assert "sk-123" not in str(err.value)
+
+
+def test_temperature_is_checked_and_refused_where_the_api_has_none(tmp_path, fake):
+    with pytest.raises(ConfigError) as err:
+        make(tmp_path, "openai", fake, model="    temperature: 7\n")
+    assert "draftgate.yaml: models.llm.temperature: expected a number from 0 to 2" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        make(tmp_path, "anthropic", fake, model="    temperature: 0.3\n")
+    assert "draftgate.yaml: models.llm.temperature: the anthropic provider takes no temperature" in str(err.value)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_lease_shorter_than_the_calls_worst_case_is_refused(tmp_path, fake, provider):
+    with pytest.raises(ConfigError) as err:
+        make(tmp_path, provider, fake, model="    timeout: 60s\n    retries: 2\n", lease="2m")
+    assert "pipelines/support.yaml: lease: 120s" in str(err.value)
+    assert "drafted twice" in str(err.value)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_unknown_drafter_options_name_the_pipeline_file(tmp_path, fake, provider):
+    with pytest.raises(ConfigError) as err:
+        make(tmp_path, provider, fake, drafter="  signatur: x\n  max_input: 10\n")
+    text = str(err.value)
+    assert "pipelines/support.yaml: drafter.signatur: unknown key; did you mean 'signature'?" in text
+    assert "pipelines/support.yaml: drafter.max_input: expected at least 200" in text
