@@ -1,0 +1,270 @@
+"""OAuth for Gmail accounts: the token file, the scopes the pipelines need, and the
+``draftgate auth gmail`` command.
+
+The token file is what google-auth's ``Credentials.to_json()`` writes (access token,
+refresh token, client id/secret, token_uri, scopes, expiry). It is a secret: it is
+written with mode 0600 through a temporary file and an atomic rename, both when the
+installed-app flow creates it and when a refresh updates it in place, and its
+contents are never logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..errors import AuthError, ConfigError
+
+SCOPE_READONLY = "https://www.googleapis.com/auth/gmail.readonly"
+SCOPE_SEND = "https://www.googleapis.com/auth/gmail.send"
+SCOPE_COMPOSE = "https://www.googleapis.com/auth/gmail.compose"
+SCOPE_MODIFY = "https://www.googleapis.com/auth/gmail.modify"
+SCOPE_FULL = "https://mail.google.com/"
+GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
+
+# What each scope is good for, as far as draftgate's calls go (from gmail.v1.json):
+# modify allows every call we make; compose covers drafts.* and getProfile.
+_COVERS = {
+    SCOPE_FULL: {SCOPE_READONLY, SCOPE_SEND, SCOPE_COMPOSE, SCOPE_MODIFY},
+    SCOPE_MODIFY: {SCOPE_READONLY, SCOPE_SEND, SCOPE_COMPOSE},
+    SCOPE_COMPOSE: {SCOPE_SEND},
+}
+
+
+def auth_command(account: str, token_file: str | None = None) -> str:
+    """The exact command that (re)authorises ``account``."""
+    token = token_file or f"secrets/{account}-token.json"
+    return (f"draftgate auth gmail --account {account} --client-secrets client_secret.json "
+            f"--token {token}")
+
+
+def auth_error(account: str, token_file: str | None, what: str = "token expired or revoked"
+               ) -> AuthError:
+    """The one message a user sees for a dead token: what happened and what to run."""
+    return AuthError(f"Gmail account {account!r}: {what}; run `{auth_command(account, token_file)}`")
+
+
+def required_scopes(settings: Any, account: str) -> list[str]:
+    """The smallest set of OAuth scopes the configured pipelines need for ``account``:
+    gmail.readonly for a source (and for the ``rfc822msgid:`` check after an unknown
+    send), gmail.send for ``gmail_reply``, gmail.compose for ``gmail_draft``, and
+    gmail.modify (which covers the others we use) only when a sender marks the original
+    read or labels it."""
+    need: set[str] = set()
+    for p in getattr(settings, "pipelines", []):
+        source, sender = p.source or {}, p.sender or {}
+        if source.get("type") == "gmail" and source.get("account") == account:
+            need.add(SCOPE_READONLY)
+        stype = sender.get("type")
+        if stype in ("gmail_reply", "gmail_draft") and \
+                (sender.get("account") or source.get("account")) == account:
+            if sender.get("mark_read") or sender.get("label"):
+                need.add(SCOPE_MODIFY)
+            if stype == "gmail_reply":
+                need.update({SCOPE_SEND, SCOPE_READONLY})
+            else:
+                need.add(SCOPE_COMPOSE)
+    if SCOPE_MODIFY in need:
+        need -= _COVERS[SCOPE_MODIFY]
+    if SCOPE_COMPOSE in need:
+        need.discard(SCOPE_SEND)
+    return sorted(need)
+
+
+def missing_scopes(granted: list[str] | set[str], required: list[str]) -> list[str]:
+    """Required scopes that the granted ones do not cover."""
+    have = set(granted)
+    for scope in list(have):
+        have |= _COVERS.get(scope, set())
+    return [s for s in required if s not in have]
+
+
+# -- token file ---------------------------------------------------------------------------
+
+
+def write_token(path: str | os.PathLike, data: str) -> None:
+    """Write ``data`` to ``path`` with mode 0600, atomically: a reader sees the old or the
+    new token, never half of one, and the secret never exists with wider permissions."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_credentials(path: str | os.PathLike, account: str):
+    """google.oauth2 Credentials from a token file written by ``draftgate auth gmail``.
+    Raises AuthError (naming the command to run) when it is missing or unusable."""
+    from google.oauth2.credentials import Credentials
+
+    path = Path(path)
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise auth_error(account, str(path), f"token file {path} not found") from None
+    except (OSError, ValueError) as exc:
+        raise auth_error(account, str(path),
+                         f"token file {path} is unreadable ({type(exc).__name__})") from None
+    if not isinstance(info, dict) or not (info.get("token") or info.get("refresh_token")):
+        raise auth_error(account, str(path), f"token file {path} holds no token")
+    expiry = info.get("expiry")
+    if expiry:
+        try:
+            expiry = datetime.strptime(expiry.rstrip("Z").split(".")[0], "%Y-%m-%dT%H:%M:%S")
+        except ValueError:
+            expiry = None
+    scopes = info.get("scopes")
+    if isinstance(scopes, str):
+        scopes = scopes.split()
+    # Built directly rather than with from_authorized_user_info, which always replaces
+    # token_uri with Google's: the file's own token_uri is kept (tests, private setups).
+    return Credentials(
+        token=info.get("token"), refresh_token=info.get("refresh_token"),
+        token_uri=info.get("token_uri") or GOOGLE_TOKEN_URI,
+        client_id=info.get("client_id"), client_secret=info.get("client_secret"),
+        scopes=scopes, expiry=expiry, universe_domain=info.get("universe_domain"),
+        account=info.get("account", ""),
+    )
+
+
+def granted_scopes(path: str | os.PathLike) -> list[str]:
+    """Scopes recorded in the token file (what the user granted at consent)."""
+    try:
+        info = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    scopes = info.get("scopes") or []
+    return scopes.split() if isinstance(scopes, str) else list(scopes)
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+
+def add_cli(subparsers) -> None:
+    """Register ``auth gmail`` on the main parser's subparsers."""
+    auth = subparsers.add_parser("auth", help="authorise access to a mail account",
+                                 description="Authorise draftgate to use a mail account.")
+    kinds = auth.add_subparsers(dest="auth_kind", metavar="KIND", required=True)
+    g = kinds.add_parser(
+        "gmail", help="run Google's installed-app OAuth flow and write a token file",
+        description="Run Google's installed-app OAuth flow for one Gmail account and write "
+                    "the token file (mode 0600) that gmail.accounts.NAME.token_file names.")
+    g.add_argument("--client-secrets", required=True, metavar="FILE",
+                   help="OAuth client JSON (type 'Desktop app') downloaded from Google Cloud")
+    g.add_argument("--token", metavar="FILE",
+                   help="token file to write (default: the account's token_file from the config)")
+    g.add_argument("--account", metavar="NAME",
+                   help="gmail.accounts entry; its pipelines decide the scopes requested")
+    g.add_argument("--no-browser", action="store_true",
+                   help="print the URL instead of opening a browser (headless server: forward "
+                        "--port with ssh -L first)")
+    g.add_argument("--port", type=int, default=8080,
+                   help="local port for Google's redirect (default 8080; 0 picks a free one)")
+    g.add_argument("--scopes", nargs="+", metavar="SCOPE",
+                   help="scopes to request instead of the ones the pipelines need "
+                        "(short names readonly, send, compose, modify are accepted)")
+    g.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds to wait for the browser to come back (default 600)")
+
+
+_SHORT = {"readonly": SCOPE_READONLY, "send": SCOPE_SEND, "compose": SCOPE_COMPOSE,
+          "modify": SCOPE_MODIFY, "full": SCOPE_FULL}
+
+
+def _scopes_for(args, out) -> tuple[list[str], str | None]:
+    if args.scopes:
+        return [_SHORT.get(s, s) for s in args.scopes], args.token
+    token = args.token
+    config = getattr(args, "config", None)
+    if args.account and config and Path(config).exists():
+        from ..config import load_settings
+
+        settings = load_settings(config)
+        acc = settings.gmail_accounts.get(args.account)
+        if acc is None:
+            raise ConfigError(f"{config}: gmail.accounts: no account {args.account!r}; "
+                              f"known: {', '.join(sorted(settings.gmail_accounts)) or 'none'}")
+        if token is None:
+            token = str(settings.resolve(acc["token_file"]))
+        scopes = required_scopes(settings, args.account)
+        if scopes:
+            return scopes, token
+        print(f"no pipeline uses account {args.account!r}; requesting read and send",
+              file=out)
+    return [SCOPE_READONLY, SCOPE_SEND], token
+
+
+def run_cli(args, *, out=None) -> int:
+    """``draftgate auth gmail``: run the installed-app flow, write the token file 0600."""
+    out = out or sys.stdout
+    try:
+        scopes, token = _scopes_for(args, out)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not token:
+        print("error: --token FILE is required (or --account NAME with a config that names "
+              "its token_file)", file=sys.stderr)
+        return 2
+    from google_auth_oauthlib.flow import InstalledAppFlow
+
+    try:
+        flow = InstalledAppFlow.from_client_secrets_file(args.client_secrets, scopes=scopes)
+    except FileNotFoundError:
+        print(f"error: client secrets file {args.client_secrets} not found; download the "
+              f"OAuth client (Desktop app) JSON from Google Cloud Console > APIs & Services > "
+              f"Credentials", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"error: {args.client_secrets} is not an OAuth client secrets file: {exc}",
+              file=sys.stderr)
+        return 2
+    print("Requesting scopes: " + ", ".join(s.rsplit("/", 1)[-1] for s in scopes), file=out)
+    prompt = ("Open this URL in a browser and approve access:\n{url}\n"
+              if args.no_browser else
+              "Your browser should open; if it does not, visit:\n{url}\n")
+    try:
+        creds = flow.run_local_server(
+            port=args.port, open_browser=not args.no_browser,
+            authorization_prompt_message=prompt, timeout_seconds=args.timeout,
+            success_message="draftgate is authorised; you can close this tab.")
+    except Exception as exc:  # oauthlib/requests errors: show the kind, never a token
+        print(f"error: authorisation failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if creds is None or not getattr(creds, "refresh_token", None):
+        print("error: Google returned no refresh token; remove draftgate's access at "
+              "https://myaccount.google.com/permissions and run this command again",
+              file=sys.stderr)
+        return 1
+    write_token(token, creds.to_json())
+    print(f"Token written to {token} (mode 0600).", file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m bot.gmail.auth gmail ...``) until the CLI wires it."""
+    parser = argparse.ArgumentParser(prog="draftgate")
+    parser.add_argument("-c", "--config", default="draftgate.yaml")
+    add_cli(parser.add_subparsers(dest="command", required=True))
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,381 @@
+"""One Gmail account: credentials, the API service, and the two ways to call it.
+
+* ``read(...)``: idempotent calls (list, get, history, profile). Bounded retries with
+  backoff on 5xx and connection errors; 429 and quota 403 wait for Retry-After when it
+  is short, else raise :class:`RateLimited` so the run records why.
+* ``write_once(...)``: messages.send and drafts.create. Issued exactly once: no
+  googleapiclient retry (``num_retries=0``) and an httplib2 ``Http`` that does not
+  silently re-send the POST when the connection drops before the answer (stock
+  httplib2 reconnects and re-sends once on a lost response). Failures are classified
+  as certainly-not-sent (:class:`NotSent`) or maybe-sent (:class:`MaybeSent`).
+
+googleapiclient is synchronous and httplib2 is not thread-safe, so every call runs in
+this client's own small thread pool (never on the event loop), and every thread gets its
+own ``Http`` through ``requestBuilder``. The pool is per account so a slow Gmail never
+starves other pipelines or the default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import logging
+import random
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import httplib2
+
+from ..errors import AuthError, SourceError
+from . import auth
+
+log = logging.getLogger("draftgate.gmail")
+
+DEFAULT_ENDPOINT = "https://gmail.googleapis.com/"
+_QUOTA_REASONS = {"rateLimitExceeded", "userRateLimitExceeded", "quotaExceeded",
+                  "dailyLimitExceeded", "RATE_LIMIT_EXCEEDED"}
+
+
+class GmailError(SourceError):
+    """A Gmail call failed; ``status`` is the HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0):
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(GmailError):
+    pass
+
+
+class RateLimited(GmailError):
+    """429 or a quota 403. ``retry_after``: seconds Gmail asked us to wait."""
+
+    def __init__(self, message: str, status: int, retry_after: float | None):
+        super().__init__(message, status)
+        self.retry_after = retry_after
+
+
+class NotSent(GmailError):
+    """A write that certainly did not reach Gmail (refused connection, 4xx)."""
+
+
+class MaybeSent(GmailError):
+    """A write whose outcome is unknown (timeout, reset, 5xx)."""
+
+
+class _ConnectFailed(ConnectionError):
+    """The TCP connection could not be opened: nothing was sent."""
+
+
+class _SingleShotHttp(httplib2.Http):
+    """An ``Http`` that sends a request at most once.
+
+    Stock ``httplib2.Http._conn_request`` re-sends when the connection drops before
+    the response (BadStatusLine / RemoteDisconnected on the first try, "the connection
+    just went stale"), which for a POST to messages.send means a second email. Here
+    every failure after the first byte is written propagates, and a failure to connect
+    is marked as such so the caller knows nothing left.
+    """
+
+    def _conn_request(self, conn, request_uri, method, body, headers):
+        if conn.sock is None:
+            try:
+                conn.connect()
+            except socket.timeout:
+                conn.close()
+                raise _ConnectFailed("timed out connecting") from None
+            except OSError as exc:
+                conn.close()
+                raise _ConnectFailed(f"cannot connect: {exc}") from None
+        try:
+            conn.request(method, request_uri, body, headers)
+            response = conn.getresponse()
+            content = b"" if method == "HEAD" else response.read()
+        except BaseException:
+            conn.close()
+            raise
+        response = httplib2.Response(response)
+        if method != "HEAD":
+            content = httplib2._decompressContent(response, content, self.limit_kwargs)
+        return response, content
+
+
+def _unused_http() -> httplib2.Http:
+    # build() wants an http; every request gets its own through requestBuilder, so
+    # this one never opens a connection.
+    return httplib2.Http()
+
+
+def _error_info(exc) -> tuple[int, str, set[str], float | None]:
+    """(status, message, reasons, retry_after) of a googleapiclient HttpError."""
+    status = int(getattr(exc.resp, "status", 0) or 0)
+    reasons: set[str] = set()
+    message = ""
+    try:
+        data = json.loads(exc.content.decode("utf-8", "replace"))
+        err = data.get("error", {}) if isinstance(data, dict) else {}
+        if isinstance(err, dict):
+            message = str(err.get("message", ""))
+            for e in err.get("errors", []) or []:
+                if isinstance(e, dict) and e.get("reason"):
+                    reasons.add(str(e["reason"]))
+            if err.get("status"):
+                reasons.add(str(err["status"]))
+        elif isinstance(err, str):
+            message = err
+    except (ValueError, AttributeError):
+        pass
+    retry_after = None
+    value = exc.resp.get("retry-after") if hasattr(exc.resp, "get") else None
+    if value:
+        try:
+            retry_after = max(0.0, float(value))
+        except ValueError:
+            retry_after = None
+    return status, (message or getattr(exc, "reason", "") or "")[:300], reasons, retry_after
+
+
+class GmailClient:
+    """Credentials and service for one configured account (``gmail.accounts.NAME``)."""
+
+    def __init__(self, name: str, account: dict[str, Any], *, base_dir: Path | str = ".",
+                 timeout: float = 30.0, workers: int = 8, read_attempts: int = 3,
+                 backoff: float = 0.5, max_wait: float = 20.0):
+        self.name = name
+        token_file = Path(str(account.get("token_file") or ""))
+        self.token_file = token_file if token_file.is_absolute() else Path(base_dir) / token_file
+        self.token_file_shown = str(account.get("token_file") or "")
+        self.api_endpoint = str(account.get("api_endpoint") or DEFAULT_ENDPOINT)
+        self.address = str(account.get("address") or "")
+        # Optional per-account knobs (tests shorten them; the defaults suit Gmail).
+        self.timeout = float(account.get("timeout", timeout))
+        self.read_attempts = max(1, int(account.get("read_attempts", read_attempts)))
+        self.backoff = float(account.get("backoff", backoff))
+        # Longest Retry-After slept through inside one call; a longer one fails the
+        # run with the reason and the source waits it out across ticks.
+        self.max_wait = float(account.get("max_wait", max_wait))
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"gmail-{name}")
+        self._creds = None
+        self._saved_token: str | None = None
+        self._service = None
+        self._lock = threading.Lock()  # credentials refresh, token file, service build
+        self._local = threading.local()
+        self._count_lock = threading.Lock()
+        self.calls = 0  # HTTP requests made to the Gmail API (retries included)
+        self._closed = False
+        self._https: list[httplib2.Http] = []  # closed at close(): no leaked sockets
+
+    # -- async entry points ---------------------------------------------------------------
+    async def run(self, fn: Callable, *args) -> Any:
+        """Run ``fn(*args)`` in this account's thread pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def aread(self, make: Callable[[Any], Any], what: str) -> dict:
+        return await self.run(self.read, make, what)
+
+    async def awrite_once(self, make: Callable[[Any], Any], what: str) -> dict:
+        return await self.run(self.write_once, make, what)
+
+    def close(self) -> None:
+        """Wait for calls in flight, then close every connection (blocking)."""
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            https, self._https = self._https, []
+        for http in https:
+            http.close()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def _new_http(self, cls=httplib2.Http) -> httplib2.Http:
+        http = cls(timeout=self.timeout)
+        with self._lock:
+            self._https.append(http)
+        return http
+
+    # -- credentials and service -----------------------------------------------------------
+    def _auth_error(self, what: str = "token expired or revoked") -> AuthError:
+        return auth.auth_error(self.name, self.token_file_shown, what)
+
+    def credentials(self):
+        """Fresh credentials (refreshed and saved 0600 in place when expired)."""
+        from google.auth.exceptions import RefreshError, TransportError
+        import google_auth_httplib2
+
+        with self._lock:
+            if self._creds is None:
+                self._creds = auth.load_credentials(self.token_file, self.name)
+                self._saved_token = self._creds.token
+            creds = self._creds
+            if creds.valid:
+                return creds
+            if not creds.refresh_token:
+                raise self._auth_error("access token expired and the file has no refresh token")
+            try:
+                http = httplib2.Http(timeout=self.timeout)
+                try:
+                    creds.refresh(google_auth_httplib2.Request(http))
+                finally:
+                    http.close()
+            except RefreshError:
+                raise self._auth_error() from None
+            except (TransportError, OSError, httplib2.HttpLib2Error) as exc:
+                raise GmailError(f"Gmail account {self.name!r}: cannot refresh the access "
+                                 f"token: {type(exc).__name__}") from None
+            self._save_locked()
+            return creds
+
+    def _save_locked(self) -> None:
+        if self._creds is not None and self._creds.token != self._saved_token:
+            auth.write_token(self.token_file, self._creds.to_json())
+            self._saved_token = self._creds.token
+            log.info("gmail %s: access token refreshed; token file updated", self.name)
+
+    def _save_if_refreshed(self) -> None:
+        # AuthorizedHttp refreshes on its own after a 401; keep the file in step.
+        if self._creds is not None and self._creds.token != self._saved_token:
+            with self._lock:
+                self._save_locked()
+
+    def _authorized(self, http: httplib2.Http):
+        import google_auth_httplib2
+
+        return google_auth_httplib2.AuthorizedHttp(self.credentials(), http=http)
+
+    def _thread_http(self):
+        http = getattr(self._local, "http", None)
+        if http is None:
+            http = self._local.http = self._authorized(self._new_http())
+        return http
+
+    def _drop_thread_http(self) -> None:
+        http = getattr(self._local, "http", None)
+        self._local.http = None
+        if http is not None:
+            http.http.close()
+
+    def _request_builder(self, http, *args, **kwargs):
+        from googleapiclient.http import HttpRequest
+
+        # One Http per thread: httplib2 connections must not be shared across threads.
+        return HttpRequest(self._thread_http(), *args, **kwargs)
+
+    def service(self):
+        """The gmail v1 service, built once from the discovery document shipped with
+        googleapiclient (no network)."""
+        creds = self.credentials()
+        with self._lock:
+            if self._service is None:
+                from googleapiclient.discovery import build
+                import google_auth_httplib2
+
+                self._service = build(
+                    "gmail", "v1", static_discovery=True,
+                    client_options={"api_endpoint": self.api_endpoint},
+                    http=google_auth_httplib2.AuthorizedHttp(creds, http=_unused_http()),
+                    requestBuilder=self._request_builder)
+            return self._service
+
+    def _count(self) -> None:
+        with self._count_lock:
+            self.calls += 1
+
+    # -- calls -------------------------------------------------------------------------------
+    def read(self, make: Callable[[Any], Any], what: str) -> dict:
+        """Execute an idempotent request built by ``make(service)``, with bounded retries."""
+        from google.auth.exceptions import RefreshError
+        from googleapiclient.errors import HttpError
+
+        last = ""
+        for attempt in range(1, self.read_attempts + 1):
+            if self._closed:
+                raise GmailError(f"Gmail account {self.name!r}: client closed")
+            request = make(self.service())
+            self._count()
+            wait = self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+            try:
+                return request.execute(num_retries=0)
+            except HttpError as exc:
+                status, message, reasons, retry_after = _error_info(exc)
+                if status == 401:
+                    raise self._auth_error() from None
+                if status == 429 or (status == 403 and reasons & _QUOTA_REASONS):
+                    kind = "rate limit" if status == 429 else "quota exceeded"
+                    if retry_after is not None and retry_after <= self.max_wait \
+                            and attempt < self.read_attempts:
+                        log.warning("gmail %s: %s %d on %s; waiting %.1fs (Retry-After)",
+                                    self.name, kind, status, what, retry_after)
+                        time.sleep(retry_after)
+                        continue
+                    after = f"; Gmail asks to retry after {retry_after:g}s" \
+                        if retry_after is not None else ""
+                    raise RateLimited(f"Gmail {status} ({kind}) on {what}{after}: {message}",
+                                      status, retry_after) from None
+                if status == 404:
+                    raise NotFound(f"Gmail 404 on {what}: {message}", 404) from None
+                if status >= 500:
+                    last = f"Gmail {status} on {what}: {message}"
+                    if attempt < self.read_attempts:
+                        log.warning("%s; retry %d of %d", last, attempt, self.read_attempts - 1)
+                        time.sleep(wait)
+                        continue
+                    raise GmailError(f"{last} (after {attempt} attempts)", status) from None
+                raise GmailError(f"Gmail {status} on {what}: {message}", status) from None
+            except RefreshError:
+                raise self._auth_error() from None
+            except (OSError, http.client.HTTPException, httplib2.HttpLib2Error) as exc:
+                last = f"Gmail unreachable on {what}: {type(exc).__name__}: {exc}"
+                self._drop_thread_http()  # its connection may be broken
+                if attempt < self.read_attempts:
+                    log.warning("%s; retry %d of %d", last, attempt, self.read_attempts - 1)
+                    time.sleep(wait)
+                    continue
+                raise GmailError(f"{last} (after {attempt} attempts)") from None
+            finally:
+                self._save_if_refreshed()
+        raise GmailError(last or f"Gmail {what} failed")  # not reached
+
+    def write_once(self, make: Callable[[Any], Any], what: str) -> dict:
+        """Execute a non-idempotent request exactly once. Raises NotSent (certainly not
+        delivered), MaybeSent (unknown) or AuthError."""
+        from google.auth.exceptions import RefreshError
+        from googleapiclient.errors import HttpError
+
+        request = make(self.service())
+        # A fresh single-shot transport for this one call: no shared connection that
+        # might be stale, no transport-level resend, and no googleapiclient retry.
+        single = _SingleShotHttp(timeout=self.timeout)
+        request.http = self._authorized(single)
+        self._count()
+        try:
+            return request.execute(num_retries=0)
+        except HttpError as exc:
+            status, message, reasons, retry_after = _error_info(exc)
+            if status == 401:
+                raise self._auth_error() from None
+            if status >= 500:
+                raise MaybeSent(f"Gmail {status} on {what}: {message}", status) from None
+            if status == 429 or (status == 403 and reasons & _QUOTA_REASONS):
+                after = f"; retry after {retry_after:g}s" if retry_after is not None else ""
+                raise NotSent(f"Gmail {status} (rate limit) on {what}{after}: {message}",
+                              status) from None
+            raise NotSent(f"Gmail {status} on {what}: {message}", status) from None
+        except RefreshError:
+            raise self._auth_error() from None
+        except _ConnectFailed as exc:
+            raise NotSent(f"Gmail unreachable on {what}: {exc}") from None
+        except (OSError, http.client.HTTPException, httplib2.HttpLib2Error) as exc:
+            kind = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else \
+                f"connection lost ({type(exc).__name__})"
+            raise MaybeSent(f"Gmail {what}: {kind} before an answer; it may have been "
+                            f"delivered") from None
+        finally:
+            single.close()
+            self._save_if_refreshed()

@@ -1,0 +1,171 @@
+"""Senders ``gmail_reply`` and ``gmail_draft``: the approved text as a threaded reply.
+
+::
+
+    sender: {type: gmail_reply, account: support, mark_read: false, label: Answered}
+    sender: {type: gmail_draft, account: support}
+
+Exactly once (DESIGN.md): the reply carries a Message-ID derived from the draft key;
+messages.send (or drafts.create) is issued once through a transport that never
+re-sends; a connection lost before the answer, a timeout or a 5xx is ``SendUnknown``
+and :meth:`check` later asks Gmail for ``rfc822msgid:<that id>`` instead of sending
+again. A 4xx is ``SendFailed``. Marking the original read or labelling it happens
+after a successful send and can never turn a sent reply into an unsent one.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+from ..config import Checker, PipelineConfig, Settings
+from ..errors import AuthError, ConfigError, SendFailed, SendUnknown, SourceError
+from ..models import Draft, SendResult
+from ..gmail.client import GmailClient, MaybeSent, NotSent
+
+try:  # the shared reply builder, when present, so every sender threads alike
+    from ..reply import build_reply, reply_message_id
+except ImportError:  # pragma: no cover - depends on what has landed
+    from ..gmail.reply import build_reply, reply_message_id
+
+log = logging.getLogger("draftgate.senders.gmail")
+
+_KEYS = {"type", "account", "mark_read", "label"}
+
+
+class _GmailSender:
+    name = "gmail"
+
+    def __init__(self, client: GmailClient, *, account: str, mark_read: bool = False,
+                 label: str | None = None):
+        self.client = client
+        self.account = account
+        self.mark_read = mark_read
+        self.label = label
+        self._label_id: str | None = None
+
+    def _raw(self, draft: Draft) -> dict:
+        try:
+            mime = build_reply(draft, self.client.address)
+        except ValueError as exc:
+            raise SendFailed(f"cannot build the reply: {exc}") from None
+        raw = base64.urlsafe_b64encode(bytes(mime)).decode("ascii")
+        body: dict[str, Any] = {"raw": raw}
+        if draft.message.thread_id:
+            body["threadId"] = draft.message.thread_id
+        return body
+
+    async def _write(self, make, what: str) -> dict:
+        try:
+            return await self.client.awrite_once(make, what)
+        except NotSent as exc:
+            raise SendFailed(str(exc)) from None
+        except MaybeSent as exc:
+            raise SendUnknown(str(exc)) from None
+        except AuthError as exc:
+            # A 401 or a failed refresh happens before Gmail accepts anything.
+            raise SendFailed(str(exc)) from None
+
+    async def _after_send(self, draft: Draft) -> None:
+        if not (self.mark_read or self.label) or not draft.message.source_id:
+            return
+        try:
+            add: list[str] = []
+            if self.label:
+                if self._label_id is None:
+                    resp = await self.client.aread(
+                        lambda s: s.users().labels().list(userId="me"), "labels.list")
+                    for lbl in resp.get("labels", []):
+                        if self.label in (lbl.get("id"), lbl.get("name")):
+                            self._label_id = lbl["id"]
+                if self._label_id is None:
+                    raise SourceError(f"no label {self.label!r} in the mailbox")
+                add = [self._label_id]
+            body = {"addLabelIds": add, "removeLabelIds": ["UNREAD"] if self.mark_read else []}
+            gid = draft.message.source_id
+            await self.client.aread(
+                lambda s: s.users().messages().modify(userId="me", id=gid, body=body),
+                "messages.modify")
+        except Exception as exc:  # logged; the reply went out regardless
+            log.warning("gmail %s: reply for %s sent, but updating the original failed: %s",
+                        self.account, draft.key, exc)
+
+    async def _search(self, draft: Draft, *, drafts: bool) -> str | None:
+        q = f"rfc822msgid:{reply_message_id(draft.key).strip('<>')}"
+        try:
+            if drafts:
+                resp = await self.client.aread(
+                    lambda s: s.users().drafts().list(userId="me", q=q, maxResults=5),
+                    "drafts.list")
+                found = resp.get("drafts") or []
+            else:
+                resp = await self.client.aread(
+                    lambda s: s.users().messages().list(userId="me", q=q, maxResults=5,
+                                                        includeSpamTrash=True),
+                    "messages.list")
+                found = resp.get("messages") or []
+        except SourceError as exc:
+            raise SendUnknown(f"cannot check Gmail yet: {exc}") from None
+        return str(found[0]["id"]) if found else None
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class GmailReplySender(_GmailSender):
+    """``gmail_reply``: messages.send in the original's thread."""
+
+    name = "gmail_reply"
+
+    async def send(self, draft: Draft) -> SendResult:
+        body = self._raw(draft)
+        resp = await self._write(
+            lambda s: s.users().messages().send(userId="me", body=body), "messages.send")
+        await self._after_send(draft)
+        return SendResult(sent_id=str(resp.get("id", "")))
+
+    async def check(self, draft: Draft) -> str | None:
+        """Gmail id of the reply with this draft's Message-ID, or None if absent."""
+        return await self._search(draft, drafts=False)
+
+
+class GmailDraftSender(_GmailSender):
+    """``gmail_draft``: the reply is saved as a Gmail draft in the thread."""
+
+    name = "gmail_draft"
+
+    async def send(self, draft: Draft) -> SendResult:
+        message = self._raw(draft)
+        resp = await self._write(
+            lambda s: s.users().drafts().create(userId="me", body={"message": message}),
+            "drafts.create")
+        await self._after_send(draft)
+        return SendResult(sent_id=str(resp.get("id", "")))
+
+    async def check(self, draft: Draft) -> str | None:
+        """Gmail draft id holding this draft's Message-ID, or None if absent."""
+        return await self._search(draft, drafts=True)
+
+
+def create(pipeline: PipelineConfig, settings: Settings) -> _GmailSender:
+    """Check the sender options and build it (no I/O)."""
+    ck = Checker(pipeline.file)
+    cfg = pipeline.sender
+    ck.unknown(cfg, _KEYS, "sender")
+    account = ck.get(cfg, "account", "sender", str, default=pipeline.source.get("account"))
+    mark_read = ck.get(cfg, "mark_read", "sender", bool, default=False)
+    label = ck.get(cfg, "label", "sender", str, default=None)
+    acc = None
+    if not account:
+        ck.error("sender.account", "missing; expected the name of a gmail.accounts entry")
+    else:
+        acc = settings.gmail_accounts.get(account)
+        if acc is None:
+            ck.error("sender.account", f"unknown Gmail account {account!r}; add it under "
+                                       f"gmail.accounts in {settings.file}")
+    if ck.errors:
+        raise ConfigError(ck.errors)
+    cls = GmailDraftSender if cfg.get("type") == "gmail_draft" else GmailReplySender
+    client = GmailClient(account, acc, base_dir=settings.base_dir, workers=2)
+    return cls(client, account=account, mark_read=bool(mark_read), label=label)

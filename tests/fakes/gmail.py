@@ -1,0 +1,626 @@
+"""A fake Gmail API on 127.0.0.1 for tests and the bench.
+
+It serves the REST paths the real googleapiclient calls (static discovery, so the
+paths are the ones in ``gmail.v1.json``) under ``/gmail/v1/users/me/...`` plus an OAuth
+``/token`` endpoint, keeps a small mailbox with a history log, records every call with
+its quota units, and can be told to misbehave:
+
+* ``fail(route, status, times=1, ...)``: answer an error (401, 429 + Retry-After, 403
+  quota, 500...) for the next ``times`` calls of a route.
+* ``drop_after_accept(route)`` / ``error_after_accept(route, 500)``: store the sent
+  message or draft, then drop the connection without an answer, or answer an error.
+* ``latency``: seconds added to every call (the bench uses 0.1).
+* ``hold(route)``: the next call of that route waits until the returned event is set;
+  ``reached(route)`` is set when it arrives.
+
+Routes are names from Gmail's quota table: ``getProfile``, ``messages.list``,
+``messages.get``, ``messages.send``, ``messages.modify``, ``history.list``,
+``drafts.create``, ``drafts.list``, ``labels.list``, ``token``.
+"""
+
+from __future__ import annotations
+
+import base64
+import email
+import email.policy
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+QUOTA = {"getProfile": 1, "messages.list": 5, "messages.get": 5, "messages.send": 100,
+         "messages.modify": 5, "history.list": 2, "drafts.create": 10, "drafts.list": 5,
+         "labels.list": 1, "token": 0}
+
+SYSTEM_LABELS = ["INBOX", "SENT", "DRAFT", "UNREAD", "SPAM", "TRASH", "IMPORTANT", "STARRED",
+                 "CATEGORY_PERSONAL", "CATEGORY_PROMOTIONS", "CATEGORY_SOCIAL",
+                 "CATEGORY_UPDATES", "CATEGORY_FORUMS"]
+
+_ROUTES = [
+    ("GET", re.compile(r"^/gmail/v1/users/me/profile$"), "getProfile"),
+    ("GET", re.compile(r"^/gmail/v1/users/me/messages$"), "messages.list"),
+    ("POST", re.compile(r"^/gmail/v1/users/me/messages/send$"), "messages.send"),
+    ("POST", re.compile(r"^/upload/gmail/v1/users/me/messages/send$"), "messages.send"),
+    ("POST", re.compile(r"^/gmail/v1/users/me/messages/(?P<id>[^/]+)/modify$"), "messages.modify"),
+    ("GET", re.compile(r"^/gmail/v1/users/me/messages/(?P<id>[^/]+)$"), "messages.get"),
+    ("GET", re.compile(r"^/gmail/v1/users/me/history$"), "history.list"),
+    ("POST", re.compile(r"^/gmail/v1/users/me/drafts$"), "drafts.create"),
+    ("GET", re.compile(r"^/gmail/v1/users/me/drafts$"), "drafts.list"),
+    ("GET", re.compile(r"^/gmail/v1/users/me/labels$"), "labels.list"),
+    ("POST", re.compile(r"^/token$"), "token"),
+]
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    route: str
+    query: dict[str, list[str]]
+    body: Any
+    units: int
+    status: int = 0
+
+
+@dataclass
+class StoredMessage:
+    id: str
+    thread_id: str
+    raw: bytes
+    labels: list[str]
+    internal_date: int  # ms
+    history_id: int
+    message_id: str = ""  # the RFC Message-ID header, for rfc822msgid:
+
+
+@dataclass
+class _Fault:
+    status: int
+    times: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+    after_accept: bool = False  # do the work, then fail
+    drop: bool = False  # close the connection without answering
+
+
+class FakeGmail:
+    """Start with ``with FakeGmail() as fake:``; ``fake.url`` is the api_endpoint."""
+
+    def __init__(self, address: str = "support@example.com"):
+        self.address = address
+        self.lock = threading.Lock()
+        self.messages: dict[str, StoredMessage] = {}
+        self.drafts: dict[str, str] = {}  # draft id -> message id
+        self.history: list[tuple[int, str]] = []  # (history id, message id added)
+        self.history_id = 1000
+        self.history_floor = 0  # startHistoryId below this answers 404
+        self.user_labels: dict[str, str] = {}  # id -> name
+        self.calls: list[Call] = []
+        self.received_raw: list[bytes] = []  # raw MIME of every send / draft accepted
+        self.valid_tokens: set[str] = {"fake-access-token"}
+        self.refresh_ok = True
+        self.issued = 0
+        self.latency = 0.0
+        self._faults: dict[str, list[_Fault]] = {}
+        self._holds: dict[str, tuple[threading.Event, threading.Event]] = {}
+        self._next_id = 0x18c0000000000000
+        self._clock = int(time.time() * 1000) - 10_000_000
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> "FakeGmail":
+        fake = self
+
+        class Handler(_Handler):
+            owner = fake
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True,
+                                        name="fake-gmail")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        for _, release in self._holds.values():
+            release.set()
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeGmail":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}/"
+
+    @property
+    def token_uri(self) -> str:
+        return self.url + "token"
+
+    # -- mailbox -----------------------------------------------------------------------------
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return format(self._next_id, "x")
+
+    def add_message(self, raw: bytes, labels: tuple[str, ...] | list[str] = ("INBOX", "UNREAD"),
+                    thread_id: str | None = None) -> str:
+        """Deliver ``raw`` to the mailbox; returns its Gmail id."""
+        with self.lock:
+            return self._add(raw, list(labels), thread_id)
+
+    def _add(self, raw: bytes, labels: list[str], thread_id: str | None) -> str:
+        mid = self._new_id()
+        self.history_id += 1
+        self._clock += 1000
+        try:
+            parsed = email.message_from_bytes(raw, policy=email.policy.compat32)
+            msgid = str(parsed.get("Message-ID", "") or "").strip()
+        except Exception:
+            msgid = ""
+        self.messages[mid] = StoredMessage(mid, thread_id or mid, raw, labels, self._clock,
+                                           self.history_id, msgid)
+        self.history.append((self.history_id, mid))
+        return mid
+
+    def expire_history(self) -> None:
+        """Every historyId handed out so far now answers 404 (Gmail keeps about a week)."""
+        with self.lock:
+            self.history_floor = self.history_id + 1
+            self.history_id += 5
+
+    def add_label(self, name: str) -> str:
+        with self.lock:
+            lid = f"Label_{len(self.user_labels) + 1}"
+            self.user_labels[lid] = name
+            return lid
+
+    def sent(self) -> list[StoredMessage]:
+        with self.lock:
+            return [m for m in self.messages.values() if "SENT" in m.labels]
+
+    def revoke(self) -> None:
+        """Access tokens stop working and refresh answers invalid_grant."""
+        with self.lock:
+            self.valid_tokens.clear()
+            self.refresh_ok = False
+
+    # -- recording -----------------------------------------------------------------------------
+    def calls_to(self, route: str) -> list[Call]:
+        with self.lock:
+            return [c for c in self.calls if c.route == route]
+
+    def units(self, since: int = 0) -> int:
+        with self.lock:
+            return sum(c.units for c in self.calls[since:])
+
+    def mark(self) -> int:
+        """Index to pass to ``units``/``api_calls`` to measure from now on."""
+        with self.lock:
+            return len(self.calls)
+
+    def api_calls(self, since: int = 0) -> list[Call]:
+        with self.lock:
+            return [c for c in self.calls[since:] if c.route != "token"]
+
+    # -- misbehaviour ----------------------------------------------------------------------------
+    def fail(self, route: str, status: int, *, times: int = 1, headers: dict | None = None,
+             reason: str | None = None, message: str = "fake failure") -> None:
+        errors = [{"reason": reason, "message": message, "domain": "usageLimits"}] if reason else []
+        body = {"error": {"code": status, "message": message, "errors": errors}}
+        with self.lock:
+            self._faults.setdefault(route, []).append(
+                _Fault(status, times, dict(headers or {}), body))
+
+    def drop_after_accept(self, route: str = "messages.send", times: int = 1) -> None:
+        with self.lock:
+            self._faults.setdefault(route, []).append(
+                _Fault(0, times, after_accept=True, drop=True))
+
+    def error_after_accept(self, route: str = "messages.send", status: int = 500,
+                           times: int = 1) -> None:
+        body = {"error": {"code": status, "message": "backend error", "errors": []}}
+        with self.lock:
+            self._faults.setdefault(route, []).append(
+                _Fault(status, times, body=body, after_accept=True))
+
+    def hold(self, route: str) -> threading.Event:
+        """The next call of ``route`` waits until the returned event is set."""
+        release = threading.Event()
+        with self.lock:
+            self._holds[route] = (threading.Event(), release)
+        return release
+
+    def reached(self, route: str) -> threading.Event:
+        with self.lock:
+            return self._holds[route][0]
+
+    def _take_fault(self, route: str) -> _Fault | None:
+        faults = self._faults.get(route)
+        if not faults:
+            return None
+        fault = faults[0]
+        fault.times -= 1
+        if fault.times <= 0:
+            faults.pop(0)
+        return fault
+
+    # -- query language (the subset draftgate uses) ---------------------------------------------
+    def _matches(self, m: StoredMessage, q: str) -> bool:
+        q = q.replace("(", " ").replace(")", " ")
+        for term in q.split():
+            neg = term.startswith("-")
+            term = term[1:] if neg else term
+            key, _, value = term.partition(":")
+            key, value = key.lower(), value.strip('"')
+            if key == "in":
+                v = value.lower()
+                ok = True if v == "anywhere" else (
+                    {"inbox": "INBOX", "sent": "SENT", "drafts": "DRAFT", "draft": "DRAFT",
+                     "spam": "SPAM", "trash": "TRASH"}.get(v, v.upper()) in m.labels)
+            elif key == "is":
+                ok = value.upper() in m.labels
+            elif key == "category":
+                ok = f"CATEGORY_{value.upper()}" in m.labels
+            elif key == "label":
+                ids = [i for i, n in self.user_labels.items() if n.lower() == value.lower()]
+                ok = any(i in m.labels for i in ids) or value.upper() in m.labels
+            elif key == "rfc822msgid":
+                ok = m.message_id.strip("<>") == value.strip("<>")
+            elif key == "after":
+                ok = m.internal_date // 1000 > int(value)
+            elif key == "newer_than":
+                ok = True  # every fake message is new
+            elif key == "from":
+                ok = value.lower() in _header(m.raw, "From").lower()
+            else:
+                raise ValueError(f"fake Gmail does not understand query term {term!r}")
+            if ok == neg:
+                return False
+        if "in:anywhere" not in q and "rfc822msgid:" not in q:
+            if ("SPAM" in m.labels or "TRASH" in m.labels) and "in:spam" not in q \
+                    and "in:trash" not in q:
+                return False
+        return True
+
+    def _resource(self, m: StoredMessage, fmt: str) -> dict:
+        out = {"id": m.id, "threadId": m.thread_id, "labelIds": list(m.labels),
+               "snippet": "", "historyId": str(m.history_id),
+               "internalDate": str(m.internal_date), "sizeEstimate": len(m.raw)}
+        if fmt == "raw":
+            out["raw"] = base64.urlsafe_b64encode(m.raw).decode("ascii")
+        elif fmt in ("metadata", "full"):
+            out["payload"] = {"headers": [{"name": k, "value": _header(m.raw, k)}
+                                          for k in ("From", "Subject", "Message-ID")]}
+        return out
+
+    # -- request handling ---------------------------------------------------------------------------
+    def handle(self, h: "_Handler", method: str) -> None:
+        parts = urlsplit(h.path)
+        query = parse_qs(parts.query)
+        length = int(h.headers.get("Content-Length") or 0)
+        raw_body = h.rfile.read(length) if length else b""
+        route, params = "unknown", {}
+        for m, pattern, name in _ROUTES:
+            match = pattern.match(parts.path)
+            if m == method and match:
+                route, params = name, match.groupdict()
+                break
+        body: Any = raw_body
+        if raw_body and route != "token":
+            try:
+                body = json.loads(raw_body)
+            except ValueError:
+                body = raw_body
+        elif route == "token":
+            body = parse_qs(raw_body.decode())
+        call = Call(method, parts.path, route, query, body, QUOTA.get(route, 0))
+        with self.lock:
+            self.calls.append(call)
+            hold = self._holds.pop(route, None)
+        if hold:
+            hold[0].set()
+            hold[1].wait(30)
+        if self.latency:
+            time.sleep(self.latency)
+        if route == "unknown":
+            return self._answer(h, call, 404, {"error": {"code": 404, "message": "no such path"}})
+        if route != "token":
+            token = (h.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+            with self.lock:
+                authorised = token in self.valid_tokens
+            if not authorised:
+                return self._answer(h, call, 401, {"error": {
+                    "code": 401, "message": "Request had invalid authentication credentials.",
+                    "status": "UNAUTHENTICATED"}})
+        with self.lock:
+            fault = self._take_fault(route)
+        if fault and not fault.after_accept:
+            return self._answer(h, call, fault.status, fault.body, fault.headers)
+        try:
+            status, payload = getattr(self, "_r_" + route.replace(".", "_"))(query, body, params)
+        except ValueError as exc:
+            status, payload = 400, {"error": {"code": 400, "message": str(exc)}}
+        if fault and fault.drop:
+            call.status = -1
+            h.close_connection = True
+            try:
+                h.connection.shutdown(2)
+            except OSError:
+                pass
+            return None
+        if fault:
+            return self._answer(h, call, fault.status, fault.body, fault.headers)
+        return self._answer(h, call, status, payload)
+
+    def _answer(self, h: "_Handler", call: Call, status: int, payload: Any,
+                headers: dict | None = None) -> None:
+        call.status = status
+        data = json.dumps(payload).encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json; charset=UTF-8")
+        h.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.end_headers()
+        h.wfile.write(data)
+
+    # -- routes --------------------------------------------------------------------------------------
+    def _r_getProfile(self, q, body, p):
+        with self.lock:
+            return 200, {"emailAddress": self.address, "messagesTotal": len(self.messages),
+                         "threadsTotal": len(self.messages), "historyId": str(self.history_id)}
+
+    def _r_messages_list(self, q, body, p):
+        query = " ".join(q.get("q", []))
+        labels = q.get("labelIds", [])
+        include_spam = q.get("includeSpamTrash", ["false"])[0] == "true"
+        with self.lock:
+            found = [m for m in self.messages.values()
+                     if all(lbl in m.labels for lbl in labels)
+                     and self._matches(m, query + (" in:anywhere" if include_spam else ""))]
+        found.sort(key=lambda m: (m.internal_date, m.id), reverse=True)
+        return 200, _page(found, q, "messages",
+                          lambda m: {"id": m.id, "threadId": m.thread_id})
+
+    def _r_messages_get(self, q, body, p):
+        with self.lock:
+            m = self.messages.get(p["id"])
+        if m is None:
+            return 404, {"error": {"code": 404, "message": "Requested entity was not found."}}
+        return 200, self._resource(m, q.get("format", ["full"])[0])
+
+    def _accept(self, body: dict, labels: list[str]) -> StoredMessage:
+        raw = base64.urlsafe_b64decode(body["raw"] + "=" * (-len(body["raw"]) % 4))
+        with self.lock:
+            self.received_raw.append(raw)
+            thread = body.get("threadId")
+            if thread and not any(m.thread_id == thread for m in self.messages.values()):
+                raise ValueError(f"Invalid thread_id value {thread}")
+            mid = self._add(raw, labels, thread)
+            return self.messages[mid]
+
+    def _r_messages_send(self, q, body, p):
+        m = self._accept(body, ["SENT"])
+        return 200, {"id": m.id, "threadId": m.thread_id, "labelIds": ["SENT"]}
+
+    def _r_drafts_create(self, q, body, p):
+        m = self._accept(body["message"], ["DRAFT"])
+        with self.lock:
+            did = "r-" + m.id
+            self.drafts[did] = m.id
+        return 200, {"id": did, "message": {"id": m.id, "threadId": m.thread_id,
+                                            "labelIds": ["DRAFT"]}}
+
+    def _r_drafts_list(self, q, body, p):
+        query = " ".join(q.get("q", []))
+        with self.lock:
+            found = [(d, self.messages[mid]) for d, mid in self.drafts.items()
+                     if self._matches(self.messages[mid], query)]
+        return 200, _page(found, q, "drafts", lambda dm: {
+            "id": dm[0], "message": {"id": dm[1].id, "threadId": dm[1].thread_id}})
+
+    def _r_messages_modify(self, q, body, p):
+        with self.lock:
+            m = self.messages.get(p["id"])
+            if m is None:
+                return 404, {"error": {"code": 404, "message": "Requested entity was not found."}}
+            for lbl in body.get("removeLabelIds", []):
+                if lbl in m.labels:
+                    m.labels.remove(lbl)
+            for lbl in body.get("addLabelIds", []):
+                if lbl not in m.labels:
+                    m.labels.append(lbl)
+            return 200, {"id": m.id, "threadId": m.thread_id, "labelIds": list(m.labels)}
+
+    def _r_labels_list(self, q, body, p):
+        with self.lock:
+            labels = [{"id": x, "name": x, "type": "system"} for x in SYSTEM_LABELS]
+            labels += [{"id": i, "name": n, "type": "user"} for i, n in self.user_labels.items()]
+        return 200, {"labels": labels}
+
+    def _r_history_list(self, q, body, p):
+        start = int(q["startHistoryId"][0])
+        label = q.get("labelId", [None])[0]
+        with self.lock:
+            if start < self.history_floor:
+                return 404, {"error": {"code": 404, "message": "Requested entity was not found."}}
+            entries = []
+            for hid, mid in self.history:
+                m = self.messages[mid]
+                if hid > start and (label is None or label in m.labels):
+                    ref = {"id": m.id, "threadId": m.thread_id, "labelIds": list(m.labels)}
+                    entries.append({"id": str(hid), "messages": [{"id": m.id, "threadId": m.thread_id}],
+                                    "messagesAdded": [{"message": ref}]})
+            current = str(self.history_id)
+        out = _page(entries, q, "history", lambda e: e)
+        out["historyId"] = current
+        return 200, out
+
+    def _r_token(self, q, body, p):
+        with self.lock:
+            if not self.refresh_ok:
+                return 400, {"error": "invalid_grant", "error_description": "Token has been expired or revoked."}
+            self.issued += 1
+            token = f"fake-access-token-{self.issued}"
+            self.valid_tokens.add(token)
+        out = {"access_token": token, "expires_in": 3599, "token_type": "Bearer",
+               "scope": " ".join(body.get("scope", [])) or "https://www.googleapis.com/auth/gmail.readonly"}
+        if body.get("grant_type") == ["authorization_code"]:
+            out["refresh_token"] = "fake-refresh-token"
+        return 200, out
+
+
+def _page(items: list, q: dict, key: str, render) -> dict:
+    size = int(q.get("maxResults", ["100"])[0])
+    start = int(q.get("pageToken", ["0"])[0])
+    chunk = items[start:start + size]
+    out: dict[str, Any] = {"resultSizeEstimate": len(items)}
+    if chunk:
+        out[key] = [render(x) for x in chunk]
+    if start + size < len(items):
+        out["nextPageToken"] = str(start + size)
+    return out
+
+
+def _header(raw: bytes, name: str) -> str:
+    try:
+        return str(email.message_from_bytes(raw, policy=email.policy.compat32).get(name, "") or "")
+    except Exception:
+        return ""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: FakeGmail
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # noqa: N802 (http.server names)
+        self.owner.handle(self, "GET")
+
+    def do_POST(self):  # noqa: N802
+        self.owner.handle(self, "POST")
+
+    def log_message(self, *args):
+        pass
+
+
+def simple_message(n: int = 0, *, sender: str = "Alice Buyer <alice@customer.example>",
+                   subject: str | None = None, body: str | None = None,
+                   extra_headers: str = "") -> bytes:
+    """A plain, well-formed customer email."""
+    subject = subject if subject is not None else f"Where is my order #{1000 + n}?"
+    body = body if body is not None else f"Hi, where is my order #{1000 + n}? It was due Friday.\n"
+    return (f"From: {sender}\r\nTo: support@example.com\r\nSubject: {subject}\r\n"
+            f"Date: Sun, 29 Nov 2026 10:02:00 +0000\r\n"
+            f"Message-ID: <order-{n}@customer.example>\r\n{extra_headers}"
+            f"Content-Type: text/plain; charset=utf-8\r\n\r\n{body}").encode()
+
+
+# -- test deployment helpers -----------------------------------------------------------------
+
+READONLY = "https://www.googleapis.com/auth/gmail.readonly"
+SEND = "https://www.googleapis.com/auth/gmail.send"
+
+
+def write_token_file(path, fake: FakeGmail, *, scopes=(READONLY, SEND), expired: bool = False,
+                     token: str = "fake-access-token") -> str:
+    """A token file like ``draftgate auth gmail`` writes, with a fake access token
+    (valid for an hour, or already expired) and token_uri pointing at the fake."""
+    import datetime
+    import os
+
+    delta = datetime.timedelta(hours=-1 if expired else 1)
+    expiry = (datetime.datetime.now(datetime.timezone.utc) + delta).strftime("%Y-%m-%dT%H:%M:%SZ")
+    data = {"token": token, "refresh_token": "fake-refresh-token", "client_id": "cid",
+            "client_secret": "csecret", "token_uri": fake.token_uri, "scopes": list(scopes),
+            "expiry": expiry}
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    return str(path)
+
+
+def write_deployment(tmp_path, fake: FakeGmail, *, source: str | None = None,
+                     sender: str = "{type: gmail_reply, account: support}",
+                     template: str = "Hi {first_name},\n\nthanks for writing about {subject}.\n",
+                     scopes=(READONLY, SEND), account_extra: str = "backoff: 0.01") -> str:
+    """draftgate.yaml + pipelines/support.yaml for a Gmail pipeline against ``fake``;
+    returns the config path."""
+    source = source or '{type: gmail, account: support, query: "in:inbox -category:promotions"}'
+    (tmp_path / "pipelines").mkdir(exist_ok=True)
+    write_token_file(tmp_path / "support-token.json", fake, scopes=scopes)
+    (tmp_path / "reply.txt").write_text(template)
+    (tmp_path / "draftgate.yaml").write_text(
+        f"store: sqlite:///{tmp_path}/state.db\npipelines: pipelines/*.yaml\n"
+        f"gmail:\n  accounts:\n    support:\n      token_file: support-token.json\n"
+        f"      api_endpoint: {fake.url}\n      address: {fake.address}\n"
+        f"      {account_extra}\n")
+    (tmp_path / "pipelines" / "support.yaml").write_text(
+        f"name: support\nschedule: 5m\nsource: {source}\n"
+        f"drafter: {{model: template, prompt: reply.txt}}\napproval: {{channel: console}}\n"
+        f"sender: {sender}\n")
+    return str(tmp_path / "draftgate.yaml")
+
+
+class GmailWorld:
+    """A fake Gmail, a deployment pointing at it, the real SQLite store and the real
+    Engine with the template drafter and a console channel (auto-approving or not)."""
+
+    def __init__(self, tmp_path, *, auto_approve: bool = False, **deployment):
+        self.tmp_path = tmp_path
+        self.fake = FakeGmail().start()
+        self.config = write_deployment(tmp_path, self.fake, **deployment)
+        self.auto_approve = auto_approve
+        self.out = None
+        self.engine = None
+        self.store = None
+
+    async def open(self) -> "GmailWorld":
+        import io
+
+        from bot.approvals.console import ConsoleChannel
+        from bot.config import load_settings
+        from bot.engine import Engine
+        from bot.store import create_store
+
+        self.settings = load_settings(self.config)
+        self.store = create_store(self.settings.store)
+        await self.store.open()
+        self.out = io.StringIO()
+        self.channel = ConsoleChannel(auto_approve=self.auto_approve, interactive=False,
+                                      out=self.out)
+        self.engine = Engine(self.settings, self.store, {"console": self.channel},
+                             send_check_delay=0.0)
+        await self.engine.start()
+        return self
+
+    async def close(self) -> None:
+        try:
+            if self.engine:
+                await self.engine.stop()
+            if self.store:
+                await self.store.close()
+        finally:
+            self.fake.stop()
+
+    async def tick(self):
+        return await self.engine.tick("support")
+
+    async def drafts(self):
+        """Every draft of every message the fake mailbox holds."""
+        out = []
+        for gid in list(self.fake.messages):
+            out.extend(await self.store.find_drafts("support", gid))
+        return out

@@ -1,0 +1,270 @@
+"""The Gmail source against the fake Gmail API, through the real googleapiclient,
+the real SQLite store and the real Engine."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from bot.errors import AuthError, SourceError
+from bot.models import QUEUED, READY, AWAITING, SKIPPED
+from tests.fakes.gmail import GmailWorld, simple_message
+
+
+@pytest.fixture
+async def world(tmp_path):
+    w = await GmailWorld(tmp_path).open()
+    try:
+        yield w
+    finally:
+        await w.close()
+
+
+async def _started(w: GmailWorld):
+    """First run done: cursor recorded."""
+    await w.tick()
+    assert await w.store.get_cursor("support", "gmail:support")
+    return w
+
+
+async def test_first_run_records_cursor_and_drafts_no_old_mail(world):
+    """Mail already in the box on the first run is not drafted."""
+    for n in range(3):
+        world.fake.add_message(simple_message(n))
+    counts = await world.tick()
+    assert counts.new == 0 and counts.fetched == 0
+    assert await world.store.get_cursor("support", "gmail:support") == str(world.fake.history_id)
+    assert [c.route for c in world.fake.api_calls()] == ["getProfile"]
+    assert await world.drafts() == []
+
+
+async def test_idle_tick_is_one_call_and_two_quota_units(world):
+    """A tick with nothing new costs one history.list: 1 call, 2 quota units."""
+    await _started(world)
+    mark = world.fake.mark()
+    counts = await world.tick()
+    calls = world.fake.api_calls(mark)
+    assert [c.route for c in calls] == ["history.list"]
+    assert world.fake.units(mark) == 2
+    assert counts.new == 0
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "ok"
+
+
+async def test_fifty_new_messages_are_each_fetched_exactly_once(world):
+    """50 new messages: each body is downloaded once and drafted once; the next tick
+    fetches nothing again."""
+    await _started(world)
+    ids = [world.fake.add_message(simple_message(n)) for n in range(50)]
+    mark = world.fake.mark()
+    counts = await world.tick()
+    gets = [c.path.rsplit("/", 1)[-1] for c in world.fake.calls_to("messages.get")]
+    assert sorted(gets) == sorted(ids)
+    assert all(c.query["format"] == ["raw"] for c in world.fake.calls_to("messages.get"))
+    assert counts.new == 50 and counts.drafted == 50
+    mark = world.fake.mark()
+    await world.tick()
+    assert [c.route for c in world.fake.api_calls(mark)] == ["history.list"]
+    drafts = await world.drafts()
+    assert len(drafts) == 50 and {d.item_id for d in drafts} == set(ids)
+    assert all(d.status == AWAITING for d in drafts)
+    d = drafts[0]
+    assert d.message.thread_id and d.message.source_id == d.item_id
+    assert "INBOX" in d.message.labels
+
+
+async def test_history_pagination_is_followed(world):
+    """More history than one page: every page is read and nothing is dropped."""
+    await _started(world)
+    world.engine.source(world.settings.pipeline("support")).page_size = 7
+    ids = [world.fake.add_message(simple_message(n)) for n in range(20)]
+    counts = await world.tick()
+    assert counts.new == 20
+    history = world.fake.calls_to("history.list")
+    assert [c.query.get("pageToken") for c in history[-3:]] == [None, ["7"], ["14"]]
+    assert {d.item_id for d in await world.drafts()} == set(ids)
+
+
+async def test_history_404_falls_back_to_query_and_admits_each_new_message_once(world):
+    """history.list 404 (historyId too old): the query listing admits every new message
+    once, the ones admitted before are not admitted again, and a message that arrives
+    during the listing is admitted exactly once too."""
+    await _started(world)
+    before = [world.fake.add_message(simple_message(n)) for n in range(3)]
+    await world.tick()
+    assert len(await world.drafts()) == 3
+    during: list[str] = []
+    new = [world.fake.add_message(simple_message(n)) for n in range(10, 14)]
+    world.fake.expire_history()
+    release = world.fake.hold("messages.list")
+
+    def arrive_during_listing():
+        world.fake.reached("messages.list").wait(10)
+        during.append(world.fake.add_message(simple_message(99)))
+        release.set()
+
+    helper = threading.Thread(target=arrive_during_listing)
+    helper.start()
+    counts = await world.tick()
+    helper.join(10)
+    routes = [c.route for c in world.fake.api_calls()]
+    assert routes.count("history.list") >= 2 and "getProfile" in routes
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "ok", run.error_text
+    await world.tick()  # the next history.list from the new cursor
+    drafts = await world.drafts()
+    by_item: dict[str, int] = {}
+    for d in drafts:
+        by_item[d.item_id] = by_item.get(d.item_id, 0) + 1
+    assert set(by_item) == set(before + new + during)
+    assert all(n == 1 for n in by_item.values())
+    assert counts.new >= 4
+    # Bodies already admitted before the fallback were not even downloaded again.
+    fetched = [c.path.rsplit("/", 1)[-1] for c in world.fake.calls_to("messages.get")]
+    assert all(fetched.count(i) == 1 for i in before + new + during)
+
+
+async def test_sent_drafts_spam_own_and_non_matching_mail_are_not_admitted(world):
+    """Our own sent mail and drafts, spam and a promotion (excluded by the query) are
+    not work; a normal message is."""
+    await _started(world)
+    good = world.fake.add_message(simple_message(1))
+    world.fake.add_message(simple_message(2), labels=["SENT"])
+    world.fake.add_message(simple_message(3), labels=["DRAFT"])
+    world.fake.add_message(simple_message(4), labels=["SPAM"])
+    world.fake.add_message(simple_message(5), labels=["INBOX", "CATEGORY_PROMOTIONS"])
+    world.fake.add_message(simple_message(6, sender=f"Us <{world.fake.address}>"))
+    counts = await world.tick()
+    assert [d.item_id for d in await world.drafts()] == [good]
+    assert counts.new == 1
+    assert len(world.fake.calls_to("messages.get")) == 3  # SENT/DRAFT/SPAM not downloaded
+
+
+async def test_backfill_admits_newest_n_with_progress(tmp_path):
+    """backfill: N drafts the newest N matching messages on the first run, reporting
+    progress."""
+    fake_src = '{type: gmail, account: support, query: "in:inbox", backfill: 3}'
+    w = GmailWorld(tmp_path, source=fake_src)
+    ids = [w.fake.add_message(simple_message(n)) for n in range(5)]
+    await w.open()
+    try:
+        from bot.stages import FetchContext
+
+        source = w.engine.source(w.settings.pipeline("support"))
+        seen: list[tuple[int, int]] = []
+
+        async def unseen(xs):
+            return set(xs)
+
+        ctx = FetchContext("support", source.scope, 0.0, None, unseen,
+                           progress=lambda d, t: seen.append((d, t)))
+        result = await source.fetch(ctx)
+        assert {i.item_id for i in result.items} == set(ids[-3:])
+        assert seen[0] == (0, 3) and seen[-1] == (3, 3)
+        assert result.cursor == str(w.fake.history_id)
+        assert "3 backfilled" in result.note
+    finally:
+        await w.close()
+
+
+async def test_label_restricts_to_labelled_mail(tmp_path):
+    """source.label: only mail carrying that label is admitted (history.list labelId)."""
+    w = GmailWorld(tmp_path, source='{type: gmail, account: support, query: "in:inbox", '
+                                    'label: Support}')
+    lid = w.fake.add_label("Support")
+    await w.open()
+    try:
+        await _started(w)
+        yes = w.fake.add_message(simple_message(1), labels=["INBOX", lid])
+        w.fake.add_message(simple_message(2))
+        await w.tick()
+        assert [d.item_id for d in await w.drafts()] == [yes]
+        assert w.fake.calls_to("history.list")[-1].query["labelId"] == [lid]
+    finally:
+        await w.close()
+
+
+async def test_read_5xx_is_retried_and_nothing_is_lost(world):
+    """A 503 on history.list is retried; a Gmail outage longer than the retries fails
+    the run with the reason, admits nothing, and the next tick gets every message."""
+    await _started(world)
+    world.fake.fail("history.list", 503)
+    world.fake.add_message(simple_message(1))
+    counts = await world.tick()
+    assert counts.new == 1
+    world.fake.fail("messages.get", 500, times=6)  # 3 attempts for each of 2 messages
+    ids = [world.fake.add_message(simple_message(n)) for n in (2, 3)]
+    counts = await world.tick()
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "error" and "Gmail 500 on messages.get" in run.error_text
+    assert counts.new == 0
+    counts = await world.tick()
+    assert counts.new == 2
+    assert {d.item_id for d in await world.drafts()} >= set(ids)
+
+
+async def test_429_with_short_retry_after_waits_and_succeeds(world):
+    await _started(world)
+    world.fake.fail("history.list", 429, headers={"Retry-After": "0"})
+    world.fake.add_message(simple_message(1))
+    counts = await world.tick()
+    assert counts.new == 1
+    assert len(world.fake.calls_to("history.list")) == 2
+
+
+@pytest.mark.parametrize("status,reason", [(429, None), (403, "userRateLimitExceeded")])
+async def test_rate_limit_with_long_retry_after_fails_run_and_backs_off(world, status, reason):
+    """429 / quota 403 asking for a long wait: the run records why, the next tick does
+    not call Gmail before the wait is over, and nothing is lost."""
+    await _started(world)
+    world.fake.fail("history.list", status, reason=reason, headers={"Retry-After": "120"})
+    world.fake.add_message(simple_message(1))
+    await world.tick()
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "error"
+    assert f"Gmail {status}" in run.error_text and "retry after 120s" in run.error_text
+    mark = world.fake.mark()
+    await world.tick()
+    assert world.fake.api_calls(mark) == []
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert "backing off" in run.error_text
+    source = world.engine.source(world.settings.pipeline("support"))
+    source._not_before = 0  # the wait is over
+    counts = await world.tick()
+    assert counts.new == 1
+
+
+async def test_unauthorised_fails_the_run_with_the_command_to_run(world):
+    """A 401 (revoked token): the run fails with one clear message naming the command,
+    and the operators are told."""
+    await _started(world)
+    world.fake.revoke()
+    await world.tick()
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "error"
+    assert "Gmail account 'support': token expired or revoked; run `draftgate auth gmail " \
+           "--account support" in run.error_text
+    assert "fake-access-token" not in run.error_text
+    assert "draftgate auth gmail --account support" in world.out.getvalue()
+
+
+async def test_tick_never_blocks_other_pipelines_event_loop(world):
+    """While Gmail holds a call, the event loop keeps running (calls are in threads)."""
+    await _started(world)
+    release = world.fake.hold("history.list")
+    task = asyncio.create_task(world.tick())
+    reached = world.fake.reached("history.list")
+    for _ in range(200):
+        if reached.is_set():
+            break
+        await asyncio.sleep(0.01)
+    assert reached.is_set()
+    beats = 0
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+        beats += 1
+    assert beats == 5 and not task.done()
+    release.set()
+    await asyncio.wait_for(task, 10)
