@@ -1,0 +1,296 @@
+"""Telegram approval cards, pure: rendering, callback data and prompt parsing.
+
+No I/O and no python-telegram-bot types here, so every rule is tested by table:
+
+* A card is Telegram HTML. Every piece of email or model text goes through
+  :func:`html.escape`; our own tags wrap already-escaped text, so a cut can never
+  fall inside an entity or a tag.
+* Lengths are counted on the HTML we send (in UTF-16 units, as Telegram counts),
+  which is never less than what Telegram counts after parsing, so a card is never
+  "message is too long".
+* ``callback_data`` is ``<action>:<draft id>:<version>``, at most 64 bytes.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from ..models import (APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, QUEUED, READY,
+                      REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, Draft)
+
+MAX_TEXT = 4096  # Telegram's limit for one message
+MAX_CALLBACK_BYTES = 64
+CUT_MARKER = "\n\n✂️ … (cut; tap 📄 Full text for the whole draft as a file)"
+
+APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT = "ap", "ed", "rg", "rj", "rt", "ft"
+ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT)
+_CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[0-9]{1,18}):(?P<version>[0-9]{1,9})")
+
+# Budgets, in escaped UTF-16 units, so the draft always keeps most of the card.
+_FIELD = {"name": 120, "addr": 160, "subject": 300, "date": 60, "excerpt": 600, "error": 400,
+          "reason": 300}
+
+Button = tuple[str, str]  # (label, callback_data)
+
+
+class BadCallback(ValueError):
+    """Callback data we did not make, or cannot use. ``str(exc)`` is the notice."""
+
+
+@dataclass(frozen=True)
+class Callback:
+    action: str
+    draft_id: int
+    version: int
+
+
+@dataclass
+class Card:
+    text: str  # Telegram HTML
+    buttons: list[list[Button]]
+    cut: bool = False
+
+
+# -- callback data --------------------------------------------------------------------------
+
+def callback_data(action: str, draft_id: int, version: int) -> str:
+    data = f"{action}:{draft_id}:{version}"
+    if action not in ACTIONS or len(data.encode()) > MAX_CALLBACK_BYTES:
+        raise ValueError(f"cannot encode callback {data!r}")
+    return data
+
+
+def parse_callback(data: str | None) -> Callback:
+    """``"ap:1234:2"`` -> Callback. Raises :class:`BadCallback` with a short notice for
+    anything else (missing, oversized, unknown action, non-numeric parts)."""
+    if not data:
+        raise BadCallback("This button has no data; use the latest card.")
+    if len(data.encode("utf-8", "replace")) > MAX_CALLBACK_BYTES:
+        raise BadCallback("This button is not one of ours.")
+    m = _CALLBACK.fullmatch(data)
+    if not m:
+        raise BadCallback("This button is not one of ours.")
+    if m["action"] not in ACTIONS:
+        raise BadCallback("Unknown action; use the latest card.")
+    draft_id, version = int(m["id"]), int(m["version"])
+    if draft_id < 1 or version < 1:
+        raise BadCallback("This button is not one of ours.")
+    return Callback(m["action"], draft_id, version)
+
+
+# -- text helpers -----------------------------------------------------------------------------
+
+def units(text: str) -> int:
+    """Length as Telegram counts it (UTF-16 code units)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def clip(text: str, budget: int, *, ellipsis: str = "…") -> tuple[str, bool]:
+    """Escape ``text`` and cut it so the escaped result (plus ``ellipsis``) fits in
+    ``budget`` UTF-16 units. Cuts between characters of the original, so never inside
+    an entity. Returns (escaped text, was it cut)."""
+    escaped = html.escape(text, quote=False)
+    if units(escaped) <= budget:
+        return escaped, False
+    room = budget - units(ellipsis)
+    used = 0
+    end = 0
+    for i, ch in enumerate(text):
+        cost = units(html.escape(ch, quote=False))
+        if used + cost > room:
+            break
+        used += cost
+        end = i + 1
+    # Prefer a whitespace boundary when one is close, so words are not chopped.
+    space = max(text.rfind(" ", 0, end), text.rfind("\n", 0, end))
+    if space > end - 80 and space > 0:
+        end = space
+    return html.escape(text[:end].rstrip(), quote=False) + ellipsis, True
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def hhmm(t: float | None) -> str:
+    if not t:
+        return "--:--"
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M")
+
+
+def actor_name(actor: str | None) -> str:
+    """``"tg:42 (Anna)"`` -> ``"Anna"``; other actors are shown as they are."""
+    if not actor:
+        return "someone"
+    m = re.fullmatch(r"tg:\d+ \((.*)\)", actor, re.S)
+    return m.group(1) if m and m.group(1).strip() else actor
+
+
+def _received(date: str) -> str:
+    if not date:
+        return "unknown"
+    try:
+        return datetime.fromisoformat(date).strftime("%a %d %b %H:%M")
+    except ValueError:
+        return date
+
+
+def tag(draft: Draft) -> str:
+    return f"#{draft.id} v{draft.version}"
+
+
+# -- cards ------------------------------------------------------------------------------------
+
+def _header(draft: Draft) -> list[str]:
+    m = draft.message
+    lines = [f"📨 <b>{clip(draft.pipeline, 80)[0]}</b> · {tag(draft)}"]
+    if m.kind == "slot":
+        lines.append(f"<b>Slot:</b> {clip(m.slot, _FIELD['date'])[0]}")
+        if m.subject:
+            lines.append(f"<b>Topic:</b> {clip(_one_line(m.subject), _FIELD['subject'])[0]}")
+        return lines
+    addr = clip(m.from_addr, _FIELD["addr"])[0]
+    sender = f"{clip(_one_line(m.from_name), _FIELD['name'])[0]} &lt;{addr}&gt;" if m.from_name \
+        else addr
+    lines.append(f"<b>From:</b> {sender or 'unknown'}")
+    if m.reply_to and m.reply_to != m.from_addr:
+        lines.append(f"<b>Reply goes to:</b> {clip(m.reply_to, _FIELD['addr'])[0]}")
+    lines.append(f"<b>Subject:</b> {clip(_one_line(m.subject), _FIELD['subject'])[0] or '(no subject)'}")
+    lines.append(f"<b>Received:</b> {clip(_received(m.date), _FIELD['date'])[0]}")
+    original = _one_line(m.body)
+    if original:
+        lines.append(f"<blockquote>» {clip(original, _FIELD['excerpt'])[0]}</blockquote>")
+    return lines
+
+
+def _with_body(top: list[str], draft: Draft, label: str = "Draft:") -> tuple[str, bool]:
+    head = "\n".join(top) + f"\n\n<b>{label}</b>\n"
+    room = MAX_TEXT - units(head)
+    body = draft.body or "(empty)"
+    escaped, cut = clip(body, room, ellipsis="")
+    if cut:
+        escaped, cut = clip(body, room - units(CUT_MARKER), ellipsis="")
+        escaped += html.escape(CUT_MARKER, quote=False)
+    return head + escaped, cut
+
+
+def _decision_buttons(draft: Draft, cut: bool) -> list[list[Button]]:
+    rows = [[("✅ Approve & send", callback_data(APPROVE, draft.id, draft.version)),
+             ("✏️ Edit", callback_data(EDIT, draft.id, draft.version))],
+            [("🔁 Regenerate", callback_data(REGENERATE, draft.id, draft.version)),
+             ("🗑 Reject", callback_data(REJECT, draft.id, draft.version))]]
+    if cut:
+        rows.append([("📄 Full text", callback_data(FULL_TEXT, draft.id, draft.version))])
+    return rows
+
+
+def render_card(draft: Draft) -> Card:
+    """The card an operator decides on, with its buttons (for ``post``)."""
+    text, cut = _with_body(_header(draft), draft)
+    return Card(text, _decision_buttons(draft, cut), cut)
+
+
+def status_line(draft: Draft) -> str | None:
+    """What happened to the draft, for the top of its card (escaped HTML), or None
+    while it waits for a decision."""
+    who = clip(actor_name(draft.decided_by), _FIELD["name"])[0]
+    at = hhmm(draft.decided_at)
+    error = clip(_one_line(draft.error or ""), _FIELD["error"])[0]
+    s, t = draft.status, tag(draft)
+    if s == AWAITING:
+        return None
+    if s == SENT:
+        return f"✅ Sent by {who} at {hhmm(draft.updated_at or draft.decided_at)} · {t}"
+    if s in (APPROVED, SENDING):
+        return f"⏳ Approved by {who} at {at} · sending… · {t}"
+    if s == REJECTED:
+        reason = f"\nReason: {error}" if error else ""
+        return f"🗑 Rejected by {who} at {at} · {t}{reason}"
+    if s == SEND_FAILED:
+        return (f"❌ Send failed (approved by {who} at {at}) · {t}\n{error or 'no reason given'}"
+                f"\nNothing was sent. Retry sends this version.")
+    if s == SEND_UNKNOWN:
+        return (f"❓ Send outcome unknown (approved by {who} at {at}) · {t}\n"
+                f"{error or 'interrupted'}\nCheck the mailbox before you tap Retry.")
+    if s in (QUEUED, DRAFTING):
+        return f"🔁 Regenerating · {t} …"
+    if s == READY:
+        return f"⏳ {t} is ready; updating the card…"
+    if s == EXPIRED:
+        return f"⌛ Expired without a decision · {t}"
+    if s == FAILED:
+        return f"⚠️ Drafting failed · {t}\n{error}"
+    return f"{html.escape(s)} · {t}"
+
+
+def render_status(draft: Draft) -> Card:
+    """The card after (or while) something happened: a status line on top, no decision
+    buttons; Retry for a send that failed or whose outcome is unknown."""
+    line = status_line(draft)
+    if line is None:
+        return render_card(draft)
+    if draft.status in (QUEUED, DRAFTING):
+        return Card(line + "\n\n" + "\n".join(_header(draft)), [])
+    text, cut = _with_body([line, ""] + _header(draft), draft)
+    buttons: list[list[Button]] = []
+    if draft.status in (SEND_FAILED, SEND_UNKNOWN):
+        buttons = [[("🔁 Retry send", callback_data(RETRY, draft.id, draft.version))]]
+    return Card(text, buttons, cut)
+
+
+def full_text(draft: Draft) -> str:
+    """The whole draft and the whole original, for the 📄 Full text document."""
+    m = draft.message
+    parts = [f"{draft.pipeline} #{draft.id} v{draft.version}", "",
+             "=== Draft ===", draft.body, "",
+             "=== Original ===", f"From: {m.from_name} <{m.from_addr}>".strip(),
+             f"Subject: {m.subject}", f"Received: {m.date}", "", m.body]
+    return "\n".join(parts)
+
+
+# -- prompts (ForceReply) ------------------------------------------------------------------
+# The draft id and version live in the prompt's own text, so a reply still finds its
+# draft after a restart, with no state kept in memory.
+
+PROMPT_EDIT, PROMPT_REGENERATE, PROMPT_REJECT, PROMPT_CARD = "edit", "regenerate", "reject", "card"
+_PROMPTS = [
+    (PROMPT_EDIT, re.compile(r"reply with the new text for #(\d{1,18}) v(\d{1,9})\b")),
+    (PROMPT_REGENERATE, re.compile(r"reply with an instruction for regenerating #(\d{1,18}) "
+                                   r"v(\d{1,9})\b")),
+    (PROMPT_REJECT, re.compile(r"reply with a reason for rejecting #(\d{1,18}) v(\d{1,9})\b")),
+]
+# A card's header line; the first match wins, so text quoted further down the card
+# (the email excerpt, the draft) can never stand in for it.
+_CARD_HEADER = re.compile(r"^📨 [^\n]* · #(\d{1,18}) v(\d{1,9})$", re.M)
+
+
+def prompt_text(kind: str, draft: Draft, who: str) -> str:
+    """The ForceReply prompt (HTML; ``who`` is already escaped or a mention)."""
+    t = tag(draft)
+    if kind == PROMPT_EDIT:
+        return f"✏️ {who}, reply with the new text for {t}."
+    if kind == PROMPT_REGENERATE:
+        return (f"🔁 {who}, reply with an instruction for regenerating {t} "
+                f"(e.g. “shorter, mention the refund”), or /skip to regenerate as is.")
+    if kind == PROMPT_REJECT:
+        return f"🗑 {who}, reply with a reason for rejecting {t}, or /skip to reject without one."
+    raise ValueError(kind)
+
+
+def parse_prompt(text: str | None) -> tuple[str, int, int] | None:
+    """The (kind, draft id, version) a reply is about, from the text of the bot
+    message it replies to: a prompt, or the card itself (kind ``card`` = edit)."""
+    if not text:
+        return None
+    first = text.split("\n", 1)[0]
+    for kind, rx in _PROMPTS:
+        m = rx.search(first)
+        if m:
+            return kind, int(m.group(1)), int(m.group(2))
+    m = _CARD_HEADER.search(text)
+    if m:
+        return PROMPT_CARD, int(m.group(1)), int(m.group(2))
+    return None
