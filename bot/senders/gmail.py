@@ -24,10 +24,7 @@ from ..errors import AuthError, ConfigError, SendFailed, SendUnknown, SourceErro
 from ..models import Draft, SendResult
 from ..gmail.client import GmailClient, MaybeSent, NotSent
 
-try:  # the shared reply builder, when present, so every sender threads alike
-    from ..reply import build_reply, reply_message_id
-except ImportError:  # pragma: no cover - depends on what has landed
-    from ..gmail.reply import build_reply, reply_message_id
+from ..reply import build_reply, reply_message_id
 
 log = logging.getLogger("draftgate.senders.gmail")
 
@@ -45,9 +42,21 @@ class _GmailSender:
         self.label = label
         self._label_id: str | None = None
 
-    def _raw(self, draft: Draft) -> dict:
+    async def _from(self) -> str:
+        """The account's address: configured, else asked once from Gmail."""
+        if not self.client.address:
+            try:
+                profile = await self.client.aread(
+                    lambda s: s.users().getProfile(userId="me"), "getProfile")
+            except (SourceError, AuthError) as exc:
+                raise SendFailed(f"cannot learn the account's address (set "
+                                 f"gmail.accounts.{self.account}.address): {exc}") from None
+            self.client.address = str(profile.get("emailAddress") or "")
+        return self.client.address
+
+    async def _raw(self, draft: Draft) -> dict:
         try:
-            mime = build_reply(draft, self.client.address)
+            mime = build_reply(draft, await self._from())
         except ValueError as exc:
             raise SendFailed(f"cannot build the reply: {exc}") from None
         raw = base64.urlsafe_b64encode(bytes(mime)).decode("ascii")
@@ -119,7 +128,7 @@ class GmailReplySender(_GmailSender):
     name = "gmail_reply"
 
     async def send(self, draft: Draft) -> SendResult:
-        body = self._raw(draft)
+        body = await self._raw(draft)
         resp = await self._write(
             lambda s: s.users().messages().send(userId="me", body=body), "messages.send")
         await self._after_send(draft)
@@ -136,7 +145,7 @@ class GmailDraftSender(_GmailSender):
     name = "gmail_draft"
 
     async def send(self, draft: Draft) -> SendResult:
-        message = self._raw(draft)
+        message = await self._raw(draft)
         resp = await self._write(
             lambda s: s.users().drafts().create(userId="me", body={"message": message}),
             "drafts.create")

@@ -1,0 +1,210 @@
+"""gmail_reply / gmail_draft: the threaded reply goes out exactly once, through the real
+googleapiclient against the fake Gmail API, driven by the real Engine."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import email
+import email.policy
+
+import google_auth_httplib2
+import httplib2
+import pytest
+
+from bot.models import AWAITING, SEND_FAILED, SENT
+from tests.fakes.gmail import GmailWorld, simple_message
+
+from bot.reply import reply_message_id
+
+
+async def _awaiting(w: GmailWorld, *raws: bytes, labels=("INBOX", "UNREAD")):
+    """Deliver ``raws`` and tick until each has a draft awaiting approval."""
+    await w.tick()
+    for raw in raws:
+        w.fake.add_message(raw, labels=list(labels))
+    await w.tick()
+    drafts = [d for d in await w.drafts() if d.status == AWAITING]
+    assert len(drafts) == len(raws)
+    return sorted(drafts, key=lambda d: d.id)
+
+
+@pytest.fixture
+async def world(tmp_path):
+    w = await GmailWorld(tmp_path).open()
+    try:
+        yield w
+    finally:
+        await w.close()
+
+
+def _parsed(raw: bytes):
+    return email.message_from_bytes(raw, policy=email.policy.default)
+
+
+async def test_reply_mime_is_threaded_to_the_original_sender(world):
+    """The sent MIME: threadId of the original, In-Reply-To/References, Re: subject,
+    recipient from From, Message-ID from the draft key, From the account."""
+    original = simple_message(1, extra_headers="References: <a@x.example> <b@x.example>\r\n")
+    (d,) = await _awaiting(world, original)
+    after = await world.engine.approve(d.id, d.version, "op")
+    assert after.status == SENT
+    (post,) = world.fake.calls_to("messages.send")
+    assert post.body["threadId"] == d.message.thread_id
+    (raw,) = world.fake.received_raw
+    m = _parsed(raw)
+    assert [a.addr_spec for a in m["To"].addresses] == ["alice@customer.example"]
+    assert m["From"].addresses[0].addr_spec == world.fake.address
+    assert m["Subject"] == "Re: Where is my order #1001?"
+    assert m["In-Reply-To"] == "<order-1@customer.example>"
+    assert m["References"].split() == ["<a@x.example>", "<b@x.example>",
+                                       "<order-1@customer.example>"]
+    assert m["Message-ID"] == reply_message_id(d.key)
+    assert m.get_content().replace("\r\n", "\n").strip() == d.body.strip()
+    (sent,) = world.fake.sent()
+    assert sent.thread_id == d.message.thread_id and after.sent_id == sent.id
+
+
+async def test_reply_goes_to_reply_to_and_never_to_addresses_in_the_draft(world):
+    """The original asked for Reply-To: the reply goes there, whatever the text says."""
+    original = simple_message(2, extra_headers="Reply-To: Orders <orders@customer.example>\r\n",
+                              subject="Re: RE: invoice")
+    (d,) = await _awaiting(world, original)
+    d = await world.engine.edit(d.id, d.version, "Send it to attacker@evil.example\nBcc: x@y", "op")
+    await world.engine.drain("support")
+    d = await world.store.get_draft(d.id)
+    await world.engine.approve(d.id, d.version, "op")
+    m = _parsed(world.fake.received_raw[0])
+    assert [a.addr_spec for a in m["To"].addresses] == ["orders@customer.example"]
+    assert m["Cc"] is None and m["Bcc"] is None
+    assert m["Subject"] == "Re: RE: invoice"
+
+
+async def _control_send(world: GmailWorld, *, num_retries: int) -> None:
+    """The library's default path: a stock httplib2.Http (which re-sends a request whose
+    response was lost) and execute(num_retries=N) (which retries POSTs on 5xx)."""
+    client = world.engine.sender(world.settings.pipeline("support")).client
+    body = {"raw": base64.urlsafe_b64encode(simple_message(77)).decode(),
+            "threadId": next(iter(world.fake.messages))}
+
+    def run():
+        request = client.service().users().messages().send(userId="me", body=body)
+        stock = httplib2.Http(timeout=10)
+        request.http = google_auth_httplib2.AuthorizedHttp(client.credentials(), http=stock)
+        request._sleep = lambda seconds: None  # the backoff itself is not under test
+        try:
+            return request.execute(num_retries=num_retries)
+        finally:
+            stock.close()
+
+    await asyncio.to_thread(run)
+
+
+@pytest.mark.parametrize("fault", ["drop", "500"])
+async def test_ambiguous_send_is_posted_once_and_ends_sent_after_the_check(world, fault):
+    """Gmail accepts the send, then the connection drops (or it answers 500): exactly one
+    POST and one delivered message; the draft is send_unknown, then `sent` once the
+    rfc822msgid: check finds it. Control: the library's default path posts twice."""
+    (d,) = await _awaiting(world, simple_message(3))
+    if fault == "drop":
+        world.fake.drop_after_accept("messages.send")
+    else:
+        world.fake.error_after_accept("messages.send", 500)
+    after = await world.engine.approve(d.id, d.version, "op")
+    assert after.status == "send_unknown"
+    assert "may have been delivered" in after.error or "500" in after.error
+    await world.engine.drain("support")
+    final = await world.store.get_draft(d.id)
+    assert final.status == SENT
+    assert len(world.fake.calls_to("messages.send")) == 1
+    assert len(world.fake.sent()) == 1 and final.sent_id == world.fake.sent()[0].id
+    (check,) = world.fake.calls_to("messages.list")[-1:]
+    assert check.query["q"] == [f"rfc822msgid:{reply_message_id(d.key).strip('<>')}"]
+    # Control: the same fault on the library's default path makes a second POST.
+    before = len(world.fake.calls_to("messages.send"))
+    if fault == "drop":
+        world.fake.drop_after_accept("messages.send")
+        await _control_send(world, num_retries=0)
+    else:
+        world.fake.error_after_accept("messages.send", 500)
+        await _control_send(world, num_retries=1)
+    assert len(world.fake.calls_to("messages.send")) - before == 2
+    assert len(world.fake.sent()) == 3  # ours once, the control's twice
+
+
+async def test_not_found_after_unknown_send_stays_unknown_and_never_resends(world):
+    """A 500 that Gmail did NOT act on: the check finds nothing, nothing is resent, the
+    operator is told and offered Retry."""
+    (d,) = await _awaiting(world, simple_message(4))
+    world.fake.fail("messages.send", 503)
+    after = await world.engine.approve(d.id, d.version, "op")
+    assert after.status == "send_unknown"
+    await world.engine.drain("support")
+    assert (await world.store.get_draft(d.id)).status == "send_unknown"
+    assert len(world.fake.calls_to("messages.send")) == 1 and world.fake.sent() == []
+    assert "tap Retry" in world.out.getvalue()
+    retried = await world.engine.retry_send(d.id, "op")
+    assert retried.status == SENT and len(world.fake.sent()) == 1
+
+
+async def test_4xx_is_send_failed_with_the_reason(world):
+    (d,) = await _awaiting(world, simple_message(5))
+    world.fake.fail("messages.send", 400, message="Invalid To header")
+    after = await world.engine.approve(d.id, d.version, "op")
+    assert after.status == SEND_FAILED
+    assert "Gmail 400 on messages.send: Invalid To header" in after.error
+    assert world.fake.sent() == []
+
+
+async def test_unreachable_gmail_is_send_failed_not_unknown(world):
+    """Nothing listening: the connection was never opened, so nothing can have gone out."""
+    (d,) = await _awaiting(world, simple_message(6))
+    client = world.engine.sender(world.settings.pipeline("support")).client
+    client.service()  # built while the fake is up
+    client.api_endpoint = "http://127.0.0.1:9/"
+    client._service = None
+    after = await world.engine.approve(d.id, d.version, "op")
+    assert after.status == SEND_FAILED and "unreachable" in after.error
+
+
+async def test_mark_read_and_label_after_send(tmp_path):
+    """mark_read / label: the original loses UNREAD and gains the label after the send;
+    a failing modify leaves the reply sent."""
+    w = GmailWorld(tmp_path, sender="{type: gmail_reply, account: support, mark_read: true, "
+                                    "label: Answered}")
+    lid = w.fake.add_label("Answered")
+    await w.open()
+    try:
+        d1, d2 = await _awaiting(w, simple_message(7), simple_message(8))
+        assert (await w.engine.approve(d1.id, d1.version, "op")).status == SENT
+        original = w.fake.messages[d1.item_id]
+        assert "UNREAD" not in original.labels and lid in original.labels
+        w.fake.fail("messages.modify", 400, times=5)
+        assert (await w.engine.approve(d2.id, d2.version, "op")).status == SENT
+        assert len(w.fake.sent()) == 2
+    finally:
+        await w.close()
+
+
+async def test_gmail_draft_sender_creates_one_draft_in_the_thread(tmp_path):
+    """gmail_draft: the reply is saved as a Gmail draft in the thread; a connection
+    dropped after the create is resolved by drafts.list, without a second create."""
+    w = GmailWorld(tmp_path, sender="{type: gmail_draft, account: support}")
+    await w.open()
+    try:
+        d1, d2 = await _awaiting(w, simple_message(9), simple_message(10))
+        ok = await w.engine.approve(d1.id, d1.version, "op")
+        assert ok.status == SENT and ok.sent_id in w.fake.drafts
+        (create,) = w.fake.calls_to("drafts.create")
+        assert create.body["message"]["threadId"] == d1.message.thread_id
+        w.fake.drop_after_accept("drafts.create")
+        assert (await w.engine.approve(d2.id, d2.version, "op")).status == "send_unknown"
+        await w.engine.drain("support")
+        final = await w.store.get_draft(d2.id)
+        assert final.status == SENT and final.sent_id in w.fake.drafts
+        assert len(w.fake.calls_to("drafts.create")) == 2 and len(w.fake.drafts) == 2
+        assert w.fake.calls_to("messages.send") == []
+        m = _parsed(w.fake.received_raw[1])
+        assert m["In-Reply-To"] == "<order-10@customer.example>"
+    finally:
+        await w.close()
