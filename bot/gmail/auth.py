@@ -240,6 +240,9 @@ def run_cli(args, *, out=None) -> int:
     prompt = ("Open this URL in a browser and approve access:\n{url}\n"
               if args.no_browser else
               "Your browser should open; if it does not, visit:\n{url}\n")
+    # Google's consent screen lets the user untick scopes; oauthlib would then raise
+    # "Scope has changed". Accept the partial grant and say exactly what is missing.
+    os.environ.setdefault("OAUTHLIB_RELAX_TOKEN_SCOPE", "1")
     try:
         creds = flow.run_local_server(
             port=args.port, open_browser=not args.no_browser,
@@ -253,8 +256,18 @@ def run_cli(args, *, out=None) -> int:
               "https://myaccount.google.com/permissions and run this command again",
               file=sys.stderr)
         return 1
-    write_token(token, creds.to_json())
+    granted = getattr(creds, "granted_scopes", None) or scopes
+    if isinstance(granted, str):
+        granted = granted.split()
+    data = json.loads(creds.to_json())
+    data["scopes"] = list(granted)  # what was granted, so doctor can compare
+    write_token(token, json.dumps(data))
     print(f"Token written to {token} (mode 0600).", file=out)
+    missing = missing_scopes(granted, scopes)
+    if missing:
+        print("error: access was granted without " + ", ".join(missing) + "; run this "
+              "command again and leave every requested permission ticked", file=sys.stderr)
+        return 1
     return 0
 
 

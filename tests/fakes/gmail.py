@@ -103,6 +103,7 @@ class FakeGmail:
         self.received_raw: list[bytes] = []  # raw MIME of every send / draft accepted
         self.valid_tokens: set[str] = {"fake-access-token"}
         self.refresh_ok = True
+        self.grant_scope: str | None = None
         self.issued = 0
         self.latency = 0.0
         self._faults: dict[str, list[_Fault]] = {}
@@ -476,8 +477,9 @@ class FakeGmail:
             self.issued += 1
             token = f"fake-access-token-{self.issued}"
             self.valid_tokens.add(token)
-        out = {"access_token": token, "expires_in": 3599, "token_type": "Bearer",
-               "scope": " ".join(body.get("scope", [])) or "https://www.googleapis.com/auth/gmail.readonly"}
+        out = {"access_token": token, "expires_in": 3599, "token_type": "Bearer"}
+        if self.grant_scope is not None:  # what the user ticked on the consent screen
+            out["scope"] = self.grant_scope
         if body.get("grant_type") == ["authorization_code"]:
             out["refresh_token"] = "fake-refresh-token"
         return 200, out

@@ -1,0 +1,185 @@
+"""Gmail OAuth: the token file (0600, refreshed in place), the error for a dead token,
+the scopes the pipelines need, `draftgate auth gmail` end to end, and doctor."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from bot.config import load_settings
+from bot.errors import AuthError
+from bot.gmail import auth, doctor
+from bot.gmail.client import GmailClient
+from tests.fakes.gmail import FakeGmail, write_deployment, write_token_file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def fake():
+    with FakeGmail() as f:
+        yield f
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_write_token_is_0600_and_atomic(tmp_path):
+    """A token file is never readable by others, even when it replaces a wider file."""
+    path = tmp_path / "secrets" / "t.json"
+    path.parent.mkdir()
+    path.write_text("old")
+    os.chmod(path, 0o644)
+    auth.write_token(path, '{"token": "x"}')
+    assert _mode(path) == 0o600 and json.loads(path.read_text()) == {"token": "x"}
+    assert [p.name for p in path.parent.iterdir()] == ["t.json"]  # no temp file left
+
+
+async def test_expired_token_is_refreshed_and_saved_in_place_0600(tmp_path, fake):
+    """An expired access token is refreshed at token_uri before the call; the file is
+    rewritten with the new token and stays 0600."""
+    token = write_token_file(tmp_path / "tok.json", fake, expired=True)
+    client = GmailClient("support", {"token_file": token, "api_endpoint": fake.url})
+    try:
+        profile = await client.aread(lambda s: s.users().getProfile(userId="me"), "getProfile")
+    finally:
+        await client.aclose()
+    assert profile["emailAddress"] == fake.address
+    assert len(fake.calls_to("token")) == 1
+    saved = json.loads(Path(token).read_text())
+    assert saved["token"] == "fake-access-token-1"
+    assert saved["refresh_token"] == "fake-refresh-token"
+    assert _mode(token) == 0o600
+
+
+async def test_revoked_token_raises_one_clear_auth_error(tmp_path, fake):
+    """Refresh answers invalid_grant: AuthError naming the account and the command."""
+    token = write_token_file(tmp_path / "tok.json", fake, expired=True)
+    fake.revoke()
+    client = GmailClient("support", {"token_file": "tok.json", "api_endpoint": fake.url},
+                         base_dir=tmp_path)
+    try:
+        with pytest.raises(AuthError) as err:
+            await client.aread(lambda s: s.users().getProfile(userId="me"), "getProfile")
+    finally:
+        await client.aclose()
+    assert str(err.value) == (
+        "Gmail account 'support': token expired or revoked; run `draftgate auth gmail "
+        "--account support --client-secrets client_secret.json --token tok.json`")
+    assert fake.api_calls() == []
+    assert json.loads(Path(token).read_text())["token"] == "fake-access-token"
+
+
+async def test_missing_token_file_says_which_command_creates_it(tmp_path):
+    client = GmailClient("sales", {"token_file": "secrets/sales.json"}, base_dir=tmp_path)
+    try:
+        with pytest.raises(AuthError, match=r"token file .*sales.json not found; run "
+                                            r"`draftgate auth gmail --account sales"):
+            await client.aread(lambda s: s.users().getProfile(userId="me"), "getProfile")
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("sender,expected", [
+    ("{type: gmail_reply, account: support}", ["gmail.readonly", "gmail.send"]),
+    ("{type: gmail_draft, account: support}", ["gmail.compose", "gmail.readonly"]),
+    ("{type: gmail_reply, account: support, mark_read: true}", ["gmail.modify"]),
+    ("{type: gmail_draft, account: support, label: Done}", ["gmail.modify"]),
+    ("{type: outbox, path: out}", ["gmail.readonly"]),
+])
+def test_required_scopes_are_the_smallest_set(tmp_path, fake, sender, expected):
+    settings = load_settings(write_deployment(tmp_path, fake, sender=sender))
+    got = auth.required_scopes(settings, "support")
+    assert [s.rsplit("/", 1)[-1] for s in got] == expected
+    assert auth.required_scopes(settings, "other") == []
+
+
+def test_missing_scopes_knows_what_covers_what():
+    assert auth.missing_scopes([auth.SCOPE_MODIFY], [auth.SCOPE_READONLY, auth.SCOPE_SEND]) == []
+    assert auth.missing_scopes([auth.SCOPE_READONLY], [auth.SCOPE_READONLY, auth.SCOPE_SEND]) \
+        == [auth.SCOPE_SEND]
+
+
+async def test_doctor_reports_profile_and_scopes(tmp_path, fake):
+    settings = load_settings(write_deployment(tmp_path, fake))
+    results = await doctor.check(settings)
+    assert [(n, ok) for n, ok, _ in results] == [("gmail:support profile", True),
+                                                 ("gmail:support scopes", True)]
+    write_token_file(tmp_path / "support-token.json", fake, scopes=[auth.SCOPE_READONLY])
+    fake.revoke()
+    results = await doctor.check(settings)
+    assert [ok for _, ok, _ in results] == [False, False]
+    assert "draftgate auth gmail --account support" in results[0][2]
+    assert "lacks gmail.send" in results[1][2]
+
+
+def test_auth_gmail_cli_runs_the_installed_app_flow_and_writes_0600(tmp_path, fake):
+    """`draftgate auth gmail --no-browser` prints the URL; after the browser's redirect
+    the code is exchanged and the token file is written with mode 0600."""
+    secrets = tmp_path / "client_secret.json"
+    secrets.write_text(json.dumps({"installed": {
+        "client_id": "cid", "client_secret": "csecret", "auth_uri": fake.url + "auth",
+        "token_uri": fake.token_uri, "redirect_uris": ["http://localhost"]}}))
+    token = tmp_path / "secrets" / "support-token.json"
+    token.parent.mkdir()
+    code, out, err = _run_flow(fake, secrets, token)
+    assert code == 0, err
+    assert "Token written" in out and "fake-access" not in out + err
+    assert _mode(token) == 0o600
+    saved = json.loads(token.read_text())
+    assert saved["refresh_token"] == "fake-refresh-token" and saved["token"].startswith("fake-access")
+    (exchange,) = fake.calls_to("token")
+    assert exchange.body["grant_type"] == ["authorization_code"]
+
+
+def test_auth_gmail_cli_reports_a_partial_grant(tmp_path, fake):
+    """The user unticked gmail.send on the consent screen: the token is still written
+    (0600, with the granted scopes) and the command fails naming what is missing."""
+    fake.grant_scope = auth.SCOPE_READONLY
+    secrets = tmp_path / "client_secret.json"
+    secrets.write_text(json.dumps({"installed": {
+        "client_id": "cid", "client_secret": "csecret", "auth_uri": fake.url + "auth",
+        "token_uri": fake.token_uri, "redirect_uris": ["http://localhost"]}}))
+    token = tmp_path / "tok.json"
+    code, out, err = _run_flow(fake, secrets, token)
+    assert code == 1 and f"granted without {auth.SCOPE_SEND}" in err
+    assert _mode(token) == 0o600
+    assert json.loads(token.read_text())["scopes"] == [auth.SCOPE_READONLY]
+
+
+def _run_flow(fake, secrets, token):
+    env = dict(os.environ, OAUTHLIB_INSECURE_TRANSPORT="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot.gmail.auth", "auth", "gmail", "--client-secrets",
+         str(secrets), "--token", str(token), "--no-browser", "--port", "0",
+         "--scopes", "readonly", "send", "--timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=token.parent)
+    try:
+        url = None
+        for line in proc.stdout:
+            if line.startswith(fake.url + "auth"):
+                url = line.strip()
+                break
+        assert url, proc.stderr.read()
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+        assert query["scope"] == [f"{auth.SCOPE_READONLY} {auth.SCOPE_SEND}"]
+        redirect = query["redirect_uri"][0] + "?" + urllib.parse.urlencode(
+            {"code": "the-code", "state": query["state"][0], "scope": query["scope"][0]})
+        with urllib.request.urlopen(redirect, timeout=10) as resp:
+            assert resp.status == 200
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
