@@ -1,0 +1,198 @@
+"""Sender ``webhook``: POSTs the approved reply as JSON to a URL you run.
+
+::
+
+    sender:
+      type: webhook
+      url: https://helpdesk.example/hooks/draftgate
+      secret_env: DRAFTGATE_WEBHOOK_SECRET   # optional; sent as Authorization: Bearer
+      timeout: 10s
+      status_url: https://helpdesk.example/hooks/draftgate/status   # optional
+
+The body is ``{key, pipeline, item_id, to, subject, in_reply_to, message_id, body,
+version}`` and the ``Idempotency-Key`` header is the draft key, so a receiver can
+drop a duplicate. Each send is ONE request: no transport retries, no redirects
+followed. Outcomes:
+
+* 2xx: sent; the id is the answer's JSON ``"id"``, else the draft key.
+* other 4xx (and 3xx), or the connection could not even be opened: ``send_failed``
+  (it certainly did not arrive), the operator gets Retry.
+* timeout after connecting, connection reset or dropped, 408, 429, 5xx:
+  ``send_unknown``; it may have arrived, so it is never retried blindly.
+
+``check`` (recovery of ``send_unknown``) GETs ``status_url?key=<draft key>`` (with
+the same Idempotency-Key header): 2xx means it arrived, 404 means it did not. Without
+a ``status_url`` there is no way to tell, and the operator is asked.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import urllib.parse
+
+import httpx
+
+from ..config import Checker, PipelineConfig, Settings, env_secret, parse_duration
+from ..errors import ConfigError, SendFailed, SendUnknown
+from ..models import Draft, SendResult
+from ..reply import reply_message_id, reply_subject
+
+_OPTIONS = {"type", "url", "secret_env", "timeout", "status_url"}
+_HEADER_SAFE = "".join(c for c in string.printable if c not in "%\r\n\t\x0b\x0c")
+
+
+def payload(draft: Draft) -> dict:
+    """The JSON body for ``draft``. The recipient is the original's, never the body's."""
+    m = draft.message
+    slot = m.kind == "slot"
+    return {
+        "key": draft.key,
+        "pipeline": draft.pipeline,
+        "item_id": draft.item_id,
+        "to": "" if slot else m.reply_to,
+        "subject": m.subject if slot else reply_subject(m.subject),
+        "in_reply_to": "" if slot else m.message_id,
+        "message_id": reply_message_id(draft.key),
+        "body": draft.body,
+        "version": draft.version,
+    }
+
+
+def header_key(key: str) -> str:
+    """The draft key as an HTTP header value (non-ASCII percent-encoded)."""
+    return urllib.parse.quote(key, safe=_HEADER_SAFE)
+
+
+class WebhookSender:
+    """POSTs each approved draft once."""
+
+    name = "webhook"
+
+    def __init__(self, url: str, *, secret: str | None = None, timeout: float = 10.0,
+                 status_url: str | None = None):
+        self.url = url
+        self.status_url = status_url
+        self.timeout = timeout
+        self._secret = secret
+        self._client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            headers = {"User-Agent": "draftgate"}
+            if self._secret:
+                headers["Authorization"] = f"Bearer {self._secret}"
+            # retries=0: a POST whose answer was lost must not be sent again by the
+            # transport; deciding that is the operator's job (send_unknown).
+            self._client = httpx.AsyncClient(
+                timeout=self.timeout, follow_redirects=False, headers=headers,
+                transport=httpx.AsyncHTTPTransport(retries=0))
+        return self._client
+
+    async def send(self, draft: Draft) -> SendResult:
+        headers = {"Idempotency-Key": header_key(draft.key), "Content-Type": "application/json"}
+        body = json.dumps(payload(draft), ensure_ascii=False).encode("utf-8")
+        try:
+            response = await self._http().post(self.url, content=body, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # No connection was made, so nothing was sent.
+            raise SendFailed(f"webhook {_host(self.url)}: could not connect "
+                             f"({_describe(exc)}); nothing was sent") from exc
+        except httpx.TimeoutException as exc:
+            raise SendUnknown(f"webhook {_host(self.url)}: no answer within {self.timeout:g}s; "
+                              f"it may have been received") from exc
+        except httpx.HTTPError as exc:
+            raise SendUnknown(f"webhook {_host(self.url)}: connection lost before the answer "
+                              f"({_describe(exc)}); it may have been received") from exc
+        status = response.status_code
+        if 200 <= status < 300:
+            return SendResult(sent_id=_answer_id(response) or draft.key)
+        what = f"webhook {_host(self.url)} answered {status}: {_excerpt(response)}"
+        if status in (408, 429) or status >= 500:
+            raise SendUnknown(what + " (it may have been received)")
+        raise SendFailed(what)
+
+    async def check(self, draft: Draft) -> str | None:
+        if not self.status_url:
+            raise SendUnknown("cannot check a webhook send without sender.status_url; "
+                              "ask the receiver whether it got key " + draft.key)
+        try:
+            response = await self._http().get(
+                self.status_url, params={"key": draft.key},
+                headers={"Idempotency-Key": header_key(draft.key)})
+        except httpx.HTTPError as exc:
+            raise SendUnknown(f"webhook status {_host(self.status_url)}: {_describe(exc)}") from exc
+        if 200 <= response.status_code < 300:
+            return _answer_id(response) or draft.key
+        if response.status_code == 404:
+            return None
+        raise SendUnknown(f"webhook status {_host(self.status_url)} answered "
+                          f"{response.status_code}: {_excerpt(response)}")
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def _answer_id(response: httpx.Response) -> str | None:
+    try:
+        data = response.json()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("id"), (str, int)) \
+            and not isinstance(data.get("id"), bool):
+        return str(data["id"])[:200] or None
+    return None
+
+
+def _excerpt(response: httpx.Response) -> str:
+    text = " ".join(response.text.split())
+    return (text[:200] + "…") if len(text) > 200 else (text or "(empty body)")
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _host(url: str) -> str:
+    """Scheme, host and path only: a token in the query string is never shown."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+
+def _check_url(ck: Checker, value: str | None, path: str) -> None:
+    if value is None:
+        return
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        ck.error(path, f"expected an http:// or https:// URL, got {value!r}")
+    elif parts.username or parts.password:
+        ck.error(path, "do not put credentials in the URL; use secret_env")
+
+
+def create(pipeline: PipelineConfig, settings: Settings) -> WebhookSender:
+    """Check ``sender:`` options and build the sender (no network I/O)."""
+    ck = Checker(pipeline.file)
+    opts = pipeline.sender
+    ck.unknown(opts, _OPTIONS | {"secret"}, "sender")  # "secret" gets its own message
+    url = ck.get(opts, "url", "sender", str)
+    _check_url(ck, url, "sender.url")
+    status_url = ck.get(opts, "status_url", "sender", str, default=None)
+    _check_url(ck, status_url, "sender.status_url")
+    timeout = ck.convert(opts, "timeout", "sender", parse_duration, default=10.0)
+    if isinstance(timeout, float) and timeout <= 0:
+        ck.error("sender.timeout", "expected a duration above 0, like 10s")
+    secret_env = ck.get(opts, "secret_env", "sender", str, default=None)
+    if "secret" in opts:
+        ck.error("sender.secret", "never put the secret in YAML; set secret_env to the name "
+                                  "of an environment variable that holds it")
+    secret = None
+    if secret_env and not ck.errors:
+        try:
+            secret = env_secret(secret_env, f"{pipeline.file}: sender.secret_env")
+        except ConfigError as exc:
+            ck.errors.extend(exc.errors)
+    if ck.errors:
+        raise ConfigError(ck.errors)
+    return WebhookSender(url, secret=secret, timeout=timeout, status_url=status_url)
