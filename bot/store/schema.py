@@ -1,0 +1,112 @@
+"""Numbered schema migrations of the SQLite store.
+
+``MIGRATIONS[n - 1]`` takes the database from version ``n - 1`` to ``n``; the version
+lives in ``PRAGMA user_version``. A migration is never edited once released: a change
+is a new entry appended at the end (never "ALTER and ignore the error").
+
+The PostgreSQL backend mirrors these tables column for column, so the SQL stays
+portable where it can: plain types (TEXT, INTEGER, REAL), epoch-second REAL times,
+JSON kept as TEXT. ``WITHOUT ROWID`` and the triggers are SQLite-only extras.
+"""
+
+from __future__ import annotations
+
+_V1 = [
+    # Set membership written at fetch. WITHOUT ROWID clusters rows on the primary key,
+    # so the "which of these 50 ids are new" lookup reads one b-tree, not two.
+    """CREATE TABLE seen_items (
+        pipeline TEXT NOT NULL,
+        scope    TEXT NOT NULL,
+        item_id  TEXT NOT NULL,
+        seen_at  REAL NOT NULL,
+        PRIMARY KEY (pipeline, scope, item_id)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX seen_items_seen_at ON seen_items (seen_at)",
+    # The durable work queue: one row per unit of work, key = pipeline|scope|item|recipe.
+    """CREATE TABLE drafts (
+        id                  INTEGER PRIMARY KEY,
+        key                 TEXT NOT NULL UNIQUE,
+        pipeline            TEXT NOT NULL,
+        scope               TEXT NOT NULL,
+        item_id             TEXT NOT NULL,
+        recipe              TEXT NOT NULL,
+        status              TEXT NOT NULL,
+        payload             TEXT NOT NULL,
+        attempt             INTEGER NOT NULL DEFAULT 0,
+        lease_until         REAL,
+        fence               INTEGER NOT NULL DEFAULT 0,
+        body                TEXT NOT NULL DEFAULT '',
+        version             INTEGER NOT NULL DEFAULT 1,
+        instruction         TEXT NOT NULL DEFAULT '',
+        approval_chat       TEXT,
+        approval_message_id TEXT,
+        decided_by          TEXT,
+        decided_at          REAL,
+        sent_id             TEXT,
+        error               TEXT,
+        tokens_in           INTEGER NOT NULL DEFAULT 0,
+        tokens_out          INTEGER NOT NULL DEFAULT 0,
+        created_at          REAL NOT NULL,
+        updated_at          REAL NOT NULL
+    )""",
+    "CREATE INDEX drafts_pipeline_status ON drafts (pipeline, status, id)",
+    "CREATE INDEX drafts_pipeline_item ON drafts (pipeline, item_id)",
+    # The sweeper and start-up recovery look rows up by status across pipelines.
+    "CREATE INDEX drafts_status_updated ON drafts (status, updated_at)",
+    """CREATE TABLE pipeline_runs (
+        id            INTEGER PRIMARY KEY,
+        pipeline      TEXT NOT NULL,
+        scheduled_for REAL,
+        started_at    REAL NOT NULL,
+        ended_at      REAL,
+        status        TEXT NOT NULL,
+        error_text    TEXT,
+        counts        TEXT NOT NULL DEFAULT '{}'
+    )""",
+    "CREATE INDEX pipeline_runs_pipeline_started ON pipeline_runs (pipeline, started_at DESC)",
+    """CREATE TABLE audit (
+        id          INTEGER PRIMARY KEY,
+        at          REAL NOT NULL,
+        actor       TEXT NOT NULL,
+        action      TEXT NOT NULL,
+        draft_key   TEXT,
+        text_sha256 TEXT,
+        detail      TEXT
+    )""",
+    "CREATE INDEX audit_draft_key ON audit (draft_key, id)",
+    # Append-only is enforced by the database, not by convention.
+    """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+       BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END""",
+    """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+       BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END""",
+    """CREATE TABLE cursors (
+        pipeline   TEXT NOT NULL,
+        scope      TEXT NOT NULL,
+        value      TEXT,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (pipeline, scope)
+    )""",
+    """CREATE TABLE token_usage (
+        pipeline TEXT NOT NULL,
+        day      TEXT NOT NULL,
+        tokens   INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (pipeline, day)
+    )""",
+    """CREATE TABLE pipeline_flags (
+        pipeline   TEXT PRIMARY KEY,
+        paused     INTEGER NOT NULL DEFAULT 0,
+        updated_at REAL NOT NULL,
+        updated_by TEXT
+    )""",
+    """CREATE TABLE locks (
+        name       TEXT PRIMARY KEY,
+        holder     TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    )""",
+]
+
+#: Each entry is the list of statements of one migration, in order.
+MIGRATIONS: list[list[str]] = [_V1]
+
+#: The schema version this code writes and understands.
+LATEST = len(MIGRATIONS)
