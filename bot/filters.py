@@ -47,7 +47,7 @@ def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) ->
     if filters.get("skip_auto_replies", True):
         auto = headers.get("auto-submitted", "").strip().lower()
         if auto and not auto.startswith("no"):
-            return f"automatic reply (Auto-Submitted: {auto[:40]})"
+            return f"automatic message (Auto-Submitted: {auto[:40]})"
         for name in ("x-autoreply", "x-autorespond"):
             if name in headers:
                 return f"automatic reply ({_canonical(name)} header)"

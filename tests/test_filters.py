@@ -55,7 +55,7 @@ CASES = [
     ("subject regex searched not matched whole", {"subject": "Re: invoice paid, thanks"},
      {"skip_subjects": ["invoice paid"]}, "subject matches filters.skip_subjects 'invoice paid'"),
     ("Auto-Submitted by default", {"headers": {"Auto-Submitted": "auto-replied"}}, {},
-     "automatic reply (Auto-Submitted: auto-replied)"),
+     "automatic message (Auto-Submitted: auto-replied)"),
     ("Auto-Submitted: no is a human", {"headers": {"Auto-Submitted": "no"}}, {}, None),
     ("X-Autoreply", {"headers": {"X-Autoreply": "yes"}}, {}, "automatic reply (X-Autoreply header)"),
     ("auto replies allowed when off", {"headers": {"X-Autoreply": "yes"}},

@@ -171,3 +171,32 @@ def test_create_does_no_io(tmp_path):
     """validate builds every source; a folder that does not exist yet is fine there."""
     src = _source(tmp_path, "not/yet/there")
     assert src.folder == tmp_path / "not/yet/there"
+
+
+async def test_demo_inbox(tmp_path):
+    """The shipped demo inbox: five messages to draft, three skipped with a reason
+    (with the filters pipelines/demo.yaml uses)."""
+    from bot.filters import skip_reason
+
+    repo = Path(__file__).resolve().parent.parent
+    src = maildir.create(_pipeline(repo, path="demo/inbox"), _settings(repo))
+    items = (await src.fetch(_Seen().ctx())).items
+    filters = {"skip_senders": ["noreply@*", "no-reply@*"], "skip_mailing_lists": True,
+               "max_body": "200kB"}
+    reasons = {i.message.source_id: skip_reason(i.message, filters, own_addresses=["support@shop.example"])
+               for i in items}
+    assert reasons == {
+        "01-order-question.eml": None,
+        "02-html-only.eml": None,
+        "03-latin1-accents.eml": None,
+        "04-no-subject.eml": None,
+        "05-large-body.eml": "body of 337446 bytes exceeds filters.max_body (200kB)",
+        "06-newsletter.eml": "mailing list (List-Unsubscribe header)",
+        "07-noreply-notification.eml":
+            "sender noreply@parcelcarrier.example matches filters.skip_senders 'noreply@*'",
+        "08-prompt-injection.eml": None,
+    }
+    by_name = {i.message.source_id: i.message for i in items}
+    assert by_name["03-latin1-accents.eml"].from_name == "François Lévêque"
+    assert by_name["02-html-only.eml"].body.startswith("Hello,\n\nThe rain jacket")
+    assert by_name["04-no-subject.eml"].subject == ""
