@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib
 
-from .config import PipelineConfig, Settings
+from .config import Checker, PipelineConfig, Settings
+from .filters import check_options
 from .errors import ConfigError
 from .stages import Drafter, Sender, Source
 
@@ -36,9 +37,11 @@ def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
 
 
 def check_all(settings: Settings) -> list[str]:
-    """Build every stage of every pipeline; return every ConfigError message."""
+    """Check every pipeline's filters and build every stage; return every ConfigError
+    message."""
     errors: list[str] = []
     for p in settings.pipelines:
+        check_options(Checker(p.file, errors), p.filters)
         for build in (build_source, build_drafter, build_sender):
             try:
                 build(p, settings)
