@@ -31,13 +31,14 @@ from ..errors import StoreError
 from ..models import (
     APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED, READY,
     REJECTED, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED,
-    TERMINAL_STATUSES, AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
+    AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
 )
 from .base import AdmitResult, ReplayResult, Store, SweepResult
 from .pg_schema import MIGRATIONS
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _DAY = 86400.0
+_SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
 
 #: Tables ``migrate-store`` copies, with the columns that order a keyset scan.
 COPY_TABLES: dict[str, tuple[str, ...]] = {
@@ -215,21 +216,11 @@ class PostgresStore(Store):
         ids = list(unique)
         async with self._tx() as con:
             if ids:
-                if mark_seen:
-                    # The insert's conflict check decides who saw it first, even
-                    # when two hosts admit the same mail at the same moment.
-                    rows = await con.fetch(
-                        "INSERT INTO seen_items (pipeline, scope, item_id, seen_at)"
-                        " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i"
-                        " ON CONFLICT DO NOTHING RETURNING item_id",
-                        pipeline, scope, ids, t)
-                    fresh = {r["item_id"] for r in rows}
-                else:
-                    rows = await con.fetch(
-                        "SELECT item_id FROM seen_items WHERE pipeline=$1 AND scope=$2"
-                        " AND item_id = ANY($3::text[])", pipeline, scope, ids)
-                    fresh = set(ids) - {r["item_id"] for r in rows}
-                todo = [unique[i] for i in ids if i in fresh]
+                rows = await con.fetch(
+                    "SELECT item_id FROM seen_items WHERE pipeline=$1 AND scope=$2"
+                    " AND item_id = ANY($3::text[])", pipeline, scope, ids)
+                old = {r["item_id"] for r in rows}
+                todo = [unique[i] for i in ids if i not in old]
                 keys, statuses, item_ids, payloads, errors = [], [], [], [], []
                 for item in todo:
                     keys.append(draft_key(pipeline, scope, item.item_id, recipe))
@@ -239,6 +230,8 @@ class PostgresStore(Store):
                     errors.append(item.skip_reason)
                 inserted: set[str] = set()
                 if todo:
+                    # The unique draft key decides who queues an item: a second host
+                    # admitting the same mail waits on this insert, then skips it.
                     rows = await con.fetch(
                         "INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status,"
                         " payload, error, created_at, updated_at)"
@@ -246,9 +239,15 @@ class PostgresStore(Store):
                         " FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::text[])"
                         "   WITH ORDINALITY AS u(k, i, s, p, e, n)"
                         " ORDER BY n"
-                        " ON CONFLICT (key) DO NOTHING RETURNING key",
+                        " ON CONFLICT (key) DO NOTHING RETURNING key, item_id",
                         pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors)
                     inserted = {r["key"] for r in rows}
+                    if mark_seen and rows:
+                        await con.execute(
+                            "INSERT INTO seen_items (pipeline, scope, item_id, seen_at)"
+                            " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i"
+                            " ON CONFLICT DO NOTHING",
+                            pipeline, scope, [r["item_id"] for r in rows], t)
                 for key, status in zip(keys, statuses):
                     if key in inserted:
                         (result.skipped if status == SKIPPED else result.new).append(key)
@@ -391,16 +390,23 @@ class PostgresStore(Store):
             " updated_at=$6 WHERE id=$1 AND version=$2 AND status=$7 RETURNING *",
             draft_id, version, str(chat), str(message_id), AWAITING, time.time(), READY)
 
-    async def _decide(self, sql: str, args: tuple, *, actor: str, action: str,
-                      t: float, text_of=lambda row: row["body"], detail: str | None = None
-                      ) -> Draft | None:
-        """A CAS transition and its audit row, in one transaction."""
+    async def _decide(self, sql: str, args: tuple, *, actor: str | None, action: str,
+                      t: float, detail, before: int | None = None) -> Draft | None:
+        """A CAS transition and its audit row (hash of the body after it), in one
+        transaction. ``detail(draft, old_row)`` words the audit row; with ``before``
+        set, that draft's row is read first (under a row lock) for ``old_row``."""
         async with self._tx() as con:
+            old = None
+            if before is not None:
+                old = await con.fetchrow("SELECT status, error FROM drafts WHERE id=$1 FOR UPDATE",
+                                         before)
             row = await con.fetchrow(sql, *args)
             if row is None:
                 return None
-            await self._audit(con, actor, action, row["key"], text_of(row), detail, t)
-        return _draft(row)
+            d = _draft(row)
+            await self._audit(con, actor or d.decided_by or _SYSTEM, action, d.key, d.body,
+                              detail(d, old), t)
+        return d
 
     async def approve(self, draft_id: int, version: int, actor: str,
                       now: float | None = None) -> Draft | None:
@@ -409,7 +415,7 @@ class PostgresStore(Store):
             "UPDATE drafts SET status=$3, decided_by=$4, decided_at=$5, updated_at=$5"
             " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
             (draft_id, version, APPROVED, actor, t, AWAITING),
-            actor=actor, action="approve", t=t)
+            actor=actor, action="approve", t=t, detail=lambda d, _: f"v{version}")
 
     async def edit(self, draft_id: int, version: int, body: str, actor: str,
                    now: float | None = None) -> Draft | None:
@@ -418,17 +424,20 @@ class PostgresStore(Store):
             "UPDATE drafts SET status=$3, body=$4, version=version+1, updated_at=$5"
             " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
             (draft_id, version, READY, body, t, AWAITING),
-            actor=actor, action="edit", t=t)
+            actor=actor, action="edit", t=t, detail=lambda d, _: f"v{version} -> v{d.version}")
 
     async def regenerate(self, draft_id: int, version: int, actor: str,
                          instruction: str = "", now: float | None = None) -> Draft | None:
         t = _now(now)
+        # The audit hash is of the body the operator saw when asking for another one.
         return await self._decide(
             "UPDATE drafts SET status=$3, instruction=$4, version=version+1, attempt=0,"
-            " lease_until=NULL, updated_at=$5"
+            " lease_until=NULL, error=NULL, updated_at=$5"
             " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
             (draft_id, version, QUEUED, instruction, t, AWAITING),
-            actor=actor, action="regenerate", t=t, detail=instruction or None)
+            actor=actor, action="regenerate", t=t,
+            detail=lambda d, _: f"v{version} -> v{d.version}"
+            + (f": {instruction}" if instruction else ""))
 
     async def reject(self, draft_id: int, version: int, actor: str, reason: str = "",
                      now: float | None = None) -> Draft | None:
@@ -437,7 +446,8 @@ class PostgresStore(Store):
             "UPDATE drafts SET status=$3, decided_by=$4, decided_at=$5, updated_at=$5,"
             " error=$7 WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
             (draft_id, version, REJECTED, actor, t, AWAITING, reason or None),
-            actor=actor, action="reject", t=t, detail=reason or None)
+            actor=actor, action="reject", t=t,
+            detail=lambda d, _: f"v{version}" + (f": {reason}" if reason else ""))
 
     # -- sending -------------------------------------------------------------------
     async def approved(self, pipeline: str | None = None) -> list[Draft]:
@@ -455,7 +465,8 @@ class PostgresStore(Store):
             "UPDATE drafts SET status=$2, sent_id=$3, error=NULL, updated_at=$4"
             " WHERE id=$1 AND status = ANY($5::text[]) RETURNING *",
             (draft_id, SENT, str(sent_id), t, [SENDING, SEND_UNKNOWN]),
-            actor="draftgate", action="sent", t=t, detail=str(sent_id))
+            actor=None, action="sent", t=t,
+            detail=lambda d, _: f"v{d.version} sent as {sent_id}")
 
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
         return await self._one(
@@ -473,10 +484,11 @@ class PostgresStore(Store):
                          ) -> Draft | None:
         t = _now(now)
         return await self._decide(
-            "UPDATE drafts SET status=$2, updated_at=$3"
+            "UPDATE drafts SET status=$2, error=NULL, updated_at=$3"
             " WHERE id=$1 AND status = ANY($4::text[]) RETURNING *",
             (draft_id, APPROVED, t, [SEND_FAILED, SEND_UNKNOWN]),
-            actor=actor, action="retry_send", t=t)
+            actor=actor, action="retry_send", t=t, before=draft_id,
+            detail=lambda d, old: f"after {old['status']}: {old['error'] or ''}".rstrip(": "))
 
     async def send_unknown(self, pipeline: str | None = None) -> list[Draft]:
         return await self._by_status((SEND_UNKNOWN,), pipeline)
@@ -572,34 +584,7 @@ class PostgresStore(Store):
             rows = await con.fetch(
                 "SELECT * FROM drafts WHERE pipeline=$1 AND item_id=$2 ORDER BY id FOR UPDATE",
                 pipeline, item_id)
-            result = await self._replay_in(con, pipeline, item_id, rows, t)
-            await self._audit(con, actor, "replay",
-                              result.draft.key if result.draft else (rows[-1]["key"] if rows else None),
-                              None, f"{pipeline} {item_id}: {result.outcome}"
-                              + (f" ({result.detail})" if result.detail else ""), t)
-        return result
-
-    @staticmethod
-    async def _replay_in(con, pipeline: str, item_id: str, rows, t: float) -> ReplayResult:
-        if not rows:
-            deleted = await con.fetch(
-                "DELETE FROM seen_items WHERE pipeline=$1 AND item_id=$2 RETURNING scope",
-                pipeline, item_id)
-            if deleted:
-                return ReplayResult("unseen", "seen mark removed; the next fetch takes it again")
-            return ReplayResult("not_found", f"no draft and no seen mark for {item_id!r} in {pipeline}")
-        sent = [r for r in rows if r["status"] == SENT]
-        if sent:
-            return ReplayResult("refused", "already sent", _draft(sent[-1]))
-        busy = [r for r in rows if r["status"] not in TERMINAL_STATUSES]
-        if busy:
-            return ReplayResult("refused", f"still in flight ({busy[-1]['status']})", _draft(busy[-1]))
-        target = [r for r in rows if r["status"] in REPLAYABLE_STATUSES][-1]
-        row = await con.fetchrow(
-            "UPDATE drafts SET status=$2, attempt=0, version=version+1, lease_until=NULL,"
-            " error=NULL, updated_at=$3 WHERE id=$1 AND status=$4 RETURNING *",
-            target["id"], QUEUED, t, target["status"])
-        return ReplayResult("requeued", f"was {target['status']}", _draft(row))
+            return await _replay(con, pipeline, item_id, actor, [_draft(r) for r in rows], t)
 
     async def sweep(self, *, seen_ttl_days: float, max_attempts: int = 3,
                     approval_ttl_days: float | None = None, runs_keep_days: float = 30,
@@ -607,27 +592,28 @@ class PostgresStore(Store):
         t = _now(now)
         res = SweepResult()
         async with self._tx() as con:
-            # A seen mark is only needed while its draft is alive: a terminal draft's
-            # key already stops a re-admit on its own.
+            # Deleting a mark whose item has a draft is safe: admit also checks the
+            # draft key, so the item is never queued twice.
             res.seen_deleted = _count(await con.execute(
-                "DELETE FROM seen_items s WHERE s.seen_at < $1 AND NOT EXISTS ("
-                " SELECT 1 FROM drafts d WHERE d.pipeline=s.pipeline AND d.scope=s.scope"
-                " AND d.item_id=s.item_id AND NOT (d.status = ANY($2::text[])))",
-                t - seen_ttl_days * _DAY, list(TERMINAL_STATUSES)))
-            rows = await con.fetch(
-                "UPDATE drafts SET"
-                " status = CASE WHEN attempt + 1 < $2 THEN $3 ELSE $4 END,"
-                " attempt=attempt+1, lease_until=NULL, updated_at=$1,"
-                " error = CASE WHEN attempt + 1 < $2 THEN error ELSE 'lease expired' END"
-                " WHERE status=$5 AND lease_until < $1 RETURNING status",
-                t, max_attempts, QUEUED, FAILED, DRAFTING)
-            res.leases_requeued = sum(1 for r in rows if r["status"] == QUEUED)
-            res.leases_failed = len(rows) - res.leases_requeued
+                "DELETE FROM seen_items WHERE seen_at < $1", t - seen_ttl_days * _DAY))
+            # A new fence on every expired lease, so the stale worker's update loses.
+            res.leases_requeued = _count(await con.execute(
+                "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
+                " fence=nextval('draft_fence_seq'), error='lease expired; retrying',"
+                " updated_at=$2 WHERE status=$3 AND lease_until < $2 AND attempt + 1 < $4",
+                QUEUED, t, DRAFTING, max_attempts))
+            res.leases_failed = _count(await con.execute(
+                "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
+                " fence=nextval('draft_fence_seq'),"
+                " error='lease expired after ' || (attempt + 1) || ' attempts',"
+                " updated_at=$2 WHERE status=$3 AND lease_until < $2",
+                FAILED, t, DRAFTING))
             if approval_ttl_days is not None:
                 res.approvals_expired = _count(await con.execute(
-                    "UPDATE drafts SET status=$1, updated_at=$2"
-                    " WHERE status=$3 AND updated_at < $4",
-                    EXPIRED, t, AWAITING, t - approval_ttl_days * _DAY))
+                    "UPDATE drafts SET status=$1, error=$2, updated_at=$3"
+                    " WHERE status=$4 AND updated_at < $5",
+                    EXPIRED, f"no decision within {approval_ttl_days:g} days", t, AWAITING,
+                    t - approval_ttl_days * _DAY))
             res.runs_pruned = _count(await con.execute(
                 "DELETE FROM pipeline_runs WHERE started_at < $1", t - runs_keep_days * _DAY))
         return res
@@ -636,7 +622,8 @@ class PostgresStore(Store):
         async with self._tx() as con:
             return _count(await con.execute(
                 "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4",
-                SEND_UNKNOWN, "interrupted while sending (process stopped)", time.time(), SENDING))
+                SEND_UNKNOWN, "interrupted mid-send by a restart; it may have been delivered",
+                time.time(), SENDING))
 
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
         t = time.time()
@@ -650,7 +637,7 @@ class PostgresStore(Store):
 
     async def paused(self) -> set[str]:
         async with self._tx() as con:
-            rows = await con.fetch("SELECT pipeline FROM pipeline_flags WHERE paused <> 0")
+            rows = await con.fetch("SELECT pipeline FROM pipeline_flags WHERE paused = 1")
         return {r["pipeline"] for r in rows}
 
     # -- leader / locks ---------------------------------------------------------------------
@@ -662,13 +649,125 @@ class PostgresStore(Store):
                 "INSERT INTO locks (name, holder, expires_at) VALUES ($1, $2, $3)"
                 " ON CONFLICT (name) DO UPDATE SET holder=EXCLUDED.holder,"
                 " expires_at=EXCLUDED.expires_at"
-                " WHERE locks.holder=EXCLUDED.holder OR locks.expires_at < $4"
+                " WHERE locks.holder=EXCLUDED.holder OR locks.expires_at <= $4"
                 " RETURNING holder", name, holder, t + ttl_seconds, t)
         return row is not None
 
     async def unlock(self, name: str, holder: str) -> None:
         async with self._tx() as con:
             await con.execute("DELETE FROM locks WHERE name=$1 AND holder=$2", name, holder)
+
+    # -- copying (draftgate migrate-store) ---------------------------------------------------
+    async def copy_count(self, table: str) -> int:
+        """Rows in one of the copied tables (see ``COPY_TABLES``)."""
+        _check_table(table)
+        async with self._tx() as con:
+            return await con.fetchval(f"SELECT count(*) FROM {table}")
+
+    async def export_rows(self, table: str, after: tuple | None, limit: int) -> list[dict]:
+        """Up to ``limit`` rows of ``table`` whose key columns sort after ``after``,
+        in key order, as plain dicts (a keyset scan: each batch is one index range)."""
+        pk = _check_table(table)
+        cols = ", ".join(pk)
+        where = ""
+        args: list[Any] = [limit]
+        if after is not None:
+            marks = ", ".join(f"${i + 2}" for i in range(len(pk)))
+            where = f"WHERE ({cols}) > ({marks})"
+            args += list(after)
+        async with self._tx() as con:
+            rows = await con.fetch(
+                f"SELECT * FROM {table} {where} ORDER BY {cols} LIMIT $1", *args)
+        return [dict(r) for r in rows]
+
+    async def import_rows(self, table: str, rows: list[dict]) -> int:
+        """Insert copied rows as they are (ids included); a row whose key or id is
+        already present is left alone. Returns how many were inserted."""
+        _check_table(table)
+        if not rows:
+            return 0
+        async with self._tx() as con:
+            types = {r["column_name"]: r["data_type"] for r in await con.fetch(
+                "SELECT column_name, data_type FROM information_schema.columns"
+                " WHERE table_schema=$1 AND table_name=$2", self._schema, table)}
+            cols = [c for c in rows[0] if c in types]
+            conv = [_CONVERT.get(types[c], _as_is) for c in cols]
+            values = [[None if row.get(c) is None else f(row[c]) for c, f in zip(cols, conv)]
+                      for row in rows]
+            # One statement per batch: unnest() of one array per column.
+            arrays = ", ".join(f"${i + 1}::{_ARRAY_TYPE[types[c]]}[]" for i, c in enumerate(cols))
+            names = ", ".join(cols)
+            status = await con.execute(
+                f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays})"
+                " ON CONFLICT DO NOTHING",
+                *[[v[i] for v in values] for i in range(len(cols))])
+        return _count(status)
+
+    async def finish_import(self) -> None:
+        """Move id and fence sequences past every copied row, so the next draft,
+        run or audit row (and the next claim's fence) never reuses a number."""
+        async with self._tx() as con:
+            for table in ("drafts", "pipeline_runs", "audit"):
+                await con.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
+                    f" GREATEST((SELECT max(id) FROM {table}), 1),"
+                    f" (SELECT max(id) FROM {table}) IS NOT NULL)")
+            await con.execute(
+                "SELECT setval('draft_fence_seq', GREATEST((SELECT max(fence) FROM drafts), 1),"
+                " coalesce((SELECT max(fence) FROM drafts), 0) > 0)")
+
+
+async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Draft],
+                  t: float) -> ReplayResult:
+    where = f"{pipeline} {item_id}"
+    audit = PostgresStore._audit
+    if not drafts:
+        removed = _count(await con.execute(
+            "DELETE FROM seen_items WHERE pipeline=$1 AND item_id=$2", pipeline, item_id))
+        if removed:
+            result = ReplayResult("unseen", f"{where}: seen mark removed; the next fetch "
+                                            "takes it again")
+        else:
+            result = ReplayResult("not_found", f"{where}: no seen mark and no draft; check "
+                                               "the pipeline name and the item id")
+        await audit(con, actor, "replay", None, None, f"{result.outcome}: {where}", t)
+        return result
+    sent = [d for d in drafts if d.status == SENT]
+    busy = [d for d in drafts if d.status not in REPLAYABLE_STATUSES]
+    if sent or busy:
+        d = (sent or busy)[-1]
+        why = (f"draft #{d.id} was already sent; a sent item is never replayed" if sent else
+               f"draft #{d.id} is still {d.status}; decide on it or let it finish first")
+        await audit(con, actor, "replay", d.key, None, f"refused: {why}", t)
+        return ReplayResult("refused", f"{where}: {why}", d)
+    old = drafts[-1]  # the newest recipe's draft
+    # version + 1 makes the old card's buttons stale; the card's chat and message id
+    # stay so the channel can edit that same card.
+    row = await con.fetchrow(
+        "UPDATE drafts SET status=$2, attempt=0, version=version+1, lease_until=NULL,"
+        " error=NULL, decided_by=NULL, decided_at=NULL, instruction='', updated_at=$3"
+        " WHERE id=$1 AND status=$4 RETURNING *", old.id, QUEUED, t, old.status)
+    draft = _draft(row)  # the rows are locked FOR UPDATE: nothing else moved it
+    detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
+    await audit(con, actor, "replay", draft.key, None, detail, t)
+    return ReplayResult("requeued", f"{where}: {detail}", draft)
+
+
+def _check_table(table: str) -> tuple[str, ...]:
+    try:
+        return COPY_TABLES[table]
+    except KeyError:
+        raise StoreError(f"cannot copy table {table!r}; copied tables: {', '.join(COPY_TABLES)}") from None
+
+
+def _as_is(v: Any) -> Any:
+    return v
+
+
+# SQLite hands back whatever type a value was stored with; PostgreSQL wants the
+# column's own type.
+_CONVERT = {"double precision": float, "bigint": int, "integer": int, "text": str}
+_ARRAY_TYPE = {"double precision": "float8", "bigint": "int8", "integer": "int4", "text": "text"}
 
 
 def _count(status: str) -> int:
