@@ -59,7 +59,8 @@ def _path_from_url(url: str) -> str:
             "(three slashes, then the path; no host, no ?options)")
     path = rest[1:]
     if not path:
-        raise StoreError(f"bad SQLite store URL {url!r}: the database path is empty")
+        raise StoreError(f"bad SQLite store URL {url!r}: the database path is empty; "
+                         "expected sqlite:///path/to/state.db")
     if path == ":memory:":
         return path
     return str(Path(path).expanduser().absolute())
