@@ -33,24 +33,13 @@ from ..models import (
     REJECTED, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED,
     AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
 )
+from ._copy import key_columns as _check_table
 from .base import AdmitResult, ReplayResult, Store, SweepResult
 from .pg_schema import MIGRATIONS
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _DAY = 86400.0
 _SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
-
-#: Tables ``migrate-store`` copies, with the columns that order a keyset scan.
-COPY_TABLES: dict[str, tuple[str, ...]] = {
-    "seen_items": ("pipeline", "scope", "item_id"),
-    "cursors": ("pipeline", "scope"),
-    "drafts": ("id",),
-    "pipeline_runs": ("id",),
-    "audit": ("id",),
-    "token_usage": ("pipeline", "day"),
-    "pipeline_flags": ("pipeline",),
-}
-
 
 def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
@@ -60,7 +49,7 @@ def _utc_day(t: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(t))
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
     """The URL with any password replaced, safe to put in an error or a log line."""
     parts = urlsplit(url)
     if parts.password is None:
@@ -74,7 +63,7 @@ def parse_pg_url(url: str) -> tuple[str, str]:
     """Split ``?schema=NAME`` off a PostgreSQL URL: ``(dsn_for_asyncpg, schema)``."""
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
-        raise StoreError(f"not a PostgreSQL URL: {_redact(url)!r}; expected postgresql://user@host/db")
+        raise StoreError(f"not a PostgreSQL URL: {redact_url(url)!r}; expected postgresql://user@host/db")
     query = parse_qsl(parts.query, keep_blank_values=True)
     schema = "public"
     rest = []
@@ -85,7 +74,7 @@ def parse_pg_url(url: str) -> tuple[str, str]:
             rest.append((k, v))
     if not _SCHEMA_NAME.match(schema):
         raise StoreError(
-            f"store URL {_redact(url)!r}: schema={schema!r} is not a plain identifier; "
+            f"store URL {redact_url(url)!r}: schema={schema!r} is not a plain identifier; "
             "use letters, digits and underscores, starting with a letter or underscore")
     dsn = urlunsplit(parts._replace(query=urlencode(rest)))
     return dsn, schema
@@ -137,13 +126,13 @@ class PostgresStore(Store):
             con = await asyncpg.connect(self._dsn, timeout=10)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
             raise StoreError(
-                f"cannot connect to PostgreSQL at {_redact(self._dsn)}: {e}. Check the "
+                f"cannot connect to PostgreSQL at {redact_url(self._dsn)}: {e}. Check the "
                 "store URL (postgresql://user@host:port/db) and that the server is running "
                 "and accepts this user") from e
         try:
             await self._migrate(con)
         except asyncpg.PostgresError as e:
-            raise StoreError(f"PostgreSQL store {_redact(self.url)}: migration failed: {e}") from e
+            raise StoreError(f"PostgreSQL store {redact_url(self.url)}: migration failed: {e}") from e
         finally:
             await con.close()
         try:
@@ -152,7 +141,7 @@ class PostgresStore(Store):
                 server_settings={"search_path": self._schema},
             )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
-            raise StoreError(f"cannot open a connection pool to {_redact(self._dsn)}: {e}") from e
+            raise StoreError(f"cannot open a connection pool to {redact_url(self._dsn)}: {e}") from e
 
     async def _migrate(self, con: asyncpg.Connection) -> None:
         ident = '"' + self._schema + '"'
@@ -190,7 +179,7 @@ class PostgresStore(Store):
                 async with con.transaction():
                     yield con
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
-            raise StoreError(f"PostgreSQL store {_redact(self.url)}: {e}") from e
+            raise StoreError(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
 
     # -- fetch side ----------------------------------------------------------------
     async def unseen(self, pipeline: str, scope: str, item_ids: list[str]) -> set[str]:
@@ -751,13 +740,6 @@ async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Dra
     detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
     await audit(con, actor, "replay", draft.key, None, detail, t)
     return ReplayResult("requeued", f"{where}: {detail}", draft)
-
-
-def _check_table(table: str) -> tuple[str, ...]:
-    try:
-        return COPY_TABLES[table]
-    except KeyError:
-        raise StoreError(f"cannot copy table {table!r}; copied tables: {', '.join(COPY_TABLES)}") from None
 
 
 def _as_is(v: Any) -> Any:

@@ -1,0 +1,152 @@
+"""``draftgate migrate-store``: copy one store into another (SQLite <-> PostgreSQL).
+
+Everything that decides what happens next is copied as it is: seen marks (so no mail
+is fetched again), drafts with their ids, keys, status, versions, fences and approval
+message ids (so cards already in Telegram still work), cursors, runs, audit, token
+usage and pause flags. Lease rows (``locks``) are not: they belong to processes of
+the old store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Callable
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import StoreError
+from .store import create_store
+from .store._copy import COPY_TABLES, copier
+
+#: Copy order. Drafts before audit so a reader of the target never sees an audit
+#: row for a draft that is not there yet.
+TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
+          "pipeline_flags")
+BATCH = 5000
+
+Progress = Callable[[str, int, int], None]
+
+
+def _safe(url: str) -> str:
+    """``url`` with any password masked, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+async def migrate_store(src_url: str, dst_url: str, *, force: bool = False,
+                        progress: Progress | None = None, batch: int = BATCH) -> dict[str, int]:
+    """Copy every table of the store at ``src_url`` into ``dst_url``; returns rows
+    copied per table. Refuses a target that already holds data unless ``force``
+    (then rows already in the target, by key or id, are kept and the rest added)."""
+    if src_url == dst_url:
+        raise StoreError("--from and --to are the same store; give the new store as --to")
+    src = create_store(src_url)
+    dst = create_store(dst_url)
+    await src.open()
+    try:
+        await dst.open()
+        try:
+            return await _copy_all(src, dst, src_url, dst_url, force, progress, batch)
+        finally:
+            await dst.close()
+    finally:
+        await src.close()
+
+
+async def _copy_all(src, dst, src_url, dst_url, force, progress, batch) -> dict[str, int]:
+    s, d = copier(src), copier(dst)
+    existing = {t: await d.copy_count(t) for t in TABLES}
+    if any(existing.values()) and not force:
+        held = ", ".join(f"{n} {t}" for t, n in existing.items() if n)
+        raise StoreError(
+            f"the target store {_safe(dst_url)} is not empty ({held}). migrate-store "
+            "copies into an empty store so nothing is mixed up by accident; point --to at "
+            "a new database (or schema), or re-run with --force to add the source's rows "
+            "to it (rows already there, by key or id, are kept as they are)")
+    copied: dict[str, int] = {}
+    for table in TABLES:
+        total = await s.copy_count(table)
+        done = 0
+        copied[table] = 0
+        if progress:
+            progress(table, 0, total)
+        after = None
+        key = COPY_TABLES[table]
+        while True:
+            rows = await s.export_rows(table, after, batch)
+            if not rows:
+                break
+            copied[table] += await d.import_rows(table, rows)
+            done += len(rows)
+            after = tuple(rows[-1][c] for c in key)
+            if progress:
+                progress(table, done, max(total, done))
+            if len(rows) < batch:
+                break
+    await d.finish_import()
+    return copied
+
+
+# -- CLI -------------------------------------------------------------------------------
+
+_DESCRIPTION = """\
+Copy a draftgate store into another one, e.g. from SQLite to PostgreSQL when moving
+to several hosts. Seen marks, drafts (with their ids, versions and approval message
+ids), cursors, runs, audit, token usage and pause flags are copied, so after the
+switch nothing is fetched or drafted again and cards already posted still work.
+Stop every `draftgate run` on the old store first. The target must be empty unless
+--force is given."""
+
+
+def add_cli(subparsers) -> argparse.ArgumentParser:
+    """Register ``migrate-store`` on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "migrate-store", help="copy the store to another backend (e.g. SQLite -> PostgreSQL)",
+        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--from", dest="src", required=True, metavar="URL",
+                   help="store to copy from, e.g. sqlite:///var/lib/draftgate/state.db")
+    p.add_argument("--to", dest="dst", required=True, metavar="URL",
+                   help="store to copy into, e.g. postgresql://draftgate@db.internal/draftgate")
+    p.add_argument("--force", action="store_true",
+                   help="copy into a target that already holds data (existing rows are kept)")
+    p.set_defaults(func=run_cli)
+    return p
+
+
+class _Bar:
+    """One line per table on stderr, redrawn in place: ``drafts [#####.....] 512/1024``."""
+
+    def __init__(self, out=None, width: int = 30):
+        self.out = out or sys.stderr
+        self.width = width
+        self._last = 0.0
+
+    def __call__(self, table: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        final = done >= total
+        if not final and now - self._last < 0.1:
+            return
+        self._last = now
+        filled = self.width if total == 0 else int(self.width * done / total)
+        bar = "#" * filled + "." * (self.width - filled)
+        self.out.write(f"\r{table:<15} [{bar}] {done}/{total}")
+        if final:
+            self.out.write("\n")
+        self.out.flush()
+
+
+def run_cli(args) -> int:
+    """Run ``migrate-store`` from parsed arguments; prints a summary, returns the exit code."""
+    try:
+        copied = asyncio.run(migrate_store(args.src, args.dst, force=args.force, progress=_Bar()))
+    except (StoreError, ValueError) as e:
+        print(f"migrate-store: {e}", file=sys.stderr)
+        return 1
+    summary = ", ".join(f"{n} {t}" for t, n in copied.items())
+    print(f"copied {summary} from {_safe(args.src)} to {_safe(args.dst)}")
+    return 0
