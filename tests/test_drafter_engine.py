@@ -1,0 +1,288 @@
+"""The engine with the real LLM drafters: the real maildir/schedule sources, the real
+SQLite store, the real outbox sender and the real openai/anthropic SDKs against the
+fake model server. What is counted is what a user would notice: model calls (money),
+cards (a reviewer's attention) and drafts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bot import ops
+from bot.config import load_settings
+from bot.engine import Engine
+from bot.stages import PostedRef
+from bot.store import create_store
+from tests.fakes.llm import FakeLLM
+
+T0 = 1_764_410_400.0  # 2025-11-29T10:00:00Z, on the hour
+
+
+class Clock:
+    def __init__(self, t: float = T0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Cards:
+    """An approval channel that records cards and notifications."""
+
+    name = "console"
+
+    def __init__(self):
+        self.cards: list[int] = []  # draft ids that got a NEW card
+        self.edits: list[tuple[int, int]] = []
+        self.notes: list[str] = []
+
+    async def start(self, decisions):
+        pass
+
+    async def post(self, draft):
+        if draft.approval_message_id:
+            self.edits.append((draft.id, draft.version))
+            return PostedRef("chat", draft.approval_message_id)
+        self.cards.append(draft.id)
+        return PostedRef("chat", f"card-{draft.id}")
+
+    async def update(self, draft):
+        pass
+
+    async def notify(self, text, *, retry_draft=None):
+        self.notes.append(text)
+
+    async def stop(self):
+        pass
+
+
+def email(n: int) -> bytes:
+    return (f"From: Customer {n} <c{n}@customer.example>\nTo: support@shop.example\n"
+            f"Subject: Question {n}\nMessage-ID: <q{n}@customer.example>\n"
+            f"Date: Sat, 29 Nov 2025 09:0{n % 10}:00 +0000\n\nWhere is order #{n}?\n").encode()
+
+
+def deploy(tmp: Path, fake: FakeLLM, *, provider: str = "openai", budget: int | None = None,
+           in_flight: int = 4, emails: int = 0) -> Path:
+    (tmp / "pipelines").mkdir()
+    (tmp / "inbox").mkdir()
+    for n in range(1, emails + 1):
+        (tmp / "inbox" / f"{n}.eml").write_bytes(email(n))
+    (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
+    url = fake.openai_url if provider == "openai" else fake.url
+    (tmp / "draftgate.yaml").write_text(
+        f"store: sqlite:///{tmp}/state.db\nmax_in_flight: {in_flight}\n"
+        f"models:\n  llm:\n    provider: {provider}\n    base_url: {url}\n    model: m\n"
+        f"    timeout: 10s\n    retries: 1\n    backoff: 10ms\n")
+    (tmp / "pipelines" / "support.yaml").write_text(
+        "name: support\nschedule: 5m\nsource: {type: maildir, path: inbox}\n"
+        "drafter: {model: llm, prompt: prompt.md, signature: '-- Shop'}\n"
+        "sender: {type: outbox, path: out, from: 'Shop <support@shop.example>'}\n"
+        "lease: 60s\nmax_attempts: 2\n"
+        + (f"daily_token_budget: {budget}\n" if budget else ""))
+    (tmp / "pipelines" / "posts.yaml").write_text(
+        "name: posts\nschedule: 1h\nsource: {type: schedule, topic: Weekly product tip}\n"
+        "catchup: {policy: all, max: 24}\ndrafter: {model: llm, prompt: prompt.md}\n"
+        "sender: {type: outbox, path: posts-out}\nlease: 60s\n")
+    return tmp / "draftgate.yaml"
+
+
+class World:
+    def __init__(self, cfg: Path, clock: Clock):
+        self.cfg, self.clock = cfg, clock
+        self.settings = load_settings(cfg)
+        self.engines: list[Engine] = []
+        self.store = None
+
+    async def engine(self) -> tuple[Engine, Cards]:
+        """A new engine (as after a restart) on the same store, with its own stages."""
+        if self.store is None:
+            self.store = create_store(self.settings.store)
+            await self.store.open()
+        cards = Cards()
+        engine = Engine(self.settings, self.store, {"console": cards}, clock=self.clock)
+        await engine.start()
+        self.engines.append(engine)
+        return engine, cards
+
+    async def close(self):
+        for e in self.engines:
+            await e.stop()
+        if self.store is not None:
+            await self.store.close()
+
+
+@pytest.fixture
+def fake():
+    with FakeLLM() as f:
+        yield f
+
+
+@pytest.fixture
+async def world_factory(tmp_path):
+    worlds: list[World] = []
+
+    def make(fake: FakeLLM, **kw) -> World:
+        w = World(deploy(tmp_path, fake, **kw), Clock())
+        worlds.append(w)
+        return w
+
+    yield make
+    for w in worlds:
+        await w.close()
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_tick_makes_one_model_call_one_draft_and_one_card_per_email(
+        world_factory, fake, provider):
+    w = world_factory(fake, provider=provider, emails=3)
+    engine, cards = await w.engine()
+    counts = await engine.tick("support")
+    assert (counts.new, counts.drafted, counts.posted) == (3, 3, 3)
+    assert len(fake.requests) == 3
+    again = await engine.tick("support")
+    assert (again.new, again.drafted, again.posted) == (0, 0, 0)
+    assert len(fake.requests) == 3 and len(cards.cards) == 3
+    pending = await w.store.pending("support")
+    assert sorted(d.status for d in pending) == ["awaiting"] * 3
+    assert all(d.body.startswith("Thank you for your message.") for d in pending)
+    # Token use, from the usage fields: per draft, per run and per day.
+    assert all((d.tokens_in, d.tokens_out) == (11, 7) for d in pending)
+    assert counts.tokens == 3 * 18
+    detail = await ops.status_one(w.store, w.settings, "support", now=w.clock())
+    assert detail.tokens_today == 3 * 18
+    assert "tokens today 54" in ops.format_status_one(detail)
+
+
+async def test_a_catch_up_run_drafts_each_missed_slot_once_and_never_a_drafted_slot_again(
+        world_factory, fake):
+    w = world_factory(fake)
+    engine, cards = await w.engine()
+    await engine.tick("posts", scheduled_for=T0)
+    assert len(fake.requests) == 1
+    # Down for three hours; the restarted bot catches up the missed slots.
+    w.clock.t = T0 + 3 * 3600 + 120
+    engine2, cards2 = await w.engine()
+    await engine2.tick("posts")
+    assert len(fake.requests) == 4
+    # The same slots again (a second catch-up, a late tick for an old slot): no call.
+    await engine2.tick("posts")
+    await engine2.tick("posts", scheduled_for=T0)
+    await engine2.tick("posts", scheduled_for=T0 + 3600)
+    assert len(fake.requests) == 4
+    drafts = await w.store.pending("posts")
+    assert sorted(d.item_id for d in drafts) == ["2025-11-29T10:00", "2025-11-29T11:00",
+                                                 "2025-11-29T12:00", "2025-11-29T13:00"]
+    assert len(cards.cards) + len(cards2.cards) == 4
+    system, user = fake.requests[0].texts()
+    assert "scheduled slot 2025-11-29T10:00" in system and "Weekly product tip" in user
+
+
+async def test_429_then_success_is_one_draft_after_the_wait(world_factory, fake):
+    w = world_factory(fake, emails=1)
+    fake.script(fake.error(429, "rate limited", retry_after=0.3))
+    engine, cards = await w.engine()
+    counts = await engine.tick("support")
+    assert counts.drafted == 1 and len(cards.cards) == 1
+    assert len(fake.requests) == 2 and fake.requests[1].at - fake.requests[0].at >= 0.3
+    [d] = await w.store.pending("support")
+    assert d.status == "awaiting" and d.attempt == 0
+
+
+async def test_500_to_the_last_attempt_fails_with_the_reason_tells_the_operator_and_replay_recovers(
+        world_factory, fake):
+    w = world_factory(fake, emails=1)
+    fake.default = fake.error(500, "model overloaded", retry_after=0.01)
+    engine, cards = await w.engine()
+    first = await engine.tick("support")
+    # Attempt 1 (two calls: retries 1) fails; the item waits in the queue for the
+    # next tick, and no card is shown.
+    assert first.failed == 0 and len(fake.requests) == 2 and cards.notes == []
+    [d] = await w.store.find_drafts("support", "<q1@customer.example>")
+    assert d.status == "queued" and "HTTP 500" in d.error
+    w.clock.t += 300
+    counts = await engine.tick("support")
+    # max_attempts 2: the second attempt was the last one.
+    assert counts.failed == 1 and len(fake.requests) == 4
+    [d] = await w.store.find_drafts("support", "<q1@customer.example>")
+    assert d.status == "failed" and "HTTP 500" in d.error and "model overloaded" in d.error
+    [note] = [n for n in cards.notes if "drafting failed" in n]
+    assert "model overloaded" in note and "/replay support <q1@customer.example>" in note
+    assert cards.cards == []
+    # The provider recovers; the operator replays the item.
+    fake.default = fake.reply("Your order ships today.")
+    result = await ops.replay(w.store, "support", "<q1@customer.example>", "anna")
+    assert result.outcome == "requeued"
+    await engine.tick("support")
+    [d] = await w.store.find_drafts("support", "<q1@customer.example>")
+    assert d.status == "awaiting" and d.body == "Your order ships today."
+    assert len(fake.requests) == 5 and cards.cards == [d.id]
+
+
+async def test_the_daily_token_budget_stops_drafting_tells_once_and_resumes_next_day(
+        world_factory, fake):
+    # 18 tokens per draft; a budget of 30 allows two drafts (the check is before each).
+    w = world_factory(fake, emails=3, budget=30, in_flight=1)
+    engine, cards = await w.engine()
+    await engine.tick("support")
+    assert len(fake.requests) == 2
+    by_status = await w.store.count_by_status("support")
+    assert by_status.get("awaiting") == 2 and by_status.get("queued") == 1
+    w.clock.t += 600
+    await engine.tick("support")
+    assert len(fake.requests) == 2
+    told = [n for n in cards.notes if "budget" in n]
+    assert len(told) == 1 and "30" in told[0]
+    detail = await ops.status_one(w.store, w.settings, "support", now=w.clock())
+    assert "tokens today 36 / 30" in ops.format_status_one(detail)
+    # A new UTC day: the queued item is drafted.
+    w.clock.t = T0 + 86400
+    await engine.tick("support")
+    assert len(fake.requests) == 3
+    assert (await w.store.count_by_status("support")).get("awaiting") == 3
+    assert len(cards.cards) == 3
+
+
+async def test_an_answer_that_arrives_after_the_lease_was_lost_changes_nothing(world_factory, fake):
+    """A call outlives its claim (here: the clock jumps past the lease while the model
+    holds the answer); another engine re-drafts the item; the late answer is fenced."""
+    w = world_factory(fake, emails=1)
+    late = fake.hold(then=fake.reply("LATE answer from the abandoned call"))
+    fake.script(late, fake.reply("Fresh draft"))
+    slow_engine, slow_cards = await w.engine()
+    first = asyncio.create_task(slow_engine.tick("support"))
+    assert await asyncio.to_thread(late.arrived.wait, 10)
+    w.clock.t += 400  # the 60 s lease (and the 300 s tick lock) have expired
+    other, other_cards = await w.engine()
+    assert (await other.sweep()).leases_requeued == 1
+    counts = await other.tick("support")
+    assert counts.drafted == 1
+    late.release()
+    stale = await first
+    assert stale.drafted == 0
+    [d] = await w.store.find_drafts("support", "<q1@customer.example>")
+    assert d.status == "awaiting" and d.body == "Fresh draft" and d.version == 1
+    assert len(slow_cards.cards) + len(other_cards.cards) == 1
+    await slow_engine.drain("support")
+    await other.drain("support")
+    assert len(slow_cards.cards) + len(other_cards.cards) == 1
+    assert len(fake.requests) == 2
+
+
+async def test_regenerate_sends_the_operators_instruction_as_an_instruction(world_factory, fake):
+    w = world_factory(fake, emails=1)
+    engine, cards = await w.engine()
+    await engine.tick("support")
+    [d] = await w.store.pending("support")
+    fake.script(fake.reply("Shorter reply."))
+    assert await engine.regenerate(d.id, d.version, "anna", "Make it shorter") is not None
+    await engine.drain("support")
+    after = await w.store.get_draft(d.id)
+    assert after.body == "Shorter reply." and after.version == d.version + 1
+    system, user = fake.requests[-1].texts()
+    assert "Make it shorter" in system and "Make it shorter" not in user
+    assert d.body in user  # the previous draft, as data
+    assert len(cards.cards) == 1 and cards.edits == [(d.id, d.version + 1)]
