@@ -203,3 +203,22 @@ def test_progress_bar_draws_each_table_to_the_end():
     text = buf.getvalue()
     assert "seen_items      [##########] 100/100\n" in text
     assert "drafts          [##########] 0/0\n" in text
+
+
+@pytest.mark.postgres
+async def test_cli_copies_sqlite_to_postgres_with_a_progress_bar(tmp_path, pg_url):
+    """`python -m bot migrate-store` copies, draws a bar per table and exits 0."""
+    import sys
+
+    src = f"sqlite:///{tmp_path / 'state.db'}"
+    async with create_store(src) as s:
+        await s.mark_seen("support", "inbox", [f"x{i}" for i in range(12_000)])
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "migrate-store", "--from", src, "--to", pg_url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "seen_items      [##############################] 12000/12000" in err.decode()
+    assert "copied 12000 seen_items" in out.decode()
+    async with create_store(pg_url) as pg:
+        assert await pg.seen_count("support") == 12_000

@@ -255,3 +255,29 @@ async def test_four_processes_migrate_once_and_claim_disjoint_drafts(pg_url):
             if p.returncode is None:
                 p.kill()
                 await p.wait()
+
+
+async def test_user_without_create_rights_gets_told_how_to_fix_it(pg_url):
+    """A login that may not create tables in `public` is told to grant CREATE or name
+    a schema it owns; with ?schema= of its own schema the store opens."""
+    dsn = await require_pg_dsn()
+    role, schema = new_schema_name("role"), new_schema_name("owned")
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        await admin.execute(f'CREATE SCHEMA "{schema}" AUTHORIZATION "{role}"')
+        parts = dsn.split("://", 1)[1].split("@", 1)
+        limited = f"postgresql://{role}@{parts[-1]}"
+        with pytest.raises(StoreError, match="Grant this user CREATE.*schema=NAME"):
+            await PostgresStore(limited).open()
+        store = PostgresStore(with_schema(limited, schema))
+        await store.open()
+        try:
+            await store.admit("p", "inbox", "v1", _items(2))
+            assert await store.seen_count("p") == 2
+        finally:
+            await store.close()
+    finally:
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.close()

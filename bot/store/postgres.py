@@ -131,6 +131,11 @@ class PostgresStore(Store):
                 "and accepts this user") from e
         try:
             await self._migrate(con)
+        except asyncpg.InsufficientPrivilegeError as e:
+            raise StoreError(
+                f"PostgreSQL store {redact_url(self.url)}: cannot create the tables in schema "
+                f"{self._schema!r}: {e}. Grant this user CREATE on that schema (or on the "
+                "database), or add ?schema=NAME to the URL naming a schema it owns") from e
         except asyncpg.PostgresError as e:
             raise StoreError(f"PostgreSQL store {redact_url(self.url)}: migration failed: {e}") from e
         finally:
@@ -149,7 +154,11 @@ class PostgresStore(Store):
             # Transaction-scoped, so a crashed process can never leave it held.
             await con.execute("SELECT pg_advisory_xact_lock($1)",
                               _lock_key(f"draftgate-migrate:{self._schema}"))
-            await con.execute(f"CREATE SCHEMA IF NOT EXISTS {ident}")
+            # Look first: CREATE SCHEMA IF NOT EXISTS still needs CREATE on the database,
+            # which a deployment user of an existing schema often lacks.
+            if not await con.fetchval("SELECT 1 FROM pg_namespace WHERE nspname=$1",
+                                      self._schema):
+                await con.execute(f"CREATE SCHEMA {ident}")
             await con.execute(f"SET LOCAL search_path TO {ident}")
             await con.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
