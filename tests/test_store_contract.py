@@ -272,6 +272,23 @@ class TestStoreContract:
         assert dead.status == "failed" and "lease expired" in dead.error
         assert await store.finish_draft(d2.id, d2.fence, "late", now=T0 + 31) is None
 
+    async def test_requeue_expired_handles_one_pipeline_only(self, store):
+        """The per-tick lease check: expired leases of that pipeline go back to the
+        queue (or fail past max_attempts); other pipelines and live leases stay."""
+        [a, b] = await _queued(store, "m1", "m2")
+        [c] = await _queued(store, "x1", pipeline="sales")
+        da = await store.claim_key(a, 10, now=T0)
+        await store.claim_key(b, 100, now=T0)
+        await store.claim_key(c, 10, now=T0)
+        assert await store.requeue_expired(P, max_attempts=3, now=T0 + 11) == (1, 0)
+        assert await store.count_by_status(P) == {"queued": 1, "drafting": 1}
+        assert await store.count_by_status("sales") == {"drafting": 1}
+        assert await store.finish_draft(da.id, da.fence, "late", now=T0 + 12) is None
+        again = await store.claim_key(a, 10, now=T0 + 12)
+        assert again.attempt == 1
+        assert await store.requeue_expired(P, max_attempts=2, now=T0 + 30) == (0, 1)
+        assert (await store.get_draft(da.id)).status == "failed"
+
     async def test_tokens_are_counted_per_pipeline_and_utc_day(self, store):
         [key] = await _queued(store, "m1")
         d = await store.claim_key(key, 60, now=T0)

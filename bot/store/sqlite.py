@@ -313,6 +313,8 @@ class SQLiteStore(Store):
             unique.setdefault(item.item_id, item)
         duplicates = len(items) - len(unique)
         keys = {item_id: draft_key(pipeline, scope, item_id, recipe) for item_id in unique}
+        if not unique and cursor is None:
+            return AdmitResult()
 
         def tx(db: sqlite3.Connection) -> AdmitResult:
             ids = list(unique)
@@ -670,17 +672,8 @@ class SQLiteStore(Store):
             result = SweepResult()
             result.seen_deleted = _exec(db, "DELETE FROM seen_items WHERE seen_at < ?",
                                         (now - seen_ttl_days * _DAY,))
-            # A new fence on every expired lease, so the stale worker's update loses.
-            result.leases_requeued = _exec(
-                db, "UPDATE drafts SET status = ?, attempt = attempt + 1, lease_until = NULL, "
-                    "fence = fence + 1, error = 'lease expired; retrying', updated_at = ? "
-                    "WHERE status = ? AND lease_until < ? AND attempt + 1 < ?",
-                (QUEUED, now, DRAFTING, now, max_attempts))
-            result.leases_failed = _exec(
-                db, "UPDATE drafts SET status = ?, attempt = attempt + 1, lease_until = NULL, "
-                    "fence = fence + 1, error = 'lease expired after ' || (attempt + 1) || "
-                    "' attempts', updated_at = ? WHERE status = ? AND lease_until < ?",
-                (FAILED, now, DRAFTING, now))
+            result.leases_requeued, result.leases_failed = _requeue_expired(
+                db, None, max_attempts, now)
             if approval_ttl_days is not None:
                 result.approvals_expired = _exec(
                     db, "UPDATE drafts SET status = ?, error = ?, updated_at = ? "
@@ -692,6 +685,11 @@ class SQLiteStore(Store):
             return result
 
         return await self._write(tx)
+
+    async def requeue_expired(self, pipeline: str, *, max_attempts: int,
+                              now: float | None = None) -> tuple[int, int]:
+        now = _now(now)
+        return await self._write(_requeue_expired, pipeline, max_attempts, now)
 
     async def recover_sending(self) -> int:
         now = time.time()
@@ -748,6 +746,23 @@ def _seen_among(db: sqlite3.Connection, pipeline: str, scope: str, ids: list[str
                              f"AND item_id IN ({marks})", (pipeline, scope, *chunk)):
             found.add(row[0])
     return found
+
+
+def _requeue_expired(db: sqlite3.Connection, pipeline: str | None, max_attempts: int,
+                     now: float) -> tuple[int, int]:
+    where, params = "status = ? AND lease_until < ?", (DRAFTING, now)
+    if pipeline is not None:
+        where, params = "pipeline = ? AND " + where, (pipeline,) + params
+    # A new fence on every expired lease, so the stale worker's update loses.
+    requeued = _exec(
+        db, "UPDATE drafts SET status = ?, attempt = attempt + 1, lease_until = NULL, "
+            "fence = fence + 1, error = 'lease expired; retrying', updated_at = ? "
+            f"WHERE {where} AND attempt + 1 < ?", (QUEUED, now) + params + (max_attempts,))
+    failed = _exec(
+        db, "UPDATE drafts SET status = ?, attempt = attempt + 1, lease_until = NULL, "
+            "fence = fence + 1, error = 'lease expired after ' || (attempt + 1) || "
+            f"' attempts', updated_at = ? WHERE {where}", (FAILED, now) + params)
+    return requeued, failed
 
 
 def _set_cursor(db: sqlite3.Connection, pipeline: str, scope: str, value: str | None,
