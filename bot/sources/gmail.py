@@ -121,16 +121,20 @@ class GmailSource:
             self._own.add(str(profile["emailAddress"]).lower())
         return profile
 
-    async def _get_raw(self, gmail_id: str, sem: asyncio.Semaphore) -> dict | None:
-        async with sem:
-            try:
-                return await self._read(
-                    lambda s: s.users().messages().get(userId="me", id=gmail_id, format="raw"),
-                    "messages.get")
-            except NotFound:
-                log.info("gmail %s: message %s vanished before it was fetched", self.account,
-                         gmail_id)
-                return None
+    def _fetch_one(self, gmail_id: str) -> tuple[dict, Item | None] | None:
+        """In a pool thread: download one message (raw) and parse it, so neither the
+        I/O nor parsing a 5 MB message runs on the event loop."""
+        try:
+            resource = self.client.read(
+                lambda s: s.users().messages().get(userId="me", id=gmail_id, format="raw"),
+                "messages.get")
+        except NotFound:
+            log.info("gmail %s: message %s vanished before it was fetched", self.account,
+                     gmail_id)
+            return None
+        item = self._item(resource)
+        resource.pop("raw", None)  # only ids, labels and dates are needed from here on
+        return resource, item
 
     def _item(self, resource: dict) -> Item | None:
         gid = str(resource.get("id"))
@@ -160,26 +164,40 @@ class GmailSource:
 
     async def _fetch_items(self, ids: list[str], ctx: FetchContext, progress: bool = False
                            ) -> tuple[list[Item], list[dict]]:
+        # The account's pool bounds the concurrency; the semaphore keeps this source
+        # within its own setting when the pool is shared with a sender.
         sem = asyncio.Semaphore(self.concurrency)
         done = 0
         total = len(ids)
 
         async def one(gid: str):
             nonlocal done
-            res = await self._get_raw(gid, sem)
+            async with sem:
+                try:
+                    res = await self.client.run(self._fetch_one, gid)
+                except RateLimited as exc:
+                    if exc.retry_after:
+                        self._not_before = time.time() + exc.retry_after
+                    raise
             done += 1
             if progress and ctx.progress:
                 ctx.progress(done, total)
             return res
 
-        resources = [r for r in await asyncio.gather(*(one(i) for i in ids)) if r]
-        items = [it for it in (self._item(r) for r in resources) if it is not None]
-        return items, resources
+        results = [r for r in await asyncio.gather(*(one(i) for i in ids)) if r]
+        items = [item for _, item in results if item is not None]
+        return items, [resource for resource, _ in results]
 
     async def _matching(self, resources: list[dict], label_id: str | None) -> set[str]:
-        """Ids among ``resources`` that match the query, with one bounded list call."""
-        if self.query.lower() in ("in:inbox", "") and not self.label:
-            return {r["id"] for r in resources if "INBOX" in (r.get("labelIds") or [])}
+        """Ids among ``resources`` that match the query: by their labels when the query
+        is only label terms (``in:inbox -category:promotions``), else with one
+        ``messages.list`` bounded to the candidates' dates."""
+        terms = _label_terms(self.query)
+        if terms is not None:
+            need, forbid = terms
+            return {r["id"] for r in resources
+                    if need <= set(r.get("labelIds") or []) and
+                    not forbid & set(r.get("labelIds") or [])}
         oldest = min(int(r.get("internalDate") or 0) for r in resources) // 1000
         ids = await self._list_ids(self._q(f"after:{max(0, oldest - 1)}"), label_id)
         return set(ids)
@@ -266,6 +284,26 @@ class GmailSource:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+_LABEL_TERMS = {"in:inbox": "INBOX", "is:unread": "UNREAD", "is:starred": "STARRED",
+                "is:important": "IMPORTANT", "category:primary": "CATEGORY_PERSONAL",
+                "category:social": "CATEGORY_SOCIAL", "category:promotions": "CATEGORY_PROMOTIONS",
+                "category:updates": "CATEGORY_UPDATES", "category:forums": "CATEGORY_FORUMS"}
+
+
+def _label_terms(query: str) -> tuple[set[str], set[str]] | None:
+    """(labels required, labels forbidden) when ``query`` is only an AND of label terms
+    such as ``in:inbox -category:promotions``; None when it needs Gmail's search."""
+    need: set[str] = set()
+    forbid: set[str] = set()
+    for term in query.lower().split():
+        neg = term.startswith("-")
+        label = _LABEL_TERMS.get(term[1:] if neg else term)
+        if label is None:
+            return None
+        (forbid if neg else need).add(label)
+    return need, forbid
 
 
 def _padded(data: str) -> str:

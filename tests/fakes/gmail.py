@@ -25,6 +25,7 @@ import email
 import email.policy
 import json
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -313,6 +314,8 @@ class FakeGmail:
         query = parse_qs(parts.query)
         length = int(h.headers.get("Content-Length") or 0)
         raw_body = h.rfile.read(length) if length else b""
+        if parts.path.startswith("/_fake/"):
+            return self._control(h, parts.path, query, raw_body)
         route, params = "unknown", {}
         for m, pattern, name in _ROUTES:
             match = pattern.match(parts.path)
@@ -365,6 +368,22 @@ class FakeGmail:
         if fault:
             return self._answer(h, call, fault.status, fault.body, fault.headers)
         return self._answer(h, call, status, payload)
+
+    def _control(self, h: "_Handler", path: str, query: dict, body: bytes) -> None:
+        """Out-of-process use (``python -m tests.fakes.gmail``): drive the fake over HTTP
+        so a benchmark measures only draftgate's process. Not recorded as calls."""
+        call = Call("POST", path, "control", query, None, 0)
+        if path == "/_fake/add":
+            labels = query.get("labels", ["INBOX,UNREAD"])[0].split(",")
+            return self._answer(h, call, 200, {"id": self.add_message(body, labels)})
+        if path == "/_fake/latency":
+            self.latency = float(query["seconds"][0])
+            return self._answer(h, call, 200, {})
+        if path == "/_fake/calls":
+            with self.lock:
+                calls = [{"route": c.route, "units": c.units} for c in self.calls]
+            return self._answer(h, call, 200, calls)
+        return self._answer(h, call, 404, {"error": "unknown control path"})
 
     def _answer(self, h: "_Handler", call: Call, status: int, payload: Any,
                 headers: dict | None = None) -> None:
@@ -508,6 +527,12 @@ class _Handler(BaseHTTPRequestHandler):
     owner: FakeGmail
     protocol_version = "HTTP/1.1"
 
+    def setup(self):
+        super().setup()
+        # Headers and body go out in separate writes; without this, Nagle plus the
+        # client's delayed ACK adds ~40 ms to every keep-alive answer.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def do_GET(self):  # noqa: N802 (http.server names)
         self.owner.handle(self, "GET")
 
@@ -580,9 +605,9 @@ class GmailWorld:
     """A fake Gmail, a deployment pointing at it, the real SQLite store and the real
     Engine with the template drafter and a console channel (auto-approving or not)."""
 
-    def __init__(self, tmp_path, *, auto_approve: bool = False, **deployment):
+    def __init__(self, tmp_path, *, auto_approve: bool = False, fake=None, **deployment):
         self.tmp_path = tmp_path
-        self.fake = FakeGmail().start()
+        self.fake = fake or FakeGmail().start()
         self.config = write_deployment(tmp_path, self.fake, **deployment)
         self.auto_approve = auto_approve
         self.out = None
@@ -626,3 +651,66 @@ class GmailWorld:
         for gid in list(self.fake.messages):
             out.extend(await self.store.find_drafts("support", gid))
         return out
+
+
+class RemoteFakeGmail:
+    """A FakeGmail in a child process (``python -m tests.fakes.gmail``), driven over its
+    control API; the same small surface the bench needs (add_message, latency, mark,
+    api_calls, units)."""
+
+    def __init__(self):
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parents[2]
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.gmail"], cwd=root,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().split()
+        self.url, self.address = line[0], line[1]
+        self.token_uri = self.url + "token"
+
+    def _post(self, path: str, data: bytes = b"") -> Any:
+        import urllib.request
+
+        with urllib.request.urlopen(urllib.request.Request(self.url + path.lstrip("/"),
+                                                           data=data, method="POST")) as r:
+            return json.loads(r.read())
+
+    def add_message(self, raw: bytes, labels=("INBOX", "UNREAD")) -> str:
+        return self._post(f"/_fake/add?labels={','.join(labels)}", raw)["id"]
+
+    @property
+    def latency(self) -> float:
+        return self._latency
+
+    @latency.setter
+    def latency(self, seconds: float) -> None:
+        self._latency = seconds
+        self._post(f"/_fake/latency?seconds={seconds}")
+
+    def _calls(self) -> list[dict]:
+        return self._post("/_fake/calls")
+
+    def mark(self) -> int:
+        return len(self._calls())
+
+    def api_calls(self, since: int = 0) -> list[Call]:
+        return [Call("", "", c["route"], {}, None, c["units"]) for c in self._calls()[since:]
+                if c["route"] != "token"]
+
+    def units(self, since: int = 0) -> int:
+        return sum(c["units"] for c in self._calls()[since:])
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
+        self.proc.stdout.close()
+
+
+if __name__ == "__main__":
+    import sys
+
+    with FakeGmail() as _fake:
+        print(_fake.url, _fake.address, flush=True)
+        sys.stdin.read()  # serve until the parent closes our stdin
