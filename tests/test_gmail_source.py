@@ -268,3 +268,42 @@ async def test_tick_never_blocks_other_pipelines_event_loop(world):
     assert beats == 5 and not task.done()
     release.set()
     await asyncio.wait_for(task, 10)
+
+
+async def test_query_beyond_labels_is_rechecked_with_one_bounded_list(tmp_path):
+    """A query Gmail must evaluate (from:) is re-checked with one messages.list bounded
+    by after:, so history's other new mail is not admitted."""
+    w = GmailWorld(tmp_path, source='{type: gmail, account: support, '
+                                    'query: "in:inbox from:alice@customer.example"}')
+    await w.open()
+    try:
+        await _started(w)
+        yes = w.fake.add_message(simple_message(1))
+        w.fake.add_message(simple_message(2, sender="bob@other.example"))
+        mark = w.fake.mark()
+        await w.tick()
+        assert [d.item_id for d in await w.drafts()] == [yes]
+        routes = [c.route for c in w.fake.api_calls(mark)]
+        assert routes == ["history.list", "messages.get", "messages.get", "messages.list"]
+        (q,) = w.fake.calls_to("messages.list")[-1].query["q"]
+        assert q.startswith("(in:inbox from:alice@customer.example) after:")
+    finally:
+        await w.close()
+
+
+def test_bad_options_name_the_file_and_path(tmp_path):
+    """Config errors for the Gmail source and senders say where and what is expected."""
+    from bot.build import check_all
+    from bot.config import load_settings
+    from tests.fakes.gmail import FakeGmail, write_deployment
+
+    fake = FakeGmail()  # never started: building does no I/O
+    fake._server = type("S", (), {"server_address": ("127.0.0.1", 1)})()
+    config = write_deployment(
+        tmp_path, fake, source="{type: gmail, account: support, querry: x, backfill: -1}",
+        sender="{type: gmail_reply, acount: support}")
+    errors = check_all(load_settings(config))
+    assert "pipelines/support.yaml: source.querry: unknown key; did you mean 'query'?" in errors
+    assert "pipelines/support.yaml: source.backfill: expected 0 or a positive number of " \
+           "messages" in errors
+    assert any(e.startswith("pipelines/support.yaml: sender.acount: unknown key") for e in errors)

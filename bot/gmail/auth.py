@@ -182,6 +182,10 @@ def add_cli(subparsers) -> None:
                         "(short names readonly, send, compose, modify are accepted)")
     g.add_argument("--timeout", type=float, default=600.0,
                    help="seconds to wait for the browser to come back (default 600)")
+    g.add_argument("-c", "--config", default="draftgate.yaml", metavar="FILE",
+                   help="deployment file, to find the account's token_file and the scopes "
+                        "its pipelines need (default: draftgate.yaml; optional)")
+    g.set_defaults(func=run_cli)
 
 
 _SHORT = {"readonly": SCOPE_READONLY, "send": SCOPE_SEND, "compose": SCOPE_COMPOSE,
@@ -211,7 +215,7 @@ def _scopes_for(args, out) -> tuple[list[str], str | None]:
     return [SCOPE_READONLY, SCOPE_SEND], token
 
 
-def run_cli(args, *, out=None) -> int:
+def run_cli(args, out=None) -> int:
     """``draftgate auth gmail``: run the installed-app flow, write the token file 0600."""
     out = out or sys.stdout
     try:
@@ -274,7 +278,6 @@ def run_cli(args, *, out=None) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry (``python -m bot.gmail.auth gmail ...``) until the CLI wires it."""
     parser = argparse.ArgumentParser(prog="draftgate")
-    parser.add_argument("-c", "--config", default="draftgate.yaml")
     add_cli(parser.add_subparsers(dest="command", required=True))
     return run_cli(parser.parse_args(argv))
 
