@@ -17,6 +17,7 @@ to asyncpg unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -176,7 +177,12 @@ class PostgresStore(Store):
     async def close(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
-            await pool.close()
+            try:
+                # close() waits for connections still checked out; a task stuck on one
+                # must not hang shutdown.
+                await asyncio.wait_for(pool.close(), 10)
+            except (asyncio.TimeoutError, asyncpg.InterfaceError, OSError):
+                pool.terminate()
 
     @contextlib.asynccontextmanager
     async def _tx(self) -> AsyncIterator[asyncpg.Connection]:
@@ -594,18 +600,8 @@ class PostgresStore(Store):
             # draft key, so the item is never queued twice.
             res.seen_deleted = _count(await con.execute(
                 "DELETE FROM seen_items WHERE seen_at < $1", t - seen_ttl_days * _DAY))
-            # A new fence on every expired lease, so the stale worker's update loses.
-            res.leases_requeued = _count(await con.execute(
-                "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
-                " fence=nextval('draft_fence_seq'), error='lease expired; retrying',"
-                " updated_at=$2 WHERE status=$3 AND lease_until < $2 AND attempt + 1 < $4",
-                QUEUED, t, DRAFTING, max_attempts))
-            res.leases_failed = _count(await con.execute(
-                "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
-                " fence=nextval('draft_fence_seq'),"
-                " error='lease expired after ' || (attempt + 1) || ' attempts',"
-                " updated_at=$2 WHERE status=$3 AND lease_until < $2",
-                FAILED, t, DRAFTING))
+            res.leases_requeued, res.leases_failed = await _requeue_expired(
+                con, None, max_attempts, t)
             if approval_ttl_days is not None:
                 res.approvals_expired = _count(await con.execute(
                     "UPDATE drafts SET status=$1, error=$2, updated_at=$3"
@@ -615,6 +611,11 @@ class PostgresStore(Store):
             res.runs_pruned = _count(await con.execute(
                 "DELETE FROM pipeline_runs WHERE started_at < $1", t - runs_keep_days * _DAY))
         return res
+
+    async def requeue_expired(self, pipeline: str, *, max_attempts: int,
+                              now: float | None = None) -> tuple[int, int]:
+        async with self._tx() as con:
+            return await _requeue_expired(con, pipeline, max_attempts, _now(now))
 
     async def recover_sending(self) -> int:
         async with self._tx() as con:
@@ -713,6 +714,25 @@ class PostgresStore(Store):
             await con.execute(
                 "SELECT setval('draft_fence_seq', GREATEST((SELECT max(fence) FROM drafts), 1),"
                 " coalesce((SELECT max(fence) FROM drafts), 0) > 0)")
+
+
+async def _requeue_expired(con, pipeline: str | None, max_attempts: int,
+                           t: float) -> tuple[int, int]:
+    """Expired ``drafting`` leases (of one pipeline, or all) -> queued or failed."""
+    # A new fence on every expired lease, so the stale worker's update loses.
+    requeued = _count(await con.execute(
+        "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
+        " fence=nextval('draft_fence_seq'), error='lease expired; retrying', updated_at=$2"
+        " WHERE status=$3 AND lease_until < $2 AND attempt + 1 < $4"
+        " AND ($5::text IS NULL OR pipeline=$5)",
+        QUEUED, t, DRAFTING, max_attempts, pipeline))
+    failed = _count(await con.execute(
+        "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
+        " fence=nextval('draft_fence_seq'),"
+        " error='lease expired after ' || (attempt + 1) || ' attempts', updated_at=$2"
+        " WHERE status=$3 AND lease_until < $2 AND ($4::text IS NULL OR pipeline=$4)",
+        FAILED, t, DRAFTING, pipeline))
+    return requeued, failed
 
 
 async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Draft],
