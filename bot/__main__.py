@@ -148,6 +148,14 @@ async def _demo(args) -> int:
             print(f"\noutbox {folder}: {len(files)} repl{'y' if len(files) == 1 else 'ies'} written")
             for f in files[:12]:
                 print(f"  {f.name}")
+            if files:
+                import email
+                import email.policy
+
+                first = email.message_from_bytes(files[0].read_bytes(), policy=email.policy.default)
+                print(f"\n  headers of {files[0].name}:")
+                for h in ("From", "To", "Subject", "Message-ID", "In-Reply-To", "References"):
+                    print(f"    {h}: {first.get(h, '')}")
         print("\n" + "=" * 72 + "\n status\n" + "=" * 72)
         print(ops.format_status_all(await ops.status_all(store, settings)))
         for p in settings.pipelines:

@@ -326,21 +326,29 @@ class Engine:
     # -- approval -------------------------------------------------------------------
     async def _post_ready(self, p: PipelineConfig, counts: RunCounts) -> None:
         for d in await self.store.unposted(p.name):
-            if not await self._post_one(p, d):
+            posted = await self._post_one(p, d)
+            if posted is None:
                 break
             counts.posted += 1
+            if posted.status == "sent":  # a channel that decides at once (demo mode)
+                counts.sent += 1
 
-    async def _post_one(self, p: PipelineConfig, d: Draft) -> bool:
+    async def _post_one(self, p: PipelineConfig, d: Draft) -> Draft | None:
+        """Post (or re-render) the card of a ready draft; the draft afterwards, or
+        None if the channel is unreachable (the draft waits in ready)."""
         channel = self.channel(p)
         try:
             ref = await channel.post(d)
         except ApprovalError as exc:
             log.warning("%s: cannot post #%d yet (%s); it waits in ready", p.name, d.id, exc)
-            return False
+            return None
         posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id)
-        if posted is not None and hasattr(channel, "on_posted"):
+        if posted is None:
+            return d
+        if hasattr(channel, "on_posted"):
             await channel.on_posted(posted)
-        return True
+            return await self.store.get_draft(d.id) or posted
+        return posted
 
     async def post_unposted(self) -> int:
         """Post every ``ready`` draft (the outbox pattern: cards survive restarts)."""

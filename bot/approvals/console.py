@@ -38,8 +38,8 @@ def render(draft: Draft, *, width: int = 76, excerpt: int = 400) -> str:
             cut = original[:excerpt] + ("…" if len(original) > excerpt else "")
             lines.append("» " + "\n  ".join(textwrap.wrap(cut, width - 2)))
     lines.append("Draft:")
-    for para in draft.body.splitlines() or [""]:
-        lines.extend(textwrap.wrap(para, width) or [""])
+    # The exact text that would be sent: never re-wrapped or shortened.
+    lines.append(draft.body)
     return "\n".join(lines)
 
 
