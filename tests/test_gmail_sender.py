@@ -208,3 +208,19 @@ async def test_gmail_draft_sender_creates_one_draft_in_the_thread(tmp_path):
         assert m["In-Reply-To"] == "<order-10@customer.example>"
     finally:
         await w.close()
+
+
+async def test_check_finds_a_reply_gmail_stored_under_its_own_message_id(world):
+    """If Gmail keeps the reply under a Message-ID of its own (or search lags), the
+    check reads the thread and recognises the reply by X-Draftgate-Key: still `sent`,
+    still one POST."""
+    world.fake.rewrite_message_id = True
+    (d,) = await _awaiting(world, simple_message(11))
+    world.fake.drop_after_accept("messages.send")
+    assert (await world.engine.approve(d.id, d.version, "op")).status == "send_unknown"
+    await world.engine.drain("support")
+    final = await world.store.get_draft(d.id)
+    assert final.status == SENT and final.sent_id == world.fake.sent()[0].id
+    assert len(world.fake.calls_to("messages.send")) == 1
+    threads = world.fake.calls_to("threads.get")
+    assert threads and all(c.path.endswith("/" + d.message.thread_id) for c in threads)

@@ -135,8 +135,32 @@ class GmailReplySender(_GmailSender):
         return SendResult(sent_id=str(resp.get("id", "")))
 
     async def check(self, draft: Draft) -> str | None:
-        """Gmail id of the reply with this draft's Message-ID, or None if absent."""
-        return await self._search(draft, drafts=False)
+        """Gmail id of the reply with this draft's Message-ID, or None if absent.
+
+        Search first (cheap); then, in case Gmail stored the message under a Message-ID
+        of its own or its search index lags, read the thread itself and look for our
+        Message-ID or the ``X-Draftgate-Key`` header among the sent messages."""
+        found = await self._search(draft, drafts=False)
+        if found or not draft.message.thread_id:
+            return found
+        thread_id = draft.message.thread_id
+        mid = reply_message_id(draft.key)
+        try:
+            thread = await self.client.aread(
+                lambda s: s.users().threads().get(
+                    userId="me", id=thread_id, format="metadata",
+                    metadataHeaders=["Message-ID", "X-Draftgate-Key"]),
+                "threads.get")
+        except SourceError as exc:
+            raise SendUnknown(f"cannot check Gmail yet: {exc}") from None
+        for m in thread.get("messages") or []:
+            if "SENT" not in (m.get("labelIds") or []):
+                continue
+            headers = {str(h.get("name", "")).lower(): str(h.get("value", "")).strip()
+                       for h in (m.get("payload") or {}).get("headers") or []}
+            if headers.get("message-id") == mid or headers.get("x-draftgate-key") == draft.key:
+                return str(m["id"])
+        return None
 
 
 class GmailDraftSender(_GmailSender):

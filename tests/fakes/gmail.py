@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 QUOTA = {"getProfile": 1, "messages.list": 5, "messages.get": 5, "messages.send": 100,
+         "threads.get": 10,
          "messages.modify": 5, "history.list": 2, "drafts.create": 10, "drafts.list": 5,
          "labels.list": 1, "token": 0}
 
@@ -49,6 +50,7 @@ _ROUTES = [
     ("POST", re.compile(r"^/gmail/v1/users/me/messages/(?P<id>[^/]+)/modify$"), "messages.modify"),
     ("GET", re.compile(r"^/gmail/v1/users/me/messages/(?P<id>[^/]+)$"), "messages.get"),
     ("GET", re.compile(r"^/gmail/v1/users/me/history$"), "history.list"),
+    ("GET", re.compile(r"^/gmail/v1/users/me/threads/(?P<id>[^/]+)$"), "threads.get"),
     ("POST", re.compile(r"^/gmail/v1/users/me/drafts$"), "drafts.create"),
     ("GET", re.compile(r"^/gmail/v1/users/me/drafts$"), "drafts.list"),
     ("GET", re.compile(r"^/gmail/v1/users/me/labels$"), "labels.list"),
@@ -105,6 +107,7 @@ class FakeGmail:
         self.valid_tokens: set[str] = {"fake-access-token"}
         self.refresh_ok = True
         self.grant_scope: str | None = None
+        self.rewrite_message_id = False
         self.issued = 0
         self.latency = 0.0
         self._faults: dict[str, list[_Fault]] = {}
@@ -297,15 +300,16 @@ class FakeGmail:
                 return False
         return True
 
-    def _resource(self, m: StoredMessage, fmt: str) -> dict:
+    def _resource(self, m: StoredMessage, fmt: str, headers: list[str] | None = None) -> dict:
         out = {"id": m.id, "threadId": m.thread_id, "labelIds": list(m.labels),
                "snippet": "", "historyId": str(m.history_id),
                "internalDate": str(m.internal_date), "sizeEstimate": len(m.raw)}
         if fmt == "raw":
             out["raw"] = base64.urlsafe_b64encode(m.raw).decode("ascii")
         elif fmt in ("metadata", "full"):
+            names = headers or ["From", "Subject", "Message-ID"]
             out["payload"] = {"headers": [{"name": k, "value": _header(m.raw, k)}
-                                          for k in ("From", "Subject", "Message-ID")]}
+                                          for k in names if _header(m.raw, k)]}
         return out
 
     # -- request handling ---------------------------------------------------------------------------
@@ -422,10 +426,25 @@ class FakeGmail:
             return 404, {"error": {"code": 404, "message": "Requested entity was not found."}}
         return 200, self._resource(m, q.get("format", ["full"])[0])
 
+    def _r_threads_get(self, q, body, p):
+        with self.lock:
+            found = sorted((m for m in self.messages.values() if m.thread_id == p["id"]),
+                           key=lambda m: m.internal_date)
+        if not found:
+            return 404, {"error": {"code": 404, "message": "Requested entity was not found."}}
+        fmt = q.get("format", ["full"])[0]
+        return 200, {"id": p["id"], "messages": [
+            self._resource(m, fmt, q.get("metadataHeaders")) for m in found]}
+
     def _accept(self, body: dict, labels: list[str]) -> StoredMessage:
         raw = base64.urlsafe_b64decode(body["raw"] + "=" * (-len(body["raw"]) % 4))
         with self.lock:
             self.received_raw.append(raw)
+            if self.rewrite_message_id:
+                # What Gmail may do: store the message under a Message-ID of its own.
+                raw = re.sub(rb"(?im)^Message-ID:.*\r?\n",
+                             f"Message-ID: <gmail-{len(self.messages)}@mail.gmail.com>\r\n"
+                             .encode(), raw, count=1)
             thread = body.get("threadId")
             if thread and not any(m.thread_id == thread for m in self.messages.values()):
                 raise ValueError(f"Invalid thread_id value {thread}")
