@@ -192,3 +192,15 @@ def test_a_process_that_closes_its_store_exits_promptly(tmp_path):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "done"
+
+
+async def test_close_waits_for_a_running_transaction(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    store = SQLiteStore(url)
+    await store.open()
+    admitting = asyncio.create_task(store.admit("p", "s", "v1", _items("m1", "m2")))
+    await asyncio.sleep(0)  # the admit is under way
+    await store.close()
+    assert len((await admitting).new) == 2
+    async with SQLiteStore(url) as again:
+        assert await again.seen_count("p") == 2

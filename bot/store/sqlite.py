@@ -289,8 +289,10 @@ class SQLiteStore(Store):
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            # Queued after any transaction still on the worker thread (FIFO).
-            await conn.close()
+            # New calls now fail fast with "not open"; one already running finishes
+            # first, and aiosqlite's worker thread is stopped (it would block exit).
+            async with self._lock:
+                await conn.close()
 
     # -- fetch side ----------------------------------------------------------------------
 
