@@ -224,3 +224,24 @@ async def test_check_finds_a_reply_gmail_stored_under_its_own_message_id(world):
     assert len(world.fake.calls_to("messages.send")) == 1
     threads = world.fake.calls_to("threads.get")
     assert threads and all(c.path.endswith("/" + d.message.thread_id) for c in threads)
+
+
+async def test_send_timeout_is_unknown_and_resolved_without_a_second_post(tmp_path):
+    """Gmail takes longer than the client's timeout and delivers afterwards: the draft
+    is send_unknown (not failed, not resent) and ends `sent` once the check finds it."""
+    w = GmailWorld(tmp_path, account_extra="backoff: 0.01\n      timeout: 0.5")
+    await w.open()
+    try:
+        (d,) = await _awaiting(w, simple_message(12))
+        release = w.fake.hold("messages.send")
+        after = await w.engine.approve(d.id, d.version, "op")
+        assert after.status == "send_unknown" and "timed out" in after.error
+        w.fake.accepted.clear()
+        release.set()
+        assert await asyncio.to_thread(w.fake.accepted.wait, 10)
+        await w.engine.drain("support")
+        final = await w.store.get_draft(d.id)
+        assert final.status == SENT
+        assert len(w.fake.calls_to("messages.send")) == 1 and len(w.fake.sent()) == 1
+    finally:
+        await w.close()

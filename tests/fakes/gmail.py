@@ -108,6 +108,7 @@ class FakeGmail:
         self.refresh_ok = True
         self.grant_scope: str | None = None
         self.rewrite_message_id = False
+        self.accepted = threading.Event()  # set whenever a send or draft is stored
         self.issued = 0
         self.latency = 0.0
         self._faults: dict[str, list[_Fault]] = {}
@@ -393,13 +394,16 @@ class FakeGmail:
                 headers: dict | None = None) -> None:
         call.status = status
         data = json.dumps(payload).encode()
-        h.send_response(status)
-        h.send_header("Content-Type", "application/json; charset=UTF-8")
-        h.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.end_headers()
-        h.wfile.write(data)
+        try:
+            h.send_response(status)
+            h.send_header("Content-Type", "application/json; charset=UTF-8")
+            h.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(data)
+        except OSError:  # the client gave up (timeout test): nobody to answer
+            h.close_connection = True
 
     # -- routes --------------------------------------------------------------------------------------
     def _r_getProfile(self, q, body, p):
@@ -449,6 +453,7 @@ class FakeGmail:
             if thread and not any(m.thread_id == thread for m in self.messages.values()):
                 raise ValueError(f"Invalid thread_id value {thread}")
             mid = self._add(raw, labels, thread)
+            self.accepted.set()
             return self.messages[mid]
 
     def _r_messages_send(self, q, body, p):
