@@ -76,6 +76,8 @@ async def _run(args) -> int:
     settings = _load(args)
     if args.pipeline:
         settings.pipelines = [settings.pipeline(n) for n in args.pipeline]
+    if args.telegram_receive and settings.telegram is not None:
+        settings.telegram.receive = args.telegram_receive
     from .build import check_all
     from .engine import Engine
 
@@ -346,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", action="append", metavar="NAME",
                    help="run only this pipeline (repeatable)")
     p.add_argument("--once", action="store_true", help="one tick per pipeline, then exit")
+    p.add_argument("--telegram-receive", choices=("polling", "webhook", "off"),
+                   help="override telegram.receive for this process (several hosts: exactly "
+                        "one polls, or all take webhooks behind a load balancer)")
     p.set_defaults(func=_run, verbose_default=1)
 
     p = sub.add_parser("demo", help="offline demo: sample inbox, template drafter, auto-approval",

@@ -13,6 +13,7 @@ is its own short transaction, and drafting, posting and sending happen between t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -149,19 +150,28 @@ class Engine:
         if scheduled_for is None:
             scheduled_for = scheduler.last_due(p, self.clock())
         counts = RunCounts()
-        async with self._tick_locks[name]:
-            ttl = max(p.lease, 300.0)
-            if not await self.store.try_lock(f"tick:{name}", self.holder, ttl, now=self.clock()):
-                log.info("%s: another process is running this pipeline's tick; skipped", name)
-                return counts
-            try:
+        async with self._pipeline_lock(p) as held:
+            if held:
                 await self._tick_locked(p, scheduled_for, counts)
-            finally:
-                try:
-                    await self.store.unlock(f"tick:{name}", self.holder)
-                except Exception:
-                    log.exception("%s: releasing the tick lock", name)
+            else:
+                log.info("%s: another process is running this pipeline; tick skipped", name)
         return counts
+
+    @contextlib.asynccontextmanager
+    async def _pipeline_lock(self, p: PipelineConfig):
+        """Held while fetching, drafting and posting for ``p``: one holder per
+        pipeline in this process (asyncio lock) and across hosts (store lock)."""
+        async with self._tick_locks[p.name]:
+            ttl = max(p.lease, 300.0)
+            held = await self.store.try_lock(f"pipeline:{p.name}", self.holder, ttl, now=self.clock())
+            try:
+                yield held
+            finally:
+                if held:
+                    try:
+                        await self.store.unlock(f"pipeline:{p.name}", self.holder)
+                    except Exception:
+                        log.exception("%s: releasing the pipeline lock", p.name)
 
     async def _tick_locked(self, p: PipelineConfig, scheduled_for: float, counts: RunCounts) -> None:
         started = self.clock()
@@ -227,9 +237,13 @@ class Engine:
                      p.name, counts.fetched, counts.new, counts.skipped, admitted.already_seen)
 
     async def drain(self, name: str) -> RunCounts:
-        """Draft what is queued, post what is ready, send what is approved."""
+        """Draft what is queued, post what is ready, send what is approved (skipped
+        if another process holds the pipeline: its tick does the same)."""
         counts = RunCounts()
-        await self._drain(self.pipeline(name), counts)
+        p = self.pipeline(name)
+        async with self._pipeline_lock(p) as held:
+            if held:
+                await self._drain(p, counts)
         return counts
 
     async def _drain(self, p: PipelineConfig, counts: RunCounts) -> None:
@@ -354,10 +368,11 @@ class Engine:
         """Post every ``ready`` draft (the outbox pattern: cards survive restarts)."""
         n = 0
         for p in self.pipelines.values():
-            async with self._tick_locks[p.name]:
-                counts = RunCounts()
-                await self._post_ready(p, counts)
-                n += counts.posted
+            async with self._pipeline_lock(p) as held:
+                if held:
+                    counts = RunCounts()
+                    await self._post_ready(p, counts)
+                    n += counts.posted
         return n
 
     # -- decisions (called by approval channels) ----------------------------------------
