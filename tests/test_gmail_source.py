@@ -8,8 +8,7 @@ import threading
 
 import pytest
 
-from bot.errors import AuthError, SourceError
-from bot.models import QUEUED, READY, AWAITING, SKIPPED
+from bot.models import AWAITING
 from tests.fakes.gmail import GmailWorld, simple_message
 
 

@@ -47,7 +47,8 @@ def auth_command(account: str, token_file: str | None = None) -> str:
 def auth_error(account: str, token_file: str | None, what: str = "token expired or revoked"
                ) -> AuthError:
     """The one message a user sees for a dead token: what happened and what to run."""
-    return AuthError(f"Gmail account {account!r}: {what}; run `{auth_command(account, token_file)}`")
+    command = auth_command(account, token_file)
+    return AuthError(f"Gmail account {account!r}: {what}; run `{command}`")
 
 
 def required_scopes(settings: Any, account: str) -> list[str]:

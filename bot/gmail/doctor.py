@@ -28,14 +28,18 @@ async def check(settings: Any) -> list[tuple[str, bool, str]]:
             required = auth.required_scopes(settings, name)
             granted = auth.granted_scopes(client.token_file)
             missing = auth.missing_scopes(granted, required)
-            short = lambda scopes: ", ".join(s.rsplit("/", 1)[-1] for s in scopes) or "none"
             if missing:
+                command = auth.auth_command(name, account.get("token_file"))
                 results.append((f"gmail:{name} scopes", False,
-                                f"token lacks {short(missing)} (needed by the pipelines: "
-                                f"{short(required)}); run `{auth.auth_command(name, account.get('token_file'))}`"))
+                                f"token lacks {_short(missing)} (needed by the pipelines: "
+                                f"{_short(required)}); run `{command}`"))
             else:
                 results.append((f"gmail:{name} scopes", True,
-                                f"granted {short(granted)}; pipelines need {short(required)}"))
+                                f"granted {_short(granted)}; pipelines need {_short(required)}"))
         finally:
             client.close()
     return results
+
+
+def _short(scopes: list[str]) -> str:
+    return ", ".join(s.rsplit("/", 1)[-1] for s in scopes) or "none"

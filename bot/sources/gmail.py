@@ -108,7 +108,8 @@ class GmailSource:
             def make(s, token=token):
                 return s.users().messages().list(
                     userId="me", q=q, labelIds=[label_id] if label_id else None,
-                    maxResults=min(self.page_size, limit - len(ids)) if limit else self.page_size, pageToken=token)
+                    maxResults=min(self.page_size, limit - len(ids)) if limit else self.page_size,
+                    pageToken=token)
             resp = await self._read(make, "messages.list")
             ids.extend(m["id"] for m in resp.get("messages", []) or [])
             token = resp.get("nextPageToken")
