@@ -211,12 +211,12 @@ class SQLiteStore(Store):
     # -- plumbing ------------------------------------------------------------------------
 
     async def _call(self, runner: Callable, fn: Callable[..., T], *args: Any) -> T:
-        conn = self._conn
-        if conn is None:
-            raise StoreError(f"SQLite store {self.path} is not open; call open() first")
-        deadline = time.monotonic() + self._retry_for
-        delay = 0.005
         async with self._lock:
+            conn = self._conn  # read under the lock: close() may have run meanwhile
+            if conn is None:
+                raise StoreError(f"SQLite store {self.path} is not open; call open() first")
+            deadline = time.monotonic() + self._retry_for
+            delay = 0.005
             while True:
                 # aiosqlite has no public "run this on the connection thread"; _execute
                 # is that primitive (aiosqlite is pinned in requirements.lock).
@@ -232,8 +232,8 @@ class SQLiteStore(Store):
                     if _is_busy(exc):
                         raise StoreError(
                             f"SQLite store {self.path} stayed locked for more than "
-                            f"{self._retry_for:.0f}s: another process keeps a write "
-                            "transaction open. Is a second draftgate using the same file?"
+                            f"{self._retry_for:g}s: another process keeps a write "
+                            "transaction open (a hung process or a tool holding the file)"
                         ) from exc
                     raise StoreError(f"SQLite store {self.path}: {exc}") from exc
 
