@@ -42,6 +42,25 @@ _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _DAY = 86400.0
 _SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
 
+# One primary-key probe per id, whatever the planner's statistics say. The plain
+# `item_id = ANY($3)` form was planned, on a table grown since its last ANALYZE, as a
+# scan of every seen mark of the pipeline: 10 ms at 3,000 rows, linear beyond.
+_SEEN_AMONG = (
+    "SELECT s.item_id FROM unnest($3::text[]) AS u(i) CROSS JOIN LATERAL"
+    " (SELECT item_id FROM seen_items WHERE pipeline=$1 AND scope=$2 AND item_id=u.i"
+    "  LIMIT 1) AS s")
+
+
+def _payload(message: Message) -> str:
+    """The JSON of ``message.to_dict()``."""
+    # vars() gives the same JSON as to_dict() while every field is a plain value, without
+    # asdict's deep copy (a third of admit's Python time); a nested value falls back.
+    try:
+        return json.dumps(vars(message))
+    except TypeError:
+        return json.dumps(message.to_dict())
+
+
 def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
 
@@ -201,9 +220,7 @@ class PostgresStore(Store):
         if not item_ids:
             return set()
         async with self._tx() as con:
-            rows = await con.fetch(
-                "SELECT item_id FROM seen_items WHERE pipeline=$1 AND scope=$2"
-                " AND item_id = ANY($3::text[])", pipeline, scope, list(item_ids))
+            rows = await con.fetch(_SEEN_AMONG, pipeline, scope, list(dict.fromkeys(item_ids)))
         return set(item_ids) - {r["item_id"] for r in rows}
 
     async def admit(self, pipeline: str, scope: str, recipe: str, items: list[Item], *,
@@ -220,9 +237,7 @@ class PostgresStore(Store):
         ids = list(unique)
         async with self._tx() as con:
             if ids:
-                rows = await con.fetch(
-                    "SELECT item_id FROM seen_items WHERE pipeline=$1 AND scope=$2"
-                    " AND item_id = ANY($3::text[])", pipeline, scope, ids)
+                rows = await con.fetch(_SEEN_AMONG, pipeline, scope, ids)
                 old = {r["item_id"] for r in rows}
                 todo = [unique[i] for i in ids if i not in old]
                 keys, statuses, item_ids, payloads, errors = [], [], [], [], []
@@ -230,7 +245,7 @@ class PostgresStore(Store):
                     keys.append(draft_key(pipeline, scope, item.item_id, recipe))
                     statuses.append(SKIPPED if item.skip_reason else QUEUED)
                     item_ids.append(item.item_id)
-                    payloads.append(json.dumps(item.message.to_dict()))
+                    payloads.append(_payload(item.message))
                     errors.append(item.skip_reason)
                 inserted: set[str] = set()
                 if todo:
