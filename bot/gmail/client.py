@@ -378,6 +378,7 @@ class GmailClient:
         # A fresh single-shot transport for this one call: no shared connection that
         # might be stale, no transport-level resend, and no googleapiclient retry.
         single = _SingleShotHttp(timeout=self.timeout)
+        single.follow_redirects = False  # httplib2 would re-POST on a 308
         request.http = self._authorized(single)
         self._count()
         try:
