@@ -109,5 +109,12 @@ def test_unknown_model_option(tmp_path):
 async def test_demo_template_renders_without_leftover_fields():
     d = template.create(MODEL, _pipeline(REPO, prompt="demo/templates/reply.txt"), _settings(REPO))
     body = (await d.draft(DraftRequest("support", ALICE))).body
-    assert body.startswith("Hi Alice,") and "Where is my order #1234?" in body
+    assert body.startswith("Hi Alice,\n")
+    assert "\n> Hi, where is my order #1234? It was due Friday.\n" in body
     assert "{" not in body and "}" not in body
+
+
+def test_quote_wraps_and_prefixes_every_line():
+    q = template.fields_for(Message(from_addr="a@b.example", body="word " * 40))["quote"]
+    assert all(line.startswith("> ") and len(line) <= 72 for line in q.splitlines())
+    assert len(q.splitlines()) > 1

@@ -5,7 +5,9 @@
     drafter: {model: template, prompt: templates/reply.txt}
 
 Fields: ``{from_name}``, ``{first_name}``, ``{from_addr}``, ``{subject}``, ``{date}``,
-``{excerpt}``, ``{slot}``, ``{instruction}``. ``{{`` and ``}}`` are literal braces.
+``{excerpt}`` (the start of the body on one line), ``{quote}`` (the same excerpt
+wrapped at 72 columns, each line starting with ``> ``), ``{slot}``, ``{instruction}``.
+``{{`` and ``}}`` are literal braces.
 
 Only the template has fields. Substitution is one pass with a fixed table: text from
 the email (a subject of ``"{instruction}"`` or ``"{0.__class__}"``) is inserted as is
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import textwrap
 from datetime import datetime
 from pathlib import Path
 
@@ -26,8 +29,8 @@ from ..config import Checker, ModelConfig, PipelineConfig, Settings
 from ..errors import ConfigError, DrafterError
 from ..models import DraftRequest, DraftResult, Message
 
-FIELDS = ("from_name", "first_name", "from_addr", "subject", "date", "excerpt", "slot",
-          "instruction")
+FIELDS = ("from_name", "first_name", "from_addr", "subject", "date", "excerpt", "quote",
+          "slot", "instruction")
 EXCERPT_CHARS = 300
 _FIELD = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -49,13 +52,16 @@ def render(template: str, values: dict[str, str]) -> str:
 def fields_for(message: Message, instruction: str = "") -> dict[str, str]:
     """The template fields for ``message``."""
     name = message.from_name.strip()
+    excerpt = _excerpt(message.body)
     return {
         "from_name": name or message.from_addr or message.reply_to,
         "first_name": _first_name(name),
         "from_addr": message.reply_to or message.from_addr,
         "subject": message.subject or "(no subject)",
         "date": _human_date(message.date),
-        "excerpt": _excerpt(message.body),
+        "excerpt": excerpt,
+        "quote": textwrap.fill(excerpt, width=72, initial_indent="> ", subsequent_indent="> ",
+                               break_long_words=False, break_on_hyphens=False) or ">",
         "slot": message.slot,
         "instruction": instruction.strip(),
     }
