@@ -20,6 +20,8 @@ from .models import Draft
 
 _CRLF = re.compile(r"[\r\n\x00]+")
 _RE = re.compile(r"^\s*(re|aw|sv|antw|vs|r)\s*(\[\d+\])?\s*:", re.IGNORECASE)
+_MSG_ID = re.compile(r"^<[\x21-\x3b\x3d\x3f-\x7e]{1,900}>$")
+_BARE_ID = re.compile(r"^[\x21-\x3b\x3d\x3f-\x7e]{1,450}@[\x21-\x3b\x3d\x3f-\x7e]{1,450}$")
 _MAX_REFERENCES = 20  # keep the header bounded on very long threads
 
 
@@ -65,10 +67,10 @@ def build_reply(draft: Draft, from_addr: str | Address) -> EmailMessage:
         name = m.from_name if m.reply_to == m.from_addr else ""
         msg["To"] = _address(name, m.reply_to)
         msg["Subject"] = reply_subject(m.subject)
-        original = _one_line(m.message_id)
+        original = _msg_id(m.message_id)
         if original:
             msg["In-Reply-To"] = original
-            refs = [r for r in (_one_line(x) for x in m.references) if r and r != original]
+            refs = [r for r in map(_msg_id, m.references) if r and r != original]
             msg["References"] = " ".join([*refs[-(_MAX_REFERENCES - 1):], original])
     msg["Date"] = email.utils.formatdate(draft.decided_at or time.time(), usegmt=True)
     msg["Message-ID"] = reply_message_id(draft.key)
@@ -87,6 +89,17 @@ def _address(name: str, addr: str) -> Address:
         return Address(display_name=_one_line(name), username=local, domain=domain)
     except (ValueError, TypeError, IndexError) as exc:
         raise ValueError(f"not a usable email address: {addr!r}") from exc
+
+
+def _msg_id(value: str) -> str | None:
+    """A msg-id fit for threading headers, or None. Malformed ids (spaces, non-ASCII,
+    absurd length) are dropped rather than encoded into something no client matches."""
+    value = _one_line(value)
+    if _MSG_ID.match(value):
+        return value
+    if _BARE_ID.match(value):
+        return f"<{value}>"
+    return None
 
 
 def _one_line(value: str) -> str:

@@ -166,6 +166,25 @@ def test_build_reply_without_original_message_id_has_no_threading_headers():
     assert msg["In-Reply-To"] is None and msg["References"] is None
 
 
+@pytest.mark.parametrize("mid,refs,in_reply_to,references", [
+    ("<ok@x>", ["<a@x>"], "<ok@x>", "<a@x> <ok@x>"),
+    ("bare@x", [], "<bare@x>", "<bare@x>"),
+    ("<with space@x>", ["<a@x>"], None, None),
+    ("<café@x>", ["<ü@y>", "<a@x>"], None, None),
+    ("<ok@x>", ["<ü@y>", "junk", "<a@x>"], "<ok@x>", "<a@x> <ok@x>"),
+    ("<ok@x>", [f"<r{i}@x>" for i in range(50)], "<ok@x>",
+     " ".join(f"<r{i}@x>" for i in range(31, 50)) + " <ok@x>"),
+])
+def test_threading_headers_only_carry_well_formed_ids(mid, refs, in_reply_to, references):
+    """A malformed id is dropped, not encoded into something no mail client matches;
+    References stays bounded on very long threads."""
+    m = Message(message_id=mid, references=refs, from_addr="x@ok.example", reply_to="x@ok.example")
+    msg = email.message_from_bytes(build_reply(_draft(m), "a@b.example").as_bytes(),
+                                   policy=email.policy.default)
+    assert msg["In-Reply-To"] == in_reply_to
+    assert msg["References"] == references
+
+
 @pytest.mark.parametrize("opts,expected", [
     ({"path": None}, "pipelines/support.yaml: sender.path: missing"),
     ({"from": None}, "pipelines/support.yaml: sender.from: missing"),
