@@ -5,7 +5,8 @@
     sender:
       type: webhook
       url: https://helpdesk.example/hooks/draftgate
-      secret_env: DRAFTGATE_WEBHOOK_SECRET   # optional; sent as Authorization: Bearer
+      secret_env: DRAFTGATE_WEBHOOK_SECRET   # optional; sent as Authorization: Bearer,
+                                             # read at the first send
       timeout: 10s
       status_url: https://helpdesk.example/hooks/draftgate/status   # optional
 
@@ -28,12 +29,13 @@ a ``status_url`` there is no way to tell, and the operator is asked.
 from __future__ import annotations
 
 import json
+import os
 import string
 import urllib.parse
 
 import httpx
 
-from ..config import Checker, PipelineConfig, Settings, env_secret, parse_duration
+from ..config import Checker, PipelineConfig, Settings, parse_duration
 from ..errors import ConfigError, SendFailed, SendUnknown
 from ..models import Draft, SendResult
 from ..reply import reply_message_id, reply_subject
@@ -69,19 +71,27 @@ class WebhookSender:
 
     name = "webhook"
 
-    def __init__(self, url: str, *, secret: str | None = None, timeout: float = 10.0,
-                 status_url: str | None = None):
+    def __init__(self, url: str, *, secret_env: str | None = None, timeout: float = 10.0,
+                 status_url: str | None = None, where: str = "sender"):
         self.url = url
         self.status_url = status_url
         self.timeout = timeout
-        self._secret = secret
+        self._secret_env = secret_env
+        self._where = where
         self._client: httpx.AsyncClient | None = None
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             headers = {"User-Agent": "draftgate"}
-            if self._secret:
-                headers["Authorization"] = f"Bearer {self._secret}"
+            if self._secret_env:
+                # Read at first use (like the model API keys), so `validate` works on a
+                # machine without the secrets; the error names the variable only.
+                secret = os.environ.get(self._secret_env, "")
+                if not secret:
+                    raise SendFailed(f"{self._where}.secret_env: environment variable "
+                                     f"{self._secret_env} is not set; export it with the "
+                                     f"webhook's token. Nothing was sent.")
+                headers["Authorization"] = f"Bearer {secret}"
             # retries=0: a POST whose answer was lost must not be sent again by the
             # transport; deciding that is the operator's job (send_unknown).
             self._client = httpx.AsyncClient(
@@ -117,7 +127,11 @@ class WebhookSender:
             raise SendUnknown("cannot check a webhook send without sender.status_url; "
                               "ask the receiver whether it got key " + draft.key)
         try:
-            response = await self._http().get(
+            client = self._http()
+        except SendFailed as exc:  # the secret is missing: cannot ask, cannot tell
+            raise SendUnknown(str(exc).replace(" Nothing was sent.", "")) from None
+        try:
+            response = await client.get(
                 self.status_url, params={"key": draft.key},
                 headers={"Idempotency-Key": header_key(draft.key)})
         except httpx.HTTPError as exc:
@@ -187,12 +201,7 @@ def create(pipeline: PipelineConfig, settings: Settings) -> WebhookSender:
     if "secret" in opts:
         ck.error("sender.secret", "never put the secret in YAML; set secret_env to the name "
                                   "of an environment variable that holds it")
-    secret = None
-    if secret_env and not ck.errors:
-        try:
-            secret = env_secret(secret_env, f"{pipeline.file}: sender.secret_env")
-        except ConfigError as exc:
-            ck.errors.extend(exc.errors)
     if ck.errors:
         raise ConfigError(ck.errors)
-    return WebhookSender(url, secret=secret, timeout=timeout, status_url=status_url)
+    return WebhookSender(url, secret_env=secret_env, timeout=timeout, status_url=status_url,
+                         where=f"{pipeline.file}: sender")
