@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -235,6 +236,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet test output
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in two writes; with Nagle on, the body waits for the
+        # client's delayed ACK (~40 ms), which would swamp a 200 ms benchmark answer.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def do_POST(self) -> None:
         fake = self.server_fake
         length = int(self.headers.get("Content-Length") or 0)
@@ -286,3 +293,22 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError):
             self.close_connection = True
             return False
+
+
+def _main() -> None:
+    """``python -m tests.fakes.llm [--latency 0.2]``: serve in a process of its own (so
+    a benchmark's event loop does not share a GIL with it). Prints the base URL, serves
+    until stdin closes."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(description=_main.__doc__)
+    ap.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
+    args = ap.parse_args()
+    with FakeLLM(latency=args.latency) as fake:
+        print(fake.url, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    _main()
