@@ -114,6 +114,21 @@ async def test_unreadable_cursor_is_a_first_run():
     assert [i.item_id for i in result.items] == ["2026-11-29T09:00"]
 
 
+@pytest.mark.parametrize("cron,fmt,ok", [
+    ("0 9 * * MON-FRI", "%Y-%m-%d", True),
+    ("0 9,21 * * *", "%Y-%m-%d", False),
+    ("0 9,21 * * *", "%Y-%m-%dT%H", True),
+    ("*/30 9-17 * * *", "%Y-%m-%dT%H", False),
+])
+def test_slot_format_must_tell_slots_apart(cron, fmt, ok):
+    p = _pipeline(cron=cron, slot_format=fmt)
+    if ok:
+        schedule.create(p, _settings())
+    else:
+        with pytest.raises(ConfigError, match="gives two consecutive slots the same id"):
+            schedule.create(p, _settings())
+
+
 def test_is_a_source():
     src = schedule.create(_pipeline(), _settings())
     assert isinstance(src, Source) and src.scope == "slot"

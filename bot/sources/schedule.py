@@ -39,6 +39,7 @@ DEFAULT_SLOT_FORMAT = "%Y-%m-%dT%H:%M"
 _OPTIONS = {"type", "topic", "slot_format"}
 # A fixed reference (Monday 2026-01-05 00:00 UTC) for checking slot_format without I/O.
 _REFERENCE = 1767571200.0
+_CHECKED_SLOTS = 50  # consecutive slots whose ids must differ (catches "9,21" with %Y-%m-%d)
 
 
 class ScheduleSource:
@@ -117,12 +118,15 @@ def _check_format(p: PipelineConfig, fmt: str) -> str | None:
     if not (p.interval or p.cron):
         return None  # the schedule itself is reported by the config loader
     try:
-        first = scheduler.next_due(p, _REFERENCE)
-        second = scheduler.next_due(p, first)
-        a, b = scheduler.slot_id(first, fmt), scheduler.slot_id(second, fmt)
+        times, t = [], _REFERENCE
+        for _ in range(_CHECKED_SLOTS):
+            t = scheduler.next_due(p, t)
+            times.append(t)
+        ids = [scheduler.slot_id(t, fmt) for t in times]
     except (ValueError, KeyError) as exc:
         return f"cannot format a slot with {fmt!r}: {exc}"
-    if a == b:
-        return (f"{fmt!r} gives two consecutive slots the same id ({a!r}); use a finer format "
-                f"such as {DEFAULT_SLOT_FORMAT}")
+    for a, b in zip(ids, ids[1:]):
+        if a == b:
+            return (f"{fmt!r} gives two consecutive slots the same id ({a!r}); use a finer "
+                    f"format such as {DEFAULT_SLOT_FORMAT}")
     return None
