@@ -245,3 +245,13 @@ async def test_send_timeout_is_unknown_and_resolved_without_a_second_post(tmp_pa
         assert len(w.fake.calls_to("messages.send")) == 1 and len(w.fake.sent()) == 1
     finally:
         await w.close()
+
+
+async def test_revoked_token_at_send_is_send_failed_with_the_command(world):
+    """A 401 happens before Gmail accepts anything: send_failed, naming the command."""
+    (d,) = await _awaiting(world, simple_message(13))
+    world.fake.revoke()
+    after = await world.engine.approve(d.id, d.version, "op")
+    assert after.status == SEND_FAILED
+    assert "token expired or revoked; run `draftgate auth gmail --account support" in after.error
+    assert world.fake.sent() == []
