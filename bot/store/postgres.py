@@ -206,12 +206,19 @@ class PostgresStore(Store):
     @contextlib.asynccontextmanager
     async def _tx(self) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection inside one transaction; database errors -> StoreError."""
+        async with self._conn() as con:
+            async with con.transaction():
+                yield con
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection in autocommit, for ONE statement (itself atomic): it
+        saves the BEGIN and COMMIT round trips that a claim would otherwise pay."""
         if self._pool is None:
             raise StoreError("the PostgreSQL store is not open; call open() first")
         try:
             async with self._pool.acquire() as con:
-                async with con.transaction():
-                    yield con
+                yield con
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
             raise StoreError(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
 
@@ -219,7 +226,7 @@ class PostgresStore(Store):
     async def unseen(self, pipeline: str, scope: str, item_ids: list[str]) -> set[str]:
         if not item_ids:
             return set()
-        async with self._tx() as con:
+        async with self._conn() as con:
             rows = await con.fetch(_SEEN_AMONG, pipeline, scope, list(dict.fromkeys(item_ids)))
         return set(item_ids) - {r["item_id"] for r in rows}
 
@@ -279,19 +286,19 @@ class PostgresStore(Store):
                         now: float | None = None) -> None:
         if not item_ids:
             return
-        async with self._tx() as con:
+        async with self._conn() as con:
             await con.execute(
                 "INSERT INTO seen_items (pipeline, scope, item_id, seen_at)"
                 " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i ON CONFLICT DO NOTHING",
                 pipeline, scope, list(dict.fromkeys(item_ids)), _now(now))
 
     async def get_cursor(self, pipeline: str, scope: str) -> str | None:
-        async with self._tx() as con:
+        async with self._conn() as con:
             return await con.fetchval(
                 "SELECT value FROM cursors WHERE pipeline=$1 AND scope=$2", pipeline, scope)
 
     async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
-        async with self._tx() as con:
+        async with self._conn() as con:
             await self._put_cursor(con, pipeline, scope, value, time.time())
 
     @staticmethod
@@ -307,7 +314,7 @@ class PostgresStore(Store):
         if limit <= 0:
             return []
         t = _now(now)
-        async with self._tx() as con:
+        async with self._conn() as con:
             # SKIP LOCKED: a row another process is claiming right now is passed over
             # instead of waited for, so N hosts claim N disjoint batches. MATERIALIZED
             # because a plain `id IN (subquery)` may be planned as a nested loop that
@@ -330,7 +337,7 @@ class PostgresStore(Store):
             key, DRAFTING, t + lease_seconds, t, QUEUED)
 
     async def _one(self, sql: str, *args: Any) -> Draft | None:
-        async with self._tx() as con:
+        async with self._conn() as con:
             row = await con.fetchrow(sql, *args)
         return _draft(row) if row else None
 
@@ -360,7 +367,7 @@ class PostgresStore(Store):
             draft_id, fence, error, retryable, max_attempts, QUEUED, FAILED, _now(now), DRAFTING)
 
     async def release(self, draft_id: int, fence: int) -> bool:
-        async with self._tx() as con:
+        async with self._conn() as con:
             row = await con.fetchrow(
                 "UPDATE drafts SET status=$3, lease_until=NULL, updated_at=$4"
                 " WHERE id=$1 AND fence=$2 AND status=$5 RETURNING id",
@@ -368,7 +375,7 @@ class PostgresStore(Store):
         return row is not None
 
     async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
-        async with self._tx() as con:
+        async with self._conn() as con:
             await self._count_tokens(con, pipeline, tokens, _now(now))
 
     @staticmethod
@@ -381,14 +388,14 @@ class PostgresStore(Store):
             pipeline, _utc_day(t), tokens)
 
     async def tokens_used(self, pipeline: str, day: str) -> int:
-        async with self._tx() as con:
+        async with self._conn() as con:
             v = await con.fetchval(
                 "SELECT tokens FROM token_usage WHERE pipeline=$1 AND day=$2", pipeline, day)
         return int(v or 0)
 
     # -- approval ------------------------------------------------------------------
     async def _list(self, sql: str, *args: Any) -> list[Draft]:
-        async with self._tx() as con:
+        async with self._conn() as con:
             rows = await con.fetch(sql, *args)
         return [_draft(r) for r in rows]
 
@@ -528,21 +535,21 @@ class PostgresStore(Store):
         return await self._by_status(PENDING_STATUSES, pipeline)
 
     async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
-        async with self._tx() as con:
+        async with self._conn() as con:
             rows = await con.fetch(
                 "SELECT status, count(*) AS n FROM drafts"
                 " WHERE ($1::text IS NULL OR pipeline=$1) GROUP BY status", pipeline)
         return {r["status"]: r["n"] for r in rows}
 
     async def seen_count(self, pipeline: str) -> int:
-        async with self._tx() as con:
+        async with self._conn() as con:
             return await con.fetchval(
                 "SELECT count(*) FROM seen_items WHERE pipeline=$1", pipeline)
 
     # -- runs --------------------------------------------------------------------------
     async def start_run(self, pipeline: str, scheduled_for: float | None = None,
                         now: float | None = None) -> int:
-        async with self._tx() as con:
+        async with self._conn() as con:
             return await con.fetchval(
                 "INSERT INTO pipeline_runs (pipeline, started_at, status, counts, scheduled_for)"
                 " VALUES ($1, $2, 'running', '{}', $3) RETURNING id",
@@ -550,20 +557,20 @@ class PostgresStore(Store):
 
     async def end_run(self, run_id: int, status: str, counts: dict[str, int],
                       error_text: str | None = None, now: float | None = None) -> None:
-        async with self._tx() as con:
+        async with self._conn() as con:
             await con.execute(
                 "UPDATE pipeline_runs SET ended_at=$2, status=$3, counts=$4, error_text=$5"
                 " WHERE id=$1", run_id, _now(now), status, json.dumps(counts), error_text)
 
     async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
-        async with self._tx() as con:
+        async with self._conn() as con:
             rows = await con.fetch(
                 "SELECT * FROM pipeline_runs WHERE pipeline=$1"
                 " ORDER BY started_at DESC, id DESC LIMIT $2", pipeline, limit)
         return [_run(r) for r in rows]
 
     async def last_run(self, pipeline: str, status: str | None = None) -> Run | None:
-        async with self._tx() as con:
+        async with self._conn() as con:
             row = await con.fetchrow(
                 "SELECT * FROM pipeline_runs WHERE pipeline=$1"
                 " AND ($2::text IS NULL OR status=$2)"
@@ -582,12 +589,12 @@ class PostgresStore(Store):
     async def audit(self, actor: str, action: str, draft_key: str | None = None,
                     text: str | None = None, detail: str | None = None,
                     now: float | None = None) -> None:
-        async with self._tx() as con:
+        async with self._conn() as con:
             await self._audit(con, actor, action, draft_key, text, detail, _now(now))
 
     async def audit_log(self, draft_key: str | None = None, limit: int = 100
                         ) -> list[AuditEntry]:
-        async with self._tx() as con:
+        async with self._conn() as con:
             rows = await con.fetch(
                 "SELECT * FROM audit WHERE ($1::text IS NULL OR draft_key=$1)"
                 " ORDER BY id DESC LIMIT $2", draft_key, limit)
@@ -633,7 +640,7 @@ class PostgresStore(Store):
             return await _requeue_expired(con, pipeline, max_attempts, _now(now))
 
     async def recover_sending(self) -> int:
-        async with self._tx() as con:
+        async with self._conn() as con:
             return _count(await con.execute(
                 "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4",
                 SEND_UNKNOWN, "interrupted mid-send by a restart; it may have been delivered",
@@ -650,7 +657,7 @@ class PostgresStore(Store):
             await self._audit(con, actor, "pause" if paused else "resume", None, None, pipeline, t)
 
     async def paused(self) -> set[str]:
-        async with self._tx() as con:
+        async with self._conn() as con:
             rows = await con.fetch("SELECT pipeline FROM pipeline_flags WHERE paused = 1")
         return {r["pipeline"] for r in rows}
 
@@ -658,7 +665,7 @@ class PostgresStore(Store):
     async def try_lock(self, name: str, holder: str, ttl_seconds: float,
                        now: float | None = None) -> bool:
         t = _now(now)
-        async with self._tx() as con:
+        async with self._conn() as con:
             row = await con.fetchrow(
                 "INSERT INTO locks (name, holder, expires_at) VALUES ($1, $2, $3)"
                 " ON CONFLICT (name) DO UPDATE SET holder=EXCLUDED.holder,"
@@ -668,14 +675,14 @@ class PostgresStore(Store):
         return row is not None
 
     async def unlock(self, name: str, holder: str) -> None:
-        async with self._tx() as con:
+        async with self._conn() as con:
             await con.execute("DELETE FROM locks WHERE name=$1 AND holder=$2", name, holder)
 
     # -- copying (draftgate migrate-store) ---------------------------------------------------
     async def copy_count(self, table: str) -> int:
         """Rows in one of the copied tables (see ``COPY_TABLES``)."""
         _check_table(table)
-        async with self._tx() as con:
+        async with self._conn() as con:
             return await con.fetchval(f"SELECT count(*) FROM {table}")
 
     async def export_rows(self, table: str, after: tuple | None, limit: int) -> list[dict]:
