@@ -306,12 +306,11 @@ def _body(msg: _RawMessage, max_body: int) -> tuple[str, bool, list[str]]:
             cut_any |= cut
         else:  # text/calendar, text/csv...: listed, not read
             attachments.append(filename or ctype)
-    if plain:
-        body = "\n\n".join(_clean(p, multiline=True).strip() for p in plain)
-    elif htmls:
-        body = "\n\n".join(html_to_text(_clean(h, multiline=True), max_body) for h in htmls)
-    else:
-        body = ""
+    body = "\n\n".join(t for t in (_clean(p, multiline=True).strip() for p in plain) if t)
+    if not body and htmls:
+        # HTML-only mail, or an empty text/plain alternative beside the real HTML.
+        body = "\n\n".join(t for t in (html_to_text(_clean(h, multiline=True), max_body)
+                                       for h in htmls) if t)
     return body, cut_any, attachments[:_MAX_LIST]
 
 
