@@ -158,7 +158,8 @@ def _header(draft: Draft) -> list[str]:
     lines.append(f"<b>From:</b> {sender or 'unknown'}")
     if m.reply_to and m.reply_to != m.from_addr:
         lines.append(f"<b>Reply goes to:</b> {clip(m.reply_to, _FIELD['addr'])[0]}")
-    lines.append(f"<b>Subject:</b> {clip(_one_line(m.subject), _FIELD['subject'])[0] or '(no subject)'}")
+    subject = clip(_one_line(m.subject), _FIELD["subject"])[0] or "(no subject)"
+    lines.append(f"<b>Subject:</b> {subject}")
     lines.append(f"<b>Received:</b> {clip(_received(m.date), _FIELD['date'])[0]}")
     original = _one_line(m.body)
     if original:

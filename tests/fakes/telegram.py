@@ -153,6 +153,7 @@ class FakeTelegram:
         self.down = False  # drop every connection (Telegram unreachable)
         self._updates: list[dict] = []
         self._update_ids = itertools.count(1)
+        self._poll_gen = 0
         self._cq_ids = itertools.count(1)
         self._next_mid: dict[int, int] = {}
         self._failures: dict[str, list[_Failure]] = {}
@@ -178,8 +179,8 @@ class FakeTelegram:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name="fake-telegram")
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
+                                        daemon=True, name="fake-telegram")
         self._thread.start()
         return self
 
@@ -269,7 +270,8 @@ class FakeTelegram:
                                f"u{m.message_id}", "file_name": m.filename}
         else:
             out["text"] = m.text
-        if m.reply_markup is not None:
+        if m.reply_markup is not None and "inline_keyboard" in m.reply_markup:
+            # Telegram returns only inline keyboards as a message's reply_markup.
             out["reply_markup"] = m.reply_markup
         return out
 
@@ -462,10 +464,17 @@ class FakeTelegram:
         timeout = float(params.get("timeout") or 0)
         deadline = time.monotonic() + timeout
         with self.cond:
+            # A newer getUpdates ends an older long poll, as Telegram does (409).
+            self._poll_gen += 1
+            gen = self._poll_gen
+            if offset:
+                # Telegram forgets every update below the offset: that confirms them.
+                self._updates = [u for u in self._updates if u["update_id"] >= offset]
             while True:
-                if offset:
-                    # Telegram forgets every update below the offset: that confirms them.
-                    self._updates = [u for u in self._updates if u["update_id"] >= offset]
+                if gen != self._poll_gen:
+                    return 409, {"ok": False, "error_code": 409, "description":
+                                 "Conflict: terminated by other getUpdates request; make sure "
+                                 "that only one bot instance is running"}
                 if self._updates or self._server is None:
                     return 200, {"ok": True, "result": self._updates[:limit]}
                 left = deadline - time.monotonic()

@@ -1,0 +1,698 @@
+"""The Telegram approval channel: cards with buttons, operator commands, notifications.
+
+Runs python-telegram-bot inside the engine's event loop (``initialize``/``start``/
+``updater.start_polling``, never ``run_polling``). What an operator can do:
+
+* tap a card's buttons (``ap|ed|rg|rj|rt|ft:<id>:<version>``); every decision goes to
+  the engine, whose store transitions are compare-and-set, so a double tap, two
+  operators or a replayed update send at most one email;
+* reply to an Edit / Regenerate / Reject prompt (or to the card) with text; the prompt
+  carries the draft id and version in its own text, so this survives restarts;
+* ``/status /pending /replay /sweep /pause /resume /run /help``.
+
+One gate in handler group -1 drops every update whose user is not in
+``telegram.operators`` before any other handler sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import io
+import logging
+from typing import Any
+
+from telegram import (BotCommand, ForceReply, InlineKeyboardButton, InlineKeyboardMarkup,
+                      LinkPreviewOptions, Update, User)
+from telegram.constants import ParseMode
+from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
+from telegram.ext import (AIORateLimiter, Application, ApplicationBuilder,
+                          ApplicationHandlerStop, CallbackQueryHandler, CommandHandler,
+                          ContextTypes, MessageHandler, TypeHandler, filters)
+
+from .. import ops
+from ..config import Settings, TelegramConfig, env_secret
+from ..errors import ApprovalError, ConfigError, DraftgateError
+from ..models import (AWAITING, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENT, Draft)
+from ..stages import Decisions, PostedRef
+from . import cards
+
+log = logging.getLogger("draftgate.telegram")
+
+COMMANDS: list[tuple[str, str, str]] = [
+    # (command, arguments, description) -- the description goes to setMyCommands.
+    ("status", "[pipeline]", "health of every pipeline, or one pipeline's recent runs"),
+    ("pending", "", "drafts waiting for a decision"),
+    ("replay", "<pipeline> <item_id>", "draft a failed, rejected or skipped item again"),
+    ("sweep", "[days]", "delete old seen marks, requeue expired leases, prune runs"),
+    ("pause", "<pipeline>", "stop ticking a pipeline"),
+    ("resume", "<pipeline>", "tick a paused pipeline again"),
+    ("run", "<pipeline>", "run one tick of a pipeline now"),
+    ("help", "", "what each command does"),
+]
+_USAGE = {name: f"Usage: /{name} {args}".rstrip() for name, args, _ in COMMANDS}
+
+# Telegram's flood limits: ~30 messages/s per bot, 20/min per group. One message per
+# 1/29 s with no burst keeps every one-second window at or under 30.
+_OVERALL_RATE = 29.0
+_MAX_RETRIES = 3  # RetryAfter only: by Telegram's contract a 429 delivered nothing
+_NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
+_PLAIN_LIMIT = 4000
+
+
+def create(settings: Settings, store: Any) -> "TelegramChannel":
+    """Build the channel from settings (no I/O). Raises ConfigError naming what to fix."""
+    if settings.telegram is None:
+        raise ConfigError(f"{settings.file}: telegram: missing; add a telegram: section with "
+                          f"token_env, operators and approvals_chat")
+    return TelegramChannel(settings.telegram, store, settings)
+
+
+def _chat_id(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    raise ValueError(value)
+
+
+def _actor(user: User) -> str:
+    return f"tg:{user.id} ({user.first_name})"
+
+
+def _kind(update: Update) -> str:
+    if update.callback_query is not None:
+        return "callback_query"
+    msg = update.effective_message
+    if msg is not None:
+        text = msg.text or ""
+        return f"command {text.split()[0][:32]}" if text.startswith("/") else "message"
+    return "update"
+
+
+def _markup(card: cards.Card) -> InlineKeyboardMarkup | None:
+    if not card.buttons:
+        return None
+    return InlineKeyboardMarkup([[InlineKeyboardButton(label, callback_data=data)
+                                  for label, data in row] for row in card.buttons])
+
+
+def _markup_key(markup: InlineKeyboardMarkup | None) -> Any:
+    return markup.to_dict() if markup is not None else None
+
+
+def _plain(text: str) -> str:
+    return text if len(text) <= _PLAIN_LIMIT else text[:_PLAIN_LIMIT - 20] + "\n… (cut)"
+
+
+class TelegramChannel:
+    """Approval channel ``telegram`` (see the module docstring)."""
+
+    name = "telegram"
+
+    def __init__(self, config: TelegramConfig, store: Any, settings: Settings, *,
+                 token: str | None = None, reconnect_delay: float = 1.0):
+        self.config = config
+        self.store = store
+        self.settings = settings
+        self._token = token or env_secret(config.token_env, "telegram.token_env")
+        self._operators = frozenset(int(u) for u in config.operators)
+        self._chats: dict[str, int] = {}
+        problems = []
+        for p in settings.pipelines:
+            if p.approval.get("channel", "console") != "telegram":
+                continue
+            try:
+                chat = _chat_id(p.approval.get("chat")) or config.approvals_chat
+            except ValueError:
+                problems.append(f"{p.file}: approval.chat: expected a numeric Telegram chat id, "
+                                f"got {p.approval.get('chat')!r}")
+                continue
+            if chat is None:
+                problems.append(f"{p.file}: approval.chat: missing; set it, or telegram."
+                                f"approvals_chat in {settings.file}")
+                continue
+            self._chats[p.name] = chat
+        if not self._operators:
+            problems.append(f"{settings.file}: telegram.operators: expected at least one "
+                            f"numeric user id; nobody could approve anything")
+        if config.receive == "webhook":
+            for key in ("url", "secret_env"):
+                if not config.webhook.get(key):
+                    problems.append(f"{settings.file}: telegram.webhook.{key}: required when "
+                                    f"telegram.receive is webhook")
+        if problems:
+            raise ConfigError(problems)
+        self._ops_chat = config.ops_chat or config.approvals_chat
+        self._reconnect_delay = reconnect_delay
+        self._decisions: Decisions | None = None
+        self._app: Application | None = None
+        self._connected = False
+        self._connect_task: asyncio.Task | None = None
+        self._card_locks: dict[int, asyncio.Lock] = {}
+        self._shown: dict[tuple[int, int], tuple[str, Any]] = {}  # last render per card
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _build(self) -> Application:
+        builder = (ApplicationBuilder().token(self._token)
+                   .base_url(self.config.base_url).base_file_url(self.config.base_file_url)
+                   .rate_limiter(AIORateLimiter(overall_max_rate=1,
+                                                overall_time_period=1 / _OVERALL_RATE,
+                                                max_retries=_MAX_RETRIES))
+                   .concurrent_updates(16).job_queue(None)
+                   .connect_timeout(10).read_timeout(30).write_timeout(30).pool_timeout(30)
+                   .get_updates_read_timeout(10))
+        if self.config.receive == "off":
+            builder = builder.updater(None)
+        app = builder.build()
+        # The gate runs first for every update; ApplicationHandlerStop ends it there.
+        app.add_handler(TypeHandler(Update, self._gate), group=-1)
+        app.add_handler(CallbackQueryHandler(self._on_callback))
+        handlers = {"status": self._cmd_status, "pending": self._cmd_pending,
+                    "replay": self._cmd_replay, "sweep": self._cmd_sweep,
+                    "pause": self._cmd_pause, "resume": self._cmd_resume,
+                    "run": self._cmd_run, "help": self._cmd_help, "start": self._cmd_help,
+                    "skip": self._cmd_skip}
+        for name, fn in handlers.items():
+            app.add_handler(CommandHandler(name, fn))
+        app.add_handler(MessageHandler(filters.REPLY & filters.TEXT & ~filters.COMMAND,
+                                       self._on_reply))
+        app.add_error_handler(self._on_error)
+        return app
+
+    async def start(self, decisions: Decisions) -> None:
+        """Connect and start receiving updates. If Telegram cannot be reached, keep
+        trying in the background: drafts wait in ``ready`` meanwhile."""
+        self._decisions = decisions
+        logging.getLogger("httpx").setLevel(max(logging.WARNING,
+                                                logging.getLogger("httpx").level))
+        self._app = self._build()
+        try:
+            await self._connect()
+        except TelegramError as exc:
+            log.warning("Telegram is not reachable (%s); retrying in the background, "
+                        "cards wait until then", exc)
+            self._connect_task = asyncio.create_task(self._reconnect(), name="telegram-connect")
+
+    async def _connect(self) -> None:
+        app = self._app
+        assert app is not None
+        await app.initialize()
+        await app.bot.set_my_commands([BotCommand(c, d) for c, _, d in COMMANDS])
+        await app.start()
+        if self.config.receive == "polling":
+            await app.updater.start_polling(
+                timeout=int(self.config.poll_timeout), drop_pending_updates=False,
+                allowed_updates=["message", "callback_query"],
+                error_callback=lambda exc: log.warning("Telegram polling: %s", exc))
+        elif self.config.receive == "webhook":
+            wh = self.config.webhook
+            await app.updater.start_webhook(
+                listen=str(wh.get("listen", "127.0.0.1")), port=int(wh.get("port", 8443)),
+                url_path=str(wh.get("path", "telegram")), webhook_url=str(wh["url"]),
+                secret_token=env_secret(str(wh["secret_env"]), "telegram.webhook.secret_env"),
+                allowed_updates=["message", "callback_query"], drop_pending_updates=False)
+        self._connected = True
+        log.info("Telegram connected as @%s (receive: %s)", app.bot.username,
+                 self.config.receive)
+
+    async def _reconnect(self) -> None:
+        delay = self._reconnect_delay
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._connect()
+                return
+            except TelegramError as exc:
+                delay = min(delay * 2, 60.0)
+                log.warning("Telegram still not reachable (%s); next try in %.0fs", exc, delay)
+
+    async def stop(self) -> None:
+        """Stop receiving, let in-flight handlers finish their transitions, disconnect."""
+        if self._connect_task is not None:
+            self._connect_task.cancel()
+            await asyncio.gather(self._connect_task, return_exceptions=True)
+        app = self._app
+        if app is None:
+            return
+        if app.updater is not None and app.updater.running:
+            await app.updater.stop()
+        if app.running:
+            await app.stop()
+        await app.shutdown()
+        self._connected = False
+
+    @property
+    def bot(self):
+        if self._app is None or not self._connected:
+            raise ApprovalError("Telegram is not connected yet; the draft waits in ready")
+        return self._app.bot
+
+    # -- ApprovalChannel ---------------------------------------------------------------
+    def approvals_chat(self, pipeline: str) -> int:
+        chat = self._chats.get(pipeline)
+        if chat is None:
+            try:
+                p = self.settings.pipeline(pipeline)
+                chat = _chat_id(p.approval.get("chat")) or self.config.approvals_chat
+            except (ConfigError, ValueError):
+                chat = None
+        if chat is None:
+            raise ApprovalError(f"no approvals chat for pipeline {pipeline!r}; set approval.chat "
+                                f"or telegram.approvals_chat")
+        return chat
+
+    def _lock(self, draft_id: int) -> asyncio.Lock:
+        return self._card_locks.setdefault(draft_id, asyncio.Lock())
+
+    async def post(self, draft: Draft) -> PostedRef:
+        """Send the card (or edit the existing card for a new version)."""
+        chat = self.approvals_chat(draft.pipeline)
+        bot = self.bot
+        card = cards.render_card(draft)
+        markup = _markup(card)
+        async with self._lock(draft.id):
+            try:
+                if draft.approval_message_id and _same_chat(draft.approval_chat, chat):
+                    mid = int(draft.approval_message_id)
+                    if await self._edit(chat, mid, card.text, markup, missing_ok=True):
+                        return PostedRef(str(chat), str(mid))
+                msg = await bot.send_message(chat, card.text, parse_mode=ParseMode.HTML,
+                                             reply_markup=markup,
+                                             link_preview_options=_NO_PREVIEW)
+            except (RetryAfter, Forbidden) as exc:
+                raise ApprovalError(f"Telegram refused the card for #{draft.id}: {exc}") from exc
+            except BadRequest as exc:
+                raise ApprovalError(f"Telegram rejected the card for #{draft.id} in chat {chat}: "
+                                    f"{exc}") from exc
+            except TelegramError as exc:  # NetworkError, TimedOut, 5xx
+                raise ApprovalError(f"Telegram unreachable: {exc}") from exc
+            self._shown[(chat, msg.message_id)] = (card.text, _markup_key(markup))
+            return PostedRef(str(chat), str(msg.message_id))
+
+    async def on_posted(self, draft: Draft) -> None:
+        """Called by the engine after ``mark_posted``: a status edit that raced the post
+        is put right."""
+        await self.update(draft)
+
+    async def _edit(self, chat: int, mid: int, text: str, markup: Any, *,
+                    missing_ok: bool = False) -> bool:
+        """Edit a card; False if it is gone and ``missing_ok`` (post a new one then)."""
+        if self._shown.get((chat, mid)) == (text, _markup_key(markup)):
+            return True
+        try:
+            await self.bot.edit_message_text(text, chat_id=chat, message_id=mid,
+                                             parse_mode=ParseMode.HTML, reply_markup=markup,
+                                             link_preview_options=_NO_PREVIEW)
+        except BadRequest as exc:
+            msg = str(exc).lower()
+            if "not modified" in msg:
+                pass
+            elif missing_ok and ("not found" in msg or "can't be edited" in msg):
+                log.info("card %s/%s is gone (%s); posting a new one", chat, mid, exc)
+                return False
+            else:
+                raise
+        self._shown[(chat, mid)] = (text, _markup_key(markup))
+        return True
+
+    async def update(self, draft: Draft) -> None:
+        """Re-render a card from the draft's current state in the store, so edits that
+        arrive out of order still end on the latest state."""
+        async with self._lock(draft.id):
+            fresh = await self.store.get_draft(draft.id) or draft
+            if not fresh.approval_message_id or not fresh.approval_chat:
+                return
+            card = cards.render_status(fresh)
+            chat, mid = int(fresh.approval_chat), int(fresh.approval_message_id)
+            try:
+                await self._edit(chat, mid, card.text, _markup(card))
+            except TelegramError as exc:
+                log.warning("could not update the card of #%d: %s", draft.id, exc)
+
+    async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
+        """Plain-text message to the ops chat; a Retry button for ``retry_draft``."""
+        chat = self._ops_chat
+        if chat is None:
+            log.warning("no telegram.ops_chat or approvals_chat; not sent: %s", text)
+            return
+        markup = None
+        if retry_draft is not None:
+            data = cards.callback_data(cards.RETRY, retry_draft.id, retry_draft.version)
+            markup = InlineKeyboardMarkup([[InlineKeyboardButton(
+                f"🔁 Retry send #{retry_draft.id}", callback_data=data)]])
+        try:
+            await self.bot.send_message(chat, _plain(text), reply_markup=markup,
+                                        link_preview_options=_NO_PREVIEW)
+        except TelegramError as exc:
+            raise ApprovalError(f"could not notify the ops chat: {exc}") from exc
+
+    # -- the gate ------------------------------------------------------------------------
+    async def _gate(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Drop every update whose user is not an operator, before any handler."""
+        user = update.effective_user
+        if user is not None and not user.is_bot and user.id in self._operators:
+            return
+        chat = update.effective_chat
+        # Never log the text: it is whatever a stranger chose to send.
+        log.warning("dropped %s from user %s in chat %s: not in telegram.operators",
+                    _kind(update), user.id if user else None, chat.id if chat else None)
+        if update.callback_query is not None:
+            await self._answer(update.callback_query, "Not allowed.")
+        raise ApplicationHandlerStop
+
+    # -- buttons ---------------------------------------------------------------------------
+    async def _answer(self, query: Any, text: str) -> None:
+        try:
+            await query.answer(text[:200])
+        except TelegramError as exc:
+            # A replayed update's query is too old to answer; nothing else to do.
+            log.info("could not answer a callback query: %s", exc)
+
+    async def _on_callback(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Every tap is answered, whatever happens."""
+        query = update.callback_query
+        notice = "Something went wrong; it is in the bot's log."
+        try:
+            notice = await self._tap(query)
+        finally:
+            await self._answer(query, notice)
+
+    def _chat_allowed(self, draft: Draft, chat_id: int | None, action: str) -> bool:
+        if chat_id is None:
+            return False
+        allowed = {self._chats.get(draft.pipeline)}
+        if draft.approval_chat and draft.approval_message_id:
+            allowed.add(_chat_id(draft.approval_chat))
+        if action == cards.RETRY:
+            allowed.add(self._ops_chat)
+        allowed.discard(None)
+        return chat_id in allowed
+
+    async def _tap(self, query: Any) -> str:
+        try:
+            cb = cards.parse_callback(query.data)
+        except cards.BadCallback as exc:
+            log.info("ignored callback data from user %s: %s", query.from_user.id, exc)
+            return str(exc)
+        draft = await self.store.get_draft(cb.draft_id)
+        message = query.message
+        chat_id = message.chat.id if message is not None else None
+        if draft is None or not self._chat_allowed(draft, chat_id, cb.action):
+            # Same answer for both, so a tap cannot probe which ids exist elsewhere.
+            return "This button does not belong to a draft of this chat."
+        if cb.version != draft.version:
+            return f"Old version (v{cb.version}); the card now shows v{draft.version}."
+        actor = _actor(query.from_user)
+        decisions = self._decisions
+        assert decisions is not None
+        if cb.action == cards.APPROVE:
+            if draft.status != AWAITING:
+                return _already(draft)
+            after = await decisions.approve(draft.id, cb.version, actor)
+            if after is None:
+                return _already(await self.store.get_draft(draft.id) or draft)
+            await self.update(after)
+            return {SENT: "✅ Sent.", SEND_FAILED: "❌ Send failed; see the card.",
+                    SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
+                        after.status, f"Approved ({after.status}).")
+        if cb.action in (cards.EDIT, cards.REGENERATE, cards.REJECT):
+            if draft.status != AWAITING:
+                return _already(draft)
+            kind = {cards.EDIT: cards.PROMPT_EDIT, cards.REGENERATE: cards.PROMPT_REGENERATE,
+                    cards.REJECT: cards.PROMPT_REJECT}[cb.action]
+            who = f'<a href="tg://user?id={query.from_user.id}">' \
+                  f'{html.escape(query.from_user.first_name, quote=False)}</a>'
+            await self.bot.send_message(
+                chat_id, cards.prompt_text(kind, draft, who), parse_mode=ParseMode.HTML,
+                reply_markup=ForceReply(selective=True),
+                reply_to_message_id=message.message_id if message is not None else None,
+                allow_sending_without_reply=True)
+            return {cards.EDIT: "Reply to the prompt with the new text.",
+                    cards.REGENERATE: "Reply with an instruction, or /skip.",
+                    cards.REJECT: "Reply with a reason, or /skip."}[cb.action]
+        if cb.action == cards.RETRY:
+            if draft.status not in (SEND_FAILED, SEND_UNKNOWN):
+                return _already(draft)
+            after = await decisions.retry_send(draft.id, actor)
+            if after is None:
+                return _already(await self.store.get_draft(draft.id) or draft)
+            await self.update(after)
+            return {SENT: "✅ Sent."}.get(after.status, f"Retried: {after.status}.")
+        if cb.action == cards.FULL_TEXT:
+            content = cards.full_text(draft).encode("utf-8")
+            await self.bot.send_document(
+                chat_id, io.BytesIO(content), filename=f"draft-{draft.id}-v{draft.version}.txt",
+                caption=f"Full text of {cards.tag(draft)}",
+                reply_to_message_id=message.message_id if message is not None else None,
+                allow_sending_without_reply=True)
+            return "Full text sent as a file."
+        return "Unknown action; use the latest card."
+
+    # -- replies to prompts and cards ------------------------------------------------------
+    async def _target(self, update: Update, context: ContextTypes.DEFAULT_TYPE
+                      ) -> tuple[str, Draft] | None:
+        msg = update.effective_message
+        target = msg.reply_to_message if msg is not None else None
+        if target is None or target.from_user is None or target.from_user.id != context.bot.id:
+            return None
+        parsed = cards.parse_prompt(target.text)
+        if parsed is None:
+            return None
+        kind, draft_id, version = parsed
+        draft = await self.store.get_draft(draft_id)
+        if draft is None or not self._chat_allowed(draft, msg.chat_id, cards.EDIT):
+            await msg.reply_text(do_quote=True, text="That draft does not belong to this chat.")
+            return None
+        if version != draft.version:
+            await msg.reply_text(do_quote=True, text=f"Not applied: {cards.tag(draft)} is the "
+                                                     f"current version, you answered for "
+                                                     f"v{version}.")
+            return None
+        if draft.status != AWAITING:
+            await msg.reply_text(do_quote=True, text=f"Not applied: {_already(draft)}")
+            return None
+        return kind, draft
+
+    async def _on_reply(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """A reply to an Edit/Regenerate/Reject prompt, or to a card (= new text)."""
+        found = await self._target(update, context)
+        if found is None:
+            return
+        kind, draft = found
+        await self._apply(update, kind, draft, update.effective_message.text or "")
+
+    async def _cmd_skip(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """/skip as the answer to a Regenerate or Reject prompt."""
+        found = await self._target(update, context)
+        if found is None:
+            await update.effective_message.reply_text(
+                do_quote=True, text="Send /skip as a reply to a Regenerate or Reject prompt.")
+            return
+        kind, draft = found
+        if kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD):
+            await update.effective_message.reply_text(
+                do_quote=True, text=f"An edit needs the new text; {cards.tag(draft)} is unchanged.")
+            return
+        await self._apply(update, kind, draft, "")
+
+    async def _apply(self, update: Update, kind: str, draft: Draft, text: str) -> None:
+        msg = update.effective_message
+        actor = _actor(update.effective_user)
+        decisions = self._decisions
+        assert decisions is not None
+        text = text.strip()
+        if kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD):
+            if not text:
+                await msg.reply_text(do_quote=True, text="An empty text cannot replace a draft.")
+                return
+            after = await decisions.edit(draft.id, draft.version, text, actor)
+            done = f"✏️ {cards.tag(after)} is on the card." if after else None
+        elif kind == cards.PROMPT_REGENERATE:
+            after = await decisions.regenerate(draft.id, draft.version, actor, instruction=text)
+            done = f"🔁 Regenerating as v{after.version}…" if after else None
+        else:
+            after = await decisions.reject(draft.id, draft.version, actor, reason=text)
+            done = f"🗑 #{draft.id} rejected." if after else None
+        if after is None:
+            fresh = await self.store.get_draft(draft.id) or draft
+            await msg.reply_text(do_quote=True, text=f"Not applied: {_already(fresh)}")
+            return
+        await self.update(after)
+        await msg.reply_text(do_quote=True, text=done)
+
+    # -- commands ----------------------------------------------------------------------------
+    @property
+    def _engine(self) -> Any:
+        """The engine's operator controls (pause/resume/run_now), beyond Decisions."""
+        return self._decisions
+    async def _reply(self, update: Update, text: str, *, pre: bool = False) -> None:
+        msg = update.effective_message
+        if pre:
+            body, _ = cards.clip(text, cards.MAX_TEXT - 20, ellipsis="\n… (cut)")
+            await msg.reply_text(do_quote=True, text=f"<pre>{body}</pre>",
+                                 parse_mode=ParseMode.HTML)
+        else:
+            await msg.reply_text(do_quote=True, text=_plain(text),
+                                 link_preview_options=_NO_PREVIEW)
+
+    def _known(self, name: str) -> str | None:
+        """None if ``name`` is a pipeline, else the message listing the known ones."""
+        try:
+            self.settings.pipeline(name)
+            return None
+        except ConfigError as exc:
+            return str(exc)
+
+    async def _cmd_status(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """/status [pipeline]"""
+        args = context.args or []
+        if len(args) > 1:
+            return await self._reply(update, _USAGE["status"])
+        if args:
+            if (problem := self._known(args[0])) is not None:
+                return await self._reply(update, problem)
+            detail = await ops.status_one(self.store, self.settings, args[0])
+            return await self._reply(update, ops.format_status_one(detail), pre=True)
+        items = await ops.status_all(self.store, self.settings)
+        await self._reply(update, ops.format_status_all(items), pre=True)
+
+    async def _cmd_pending(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """/pending"""
+        if context.args:
+            return await self._reply(update, _USAGE["pending"])
+        await self._reply(update, ops.format_pending(await ops.pending(self.store, self.settings)))
+
+    async def _cmd_replay(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """/replay <pipeline> <item_id>"""
+        args = context.args or []
+        if len(args) != 2:
+            return await self._reply(update, _USAGE["replay"])
+        name, item_id = args
+        if (problem := self._known(name)) is not None:
+            return await self._reply(update, problem)
+        result = await ops.replay(self.store, name, item_id, _actor(update.effective_user),
+                                  settings=self.settings)
+        await self._reply(update, ops.format_replay(name, item_id, result))
+
+    async def _cmd_sweep(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """/sweep [days]"""
+        args = context.args or []
+        days: float | None = None
+        if len(args) > 1:
+            return await self._reply(update, _USAGE["sweep"])
+        if args:
+            try:
+                days = float(args[0])
+            except ValueError:
+                days = -1.0
+            if not 0 < days < 100_000:
+                return await self._reply(update, _USAGE["sweep"] + " (days: a positive number)")
+        result = await ops.sweep(self.store, self.settings, days=days)
+        await self._reply(update, ops.format_sweep(result))
+
+    async def _control(self, update: Update, context: ContextTypes.DEFAULT_TYPE,
+                       command: str) -> str | None:
+        args = context.args or []
+        if len(args) != 1:
+            await self._reply(update, _USAGE[command])
+            return None
+        if (problem := self._known(args[0])) is not None:
+            await self._reply(update, problem)
+            return None
+        return args[0]
+
+    async def _cmd_pause(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """/pause <pipeline>"""
+        if (name := await self._control(update, context, "pause")) is None:
+            return
+        await self._engine.pause(name, _actor(update.effective_user))
+        await self._reply(update, f"⏸ {name} paused; /resume {name} starts it again.")
+
+    async def _cmd_resume(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """/resume <pipeline>"""
+        if (name := await self._control(update, context, "resume")) is None:
+            return
+        await self._engine.resume(name, _actor(update.effective_user))
+        await self._reply(update, f"▶️ {name} resumed.")
+
+    async def _cmd_run(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """/run <pipeline>"""
+        if (name := await self._control(update, context, "run")) is None:
+            return
+        await self._reply(update, f"▶️ running {name} now…")
+        counts = await self._engine.run_now(name)
+        c = counts.to_dict()
+        await self._reply(update, f"{name}: " + " ".join(f"{k} {v}" for k, v in c.items()))
+
+    async def _cmd_help(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """/help"""
+        lines = ["draftgate: every draft arrives as a card; nothing is sent until an "
+                 "operator taps ✅ Approve & send. Reply to a card with new text to edit it.", ""]
+        lines += [f"/{c} {a}".rstrip() + f" — {d}" for c, a, d in COMMANDS]
+        await self._reply(update, "\n".join(lines))
+
+    # -- errors --------------------------------------------------------------------------------
+    async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Log first, then tell the operator briefly (never the details)."""
+        kind = _kind(update) if isinstance(update, Update) else "no update"
+        log.error("handling %s failed", kind, exc_info=context.error)
+        if not isinstance(update, Update) or update.callback_query is not None:
+            return  # taps were already answered
+        user, chat = update.effective_user, update.effective_chat
+        if chat is None or user is None or user.id not in self._operators:
+            return
+        what = str(context.error) if isinstance(context.error, DraftgateError) else \
+            type(context.error).__name__
+        try:
+            await context.bot.send_message(chat.id, _plain(f"⚠️ That failed ({what}); the "
+                                                           f"details are in the bot's log."))
+        except TelegramError:
+            log.warning("could not tell the operator about the error")
+
+
+def _same_chat(a: Any, b: int) -> bool:
+    try:
+        return a is not None and int(a) == int(b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _already(draft: Draft) -> str:
+    who = cards.actor_name(draft.decided_by)
+    s = draft.status
+    if s == SENT:
+        return f"Already decided: sent by {who}."
+    if s == REJECTED:
+        return f"Already decided: rejected by {who}."
+    if s in ("approved", "sending"):
+        return f"Already approved by {who}; sending."
+    if s in (SEND_FAILED, SEND_UNKNOWN):
+        return f"Already approved by {who}; the send needs attention (see the card)."
+    if s in ("queued", "drafting"):
+        return "Being regenerated; wait for the new version."
+    if s == "ready":
+        return "A new version is being posted; use the updated card."
+    return f"Nothing to do: the draft is {s}."
+
+
+async def doctor(settings: Settings) -> list[tuple[str, bool, str]]:
+    """For ``draftgate doctor``: the token is set and the bot answers getMe."""
+    if settings.telegram is None:
+        return []
+    from telegram import Bot
+
+    cfg = settings.telegram
+    try:
+        token = env_secret(cfg.token_env, "telegram.token_env")
+    except ConfigError as exc:
+        return [("telegram", False, str(exc))]
+    try:
+        async with Bot(token, base_url=cfg.base_url, base_file_url=cfg.base_file_url) as bot:
+            me = bot.bot
+    except TelegramError as exc:
+        return [("telegram", False, f"getMe failed: {exc} (check {cfg.token_env} and "
+                                    f"telegram.base_url)")]
+    return [("telegram", True, f"@{me.username}, operators {len(cfg.operators)}")]

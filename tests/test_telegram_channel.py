@@ -1,0 +1,574 @@
+"""The Telegram channel end to end: the real python-telegram-bot over HTTP against the
+fake Bot API server, the real Engine and a real SQLite store.
+
+Taps and messages are injected into the fake's getUpdates queue; every test waits on
+an event the fake exposes (an answered callback query, a message in a chat), never on
+a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bot.approvals.telegram import TelegramChannel, create
+from bot.config import load_settings
+from bot.engine import Engine
+from bot.errors import SendUnknown
+from bot.models import SendResult
+from bot.store import create_store
+from tests.fakes.telegram import FakeTelegram, parse_html
+
+ANNA, BO, EVE = 42, 43, 666
+NAMES = {ANNA: "Anna", BO: "Bo", EVE: "Eve"}
+SUPPORT_CHAT, SALES_CHAT, OPS_CHAT = 1001, 2002, 3003
+TOKEN_ENV = "DG_TEST_TELEGRAM_TOKEN"
+
+
+class EchoDrafter:
+    """Drafts "Hi <name>, re: <the whole email>", plus the operator's instruction."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.requests = []
+
+    async def draft(self, request):
+        from bot.models import DraftResult
+
+        self.requests.append(request)
+        body = f"Hi {request.message.from_name}, re: {request.message.body.strip()}"
+        if request.instruction:
+            body += f"\n[{request.instruction}]"
+        return DraftResult(body=body, tokens_in=10, tokens_out=20)
+
+    async def close(self):
+        pass
+
+
+class RecordingSender:
+    """Counts every send; can be told to answer SendUnknown once."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int, str]] = []
+        self.unknown_once = False
+
+    async def send(self, draft):
+        self.sent.append((draft.id, draft.version, draft.body))
+        if self.unknown_once:
+            self.unknown_once = False
+            raise SendUnknown("connection reset while sending")
+        return SendResult(sent_id=f"msg-{draft.id}")
+
+    async def check(self, draft):
+        return None
+
+    async def close(self):
+        pass
+
+
+def eml(n: int, body: str = "Where is my order? It was due Friday.",
+        name: str = "Alice Buyer") -> bytes:
+    return (f"From: \"{name}\" <alice{n}@customer.example>\r\nTo: support@acme.example\r\n"
+            f"Subject: Order {n}\r\nMessage-ID: <order-{n}@customer.example>\r\n"
+            f"Date: Sun, 29 Nov 2026 10:02:00 +0000\r\n"
+            f"Content-Type: text/plain; charset=utf-8\r\n\r\n{body}\r\n").encode()
+
+
+def write_config(tmp_path: Path, fake: FakeTelegram, receive: str = "polling",
+                 webhook: str = "") -> Path:
+    for d in ("mail-support", "mail-sales", "pipelines"):
+        (tmp_path / d).mkdir(exist_ok=True)
+    (tmp_path / "draftgate.yaml").write_text(textwrap.dedent(f"""\
+        store: sqlite:///state.db
+        pipelines: pipelines/*.yaml
+        telegram:
+          token_env: {TOKEN_ENV}
+          base_url: {fake.base_url}
+          base_file_url: {fake.base_file_url}
+          operators: [{ANNA}, {BO}]
+          approvals_chat: {SUPPORT_CHAT}
+          ops_chat: {OPS_CHAT}
+          poll_timeout: 5s
+          receive: {receive}
+        """) + webhook)
+    for name, chat in (("support", SUPPORT_CHAT), ("sales", SALES_CHAT)):
+        (tmp_path / "pipelines" / f"{name}.yaml").write_text(textwrap.dedent(f"""\
+            name: {name}
+            schedule: 1h
+            source: {{type: maildir, path: mail-{name}}}
+            approval: {{channel: telegram, chat: {chat}}}
+            sender: {{type: outbox, path: outbox, from: "Acme <support@acme.example>"}}
+            """))
+    return tmp_path / "draftgate.yaml"
+
+
+class World:
+    """A running bot: engine + Telegram channel + store, restartable."""
+
+    def __init__(self, tmp_path: Path, fake: FakeTelegram, cfg: Path,
+                 reconnect_delay: float = 1.0) -> None:
+        self.tmp_path, self.fake, self.cfg = tmp_path, fake, cfg
+        self.reconnect_delay = reconnect_delay
+        self.settings = load_settings(cfg)
+        self.drafter = EchoDrafter()
+        self.sender = RecordingSender()
+        self.store = None
+        self.engine = None
+        self.channel = None
+
+    async def start(self) -> "World":
+        self.store = create_store(self.settings.store)
+        await self.store.open()
+        self.channel = TelegramChannel(self.settings.telegram, self.store, self.settings,
+                                       reconnect_delay=self.reconnect_delay)
+        self.engine = Engine(self.settings, self.store, {"telegram": self.channel},
+                             drafters={"support": self.drafter, "sales": self.drafter},
+                             senders={"support": self.sender, "sales": self.sender},
+                             send_check_delay=0.05)
+        await self.engine.start()
+        await self.engine.post_unposted()
+        return self
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            await self.engine.stop()
+            await self.store.close()
+            self.engine = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    async def deliver(self, n: int, pipeline: str = "support", **kw):
+        """An email arrives and a tick drafts it and posts its card; returns the draft."""
+        (self.tmp_path / f"mail-{pipeline}" / f"{n}.eml").write_bytes(eml(n, **kw))
+        await self.engine.tick(pipeline)
+        drafts = await self.store.find_drafts(pipeline, f"<order-{n}@customer.example>")
+        assert len(drafts) == 1, drafts
+        return drafts[0]
+
+    async def draft(self, d):
+        return await self.store.get_draft(d.id)
+
+    def card(self, d):
+        return self.fake.message(int(d.approval_chat), int(d.approval_message_id))
+
+    async def tap(self, d, action: str, user: int = ANNA, version: int | None = None,
+                  chat: int | None = None, first_name: str = "Anna"):
+        """Tap a button of ``d``'s card and wait for the answer; returns it."""
+        data = f"{action}:{d.id}:{d.version if version is None else version}"
+        u = self.fake.tap(user, chat or int(d.approval_chat), int(d.approval_message_id), data,
+                          first_name)
+        return (await self.fake.answered(u))["text"]
+
+    async def say(self, text: str, user: int = ANNA, chat: int = SUPPORT_CHAT,
+                  reply_to: int | None = None, answers: int = 1):
+        """Send a message and wait for the bot's ``answers`` replies in that chat;
+        returns the text of the last."""
+        before = len(self.fake.chat_messages(chat))
+        self.fake.say(user, chat, text, reply_to=reply_to, first_name=NAMES[user])
+        msgs = await self.fake.await_for(
+            lambda: len(self.fake.chat_messages(chat)[before:]) >= answers
+            and self.fake.chat_messages(chat)[before:], 10)
+        return msgs[-1].text
+
+
+@pytest.fixture
+def fake():
+    with FakeTelegram() as f:
+        yield f
+
+
+@pytest.fixture
+async def world(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    w = World(tmp_path, fake, write_config(tmp_path, fake))
+    await w.start()
+    try:
+        yield w
+    finally:
+        await w.stop()
+
+
+async def until(check, timeout: float = 10.0):
+    """Poll an async condition (store state, no fake event for it) until true."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (value := await check()):
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.02)
+    return value
+
+
+def _buttons(markup) -> list[str]:
+    return [b["callback_data"] for row in (markup or {}).get("inline_keyboard", []) for b in row]
+
+
+# -- approve ---------------------------------------------------------------------------------
+
+async def test_approve_sends_exactly_once_and_the_card_shows_who(world, fake):
+    """Approve & send sends one reply and the card then says who sent it, no buttons."""
+    d = await world.deliver(1)
+    assert d.status == "awaiting"
+    card = world.card(d)
+    assert card.text.startswith(f"📨 support · #{d.id} v1")
+    assert "Alice Buyer <alice1@customer.example>" in card.text
+    assert _buttons(card.reply_markup) == [f"{a}:{d.id}:1" for a in ("ap", "ed", "rg", "rj")]
+    assert await world.tap(d, "ap") == "✅ Sent."
+    assert world.sender.sent == [(d.id, 1, (await world.draft(d)).body)]
+    card = world.card(d)
+    assert card.text.startswith("✅ Sent by Anna at ")
+    assert card.text.split("\n")[0].endswith(f"· #{d.id} v1")
+    assert card.reply_markup is None
+    assert (await world.draft(d)).decided_by == f"tg:{ANNA} (Anna)"
+    assert {c["command"] for c in fake.commands} >= {"status", "pending", "replay", "sweep",
+                                                     "pause", "resume", "run", "help"}
+
+
+async def test_two_taps_in_one_getupdates_batch_send_once(world, fake):
+    d = await world.deliver(1)
+    with fake.cond:  # both queued before the next getUpdates answers
+        u1 = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
+        u2 = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
+    answers = {(await fake.answered(u1))["text"], (await fake.answered(u2))["text"]}
+    assert "✅ Sent." in answers and len(answers) == 2
+    assert len(world.sender.sent) == 1
+    batches = [c.response["result"] for c in fake.calls_of("getUpdates", ok=True)]
+    assert any({u["update_id"] for u in b} >= {u1["update_id"], u2["update_id"]} for b in batches)
+
+
+async def test_two_operators_tapping_at_once_send_once(world, fake):
+    d = await world.deliver(1)
+    with fake.cond:
+        u1 = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
+        u2 = fake.tap(BO, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Bo")
+    a1, a2 = (await fake.answered(u1))["text"], (await fake.answered(u2))["text"]
+    assert sorted([a1 == "✅ Sent.", a2 == "✅ Sent."]) == [False, True]
+    assert len(world.sender.sent) == 1
+    winner = "Anna" if a1 == "✅ Sent." else "Bo"
+    assert world.card(d).text.startswith(f"✅ Sent by {winner} at ")
+    audit = [e for e in await world.store.audit_log(d.key) if e.action.startswith("approve")]
+    assert len(audit) == 1
+
+
+async def test_the_same_update_delivered_again_after_a_restart_sends_nothing(world, fake):
+    d = await world.deliver(1)
+    u = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
+    assert (await fake.answered(u))["text"] == "✅ Sent."
+    await world.stop()
+    fake.redeliver(u)  # Telegram hands it out again: the confirmation was lost
+    await world.start()
+    await fake.await_for(lambda: [c for c in fake.calls if c.method == "answerCallbackQuery"
+                                  and c.params.get("callback_query_id") == u["callback_query"]["id"]
+                                  and c.status == 400])
+    assert len(world.sender.sent) == 1
+    assert (await world.draft(d)).status == "sent"
+
+
+# -- authorization ------------------------------------------------------------------------------
+
+async def test_a_stranger_changes_nothing_and_gets_no_data(world, fake, caplog):
+    """/status, /replay, a forged Approve and an edit reply from a user not on the
+    allow-list: dropped by the gate, logged without their text, no state change."""
+    caplog.set_level(logging.INFO)
+    d = await world.deliver(1)
+    audit_before = await world.store.audit_log()
+    n_before = len(fake.calls_of("sendMessage"))
+    fake.say(EVE, SUPPORT_CHAT, "/status")
+    fake.say(EVE, EVE, "/status support")
+    fake.say(EVE, SUPPORT_CHAT, "/replay support <order-1@customer.example>")
+    fake.say(EVE, SUPPORT_CHAT, "secret new text", reply_to=int(d.approval_message_id))
+    forged = fake.tap(EVE, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Eve")
+    assert (await fake.answered(forged))["text"] == "Not allowed."
+    # An operator's command after them: once it is answered, theirs were handled too.
+    assert "/status" in await world.say("/help")
+    await fake.await_for(lambda: len([r for r in caplog.records if "dropped" in r.getMessage()])
+                         >= 5)
+    sends = fake.calls_of("sendMessage")[n_before:]
+    assert all(int(c.params["chat_id"]) == SUPPORT_CHAT for c in sends)
+    assert len(sends) == 1  # the /help answer to Anna
+    assert (await world.draft(d)).status == "awaiting"
+    assert world.sender.sent == []
+    assert await world.store.audit_log() == audit_before
+    logs = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"from user {EVE}" in logs and "secret new text" not in logs
+
+
+# -- hostile callback data ---------------------------------------------------------------------
+
+async def test_hostile_callback_data_is_answered_and_changes_nothing(world, fake, caplog):
+    caplog.set_level(logging.INFO)
+    d = await world.deliver(1)
+    other = await world.deliver(2, pipeline="sales")
+    mid = int(d.approval_message_id)
+    cases = {
+        "ap:" + "1" * 62: "not one of ours",
+        "zz:1:1": "Unknown action",
+        f"ap:abc:{d.version}": "not one of ours",
+        "": "no data",
+        f"ap:{other.id}:1": "does not belong",  # sales draft, tapped in support's chat
+        f"ap:{d.id}:7": "Old version",
+        f"ap:999999:1": "does not belong",
+        "ap:1:1:1": "not one of ours",
+    }
+    for data, expect in cases.items():
+        u = fake.tap(ANNA, SUPPORT_CHAT, mid, data, "Anna")
+        text = (await fake.answered(u))["text"]
+        assert expect in text, (data, text)
+    # The sales card tapped from the support chat's message id, in the sales chat: fine.
+    assert (await world.draft(d)).status == "awaiting"
+    assert (await world.draft(other)).status == "awaiting"
+    assert world.sender.sent == []
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+# -- big cards -----------------------------------------------------------------------------------
+
+async def test_a_20000_character_email_of_lt_amp_underscore_gives_a_valid_card(world, fake):
+    body = ("<&_" * 7000)[:20_000]
+    d = await world.deliver(1, body=body, name="<b>&_")
+    assert d.status == "awaiting", d.error
+    card = world.card(d)
+    assert len(card.html.encode("utf-16-le")) // 2 <= 4096
+    assert parse_html(card.html) == card.text
+    assert "cut; tap 📄 Full text" in card.text
+    assert "<b>&_ <alice1@customer.example>" in card.text
+    assert _buttons(card.reply_markup)[-1] == f"ft:{d.id}:1"
+    assert await world.tap(d, "ft") == "Full text sent as a file."
+    doc = [m for m in fake.chat_messages(SUPPORT_CHAT) if m.kind == "document"][0]
+    assert doc.reply_to == int(d.approval_message_id)
+    assert (await world.draft(d)).body in doc.document.decode("utf-8")
+    assert doc.filename == f"draft-{d.id}-v1.txt"
+
+
+# -- edit, regenerate, reject --------------------------------------------------------------------
+
+async def _prompt(world, fake, d, action):
+    before = len(fake.chat_messages(SUPPORT_CHAT))
+    await world.tap(d, action)
+    prompt = fake.chat_messages(SUPPORT_CHAT)[before]
+    assert prompt.reply_markup.get("force_reply") is True
+    return prompt
+
+
+async def test_edit_makes_version_2_and_the_old_button_sends_nothing(world, fake):
+    d = await world.deliver(1)
+    prompt = await _prompt(world, fake, d, "ed")
+    assert f"reply with the new text for #{d.id} v1" in prompt.text
+    answer = await world.say("Dear Alice, it ships <today> & arrives Monday.",
+                             reply_to=prompt.message_id)
+    assert answer == f"✏️ #{d.id} v2 is on the card."
+    d2 = await world.draft(d)
+    assert (d2.version, d2.status, d2.approval_message_id) == (2, "awaiting", d.approval_message_id)
+    card = world.card(d2)
+    assert card.text.endswith("Dear Alice, it ships <today> & arrives Monday.")
+    assert f"· #{d.id} v2" in card.text
+    assert _buttons(card.reply_markup)[0] == f"ap:{d.id}:2"
+    assert len(fake.chat_messages(SUPPORT_CHAT)) == 3  # card, prompt, answer: no second card
+    assert "Old version" in await world.tap(d, "ap", version=1)
+    assert world.sender.sent == []
+    # Replying to the card itself also edits it.
+    answer = await world.say("Third try.", reply_to=int(d.approval_message_id))
+    assert answer == f"✏️ #{d.id} v3 is on the card."
+    d3 = await world.draft(d)
+    assert await world.tap(d3, "ap") == "✅ Sent."
+    assert world.sender.sent == [(d.id, 3, "Third try.")]
+    hashes = {e.text_sha256 for e in await world.store.audit_log(d.key) if e.text_sha256}
+    assert len(hashes) >= 2
+
+
+async def test_a_reply_to_an_old_prompt_after_an_edit_changes_nothing(world, fake):
+    d = await world.deliver(1)
+    prompt = await _prompt(world, fake, d, "ed")
+    await world.say("v2 text", reply_to=prompt.message_id)
+    answer = await world.say("late v2 text", reply_to=prompt.message_id)
+    assert answer.startswith("Not applied")
+    assert (await world.draft(d)).body == "v2 text"
+
+
+async def _status(world, d, status, version):
+    fresh = await world.draft(d)
+    return fresh if (fresh.status, fresh.version) == (status, version) else None
+
+
+async def test_regenerate_with_an_instruction_makes_version_2(world, fake):
+    d = await world.deliver(1)
+    prompt = await _prompt(world, fake, d, "rg")
+    n = len(world.drafter.requests)
+    await world.say("shorter, mention the refund", reply_to=prompt.message_id)
+    d2 = await until(lambda: _status(world, d, "awaiting", 2))
+    assert (d2.version, d2.status) == (2, "awaiting")
+    assert world.drafter.requests[n].instruction == "shorter, mention the refund"
+    assert world.card(d2).text.endswith("[shorter, mention the refund]")
+    assert "Old version" in await world.tap(d, "ap", version=1)
+    assert world.sender.sent == []
+    # /skip regenerates without an instruction.
+    prompt = await _prompt(world, fake, d2, "rg")
+    await world.say("/skip", reply_to=prompt.message_id)
+    d3 = await until(lambda: _status(world, d, "awaiting", 3))
+    assert _buttons(world.card(d3).reply_markup)[0] == f"ap:{d.id}:3"
+    assert world.drafter.requests[-1].instruction == ""
+
+
+async def test_reject_with_a_reason_is_final(world, fake):
+    d = await world.deliver(1)
+    prompt = await _prompt(world, fake, d, "rj")
+    assert await world.say("spam", reply_to=prompt.message_id) == f"🗑 #{d.id} rejected."
+    d2 = await world.draft(d)
+    assert d2.status == "rejected"
+    card = world.card(d2)
+    assert card.text.startswith("🗑 Rejected by Anna at") and card.reply_markup is None
+    assert (await world.tap(d2, "ap")).startswith("Already decided: rejected by Anna")
+    assert world.sender.sent == []
+
+
+# -- resilience ---------------------------------------------------------------------------------
+
+async def test_a_429_is_honoured_and_the_card_arrives_once_later(world, fake):
+    fake.fail("sendMessage", 429, "Too Many Requests: retry after 1", retry_after=1)
+    d = await world.deliver(1)
+    calls = fake.calls_of("sendMessage")
+    assert [c.status for c in calls] == [429, 200]
+    assert calls[1].at - calls[0].at >= 1.0
+    assert len(fake.chat_messages(SUPPORT_CHAT)) == 1
+    assert d.status == "awaiting"
+
+
+@pytest.mark.parametrize("outage", ["unreachable", "502"])
+async def test_cards_wait_in_ready_while_telegram_is_down_and_are_posted_later(world, fake, outage):
+    if outage == "unreachable":
+        fake.down = True
+    else:
+        fake.fail("sendMessage", 502, "Bad Gateway", times=2)
+    d = await world.deliver(1)
+    assert d.status == "ready" and d.approval_message_id is None
+    assert fake.chat_messages(SUPPORT_CHAT) == []
+    fake.down = False
+    if outage == "502":
+        assert await world.engine.post_unposted() == 0  # second 502
+    assert await world.engine.post_unposted() == 1
+    d = await world.draft(d)
+    assert d.status == "awaiting"
+    assert len(fake.chat_messages(SUPPORT_CHAT)) == 1
+
+
+async def test_the_channel_starts_while_telegram_is_down_and_connects_later(tmp_path, fake,
+                                                                            monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    w = World(tmp_path, fake, write_config(tmp_path, fake), reconnect_delay=0.05)
+    fake.down = True
+    await w.start()
+    try:
+        d = await w.deliver(1)
+        assert d.status == "ready"
+        fake.down = False
+        await fake.await_for(lambda: fake.calls_of("setMyCommands", ok=True), 15)
+        assert await until(w.engine.post_unposted) == 1
+        assert await w.tap(await w.draft(d), "ap") == "✅ Sent."
+    finally:
+        await w.stop()
+
+
+async def test_an_unknown_send_is_told_to_ops_with_a_retry_button_that_sends(world, fake):
+    d = await world.deliver(1)
+    world.sender.unknown_once = True
+    assert await world.tap(d, "ap") == "❓ Send outcome unknown; see the card."
+    card = world.card(d)
+    assert card.text.startswith("❓ Send outcome unknown (approved by Anna")
+    assert _buttons(card.reply_markup) == [f"rt:{d.id}:1"]
+    note = await fake.await_for(lambda: fake.chat_messages(OPS_CHAT))
+    assert f"#{d.id}" in note[0].text and _buttons(note[0].reply_markup) == [f"rt:{d.id}:1"]
+    u = fake.tap(BO, OPS_CHAT, note[0].message_id, f"rt:{d.id}:1", "Bo")
+    assert (await fake.answered(u))["text"] == "✅ Sent."
+    assert len(world.sender.sent) == 2  # the unknown one and the operator's retry
+    assert world.card(d).text.startswith("✅ Sent by ")
+    assert world.card(d).reply_markup is None
+
+
+# -- commands --------------------------------------------------------------------------------------
+
+async def test_commands_answer_and_bad_arguments_get_a_usage_line(world, fake):
+    d = await world.deliver(1)
+    assert "support" in await world.say("/status") and "sales" in await world.say("/status")
+    assert "support · " in await world.say("/status support")
+    assert "unknown pipeline 'nope'" in await world.say("/status nope")
+    assert (await world.say("/status a b")).startswith("Usage: /status [pipeline]")
+    assert f"support #{d.id} v1" in await world.say("/pending")
+    assert (await world.say("/replay support")).startswith("Usage: /replay <pipeline> <item_id>")
+    assert "not found" in await world.say("/replay support <nothing@x>")
+    assert (await world.say("/sweep abc")).startswith("Usage: /sweep [days]")
+    assert (await world.say("/sweep 30")).startswith("swept:")
+    assert (await world.say("/pause")).startswith("Usage: /pause <pipeline>")
+    assert "paused" in await world.say("/pause support")
+    assert "support" in await world.store.paused()
+    assert "resumed" in await world.say("/resume support")
+    assert "support" not in await world.store.paused()
+    assert "support: fetched" in await world.say("/run support", answers=2)
+    help_text = await world.say("/help")
+    for c in ("status", "pending", "replay", "sweep", "pause", "resume", "run", "help"):
+        assert f"/{c}" in help_text
+    # A rejected item can be replayed from the chat.
+    prompt = await _prompt(world, fake, d, "rj")
+    await world.say("/skip", reply_to=prompt.message_id)
+    assert "back in the queue" in await world.say("/replay support <order-1@customer.example>")
+
+
+# -- configuration and webhook ----------------------------------------------------------------------
+
+def test_create_says_what_to_fix(tmp_path, fake, monkeypatch):
+    """A missing token variable or webhook secret is a ConfigError naming the setting."""
+    from bot.errors import ConfigError
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    settings = load_settings(write_config(tmp_path, fake))
+    with pytest.raises(ConfigError, match=TOKEN_ENV):
+        create(settings, None)
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    assert create(settings, None).approvals_chat("sales") == SALES_CHAT
+    settings = load_settings(write_config(tmp_path, fake, receive="webhook"))
+    with pytest.raises(ConfigError, match=r"telegram\.webhook\.url.*\n.*telegram\.webhook\.secret_env"):
+        create(settings, None)
+
+
+async def test_webhook_checks_the_secret_token_on_every_request(tmp_path, fake, monkeypatch):
+    """receive: webhook -- a request with a missing or wrong secret gets 403 and changes
+    nothing; the right secret delivers the tap."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
+    cfg = write_config(tmp_path, fake, receive="webhook", webhook=(
+        f"  webhook: {{listen: 127.0.0.1, port: {port}, path: tg, "
+        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n"))
+    w = await World(tmp_path, fake, cfg).start()
+    try:
+        assert fake.webhook["url"] == "https://bot.example/tg"
+        assert fake.webhook["secret_token"] == "s3cret-Token_1"
+        d = await w.deliver(1)
+        update = dict(fake.callback_update(ANNA, SUPPORT_CHAT, int(d.approval_message_id),
+                                           f"ap:{d.id}:1", "Anna"), update_id=1)
+        url = f"http://127.0.0.1:{port}/tg"
+        async with httpx.AsyncClient() as client:
+            for headers in ({}, {"X-Telegram-Bot-Api-Secret-Token": "wrong"}):
+                r = await client.post(url, json=update, headers=headers)
+                assert r.status_code == 403
+            assert (await w.draft(d)).status == "awaiting"
+            r = await client.post(url, json=update,
+                                  headers={"X-Telegram-Bot-Api-Secret-Token": "s3cret-Token_1"})
+            assert r.status_code == 200
+        assert (await fake.answered(update))["text"] == "✅ Sent."
+        assert len(w.sender.sent) == 1
+    finally:
+        await w.stop()
