@@ -51,6 +51,39 @@ _SEEN_AMONG = (
     "  LIMIT 1) AS s")
 
 
+# admit as ONE statement (one round trip, atomic on its own): skip items with a seen
+# mark, insert the rest as drafts, mark what was inserted seen, store the cursor. The
+# unique draft key decides who queues an item: a second host admitting the same mail
+# waits on that index entry, then skips it, and does not mark it seen either.
+_ADMIT = """
+WITH u AS (
+    SELECT * FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
+        WITH ORDINALITY AS u(k, i, s, p, e, n)
+), fresh AS (
+    SELECT u.* FROM u LEFT JOIN LATERAL (
+        SELECT 1 AS hit FROM seen_items
+        WHERE pipeline = $1 AND scope = $2 AND item_id = u.i LIMIT 1) AS seen ON true
+    WHERE seen.hit IS NULL
+), ins AS (
+    INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status, payload, error,
+                        created_at, updated_at)
+    SELECT k, $1, $2, i, $3, s, p, e, $4, $4 FROM fresh ORDER BY n
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key, item_id
+), marked AS (
+    INSERT INTO seen_items (pipeline, scope, item_id, seen_at)
+    SELECT $1, $2, item_id, $4 FROM ins WHERE $10::boolean
+    ON CONFLICT DO NOTHING
+), cur AS (
+    INSERT INTO cursors (pipeline, scope, value, updated_at)
+    SELECT $1, $2, $11::text, $4 WHERE $11::text IS NOT NULL
+    ON CONFLICT (pipeline, scope) DO UPDATE SET value = EXCLUDED.value,
+        updated_at = EXCLUDED.updated_at
+)
+SELECT key FROM ins
+"""
+
+
 def _payload(message: Message) -> str:
     """The JSON of ``message.to_dict()``."""
     # vars() gives the same JSON as to_dict() while every field is a plain value, without
@@ -241,45 +274,27 @@ class PostgresStore(Store):
                 result.already_seen += 1  # a duplicate within one fetch
             else:
                 unique[item.item_id] = item
-        ids = list(unique)
-        async with self._tx() as con:
-            if ids:
-                rows = await con.fetch(_SEEN_AMONG, pipeline, scope, ids)
-                old = {r["item_id"] for r in rows}
-                todo = [unique[i] for i in ids if i not in old]
-                keys, statuses, item_ids, payloads, errors = [], [], [], [], []
-                for item in todo:
-                    keys.append(draft_key(pipeline, scope, item.item_id, recipe))
-                    statuses.append(SKIPPED if item.skip_reason else QUEUED)
-                    item_ids.append(item.item_id)
-                    payloads.append(_payload(item.message))
-                    errors.append(item.skip_reason)
-                inserted: set[str] = set()
-                if todo:
-                    # The unique draft key decides who queues an item: a second host
-                    # admitting the same mail waits on this insert, then skips it.
-                    rows = await con.fetch(
-                        "INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status,"
-                        " payload, error, created_at, updated_at)"
-                        " SELECT k, $1, $2, i, $3, s, p, e, $4, $4"
-                        " FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::text[])"
-                        "   WITH ORDINALITY AS u(k, i, s, p, e, n)"
-                        " ORDER BY n"
-                        " ON CONFLICT (key) DO NOTHING RETURNING key, item_id",
-                        pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors)
-                    inserted = {r["key"] for r in rows}
-                    if mark_seen and rows:
-                        await con.execute(
-                            "INSERT INTO seen_items (pipeline, scope, item_id, seen_at)"
-                            " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i"
-                            " ON CONFLICT DO NOTHING",
-                            pipeline, scope, [r["item_id"] for r in rows], t)
-                for key, status in zip(keys, statuses):
-                    if key in inserted:
-                        (result.skipped if status == SKIPPED else result.new).append(key)
-                result.already_seen += len(ids) - len(inserted)
+        if not unique:
             if cursor is not None:
-                await self._put_cursor(con, pipeline, scope, cursor, t)
+                async with self._conn() as con:
+                    await self._put_cursor(con, pipeline, scope, cursor, t)
+            return result
+        keys, statuses, item_ids, payloads, errors = [], [], [], [], []
+        for item in unique.values():
+            keys.append(draft_key(pipeline, scope, item.item_id, recipe))
+            statuses.append(SKIPPED if item.skip_reason else QUEUED)
+            item_ids.append(item.item_id)
+            payloads.append(_payload(item.message))
+            errors.append(item.skip_reason)
+        async with self._conn() as con:
+            rows = await con.fetch(
+                _ADMIT, pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors,
+                mark_seen, cursor)
+        inserted = {r["key"] for r in rows}
+        for key, status in zip(keys, statuses):
+            if key in inserted:
+                (result.skipped if status == SKIPPED else result.new).append(key)
+        result.already_seen += len(unique) - len(inserted)
         return result
 
     async def mark_seen(self, pipeline: str, scope: str, item_ids: list[str],
