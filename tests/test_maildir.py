@@ -39,8 +39,8 @@ class _Seen:
         self.asked.append(list(ids))
         return {i for i in ids if i not in self.seen}
 
-    def ctx(self) -> FetchContext:
-        return FetchContext("support", "maildir", 0.0, None, self.unseen)
+    def ctx(self, scheduled_for: float = 0.0) -> FetchContext:
+        return FetchContext("support", "maildir", scheduled_for, None, self.unseen)
 
 
 def _source(tmp_path, folder="inbox", **opts) -> maildir.MaildirSource:
@@ -155,8 +155,26 @@ async def test_a_changed_file_is_identified_again(tmp_path):
     assert first != second == "<latin1-1@cliente.example>"
 
 
+async def test_max_age_skips_old_mail_from_the_scheduled_time(tmp_path):
+    """A first run on an old mailbox: mail dated before max_age is skipped with a reason
+    (measured from the tick's scheduled time); mail without a Date uses the file time."""
+    _copy(["latin1.eml", "no_subject_date_id.eml"], tmp_path / "inbox")
+    latin1_date = 1_795_942_920.0  # Sun, 29 Nov 2026 10:02:00 +0100
+    os.utime(tmp_path / "inbox" / "no_subject_date_id.eml", (latin1_date - 3600, latin1_date - 3600))
+    src = _source(tmp_path, max_age="7d")
+    fresh = await src.fetch(_Seen().ctx(scheduled_for=latin1_date + 86400))
+    reasons = {i.message.source_id: i.skip_reason for i in fresh.items}
+    assert reasons == {"latin1.eml": None, "no_subject_date_id.eml": None}
+    later = await src.fetch(_Seen().ctx(scheduled_for=latin1_date + 8 * 86400))
+    reasons = {i.message.source_id: i.skip_reason for i in later.items}
+    assert reasons["latin1.eml"] == "older than source.max_age (7d): dated 2026-11-29T10:02:00+01:00"
+    assert reasons["no_subject_date_id.eml"].startswith(
+        "older than source.max_age (7d): dated file time 2026-11-29T08:02:00")
+
+
 @pytest.mark.parametrize("opts,expected", [
     ({}, "pipelines/support.yaml: source.path: missing"),
+    ({"path": "x", "max_age": "a week"}, "pipelines/support.yaml: source.max_age: expected a duration"),
     ({"path": 3}, "pipelines/support.yaml: source.path: expected a string"),
     ({"path": "x", "max_body": "huge"}, "pipelines/support.yaml: source.max_body: expected a size"),
     ({"path": "x", "query": "in:inbox"}, "pipelines/support.yaml: source.query: unknown key"),

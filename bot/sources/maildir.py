@@ -3,13 +3,18 @@ what mbsync or offlineimap write).
 
 ::
 
-    source: {type: maildir, path: mail/inbox, max_body: 200kB}
+    source: {type: maildir, path: mail/inbox, max_body: 200kB, max_age: 7d}
 
 Read-only: files are never moved, renamed or flagged, so another mail client can own
 the folder. The item id is the Message-ID (a hash of the file's bytes when it has
 none), so a message moved from ``new/`` to ``cur/`` keeps its id. Only messages the
 store has not seen are parsed; a file that cannot be parsed becomes a skipped item
 with the reason, and the tick goes on. File I/O runs off the event loop.
+
+``max_age`` (optional) keeps a first run on an old mailbox from drafting years of
+mail: a message whose Date (or, without one, file time) is older than that, measured
+from the tick's scheduled time, is recorded as skipped with the reason. ``max_body``
+cuts the parsed body (the filter of the same name skips big mail instead).
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ import email.parser
 import email.policy
 import os
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import mime
-from ..config import Checker, PipelineConfig, Settings, parse_size
+from ..config import Checker, PipelineConfig, Settings, parse_duration, parse_size
 from ..errors import ConfigError, SourceError
 from ..models import FetchResult, Item, Message
 
-_OPTIONS = {"type", "path", "max_body"}
+_OPTIONS = {"type", "path", "max_body", "max_age"}
 _HEAD_BYTES = 65536  # enough for the header block of nearly every message
 
 
@@ -43,9 +49,10 @@ class MaildirSource:
     scope = "maildir"
 
     def __init__(self, folder: Path, *, max_body: int = mime.DEFAULT_MAX_BODY,
-                 where: str = "source.path"):
+                 max_age: float | None = None, where: str = "source.path"):
         self.folder = folder
         self.max_body = max_body
+        self.max_age = max_age
         self._where = where
         # path -> (stamp, item id): saves re-reading every file on every tick.
         self._ids: dict[Path, tuple[tuple[int, int], str]] = {}
@@ -58,7 +65,7 @@ class MaildirSource:
             by_id.setdefault(item_id, f)  # the same message twice (copy): first file wins
         fresh = await ctx.unseen(list(by_id)) if by_id else set()
         todo = [(item_id, f) for item_id, f in by_id.items() if item_id in fresh]
-        items = await asyncio.to_thread(self._parse_all, todo, ctx.progress)
+        items = await asyncio.to_thread(self._parse_all, todo, ctx.progress, ctx.scheduled_for)
         return FetchResult(items, cursor=None)
 
     async def close(self) -> None:
@@ -111,10 +118,13 @@ class MaildirSource:
             del self._ids[gone]
         return result
 
-    def _parse_all(self, todo: list[tuple[str, _File]], progress) -> list[Item]:
+    def _parse_all(self, todo: list[tuple[str, _File]], progress, now: float) -> list[Item]:
         items = []
         for done, (item_id, f) in enumerate(todo, 1):
-            items.append(self._parse(item_id, f))
+            item = self._parse(item_id, f)
+            if self.max_age is not None and item.skip_reason is None:
+                item.skip_reason = self._too_old(item.message, f, now)
+            items.append(item)
             if progress is not None:
                 progress(done, len(todo))
         return items
@@ -129,6 +139,26 @@ class MaildirSource:
         except mime.UnparseableMessage as exc:
             return _skipped(item_id, f, f"unparseable: {exc}", size=len(raw))
         return Item(item_id, message)
+
+
+    def _too_old(self, message: Message, f: _File, now: float) -> str | None:
+        when = f.stamp[0] / 1e9
+        if message.date:
+            try:
+                when = datetime.fromisoformat(message.date).timestamp()
+            except (ValueError, OverflowError):
+                pass
+        if now - when > self.max_age:
+            dated = message.date or "file time " + datetime.fromtimestamp(when, timezone.utc).isoformat()
+            return f"older than source.max_age ({_human_age(self.max_age)}): dated {dated}"
+        return None
+
+
+def _human_age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 def _item_id(f: _File) -> str:
@@ -168,7 +198,10 @@ def create(pipeline: PipelineConfig, settings: Settings) -> MaildirSource:
     max_body = ck.convert(opts, "max_body", "source", parse_size, default=mime.DEFAULT_MAX_BODY)
     if isinstance(max_body, int) and max_body < 1:
         ck.error("source.max_body", "expected a size of at least 1 byte, like 200kB")
+    max_age = ck.convert(opts, "max_age", "source", parse_duration, default=None)
+    if isinstance(max_age, float) and max_age <= 0:
+        ck.error("source.max_age", "expected a duration above 0, like 7d")
     if ck.errors:
         raise ConfigError(ck.errors)
-    return MaildirSource(pipeline.path(path), max_body=max_body,
+    return MaildirSource(pipeline.path(path), max_body=max_body, max_age=max_age,
                          where=f"{pipeline.file}: source.path")
