@@ -281,3 +281,33 @@ async def test_user_without_create_rights_gets_told_how_to_fix_it(pg_url):
         await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
         await admin.close()
+
+
+async def test_a_newer_schema_is_refused_not_downgraded(pg_url):
+    """A database migrated by a newer draftgate is refused with the fix (upgrade)."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    await store.close()
+    dsn = await require_pg_dsn()
+    schema = pg_url.rsplit("schema=", 1)[1]
+    con = await asyncpg.connect(dsn)
+    try:
+        await con.execute(f'INSERT INTO "{schema}".schema_migrations VALUES (999, $1, 0)', "future")
+    finally:
+        await con.close()
+    with pytest.raises(StoreError, match="schema version 999.*upgrade draftgate"):
+        await PostgresStore(pg_url).open()
+
+
+async def test_another_apps_schema_migrations_table_is_not_mistaken_for_ours(pg_url):
+    """A schema holding some other tool's schema_migrations is refused, naming ?schema=."""
+    dsn = await require_pg_dsn()
+    schema = pg_url.rsplit("schema=", 1)[1]
+    con = await asyncpg.connect(dsn)
+    try:
+        await con.execute(f'CREATE SCHEMA "{schema}"')
+        await con.execute(f'CREATE TABLE "{schema}".schema_migrations (version varchar PRIMARY KEY)')
+    finally:
+        await con.close()
+    with pytest.raises(StoreError, match=r"not draftgate's.*\?schema=draftgate"):
+        await PostgresStore(pg_url).open()

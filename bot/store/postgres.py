@@ -217,7 +217,21 @@ class PostgresStore(Store):
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
                 " version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
                 " applied_at DOUBLE PRECISION NOT NULL)")
+            cols = {r["column_name"] for r in await con.fetch(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_schema=$1 AND table_name='schema_migrations'", self._schema)}
+            if cols != {"version", "name", "applied_at"}:
+                raise StoreError(
+                    f"PostgreSQL store {redact_url(self.url)}: schema {self._schema!r} already "
+                    "has a schema_migrations table that is not draftgate's; give draftgate a "
+                    "schema of its own, e.g. add ?schema=draftgate to the store URL")
             done = {r["version"] for r in await con.fetch("SELECT version FROM schema_migrations")}
+            latest = max(v for v, _, _ in MIGRATIONS)
+            if done and max(done) > latest:
+                raise StoreError(
+                    f"PostgreSQL store {redact_url(self.url)} has schema version {max(done)}, "
+                    f"but this draftgate only knows versions up to {latest}: upgrade draftgate "
+                    "on this host (every host on one database runs the same version)")
             for version, name, sql in MIGRATIONS:
                 if version in done:
                     continue
