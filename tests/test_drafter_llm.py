@@ -152,6 +152,20 @@ async def test_a_model_that_does_not_answer_in_time_is_retryable(tmp_path, fake,
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_answer_trickling_in_past_the_timeout_is_cut_off_as_a_timeout(tmp_path, fake, provider):
+    """Every piece arrives well within the SDK's read timeout, so without a bound on
+    the whole attempt this would succeed after ~4 s."""
+    model = f"    timeout: 0.5s\n    retries: 0\n    api_key_env: {KEY_ENV}\n"
+    fake.script(fake.reply("x" * 400, trickle=0.1))
+    d = make(tmp_path, provider, fake, model=model)
+    try:
+        with pytest.raises(DrafterRetryable, match="timeout"):
+            await d.draft(request())
+    finally:
+        await d.close()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_slow_answer_within_the_timeout_is_a_draft(tmp_path, fake, provider):
     fake.script(fake.reply("took a while", delay=0.3))
     d = make(tmp_path, provider, fake)

@@ -2,10 +2,12 @@
 one bounded retry loop around a single SDK call.
 
 The SDKs' own retries are switched off (``max_retries=0``) so that there is exactly
-one place that decides how often and how long we wait, and so the worst case of one
-``draft()`` is known: ``timeout * (retries + 1)`` plus the waits. The pipeline's
-lease must be longer than that, or a slow but healthy call would lose its claim and
-the item would be drafted twice; :func:`model_options` checks it.
+one place that decides how often and how long we wait. One ``draft()`` never outlives
+its claim: the pipeline's lease must be longer than ``timeout * (retries + 1)`` plus
+the backoff (:func:`model_options` refuses a shorter one at start-up), and no retry
+starts that could not finish within 90% of the lease (a long Retry-After ends the
+call early as retryable instead). Otherwise a slow but healthy call could lose its
+claim and the item would be drafted twice.
 
 After the in-call retries a transient failure (429, 5xx, timeout, connection) raises
 :class:`DrafterRetryable` (the engine puts the item back in the queue) and a definite
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -67,8 +70,6 @@ class ModelOptions:
         """The secret, read at first use. The error names the variable, never a value."""
         if not self.api_key_env:
             return NO_KEY
-        import os
-
         value = os.environ.get(self.api_key_env, "")
         if not value:
             raise DrafterError(
@@ -175,9 +176,13 @@ async def call_with_retries(opts: ModelOptions, call: Callable[[], Awaitable[T]]
     deadline = time.monotonic() + budget
     for attempt in range(1, attempts + 1):
         try:
-            return await call()
+            # The SDK's timeout is per network phase; a server that trickles bytes
+            # could stretch one attempt past it. This bounds the whole attempt.
+            return await asyncio.wait_for(call(), timeout=opts.timeout)
         except (DrafterError, asyncio.CancelledError):
             raise
+        except TimeoutError:
+            failure = Failure(f"no answer within {opts.timeout:g}s (timeout)", True)
         except Exception as exc:
             failure = classify(exc)
             if failure is None:

@@ -41,6 +41,7 @@ class Reply:
     tokens_out: int = 7
     delay: float = 0.0  # seconds to wait before answering (a slow model)
     finish: str = "stop"  # openai finish_reason; "length" means cut off
+    trickle: float = 0.0  # send the body in small pieces this many seconds apart
 
 
 @dataclass
@@ -273,12 +274,13 @@ class _Handler(BaseHTTPRequestHandler):
                 delay = step.delay + fake.latency
                 if delay:
                     time.sleep(delay)
-                self._send(200, fake._answer_body(req, step))
+                self._send(200, fake._answer_body(req, step), trickle=step.trickle)
         finally:
             if hold is not None:
                 hold.finished.set()
 
-    def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> bool:
+    def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None,
+              *, trickle: float = 0.0) -> bool:
         data = json.dumps(body).encode()
         try:
             self.send_response(status)
@@ -287,7 +289,13 @@ class _Handler(BaseHTTPRequestHandler):
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(data)
+            if trickle:
+                for i in range(0, len(data), 16):
+                    self.wfile.write(data[i:i + 16])
+                    self.wfile.flush()
+                    time.sleep(trickle)
+            else:
+                self.wfile.write(data)
             self.wfile.flush()
             return True
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError):
