@@ -39,12 +39,12 @@ _ENCODED_WORD = re.compile(r"=\?[^?\s]*\?[bBqQ]\?[^?\s]*\?=")
 # Deliberately simple: one @, no whitespace, no characters that end or split an
 # address in a header. Anything else is not something we reply to.
 _ADDR = re.compile(r"^[^\s@<>,;:\"()\[\]\\]+@[^\s@<>,;:\"()\[\]\\]+$")
-# Charsets that mail clients label as Latin-1 but that are really Windows-1252 (curly
-# quotes, euro sign); decoding as cp1252 is what every browser does too.
-_CHARSET_ALIASES = {"iso-8859-1": "cp1252", "latin-1": "cp1252", "latin1": "cp1252",
-                    "us-ascii": "cp1252", "ascii": "cp1252", "iso_8859-1": "cp1252",
-                    "unknown-8bit": "cp1252", "x-unknown": "cp1252", "x-user-defined": "cp1252",
-                    "utf8": "utf-8", "ks_c_5601-1987": "cp949", "gb2312": "gb18030",
+# Labels that mail clients put on text that is really Windows-1252 (curly quotes, the
+# euro sign; every browser decodes Latin-1 that way) or, quite often, UTF-8. Text with
+# one of these labels is taken as UTF-8 when it is valid UTF-8, else as Windows-1252.
+_WESTERN = {"iso-8859-1", "latin-1", "latin1", "iso_8859-1", "l1", "us-ascii", "ascii",
+            "windows-1252", "cp1252", "unknown-8bit", "x-unknown", "x-user-defined"}
+_CHARSET_ALIASES = {"utf8": "utf-8", "ks_c_5601-1987": "cp949", "gb2312": "gb18030",
                     "gbk": "gb18030"}
 
 
@@ -77,8 +77,15 @@ def _clean(text: str, *, multiline: bool = False) -> str:
 def _decode_bytes(data: bytes, charset: str | None) -> str:
     """Decode with the declared charset; an unknown or lying one falls back to UTF-8
     (when the bytes are valid UTF-8) or Windows-1252 (which decodes anything)."""
+    # Note: bytes that are valid UTF-8 are rarely meaningful Latin-1 ("Ã©"), so a
+    # western label never wins over valid UTF-8.
     name = (charset or "").strip().strip('"').lower()
     name = _CHARSET_ALIASES.get(name, name)
+    if name in _WESTERN:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return data.decode("cp1252", errors="replace")
     if name:
         try:
             return data.decode(name, errors="replace")

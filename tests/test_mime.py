@@ -31,6 +31,7 @@ CASES = [
     ("iso2022jp.eml", "from_name", "山田太郎"),
     ("iso2022jp.eml", "body", "お世話になっております。注文の件です。"),
     ("unknown_charset.eml", "body", "Hello été café"),
+    ("utf8_labelled_ascii.eml", "body", "Grüße — café"),
     ("unknown_charset.eml", "subject", "Qapla'"),
     ("bogus_codec_charset.eml", "body", "hello ÿþ world"),
     ("nested_multipart.eml", "body",
