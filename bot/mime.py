@@ -173,7 +173,7 @@ def _address(value: str) -> tuple[str, str]:
 
 def _address_list(value: str) -> list[str]:
     try:
-        pairs = email.utils.getaddresses([value])
+        pairs = email.utils.getaddresses([_ENCODED_WORD.sub("x", value)])
     except Exception:
         return []
     return [a.strip() for _, a in pairs if _ADDR.match(a.strip() or "-")][:_MAX_LIST]
