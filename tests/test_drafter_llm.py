@@ -257,6 +257,7 @@ async def test_an_unusable_answer_is_a_definite_error(tmp_path, fake, provider, 
     finally:
         await d.close()
     assert not isinstance(err.value, DrafterRetryable) and reason in str(err.value)
+    assert err.value.tokens == 18  # paid for, though unusable
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -369,3 +370,24 @@ def test_unknown_drafter_options_name_the_pipeline_file(tmp_path, fake, provider
     text = str(err.value)
     assert "pipelines/support.yaml: drafter.signatur: unknown key; did you mean 'signature'?" in text
     assert "pipelines/support.yaml: drafter.max_input: expected at least 200" in text
+
+
+def test_doctor_checks_the_model_endpoint_with_one_minimal_request(tmp_path, fake, capsys):
+    """`draftgate doctor`: ok for a healthy endpoint; a 401 names the variable, not the key."""
+    import logging
+
+    from bot.__main__ import main
+
+    cfg = write_config(tmp_path, "openai", fake.openai_url)
+    handlers = logging.root.handlers[:]
+    try:
+        assert main(["doctor", "-c", str(cfg)]) == 0
+        healthy = capsys.readouterr().out
+        fake.script(fake.error(401, "bad key"))
+        assert main(["doctor", "-c", str(cfg)]) == 1
+        broken = capsys.readouterr().out
+    finally:
+        logging.root.handlers[:] = handlers
+    assert "model llm" in healthy and "test-model" in healthy and "ok" in healthy
+    assert "❌ model llm" in broken and KEY_ENV in broken and SECRET not in broken
+    assert [r.body["max_tokens"] for r in fake.requests] == [5, 5]

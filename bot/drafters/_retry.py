@@ -306,7 +306,10 @@ class LLMDrafter:
         try:
             body = _prompt.check_output(answer.text, cut_off=answer.cut_off)
         except DrafterError as exc:
-            raise DrafterError(f"{self.opts.provider} {self.opts.model}: {exc}") from None
+            err = DrafterError(f"{self.opts.provider} {self.opts.model}: {exc}")
+            # The unusable answer was paid for; the engine may count it (add_tokens).
+            err.tokens = answer.tokens_in + answer.tokens_out  # type: ignore[attr-defined]
+            raise err from None
         return DraftResult(body, answer.tokens_in, answer.tokens_out, answer.model or self.opts.model)
 
     async def ping(self) -> str:
