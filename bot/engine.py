@@ -76,6 +76,7 @@ class Engine:
         self._tasks: set[asyncio.Task] = set()
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._started = False
+        self.lock_ttl = 15.0
 
     # -- stages ---------------------------------------------------------------------
     def source(self, p: PipelineConfig) -> Source:
@@ -160,18 +161,30 @@ class Engine:
     @contextlib.asynccontextmanager
     async def _pipeline_lock(self, p: PipelineConfig):
         """Held while fetching, drafting and posting for ``p``: one holder per
-        pipeline in this process (asyncio lock) and across hosts (store lock)."""
+        pipeline in this process (asyncio lock) and across hosts (a lease row in the
+        store). The lease is short and renewed while held, so a process that dies
+        holding it blocks the others (or its own restart) for seconds, not minutes."""
+        name = f"pipeline:{p.name}"
         async with self._tick_locks[p.name]:
-            ttl = max(p.lease, 300.0)
-            held = await self.store.try_lock(f"pipeline:{p.name}", self.holder, ttl, now=self.clock())
+            held = await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock())
+            renew = self._spawn(self._renew_lock(name)) if held else None
             try:
                 yield held
             finally:
+                if renew is not None:
+                    renew.cancel()
+                    await asyncio.gather(renew, return_exceptions=True)
                 if held:
                     try:
-                        await self.store.unlock(f"pipeline:{p.name}", self.holder)
+                        await self.store.unlock(name, self.holder)
                     except Exception:
                         log.exception("%s: releasing the pipeline lock", p.name)
+
+    async def _renew_lock(self, name: str) -> None:
+        while True:
+            await asyncio.sleep(self.lock_ttl / 3)
+            if not await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock()):
+                log.warning("%s: lost the lock to another process", name)
 
     async def _tick_locked(self, p: PipelineConfig, scheduled_for: float, counts: RunCounts) -> None:
         started = self.clock()

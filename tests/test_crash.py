@@ -1,0 +1,139 @@
+"""Crash tests: the real CLI in a subprocess, killed with SIGKILL at an exact point.
+
+The fake model server holds the drafting request, which is the moment after the
+claim and before the draft is stored. The process is killed there and restarted; the
+item must be drafted again once its lease expires, approved and sent exactly once,
+and no row may be left in a state that nothing will ever move.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bot.config import load_settings
+from bot.engine import Engine
+from bot.models import TERMINAL_STATUSES
+from bot.store import create_store
+from tests.fakes.llm import FakeLLM
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+EMAIL = b"""From: Alice Buyer <alice@customer.example>
+To: support@acme.example
+Subject: Where is my order #1234?
+Message-ID: <order-1234@customer.example>
+Date: Sun, 29 Nov 2026 10:02:00 +0000
+
+Hi, where is my order #1234? It was due Friday.
+"""
+
+
+def _config(tmp_path: Path, llm_url: str) -> Path:
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / "1.eml").write_bytes(EMAIL)
+    (tmp_path / "prompt.md").write_text("You answer customer email for Acme.\n")
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "crash.yaml").write_text(
+        "name: crash\nschedule: 1s\n"
+        "source: {type: maildir, path: inbox}\n"
+        "drafter: {model: local, prompt: prompt.md}\n"
+        "approval: {channel: console}\n"
+        "sender: {type: outbox, path: outbox, from: 'Acme <support@acme.example>'}\n"
+        "lease: 3s\nmax_attempts: 3\n")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text(
+        f"store: sqlite:///{tmp_path}/state.db\npipelines: pipelines/*.yaml\n"
+        f"models:\n  local:\n    provider: openai\n    base_url: {llm_url}\n"
+        f"    model: fake-model\n    timeout: 2s\n    retries: 0\n")
+    return cfg
+
+
+def _start(cfg: Path, log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI")}
+    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "bot", "run", "-c", str(cfg)], cwd=ROOT,
+                                stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+
+
+def _statuses(db: Path) -> list[tuple[str, int]]:
+    con = sqlite3.connect(db, timeout=10)
+    try:
+        return con.execute("SELECT status, version FROM drafts").fetchall()
+    finally:
+        con.close()
+
+
+def _wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_sigkill_while_drafting_drafts_again_once_and_sends_once(tmp_path):
+    with FakeLLM() as fake:
+        held = fake.hold()
+        fake.script(held)  # the first drafting request hangs until released
+        cfg = _config(tmp_path, fake.openai_url)
+        log = tmp_path / "bot.log"
+        db = tmp_path / "state.db"
+
+        first = _start(cfg, log)
+        try:
+            assert held.arrived.wait(30), log.read_text()
+            assert _statuses(db) == [("drafting", 1)]
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait(10)
+
+        second = _start(cfg, log)
+        try:
+            _wait_for(lambda: _statuses(db) == [("awaiting", 1)], 60, "the card after restart")
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(20) == 0, log.read_text()
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait(10)
+
+        # The operator approves the card (from another process, as a phone would).
+        settings = load_settings(cfg)
+        store = create_store(settings.store)
+        await store.open()
+        try:
+            from bot.approvals.console import ConsoleChannel
+            import io
+
+            engine = Engine(settings, store, {"console": ConsoleChannel(out=io.StringIO(),
+                                                                         interactive=False)})
+            await engine.start()
+            [d] = await store.pending("crash")
+            assert (await engine.approve(d.id, d.version, "anna")).status == "sent"
+            assert await engine.approve(d.id, d.version, "anna") is None
+            # The abandoned call now answers; nothing may change because of it.
+            held.release()
+            assert held.finished.wait(10)
+            await engine.drain("crash")
+            await engine.stop()
+            rows = _statuses(db)
+            assert rows == [("sent", 1)]
+            assert all(status in TERMINAL_STATUSES for status, _ in rows)
+            assert len(list((tmp_path / "outbox").glob("*.eml"))) == 1
+            assert len(fake.requests) == 2  # the held call and exactly one redraft
+        finally:
+            await store.close()
