@@ -111,6 +111,15 @@ class TestStoreContract:
         assert (await store.get_draft_by_key(_key("m1"))).created_at == T0
         assert await store.get_cursor(P, S) == "h2"
 
+    async def test_a_large_fetch_is_admitted_and_filtered_whole(self, store):
+        """Thousands of ids in one fetch (a first sync) are all admitted exactly once."""
+        ids = [f"m{i}" for i in range(1200)]
+        assert len((await store.admit(P, S, R, _items(*ids), now=T0)).new) == 1200
+        more = ids + [f"n{i}" for i in range(100)]
+        assert await store.unseen(P, S, more) == {f"n{i}" for i in range(100)}
+        again = await store.admit(P, S, R, _items(*more), mark_seen=False, now=T0)
+        assert (len(again.new), again.already_seen) == (100, 1200)
+
     async def test_duplicate_ids_in_one_batch_make_one_draft(self, store):
         result = await store.admit(P, S, R, _items("m1", "m1"), now=T0)
         assert result.new == [_key("m1")]
