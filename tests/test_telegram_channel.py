@@ -572,3 +572,90 @@ async def test_webhook_checks_the_secret_token_on_every_request(tmp_path, fake, 
         assert len(w.sender.sent) == 1
     finally:
         await w.stop()
+
+
+# -- errors, shutdown, doctor ------------------------------------------------------------------------
+
+class _BrokenStore:
+    """Delegates to the real store but cannot read drafts or runs (a failing disk)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):
+        if name in ("get_draft", "recent_runs"):
+            async def broken(*args, **kwargs):
+                from bot.errors import StoreError
+
+                raise StoreError("database disk image is malformed")
+            return broken
+        return getattr(self._store, name)
+
+
+async def test_a_failing_handler_is_logged_first_then_the_operator_is_told(world, fake, caplog):
+    """The one error handler logs with the traceback, then answers briefly; a tap whose
+    handling fails is still answered."""
+    d = await world.deliver(1)
+    world.channel.store = _BrokenStore(world.store)
+    text = await world.say("/status support")
+    assert text == "⚠️ That failed (database disk image is malformed); the details are in " \
+                   "the bot's log."
+    logged = [r for r in caplog.records if r.getMessage() == "handling command /status failed"]
+    assert logged and logged[0].exc_info is not None
+    assert "went wrong" in await world.tap(d, "ap")
+    assert world.sender.sent == []
+
+
+async def test_stop_lets_an_approval_in_flight_finish(world, fake):
+    """SIGTERM while a reply is being sent: the send completes, its card and answer go
+    out, then the channel stops."""
+    d = await world.deliver(1)
+    entered, release = asyncio.Event(), asyncio.Event()
+    send = world.sender.send
+
+    async def slow_send(draft):
+        entered.set()
+        await release.wait()
+        return await send(draft)
+
+    world.sender.send = slow_send
+    u = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
+    await asyncio.wait_for(entered.wait(), 10)
+    stopping = asyncio.create_task(world.channel.stop())
+    await asyncio.sleep(0)  # let stop() begin before the send may finish
+    assert not stopping.done()
+    release.set()
+    await asyncio.wait_for(stopping, 20)
+    assert fake.answer_for(u)["text"] == "✅ Sent."
+    assert (await world.draft(d)).status == "sent"
+    assert world.card(d).text.startswith("✅ Sent by Anna")
+
+
+async def test_a_rejected_token_stops_start_with_the_variable_to_fix(tmp_path, fake, monkeypatch,
+                                                                      caplog):
+    """A 401 from getMe is a ConfigError naming the variable, never showing the token."""
+    from bot.errors import ConfigError
+
+    caplog.set_level(logging.DEBUG, logger="draftgate")
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    fake.fail("getMe", 401, "Unauthorized")
+    w = World(tmp_path, fake, write_config(tmp_path, fake))
+    with pytest.raises(ConfigError, match=f"rejected the bot token in \\${TOKEN_ENV}") as info:
+        await w.start()
+    await w.store.close()
+    assert fake.token not in str(info.value)
+    assert fake.token not in caplog.text
+
+
+async def test_doctor_reports_the_bot_or_what_is_wrong(tmp_path, fake, monkeypatch):
+    from bot.approvals.telegram import doctor
+
+    settings = load_settings(write_config(tmp_path, fake))
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    [(name, ok, detail)] = await doctor(settings)
+    assert (name, ok) == ("telegram", False) and TOKEN_ENV in detail
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    assert await doctor(settings) == [("telegram", True, "@draftgate_test_bot, operators 2")]
+    fake.fail("getMe", 401, "Unauthorized")
+    [(name, ok, detail)] = await doctor(settings)
+    assert not ok and TOKEN_ENV in detail and fake.token not in detail

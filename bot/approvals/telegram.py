@@ -17,15 +17,17 @@ One gate in handler group -1 drops every update whose user is not in
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import html
 import io
+import json
 import logging
 from typing import Any
 
 from telegram import (BotCommand, ForceReply, InlineKeyboardButton, InlineKeyboardMarkup,
                       LinkPreviewOptions, Update, User)
 from telegram.constants import ParseMode
-from telegram.error import BadRequest, Forbidden, RetryAfter, TelegramError
+from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
 from telegram.ext import (AIORateLimiter, Application, ApplicationBuilder,
                           ApplicationHandlerStop, CallbackQueryHandler, CommandHandler,
                           ContextTypes, MessageHandler, TypeHandler, filters)
@@ -33,7 +35,8 @@ from telegram.ext import (AIORateLimiter, Application, ApplicationBuilder,
 from .. import ops
 from ..config import Settings, TelegramConfig, env_secret
 from ..errors import ApprovalError, ConfigError, DraftgateError
-from ..models import (AWAITING, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENT, Draft)
+from ..models import (AWAITING, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENT, TERMINAL_STATUSES,
+                      Draft)
 from ..stages import Decisions, PostedRef
 from . import cards
 
@@ -99,8 +102,10 @@ def _markup(card: cards.Card) -> InlineKeyboardMarkup | None:
                                   for label, data in row] for row in card.buttons])
 
 
-def _markup_key(markup: InlineKeyboardMarkup | None) -> Any:
-    return markup.to_dict() if markup is not None else None
+def _fingerprint(text: str, markup: InlineKeyboardMarkup | None) -> bytes:
+    """What a card shows, small enough to remember for every card."""
+    keys = json.dumps(markup.to_dict() if markup is not None else None, sort_keys=True)
+    return hashlib.sha256(f"{text}\0{keys}".encode()).digest()
 
 
 def _plain(text: str) -> str:
@@ -152,7 +157,7 @@ class TelegramChannel:
         self._connected = False
         self._connect_task: asyncio.Task | None = None
         self._card_locks: dict[int, asyncio.Lock] = {}
-        self._shown: dict[tuple[int, int], tuple[str, Any]] = {}  # last render per card
+        self._shown: dict[tuple[int, int], bytes] = {}  # fingerprint of each card's last edit
 
     # -- lifecycle -------------------------------------------------------------------
     def _build(self) -> Application:
@@ -191,6 +196,12 @@ class TelegramChannel:
         self._app = self._build()
         try:
             await self._connect()
+        except InvalidToken:
+            # Retrying cannot help; say which variable holds the bad token. (PTB's own
+            # message quotes the token, so it is never passed on.)
+            await self._app.bot.shutdown()
+            raise ConfigError(f"Telegram rejected the bot token in ${self.config.token_env}; "
+                              f"check it with @BotFather (/token) and telegram.base_url") from None
         except TelegramError as exc:
             log.warning("Telegram is not reachable (%s); retrying in the background, "
                         "cards wait until then", exc)
@@ -199,10 +210,15 @@ class TelegramChannel:
     async def _connect(self) -> None:
         app = self._app
         assert app is not None
+        # Each step is skipped when an earlier attempt got past it, so a retry after a
+        # failure half-way resumes instead of tripping over "already running".
         await app.initialize()
         await app.bot.set_my_commands([BotCommand(c, d) for c, _, d in COMMANDS])
-        await app.start()
-        if self.config.receive == "polling":
+        if not app.running:
+            await app.start()
+        if app.updater is None or app.updater.running:
+            pass
+        elif self.config.receive == "polling":
             await app.updater.start_polling(
                 timeout=int(self.config.poll_timeout), drop_pending_updates=False,
                 allowed_updates=["message", "callback_query"],
@@ -225,6 +241,10 @@ class TelegramChannel:
             try:
                 await self._connect()
                 return
+            except InvalidToken:
+                log.error("Telegram rejected the bot token in $%s; cards cannot be posted "
+                          "until it is fixed and draftgate restarted", self.config.token_env)
+                return
             except TelegramError as exc:
                 delay = min(delay * 2, 60.0)
                 log.warning("Telegram still not reachable (%s); next try in %.0fs", exc, delay)
@@ -242,6 +262,7 @@ class TelegramChannel:
         if app.running:
             await app.stop()
         await app.shutdown()
+        await app.bot.shutdown()  # closes HTTP clients of a bot that never got initialised
         self._connected = False
 
     @property
@@ -289,7 +310,7 @@ class TelegramChannel:
                                     f"{exc}") from exc
             except TelegramError as exc:  # NetworkError, TimedOut, 5xx
                 raise ApprovalError(f"Telegram unreachable: {exc}") from exc
-            self._shown[(chat, msg.message_id)] = (card.text, _markup_key(markup))
+            self._shown[(chat, msg.message_id)] = _fingerprint(card.text, markup)
             return PostedRef(str(chat), str(msg.message_id))
 
     async def on_posted(self, draft: Draft) -> None:
@@ -300,7 +321,7 @@ class TelegramChannel:
     async def _edit(self, chat: int, mid: int, text: str, markup: Any, *,
                     missing_ok: bool = False) -> bool:
         """Edit a card; False if it is gone and ``missing_ok`` (post a new one then)."""
-        if self._shown.get((chat, mid)) == (text, _markup_key(markup)):
+        if self._shown.get((chat, mid)) == _fingerprint(text, markup):
             return True
         try:
             await self.bot.edit_message_text(text, chat_id=chat, message_id=mid,
@@ -315,7 +336,7 @@ class TelegramChannel:
                 return False
             else:
                 raise
-        self._shown[(chat, mid)] = (text, _markup_key(markup))
+        self._shown[(chat, mid)] = _fingerprint(text, markup)
         return True
 
     async def update(self, draft: Draft) -> None:
@@ -331,6 +352,9 @@ class TelegramChannel:
                 await self._edit(chat, mid, card.text, _markup(card))
             except TelegramError as exc:
                 log.warning("could not update the card of #%d: %s", draft.id, exc)
+            if fresh.status in TERMINAL_STATUSES:
+                # Nothing moves this card any more; keep memory flat over months.
+                self._card_locks.pop(draft.id, None)
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
         """Plain-text message to the ops chat; a Retry button for ``retry_draft``."""
@@ -689,10 +713,16 @@ async def doctor(settings: Settings) -> list[tuple[str, bool, str]]:
         token = env_secret(cfg.token_env, "telegram.token_env")
     except ConfigError as exc:
         return [("telegram", False, str(exc))]
+    bot = Bot(token, base_url=cfg.base_url, base_file_url=cfg.base_file_url)
     try:
-        async with Bot(token, base_url=cfg.base_url, base_file_url=cfg.base_file_url) as bot:
-            me = bot.bot
+        await bot.initialize()
+        me = bot.bot
+    except InvalidToken:  # its message quotes the token: never shown
+        return [("telegram", False, f"Telegram rejected the token in ${cfg.token_env}; check "
+                                    f"it with @BotFather")]
     except TelegramError as exc:
-        return [("telegram", False, f"getMe failed: {exc} (check {cfg.token_env} and "
-                                    f"telegram.base_url)")]
+        return [("telegram", False, f"getMe failed: {exc} (check telegram.base_url and the "
+                                    f"network)")]
+    finally:
+        await bot.shutdown()
     return [("telegram", True, f"@{me.username}, operators {len(cfg.operators)}")]
