@@ -11,6 +11,10 @@ Why it is built the way it is:
 * An ``asyncio.Lock`` serialises transactions of concurrent tasks on the connection.
 * SQLITE_BUSY that survives ``busy_timeout`` (many processes) is retried with bounded
   backoff, so "database is locked" does not escape under contention.
+* Fence tokens grow per draft (``fence = fence + 1`` on every claim and every expired
+  lease). Fenced updates match on ``id`` and ``fence`` together, so a per-row counter
+  is enough to make a stale worker's update match 0 rows, with no hot global row that
+  every claim in every process would have to write.
 """
 
 from __future__ import annotations
