@@ -659,3 +659,13 @@ async def test_doctor_reports_the_bot_or_what_is_wrong(tmp_path, fake, monkeypat
     fake.fail("getMe", 401, "Unauthorized")
     [(name, ok, detail)] = await doctor(settings)
     assert not ok and TOKEN_ENV in detail and fake.token not in detail
+
+
+async def test_a_long_flood_wait_is_not_slept_through(world, fake):
+    """retry_after of an hour: the card is not posted now and not lost; it waits in ready
+    and goes out on a later try, once."""
+    fake.fail("sendMessage", 429, "Too Many Requests: retry after 3600", retry_after=3600)
+    d = await asyncio.wait_for(world.deliver(1), 10)
+    assert d.status == "ready"
+    assert await world.engine.post_unposted() == 1
+    assert len(fake.chat_messages(SUPPORT_CHAT)) == 1

@@ -17,6 +17,7 @@ One gate in handler group -1 drops every update whose user is not in
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import html
 import io
@@ -61,6 +62,32 @@ _OVERALL_RATE = 29.0
 _MAX_RETRIES = 3  # RetryAfter only: by Telegram's contract a 429 delivered nothing
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 _PLAIN_LIMIT = 4000
+
+
+_MAX_RETRY_WAIT = 60.0  # longer flood waits are not slept through: the card waits in ready
+
+
+class FloodWait(TelegramError):
+    """Telegram asked for a pause longer than :data:`_MAX_RETRY_WAIT`."""
+
+
+class _Limiter(AIORateLimiter):
+    """PTB's limiter, except that a long RetryAfter (a flood ban) fails at once instead
+    of holding every request, and the engine's tick, for minutes or hours."""
+
+    async def process_request(self, callback, args, kwargs, endpoint, data, rate_limit_args):
+        async def capped(*a: Any, **kw: Any) -> Any:
+            try:
+                return await callback(*a, **kw)
+            except RetryAfter as exc:
+                wait = getattr(exc, "_retry_after", None)  # the public one warns in 22.x
+                seconds = wait.total_seconds() if isinstance(wait, dt.timedelta) else 0.0
+                if seconds > _MAX_RETRY_WAIT:
+                    raise FloodWait(f"Telegram flood control: retry in {seconds:.0f} s") from exc
+                raise
+
+        return await super().process_request(capped, args, kwargs, endpoint, data,
+                                             rate_limit_args)
 
 
 def create(settings: Settings, store: Any) -> "TelegramChannel":
@@ -163,9 +190,9 @@ class TelegramChannel:
     def _build(self) -> Application:
         builder = (ApplicationBuilder().token(self._token)
                    .base_url(self.config.base_url).base_file_url(self.config.base_file_url)
-                   .rate_limiter(AIORateLimiter(overall_max_rate=1,
-                                                overall_time_period=1 / _OVERALL_RATE,
-                                                max_retries=_MAX_RETRIES))
+                   .rate_limiter(_Limiter(overall_max_rate=1,
+                                          overall_time_period=1 / _OVERALL_RATE,
+                                          max_retries=_MAX_RETRIES))
                    .concurrent_updates(16).job_queue(None)
                    .connect_timeout(10).read_timeout(30).write_timeout(30).pool_timeout(30)
                    .get_updates_read_timeout(10))
@@ -303,7 +330,7 @@ class TelegramChannel:
                 msg = await bot.send_message(chat, card.text, parse_mode=ParseMode.HTML,
                                              reply_markup=markup,
                                              link_preview_options=_NO_PREVIEW)
-            except (RetryAfter, Forbidden) as exc:
+            except (RetryAfter, FloodWait, Forbidden) as exc:
                 raise ApprovalError(f"Telegram refused the card for #{draft.id}: {exc}") from exc
             except BadRequest as exc:
                 raise ApprovalError(f"Telegram rejected the card for #{draft.id} in chat {chat}: "
