@@ -311,3 +311,29 @@ async def test_another_apps_schema_migrations_table_is_not_mistaken_for_ours(pg_
         await con.close()
     with pytest.raises(StoreError, match=r"not draftgate's.*\?schema=draftgate"):
         await PostgresStore(pg_url).open()
+
+
+async def test_a_dropped_connection_fails_one_call_and_the_store_recovers(pg_url):
+    """A server-side disconnect (restart, failover) is a StoreError for the call that
+    hit it, never a hang or a raw asyncpg error; the pool reconnects for the next."""
+    store = PostgresStore(pg_url, max_size=1)
+    await store.open()
+    try:
+        await store.admit("p", "inbox", "v1", _items(1))
+        async with store._conn() as con:  # the pool's only connection
+            pid = await con.fetchval("SELECT pg_backend_pid()")
+        admin = await asyncpg.connect(await require_pg_dsn())
+        try:
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await admin.close()
+        outcomes = []
+        for _ in range(3):
+            try:
+                outcomes.append(await store.seen_count("p"))
+            except StoreError as e:
+                outcomes.append(str(e))
+        assert outcomes[1:] == [1, 1]  # at most the first call fails
+        assert all(o == 1 or "PostgreSQL store" in o for o in outcomes)
+    finally:
+        await store.close()

@@ -38,6 +38,11 @@ from ._copy import key_columns as _check_table
 from .base import AdmitResult, ReplayResult, Store, SweepResult
 from .pg_schema import MIGRATIONS
 
+# What a lost or refused connection can raise through asyncpg. InternalClientError
+# shows up when the server ends a session (restart, pg_terminate_backend) while the
+# connection sits idle in the pool: the next statement finds the protocol mid-error.
+_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+              OSError, TimeoutError)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _DAY = 86400.0
 _SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
@@ -266,7 +271,7 @@ class PostgresStore(Store):
         try:
             async with self._pool.acquire() as con:
                 yield con
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+        except _DB_ERRORS as e:
             raise StoreError(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
 
     # -- fetch side ----------------------------------------------------------------
