@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -46,6 +47,12 @@ async def migrate_store(src_url: str, dst_url: str, *, force: bool = False,
     if src_url == dst_url:
         raise StoreError("--from and --to are the same store; give the new store as --to")
     src = create_store(src_url)
+    # Opening a SQLite URL creates the file: a mistyped --from would "copy" an empty
+    # store without a word.
+    path = getattr(src, "path", None)
+    if path and path != ":memory:" and not Path(path).exists():
+        raise StoreError(f"the source store {path} does not exist; check --from "
+                         "(sqlite:///absolute/path/to/state.db)")
     dst = create_store(dst_url)
     await src.open()
     try:
@@ -68,9 +75,12 @@ async def _copy_all(src, dst, src_url, dst_url, force, progress, batch) -> dict[
             "copies into an empty store so nothing is mixed up by accident; point --to at "
             "a new database (or schema), or re-run with --force to add the source's rows "
             "to it (rows already there, by key or id, are kept as they are)")
+    totals = {t: await s.copy_count(t) for t in TABLES}
+    if not any(totals.values()):
+        raise StoreError(f"the source store {_safe(src_url)} holds nothing to copy; check --from")
     copied: dict[str, int] = {}
     for table in TABLES:
-        total = await s.copy_count(table)
+        total = totals[table]
         done = 0
         copied[table] = 0
         if progress:

@@ -222,3 +222,16 @@ async def test_cli_copies_sqlite_to_postgres_with_a_progress_bar(tmp_path, pg_ur
     assert "copied 12000 seen_items" in out.decode()
     async with create_store(pg_url) as pg:
         assert await pg.seen_count("support") == 12_000
+
+
+async def test_a_mistyped_or_empty_source_is_refused(tmp_path):
+    """A --from that does not exist is not created and "copied"; an empty one is refused."""
+    missing = tmp_path / "typo.db"
+    with pytest.raises(StoreError, match="does not exist; check --from"):
+        await migrate_store(f"sqlite:///{missing}", f"sqlite:///{tmp_path / 'b.db'}")
+    assert not missing.exists()
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    async with create_store(empty):
+        pass
+    with pytest.raises(StoreError, match="holds nothing to copy"):
+        await migrate_store(empty, f"sqlite:///{tmp_path / 'c.db'}")
