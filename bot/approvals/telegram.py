@@ -177,6 +177,9 @@ class TelegramChannel:
                                     f"telegram.receive is webhook")
         if problems:
             raise ConfigError(problems)
+        self._webhook_secret = (env_secret(str(config.webhook["secret_env"]),
+                                           "telegram.webhook.secret_env")
+                                if config.receive == "webhook" else None)
         self._ops_chat = config.ops_chat or config.approvals_chat
         self._reconnect_delay = reconnect_delay
         self._decisions: Decisions | None = None
@@ -255,7 +258,7 @@ class TelegramChannel:
             await app.updater.start_webhook(
                 listen=str(wh.get("listen", "127.0.0.1")), port=int(wh.get("port", 8443)),
                 url_path=str(wh.get("path", "telegram")), webhook_url=str(wh["url"]),
-                secret_token=env_secret(str(wh["secret_env"]), "telegram.webhook.secret_env"),
+                secret_token=self._webhook_secret,
                 allowed_updates=["message", "callback_query"], drop_pending_updates=False)
         self._connected = True
         log.info("Telegram connected as @%s (receive: %s)", app.bot.username,
@@ -293,7 +296,8 @@ class TelegramChannel:
         self._connected = False
 
     @property
-    def bot(self):
+    def bot(self) -> Any:
+        """The connected bot; ApprovalError while Telegram has not been reached."""
         if self._app is None or not self._connected:
             raise ApprovalError("Telegram is not connected yet; the draft waits in ready")
         return self._app.bot
@@ -377,7 +381,7 @@ class TelegramChannel:
             chat, mid = int(fresh.approval_chat), int(fresh.approval_message_id)
             try:
                 await self._edit(chat, mid, card.text, _markup(card))
-            except TelegramError as exc:
+            except (TelegramError, ApprovalError) as exc:
                 log.warning("could not update the card of #%d: %s", draft.id, exc)
             if fresh.status in TERMINAL_STATUSES:
                 # Nothing moves this card any more; keep memory flat over months.
