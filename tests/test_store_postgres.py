@@ -337,3 +337,23 @@ async def test_a_dropped_connection_fails_one_call_and_the_store_recovers(pg_url
         assert all(o == 1 or "PostgreSQL store" in o for o in outcomes)
     finally:
         await store.close()
+
+
+async def test_nul_in_model_output_is_stored_visibly_not_failed_forever(pg_url):
+    """PostgreSQL text cannot hold NUL: a body with one is stored with U+FFFD instead of
+    failing the draft on every retry; the audit hash is of the stored text."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        await store.admit("p", "inbox", "v1", [Item("m1", Message(subject="a\x00b"))])
+        [d] = await store.claim("p", 60)
+        done = await store.finish_draft(d.id, d.fence, "Hi\x00there")
+        assert done.body == "Hi\ufffdthere" and done.message.subject == "a\x00b"
+        posted = await store.mark_posted(done.id, done.version, "1", "2")
+        edited = await store.edit(posted.id, posted.version, "new\x00body", "anna")
+        assert edited.body == "new\ufffdbody"
+        from bot.models import sha256_text
+        [entry] = await store.audit_log(edited.key)
+        assert entry.text_sha256 == sha256_text("new\ufffdbody")
+    finally:
+        await store.close()

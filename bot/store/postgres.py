@@ -89,6 +89,12 @@ SELECT key FROM ins
 """
 
 
+def _clean(text: str | None) -> str | None:
+    """PostgreSQL text cannot hold NUL (SQLite can): a model answer or an error text
+    carrying one would fail every retry, so NUL becomes U+FFFD, visibly."""
+    return text.replace("\x00", "\ufffd") if text and "\x00" in text else text
+
+
 def _payload(message: Message) -> str:
     """The JSON of ``message.to_dict()``."""
     # vars() gives the same JSON as to_dict() while every field is a plain value, without
@@ -304,7 +310,7 @@ class PostgresStore(Store):
             statuses.append(SKIPPED if item.skip_reason else QUEUED)
             item_ids.append(item.item_id)
             payloads.append(_payload(item.message))
-            errors.append(item.skip_reason)
+            errors.append(_clean(item.skip_reason))
         async with self._conn() as con:
             rows = await con.fetch(
                 _ADMIT, pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors,
@@ -384,7 +390,7 @@ class PostgresStore(Store):
                 "UPDATE drafts SET status=$4, body=$3, lease_until=NULL, error=NULL,"
                 " tokens_in=tokens_in+$5, tokens_out=tokens_out+$6, updated_at=$7"
                 " WHERE id=$1 AND fence=$2 AND status=$8 RETURNING *",
-                draft_id, fence, body, READY, tokens_in, tokens_out, t, DRAFTING)
+                draft_id, fence, _clean(body), READY, tokens_in, tokens_out, t, DRAFTING)
             if row is None:
                 return None
             await self._count_tokens(con, row["pipeline"], tokens_in + tokens_out, t)
@@ -398,7 +404,7 @@ class PostgresStore(Store):
             " status = CASE WHEN $4 AND attempt + 1 < $5 THEN $6 ELSE $7 END,"
             " attempt=attempt+1, error=$3, lease_until=NULL, updated_at=$8"
             " WHERE id=$1 AND fence=$2 AND status=$9 RETURNING *",
-            draft_id, fence, error, retryable, max_attempts, QUEUED, FAILED, _now(now), DRAFTING)
+            draft_id, fence, _clean(error), retryable, max_attempts, QUEUED, FAILED, _now(now), DRAFTING)
 
     async def release(self, draft_id: int, fence: int) -> bool:
         async with self._conn() as con:
@@ -483,7 +489,7 @@ class PostgresStore(Store):
         return await self._decide(
             "UPDATE drafts SET status=$3, body=$4, version=version+1, updated_at=$5"
             " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, READY, body, t, AWAITING),
+            (draft_id, version, READY, _clean(body), t, AWAITING),
             actor=actor, action="edit", t=t, detail=lambda d, _: f"v{version} -> v{d.version}")
 
     async def regenerate(self, draft_id: int, version: int, actor: str,
@@ -494,7 +500,7 @@ class PostgresStore(Store):
             "UPDATE drafts SET status=$3, instruction=$4, version=version+1, attempt=0,"
             " lease_until=NULL, error=NULL, updated_at=$5"
             " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, QUEUED, instruction, t, AWAITING),
+            (draft_id, version, QUEUED, _clean(instruction), t, AWAITING),
             actor=actor, action="regenerate", t=t,
             detail=lambda d, _: f"v{version} -> v{d.version}"
             + (f": {instruction}" if instruction else ""))
@@ -505,7 +511,7 @@ class PostgresStore(Store):
         return await self._decide(
             "UPDATE drafts SET status=$3, decided_by=$4, decided_at=$5, updated_at=$5,"
             " error=$7 WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, REJECTED, actor, t, AWAITING, reason or None),
+            (draft_id, version, REJECTED, actor, t, AWAITING, _clean(reason) or None),
             actor=actor, action="reject", t=t,
             detail=lambda d, _: f"v{version}" + (f": {reason}" if reason else ""))
 
@@ -532,13 +538,13 @@ class PostgresStore(Store):
         return await self._one(
             "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
             " WHERE id=$1 AND status=$5 RETURNING *",
-            draft_id, SEND_FAILED, reason, time.time(), SENDING)
+            draft_id, SEND_FAILED, _clean(reason), time.time(), SENDING)
 
     async def mark_send_unknown(self, draft_id: int, reason: str) -> Draft | None:
         return await self._one(
             "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
             " WHERE id=$1 AND status=$5 RETURNING *",
-            draft_id, SEND_UNKNOWN, reason, time.time(), SENDING)
+            draft_id, SEND_UNKNOWN, _clean(reason), time.time(), SENDING)
 
     async def retry_send(self, draft_id: int, actor: str, now: float | None = None
                          ) -> Draft | None:
@@ -618,7 +624,7 @@ class PostgresStore(Store):
         await con.execute(
             "INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail)"
             " VALUES ($1, $2, $3, $4, $5, $6)",
-            t, actor, action, draft_key, sha256_text(text) if text is not None else None, detail)
+            t, actor, action, draft_key, sha256_text(text) if text is not None else None, _clean(detail))
 
     async def audit(self, actor: str, action: str, draft_key: str | None = None,
                     text: str | None = None, detail: str | None = None,
@@ -833,7 +839,8 @@ def _as_is(v: Any) -> Any:
 
 # SQLite hands back whatever type a value was stored with; PostgreSQL wants the
 # column's own type.
-_CONVERT = {"double precision": float, "bigint": int, "integer": int, "text": str}
+_CONVERT = {"double precision": float, "bigint": int, "integer": int,
+            "text": lambda v: _clean(str(v))}
 _ARRAY_TYPE = {"double precision": "float8", "bigint": "int8", "integer": "int4", "text": "text"}
 
 
