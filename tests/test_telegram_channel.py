@@ -522,6 +522,21 @@ async def test_commands_answer_and_bad_arguments_get_a_usage_line(world, fake):
 
 # -- configuration and webhook ----------------------------------------------------------------------
 
+def test_pending_links_to_cards_in_supergroups():
+    """/pending links each card where Telegram has links (supergroups), nowhere else."""
+    from bot.approvals.telegram import _card_link
+    from bot.models import Draft, Message
+
+    d = Draft(id=1, key="k", pipeline="p", scope="s", item_id="i", recipe="v1",
+              status="awaiting", message=Message(), approval_chat="-1001234567890",
+              approval_message_id="77")
+    assert _card_link(d) == "https://t.me/c/1234567890/77"
+    d.approval_chat = "1001"
+    assert _card_link(d) is None
+    d.approval_chat, d.approval_message_id = "-1001234567890", None
+    assert _card_link(d) is None
+
+
 def test_create_says_what_to_fix(tmp_path, fake, monkeypatch):
     """A missing token variable or webhook secret is a ConfigError naming the setting."""
     from bot.errors import ConfigError

@@ -618,7 +618,23 @@ class TelegramChannel:
         """/pending"""
         if context.args:
             return await self._reply(update, _USAGE["pending"])
-        await self._reply(update, ops.format_pending(await ops.pending(self.store, self.settings)))
+        drafts = await ops.pending(self.store, self.settings)
+        if not drafts:
+            return await self._reply(update, ops.format_pending(drafts))
+        lines, used = [], 0
+        for d in drafts:
+            line = html.escape(ops.format_pending([d]), quote=False)
+            link = _card_link(d)
+            if link:
+                line += f' · <a href="{link}">open card</a>'
+            used += cards.units(line) + 1
+            if used > cards.MAX_TEXT - 60:
+                lines.append(f"… and {len(drafts) - len(lines)} more")
+                break
+            lines.append(line)
+        await update.effective_message.reply_text(
+            "\n".join(lines), parse_mode=ParseMode.HTML, do_quote=True,
+            link_preview_options=_NO_PREVIEW)
 
     async def _cmd_replay(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         """/replay <pipeline> <item_id>"""
@@ -706,6 +722,14 @@ class TelegramChannel:
                                                            f"details are in the bot's log."))
         except TelegramError:
             log.warning("could not tell the operator about the error")
+
+
+def _card_link(draft: Draft) -> str | None:
+    """A t.me link to the card; only supergroup and channel messages have one."""
+    chat = str(draft.approval_chat or "")
+    if draft.approval_message_id and chat.startswith("-100") and chat[4:].isdigit():
+        return f"https://t.me/c/{chat[4:]}/{draft.approval_message_id}"
+    return None
 
 
 def _same_chat(a: Any, b: int) -> bool:
