@@ -352,13 +352,18 @@ class Engine:
 
     # -- approval -------------------------------------------------------------------
     async def _post_ready(self, p: PipelineConfig, counts: RunCounts) -> None:
-        for d in await self.store.unposted(p.name):
-            posted = await self._post_one(p, d)
-            if posted is None:
-                break
-            counts.posted += 1
-            if posted.status == "sent":  # a channel that decides at once (demo mode)
-                counts.sent += 1
+        batch = 100
+        while True:
+            waiting = await self.store.unposted(p.name, limit=batch)
+            for d in waiting:
+                posted = await self._post_one(p, d)
+                if posted is None:
+                    return  # the channel is unreachable: the rest wait in ready
+                counts.posted += 1
+                if posted.status == "sent":  # a channel that decides at once (demo mode)
+                    counts.sent += 1
+            if len(waiting) < batch:
+                return
 
     async def _post_one(self, p: PipelineConfig, d: Draft) -> Draft | None:
         """Post (or re-render) the card of a ready draft; the draft afterwards, or
