@@ -1,0 +1,137 @@
+"""Operator commands from the terminal: status, pending, replay, sweep, and the demo.
+
+These run the real CLI entry point (``bot.__main__.main``) against a real SQLite store
+filled by real ticks over the demo inbox.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.__main__ import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Path:
+    """The demo deployment, copied so the test owns its state."""
+    shutil.copytree(ROOT / "demo", tmp_path / "demo")
+    (tmp_path / "pipelines").mkdir()
+    text = (ROOT / "pipelines" / "demo.yaml").read_text()
+    (tmp_path / "pipelines" / "demo.yaml").write_text(text)
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: sqlite:///state.db\npipelines: pipelines/*.yaml\n")
+    return cfg
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_status_before_any_run_says_never_run(deployment, capsys):
+    code, out, _ = run(capsys, "status", "-c", str(deployment))
+    assert code == 0 and out.startswith("demo") and "never run" in out
+
+
+def test_one_tick_then_status_pending_replay_and_sweep(deployment, capsys):
+    code, _, _ = run(capsys, "run", "--once", "-c", str(deployment))
+    assert code == 0
+
+    code, out, _ = run(capsys, "status", "-c", str(deployment), "--json")
+    [row] = json.loads(out)
+    assert row["name"] == "demo" and row["health"] == "healthy" and row["pending"] == 5
+    assert row["last_run"]["counts"]["drafted"] == 5 and row["last_run"]["counts"]["skipped"] == 3
+
+    code, out, _ = run(capsys, "status", "demo", "-c", str(deployment))
+    assert code == 0
+    assert out.splitlines()[0] == "demo · every 5m · healthy"
+    assert "runs ✅ (newest right)" in out and "pending 5 · seen 8" in out
+
+    code, out, _ = run(capsys, "pending", "-c", str(deployment), "--json")
+    pending = json.loads(out)
+    assert len(pending) == 5 and {p["status"] for p in pending} == {"awaiting"}
+    assert all(p["card"][1] for p in pending)
+
+    # A skipped item can be replayed; it goes back to the queue, audited.
+    code, out, _ = run(capsys, "replay", "demo", "<nl-2026-48.support@mailer.outdoor-weekly.example>",
+                       "-c", str(deployment))
+    assert code == 0 and "back in the queue" in out
+    # An unknown item is reported, not invented.
+    code, out, _ = run(capsys, "replay", "demo", "<nope@example>", "-c", str(deployment))
+    assert code == 1 and "not found" in out
+    code, _, err = run(capsys, "replay", "nosuch", "x", "-c", str(deployment))
+    assert code == 2 and "unknown pipeline 'nosuch'" in err
+
+    code, out, _ = run(capsys, "sweep", "--days", "0", "-c", str(deployment))
+    assert code == 0 and out.startswith("swept: 8 seen marks deleted")
+    code, _, err = run(capsys, "sweep", "--days", "-1", "-c", str(deployment))
+    assert code == 2 and "--days" in err
+
+
+def test_a_sent_item_cannot_be_replayed(deployment, capsys):
+    import asyncio
+
+    from bot.config import load_settings
+    from bot.engine import Engine
+    from bot.approvals.console import ConsoleChannel
+    from bot.store import create_store
+    import io
+
+    async def tick_and_approve_all():
+        settings = load_settings(deployment)
+        store = create_store(settings.store)
+        await store.open()
+        try:
+            engine = Engine(settings, store, {"console": ConsoleChannel(auto_approve=True,
+                                                                         out=io.StringIO())})
+            await engine.start()
+            await engine.tick("demo")
+            await engine.stop()
+            return [d for d in await store.find_drafts("demo", "<CAF1234.order-question@mail.customer.example>")]
+        finally:
+            await store.close()
+
+    drafts = asyncio.run(tick_and_approve_all())
+    assert [d.status for d in drafts] == ["sent"]
+    code, out, _ = run(capsys, "replay", "demo", drafts[0].item_id, "-c", str(deployment))
+    assert code == 1 and "refused" in out
+
+
+def test_commands_report_a_broken_config_with_exit_2(tmp_path, capsys):
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: mysql://nope\npipelines: missing/*.yaml\n")
+    code, _, err = run(capsys, "status", "-c", str(cfg))
+    assert code == 2 and "store:" in err and "no pipeline files match" in err
+
+
+def test_the_demo_runs_twice_and_drafts_nothing_twice(tmp_path):
+    """./scripts/demo's job: stages shown, replies in the outbox, the second run idle."""
+    shutil.copytree(ROOT / "demo", tmp_path / "demo")
+    shutil.copytree(ROOT / "pipelines", tmp_path / "pipelines")
+    shutil.copy(ROOT / "draftgate.demo.yaml", tmp_path / "draftgate.demo.yaml")
+    cmd = [sys.executable, "-m", "bot", "demo", "-c", str(tmp_path / "draftgate.demo.yaml")]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                           stdin=subprocess.DEVNULL)
+    assert first.returncode == 0, first.stderr
+    assert "DEMO MODE" in first.stdout
+    assert "fetched 8 · new 5 · skipped 3 · drafted 5 · cards 5 · sent 5" in first.stdout
+    assert "second tick" in first.stdout and "new 0" in first.stdout
+    assert "mailing list (List-Unsubscribe header)" in first.stderr
+    outbox = tmp_path / "var" / "demo" / "outbox"
+    assert len(list(outbox.glob("*.eml"))) == 5
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                            stdin=subprocess.DEVNULL)
+    assert second.returncode == 0, second.stderr
+    ticks = [l for l in second.stdout.splitlines() if l.startswith("  fetched")]
+    assert len(ticks) == 2
+    assert all("new 0" in t and "drafted 0" in t and "sent 0" in t for t in ticks)
+    assert len(list(outbox.glob("*.eml"))) == 5
