@@ -1,0 +1,131 @@
+"""Restart during a model call, with the real CLI in a subprocess.
+
+The fake Anthropic server holds the drafting request; the bot is SIGKILLed while it
+waits; the restarted bot drafts the item again once the lease has expired; the
+abandoned call's answer, released afterwards, changes nothing. The operator sees one
+card and the store holds one draft.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.llm import FakeLLM
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+EMAIL = b"""From: Alice Buyer <alice@customer.example>
+To: support@shop.example
+Subject: Where is my order #1234?
+Message-ID: <order-1234@customer.example>
+Date: Sat, 29 Nov 2025 10:02:00 +0000
+
+Hi, where is my order #1234? It was due Friday.
+"""
+
+
+def _config(tmp: Path, url: str) -> Path:
+    (tmp / "inbox").mkdir()
+    (tmp / "inbox" / "1.eml").write_bytes(EMAIL)
+    (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
+    (tmp / "pipelines").mkdir()
+    # lease 2s > timeout 0.5s x 1 attempt: a healthy call never outlives its claim.
+    (tmp / "pipelines" / "support.yaml").write_text(
+        "name: support\nschedule: 1s\nsource: {type: maildir, path: inbox}\n"
+        "drafter: {model: claude, prompt: prompt.md}\napproval: {channel: console}\n"
+        "sender: {type: outbox, path: outbox, from: 'Shop <support@shop.example>'}\n"
+        "lease: 2s\nmax_attempts: 3\n")
+    cfg = tmp / "draftgate.yaml"
+    cfg.write_text(
+        f"store: sqlite:///{tmp}/state.db\n"
+        f"models:\n  claude:\n    provider: anthropic\n    base_url: {url}\n"
+        f"    model: claude-test\n    api_key_env: DG_CRASH_KEY\n    timeout: 0.5s\n"
+        f"    retries: 0\n")
+    return cfg
+
+
+class Bot:
+    """``python -m bot run`` with its stdout read line by line in a thread."""
+
+    def __init__(self, cfg: Path):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+        env["DG_CRASH_KEY"] = "test-key"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bot", "run", "-c", str(cfg)], cwd=ROOT, env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            with self._cond:
+                self.lines.append(raw.decode("utf-8", "replace"))
+                self._cond.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        with self._cond:
+            ok = self._cond.wait_for(lambda: any(text in line for line in self.lines), timeout)
+        assert ok, f"no {text!r} in the output:\n{''.join(self.lines)}"
+
+    def stop(self, sig: int) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(5)
+            self._reader.join(10)  # the pipe is at EOF once the process is gone
+            assert self.proc.stdout is not None
+            self.proc.stdout.close()
+
+
+def _drafts(db: Path) -> list[tuple[str, int, str]]:
+    con = sqlite3.connect(db, timeout=10)
+    try:
+        return con.execute("SELECT status, version, body FROM drafts").fetchall()
+    finally:
+        con.close()
+
+
+def test_sigkill_during_the_model_call_gives_one_draft_and_one_card(tmp_path):
+    with FakeLLM() as fake:
+        held = fake.hold(then=fake.reply("LATE answer of the killed process"))
+        fake.script(held, fake.reply("Hi Alice, your order ships today."))
+        cfg = _config(tmp_path, fake.url)
+
+        first = Bot(cfg)
+        try:
+            assert held.arrived.wait(30), "".join(first.lines)
+            assert [s for s, _, _ in _drafts(tmp_path / "state.db")] == ["drafting"]
+        finally:
+            assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+
+        second = Bot(cfg)
+        try:
+            second.wait_for("Hi Alice, your order ships today.")
+            # The abandoned call answers now; its process is gone and its claim too.
+            held.release()
+            assert held.finished.wait(10)
+            # Further ticks of the running bot (one a second) call the model no more.
+            assert fake.wait_requests(3, timeout=3) is False
+        finally:
+            assert second.stop(signal.SIGTERM) == 0, "".join(second.lines)
+
+        assert _drafts(tmp_path / "state.db") == [("awaiting", 1, "Hi Alice, your order ships today.")]
+        cards = [line for line in first.lines + second.lines if line.startswith("📨 support")]
+        assert cards == ["📨 support · #1 v1\n"]
+        assert len(fake.requests) == 2
+        assert not (tmp_path / "outbox").exists() or not list((tmp_path / "outbox").iterdir())
