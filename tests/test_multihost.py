@@ -1,0 +1,230 @@
+"""Several hosts on one PostgreSQL store: three real ``python -m bot run`` processes,
+one of them polling Telegram, against the fake Gmail, Telegram and model servers.
+
+What an operator would notice if the multi-host promises broke: a message drafted
+twice (two model calls), two cards for one email, a reply sent twice, or an email
+stuck for ever because the host drafting it died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email
+import email.policy
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.gmail import FakeGmail
+from tests.fakes.llm import FakeLLM
+from tests.fakes.telegram import FakeTelegram
+
+from ._multihost import (ANNA, CHAT, Db, Host, card_posts, logs, ticket_email, tickets_of,
+                         until, write_deployment)
+from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+MESSAGES = 200
+BATCHES = 5
+
+
+class World:
+    """The three fakes, a fresh schema and the hosts started on it."""
+
+    def __init__(self, tmp: Path, url: str):
+        self.tmp = tmp
+        self.url = url
+        self.gmail = FakeGmail().start()
+        self.tg = FakeTelegram().start()
+        self.llm = FakeLLM().start()
+        self.db = Db(url)
+        self.hosts: list[Host] = []
+
+    def deploy(self, *, lease: str, model_timeout: str) -> Path:
+        return write_deployment(self.tmp, store=self.url, gmail=self.gmail, tg=self.tg,
+                                llm=self.llm, lease=lease, model_timeout=model_timeout)
+
+    def host(self, name: str, cfg: Path, receive: str) -> Host:
+        h = Host(name, cfg, self.tg, receive=receive)
+        self.hosts.append(h)
+        return h
+
+    async def tap_awaiting(self, tapped: dict[int, dict]) -> None:
+        """Tap Approve, as the operator, on every card that waits for a decision and was
+        not tapped yet (by store state: a card being posted is not tappable yet)."""
+        for r in await self.db.fetch("SELECT id, version, approval_message_id FROM drafts"
+                                     " WHERE status='awaiting' ORDER BY id"):
+            if r["id"] not in tapped:
+                tapped[r["id"]] = self.tg.tap(ANNA, CHAT, int(r["approval_message_id"]),
+                                              f"ap:{r['id']}:{r['version']}", "Anna")
+
+    def close(self) -> None:
+        for h in self.hosts:
+            h.ensure_dead()
+        self.llm.stop()
+        self.tg.stop()
+        self.gmail.stop()
+
+
+@pytest.fixture
+async def world(tmp_path):
+    dsn = await require_pg_dsn()  # skips without a server; fails under DRAFTGATE_REQUIRE_PG=1
+    schema = new_schema_name("dg_multihost")
+    w = World(tmp_path, with_schema(dsn, schema))
+    try:
+        await w.db.open()
+        yield w
+    finally:
+        w.close()
+        await w.db.close()
+        await drop_schema(dsn, schema)
+
+
+async def _stop_all(hosts: list[Host]) -> None:
+    codes = await asyncio.gather(*(asyncio.to_thread(h.terminate) for h in hosts))
+    assert codes == [0] * len(hosts), f"exit codes {codes}\n{logs(hosts)}"
+
+
+async def test_three_hosts_draft_post_and_send_each_of_200_messages_exactly_once(world):
+    """200 emails arrive in batches while three hosts run: each is drafted once, gets
+    one card, and each approval sends exactly one reply. Ticks never overlap."""
+    w = world
+    cfg = w.deploy(lease="30s", model_timeout="10s")
+    hosts = [w.host("a", cfg, "polling"), w.host("b", cfg, "off"), w.host("c", cfg, "off")]
+    # The first tick records Gmail's cursor; mail older than that is not drafted.
+    await until(w.db.cursor_recorded, 40, "the first tick to record Gmail's cursor", hosts)
+
+    originals: dict[str, int] = {}  # Gmail id of each customer email -> its number
+    tapped: dict[int, dict] = {}  # draft id -> the tap update
+    per_batch = MESSAGES // BATCHES
+    for b in range(BATCHES):
+        for n in range(b * per_batch, (b + 1) * per_batch):
+            originals[w.gmail.add_message(ticket_email(n))] = n
+        want = (b + 1) * per_batch
+
+        async def admitted(want=want):
+            return sum((await w.db.statuses()).values()) >= want
+        await until(admitted, 30, f"batch {b + 1} to be admitted", hosts)
+        await w.tap_awaiting(tapped)  # approvals overlap with the next batches' drafting
+
+    async def all_tapped():
+        await w.tap_awaiting(tapped)
+        return len(tapped) == MESSAGES
+    await until(all_tapped, 60, "every card to be posted and tapped", hosts)
+
+    async def all_sent():
+        return await w.db.statuses() == {"sent": MESSAGES}
+    await until(all_sent, 60, "every approved draft to be sent", hosts)
+
+    def answered_and_shown():
+        # Every tap answered and every card edited to its final state (the edit may
+        # come from another host if its tick sent the approved draft first).
+        ids = [u["callback_query"]["id"] for u in tapped.values()]
+        cards = w.tg.chat_messages(CHAT)
+        if all(i in w.tg.answers for i in ids) and all(
+                m.text.startswith("✅ Sent by Anna") for m in cards):
+            return [w.tg.answers[i] for i in ids]
+        return None
+    answers = await w.tg.await_for(answered_and_shown, timeout=30)
+    await _stop_all(hosts)
+
+    # Drafted once: one model request per email, none repeated, none missing.
+    tickets = tickets_of(w.llm)
+    assert sorted(tickets) == list(range(MESSAGES)), (
+        f"{len(tickets)} model requests for {MESSAGES} emails; repeated: "
+        f"{sorted(t for t in set(tickets) if tickets.count(t) > 1)}")
+    rows = await w.db.fetch("SELECT id, item_id, version, attempt, sent_id, approval_message_id"
+                            " FROM drafts ORDER BY id")
+    assert len(rows) == MESSAGES
+    assert sorted(originals[r["item_id"]] for r in rows) == list(range(MESSAGES))
+    assert {(r["version"], r["attempt"]) for r in rows} == {(1, 0)}
+
+    # One card each, in the approvals chat, and nothing else there.
+    posts = card_posts(w.tg)
+    assert posts == {r["id"]: 1 for r in rows}, {i: n for i, n in posts.items() if n != 1}
+    assert len(w.tg.chat_messages(CHAT)) == MESSAGES
+    assert len({r["approval_message_id"] for r in rows}) == MESSAGES
+
+    # One send per approval: 200 messages.send, 200 distinct Message-IDs, each a reply
+    # to a different customer email, and every tap answered.
+    sends = w.gmail.calls_to("messages.send")
+    assert len(sends) == MESSAGES and all(c.status == 200 for c in sends)
+    replies = [email.message_from_bytes(raw, policy=email.policy.default)
+               for raw in w.gmail.received_raw]
+    assert len(replies) == MESSAGES
+    assert len({m["Message-ID"] for m in replies}) == MESSAGES
+    assert sorted(m["In-Reply-To"] for m in replies) == sorted(
+        f"<ticket-{n}@customer.example>" for n in range(MESSAGES))
+    assert len({r["sent_id"] for r in rows}) == MESSAGES
+    approvals = await w.db.fetch("SELECT draft_key FROM audit WHERE action='approve'")
+    assert len(approvals) == MESSAGES and len({a["draft_key"] for a in approvals}) == MESSAGES
+    assert len(answers) == MESSAGES and all(a.get("text") for a in answers)
+
+    # Ticks of the pipeline never overlapped, whichever host ran them.
+    runs = await w.db.fetch("SELECT started_at, ended_at FROM pipeline_runs"
+                            " WHERE ended_at IS NOT NULL ORDER BY started_at")
+    overlaps = [(a["started_at"], a["ended_at"], b["started_at"])
+                for a, b in zip(runs, runs[1:]) if b["started_at"] < a["ended_at"]]
+    assert runs and not overlaps, overlaps
+    for h in hosts:
+        assert "Traceback" not in h.text(), logs([h])
+
+
+async def test_sigkill_of_the_host_holding_a_draft_another_host_finishes_it_once(world):
+    """The host drafting an email is SIGKILLed mid model call: after the lease another
+    host drafts it again, and the operator sees one card and sends one reply."""
+    w = world
+    # A healthy call ends inside its lease. Takeover is gated by the dead host's
+    # pipeline lock (Engine.lock_ttl, 15 s) more than by this lease, so a lease with
+    # room to spare costs nothing and keeps a loaded machine from timing the call out
+    # before the kill.
+    cfg = w.deploy(lease="6s", model_timeout="4s")
+    # Only non-polling hosts at first, so the one killed is never the Telegram receiver.
+    workers = [w.host("b", cfg, "off"), w.host("c", cfg, "off")]
+    await until(w.db.cursor_recorded, 40, "the first tick to record Gmail's cursor", workers)
+    held = w.llm.hold(then=w.llm.reply("LATE answer from the killed host"))
+    w.llm.script(held)
+    gid = w.gmail.add_message(ticket_email(7))
+    assert await asyncio.to_thread(held.arrived.wait, 30), logs(workers)
+
+    # The draft is claimed, and the pipeline lock names the host drafting it.
+    [row] = await w.db.fetch("SELECT id, status FROM drafts")
+    assert row["status"] == "drafting"
+    pid = await w.db.lock_holder_pid()
+    [victim] = [h for h in workers if h.pid == pid]
+    [survivor] = [h for h in workers if h is not victim]
+    assert victim.kill() == -signal.SIGKILL
+    poller = w.host("a", cfg, "polling")
+    live = [survivor, poller]
+
+    async def card_waits():
+        r = await w.db.fetch("SELECT status, attempt, approval_message_id FROM drafts")
+        return r if r and r[0]["status"] == "awaiting" else None
+    [after] = await until(card_waits, 45, "another host to draft it after the lease", live)
+    assert after["attempt"] == 1  # one expired lease, one redraft
+    held.release()  # the dead host's call answers now; nobody is left to store it
+    assert await asyncio.to_thread(held.finished.wait, 10)
+
+    tap = w.tg.tap(ANNA, CHAT, int(after["approval_message_id"]), f"ap:{row['id']}:1", "Anna")
+    answer = await w.tg.await_for(lambda: w.tg.answers.get(tap["callback_query"]["id"]), 30)
+    assert answer["text"] == "✅ Sent.", logs(live)
+
+    # Two more finished ticks change nothing: no third model call, card or send.
+    runs = await w.db.finished_runs()
+
+    async def two_more_ticks():
+        return await w.db.finished_runs() >= runs + 2
+    await until(two_more_ticks, 20, "two more ticks", live)
+    await _stop_all(live)
+
+    assert tickets_of(w.llm) == [7, 7]  # the killed call and exactly one redraft
+    rows = await w.db.fetch("SELECT status, version, body, item_id FROM drafts")
+    assert [(r["status"], r["version"], r["item_id"]) for r in rows] == [("sent", 1, gid)]
+    assert "LATE" not in rows[0]["body"]  # the stale answer was never stored
+    assert card_posts(w.tg) == {row["id"]: 1}
+    assert len(w.tg.chat_messages(CHAT)) == 1
+    assert len(w.gmail.calls_to("messages.send")) == 1
+    for h in live:
+        assert "Traceback" not in h.text(), logs([h])
