@@ -8,6 +8,9 @@
     timeout: 60s                          # per attempt
     retries: 2
     backoff: 1s
+
+There is no ``temperature``: the Messages API of anthropic 2.x takes none, so the
+option is refused with a config error rather than sent and answered with a 400.
 """
 
 from __future__ import annotations
