@@ -327,6 +327,10 @@ class Engine:
         except Exception as exc:
             retryable = not isinstance(exc, DrafterError) or isinstance(exc, DrafterRetryable)
             reason = describe_error(exc)
+            spent = int(getattr(exc, "tokens", 0) or 0)  # an unusable answer was still paid for
+            if spent:
+                counts.tokens += spent
+                await self.store.add_tokens(p.name, spent, now=self.clock())
             if not isinstance(exc, DraftgateError):
                 log.exception("%s: drafter crashed on %s", p.name, d.key)
             after = await self.store.fail_draft(d.id, d.fence, reason, retryable=retryable,
