@@ -59,7 +59,8 @@ class Engine:
                  drafters: dict[str, Drafter] | None = None,
                  senders: dict[str, Sender] | None = None,
                  sources: dict[str, Source] | None = None,
-                 send_check_delay: float = 5.0):
+                 send_check_delay: float = 5.0,
+                 progress: Callable[[str, int, int], None] | None = None):
         self.settings = settings
         self.store = store
         self.channels = dict(channels or {})
@@ -71,12 +72,17 @@ class Engine:
         self._tick_locks = {name: asyncio.Lock() for name in self.pipelines}
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._send_check_delay = send_check_delay
+        self._progress = progress  # (label, done, total): backfills on the CLI
         self._budget_told: set[tuple[str, str]] = set()
         self._unknown_told: set[tuple[int, int]] = set()
         self._tasks: set[asyncio.Task] = set()
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._started = False
         self.lock_ttl = 15.0
+        # Longer than any one send call can last (Gmail's per-call timeout defaults to
+        # 30 s, a webhook's to 10 s). A row in `sending` younger than this may be
+        # another host's send in flight, so only older ones count as interrupted.
+        self.send_grace = 300.0
 
     # -- stages ---------------------------------------------------------------------
     def source(self, p: PipelineConfig) -> Source:
@@ -110,10 +116,7 @@ class Engine:
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
         """Recover from a crash, start the approval channels, post what waits."""
-        stuck = await self.store.recover_sending()
-        if stuck:
-            log.warning("%d draft(s) were mid-send at the last stop; marked send_unknown "
-                        "and will be checked before anything is sent again", stuck)
+        await self._recover_sending()
         for ch in {id(c): c for c in self.channels.values()}.values():
             await ch.start(self)
         self._started = True
@@ -229,7 +232,14 @@ class Engine:
         async def unseen(ids: list[str]) -> set[str]:
             return await self.store.unseen(p.name, source.scope, ids)
 
-        ctx = FetchContext(p.name, source.scope, scheduled_for, cursor, unseen)
+        progress = None
+        if self._progress is not None:
+            report = self._progress
+
+            def progress(done: int, total: int) -> None:
+                report(f"{p.name} backfill", done, total)
+
+        ctx = FetchContext(p.name, source.scope, scheduled_for, cursor, unseen, progress)
         result = await source.fetch(ctx)
         counts.fetched = len(result.items)
         own = _own_addresses(p, self.settings)
@@ -476,7 +486,19 @@ class Engine:
         if d is not None and d.status == SEND_UNKNOWN:
             await self._check_one(self.pipeline(d.pipeline), d)
 
+    async def _recover_sending(self) -> None:
+        """Sends that began over ``send_grace`` ago and never finished (their process
+        died) -> send_unknown, to be checked before anything is sent again. Run at
+        start and on every tick, since a crash shortly before a restart leaves a row
+        too young to recover at that start."""
+        # begin_send stamps rows with the real clock, so the age is measured with it too.
+        stuck = await self.store.recover_sending(older_than=self.send_grace)
+        if stuck:
+            log.warning("%d draft(s) were left mid-send by a stopped process; marked "
+                        "send_unknown and will be checked before anything is sent again", stuck)
+
     async def _check_unknown(self, p: PipelineConfig, counts: RunCounts) -> None:
+        await self._recover_sending()
         for d in await self.store.send_unknown(p.name):
             if await self._check_one(p, d):
                 counts.sent += 1

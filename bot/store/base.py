@@ -286,8 +286,12 @@ class Store(abc.ABC):
         raise NotImplementedError
 
     @abc.abstractmethod
-    async def recover_sending(self) -> int:
-        """At start: every ``sending`` row (a crash mid-send) -> ``send_unknown``."""
+    async def recover_sending(self, older_than: float | None = None,
+                              now: float | None = None) -> int:
+        """Every ``sending`` row (a crash mid-send) -> ``send_unknown``. With
+        ``older_than``, only rows that began sending more than that many seconds
+        before ``now``: on a shared store a newer one may be another host's send in
+        flight, and calling that unknown would offer the operator a second send."""
 
     @abc.abstractmethod
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None: ...

@@ -679,12 +679,16 @@ class PostgresStore(Store):
         async with self._tx() as con:
             return await _requeue_expired(con, pipeline, max_attempts, _now(now))
 
-    async def recover_sending(self) -> int:
+    async def recover_sending(self, older_than: float | None = None,
+                              now: float | None = None) -> int:
+        t = _now(now)
+        before = None if older_than is None else t - older_than
         async with self._conn() as con:
             return _count(await con.execute(
-                "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4",
+                "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4"
+                " AND ($5::float8 IS NULL OR updated_at < $5)",
                 SEND_UNKNOWN, "interrupted mid-send by a restart; it may have been delivered",
-                time.time(), SENDING))
+                t, SENDING, before))
 
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
         t = time.time()

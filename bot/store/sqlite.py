@@ -697,12 +697,15 @@ class SQLiteStore(Store):
         now = _now(now)
         return await self._write(_requeue_expired, pipeline, max_attempts, now)
 
-    async def recover_sending(self) -> int:
-        now = time.time()
+    async def recover_sending(self, older_than: float | None = None,
+                              now: float | None = None) -> int:
+        now = _now(now)
+        before = None if older_than is None else now - older_than
         return await self._write(lambda db: _exec(
-            db, "UPDATE drafts SET status = ?, error = ?, updated_at = ? WHERE status = ?",
+            db, "UPDATE drafts SET status = ?, error = ?, updated_at = ? WHERE status = ?"
+                " AND (? IS NULL OR updated_at < ?)",
             (SEND_UNKNOWN, "interrupted mid-send by a restart; it may have been delivered",
-             now, SENDING)))
+             now, SENDING, before, before)))
 
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
         now = time.time()
