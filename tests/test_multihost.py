@@ -12,19 +12,19 @@ import asyncio
 import email
 import email.policy
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
+from bot.models import Item, Message
 from tests.fakes.gmail import FakeGmail
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
 
-from ._multihost import (ANNA, CHAT, Db, Host, card_posts, logs, ticket_email, tickets_of,
+from ._multihost import (ANNA, CHAT, OPS_CHAT, Db, Host, card_posts, logs, ticket_email, tickets_of,
                          until, write_deployment)
 from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
-
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 MESSAGES = 200
 BATCHES = 5
@@ -87,6 +87,8 @@ async def _stop_all(hosts: list[Host]) -> None:
     assert codes == [0] * len(hosts), f"exit codes {codes}\n{logs(hosts)}"
 
 
+@pytest.mark.slow
+@pytest.mark.postgres
 async def test_three_hosts_draft_post_and_send_each_of_200_messages_exactly_once(world):
     """200 emails arrive in batches while three hosts run: each is drafted once, gets
     one card, and each approval sends exactly one reply. Ticks never overlap."""
@@ -172,6 +174,8 @@ async def test_three_hosts_draft_post_and_send_each_of_200_messages_exactly_once
         assert "Traceback" not in h.text(), logs([h])
 
 
+@pytest.mark.slow
+@pytest.mark.postgres
 async def test_sigkill_of_the_host_holding_a_draft_another_host_finishes_it_once(world):
     """The host drafting an email is SIGKILLed mid model call: after the lease another
     host drafts it again, and the operator sees one card and sends one reply."""
@@ -228,3 +232,57 @@ async def test_sigkill_of_the_host_holding_a_draft_another_host_finishes_it_once
     assert len(w.gmail.calls_to("messages.send")) == 1
     for h in live:
         assert "Traceback" not in h.text(), logs([h])
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+async def test_a_host_starting_while_another_sends_leaves_that_send_alone(world):
+    """A rolling restart: host D starts while host A's Gmail send is in flight. D must
+    not call that send interrupted: doing so told the operator "not in Sent, tap
+    Retry", and the Retry sent the reply a second time once A's send landed."""
+    w = world
+    cfg = w.deploy(lease="30s", model_timeout="10s")
+    a = w.host("a", cfg, "polling")
+    await until(w.db.cursor_recorded, 40, "the first tick to record Gmail's cursor", [a])
+    w.gmail.add_message(ticket_email(3))
+
+    async def awaiting():
+        return await w.db.fetch("SELECT id, version, approval_message_id FROM drafts"
+                                " WHERE status='awaiting'")
+    [r] = await until(awaiting, 30, "the card", [a])
+    release = w.gmail.hold("messages.send")
+    try:
+        tap = w.tg.tap(ANNA, CHAT, int(r["approval_message_id"]), f"ap:{r['id']}:1", "Anna")
+        assert await asyncio.to_thread(w.gmail.reached("messages.send").wait, 20), logs([a])
+        d = w.host("d", cfg, "off")
+        runs = await w.db.finished_runs()
+
+        async def d_started_and_two_ticks():
+            return ("draftgate running" in d.text()
+                    and await w.db.finished_runs() >= runs + 2)
+        await until(d_started_and_two_ticks, 30, "host D to start and two ticks", [a, d])
+        assert [tuple(x) for x in await w.db.fetch("SELECT status FROM drafts")] == [
+            ("sending",)]
+        assert w.tg.chat_messages(OPS_CHAT) == []
+    finally:
+        release.set()
+    answer = await w.tg.await_for(lambda: w.tg.answers.get(tap["callback_query"]["id"]), 20)
+    assert answer["text"] == "✅ Sent."
+    await _stop_all([a, d])
+    assert len(w.gmail.calls_to("messages.send")) == 1
+    assert w.tg.chat_messages(OPS_CHAT) == []
+
+
+async def test_recover_sending_counts_only_sends_older_than_the_grace(store):
+    """Both backends: ``recover_sending(older_than=...)`` leaves a send that began
+    recently alone (another host may be in it) and recovers one begun before that."""
+    await store.admit("p", "s", "v1", [Item("m1", Message(subject="hi"))])
+    [d] = await store.claim("p", 60)
+    await store.finish_draft(d.id, d.fence, "Hello")
+    await store.mark_posted(d.id, d.version, "1", "1")
+    await store.approve(d.id, d.version, "anna")
+    assert (await store.begin_send(d.id)).status == "sending"
+    assert await store.recover_sending(older_than=60) == 0
+    assert (await store.get_draft(d.id)).status == "sending"
+    assert await store.recover_sending(older_than=60, now=time.time() + 61) == 1
+    assert (await store.get_draft(d.id)).status == "send_unknown"
