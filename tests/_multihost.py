@@ -65,16 +65,6 @@ def card_posts(tg: FakeTelegram) -> dict[int, int]:
     return counts
 
 
-def approve_button(tg: FakeTelegram, message_id: int) -> str | None:
-    """The Approve button's callback data on a card in the approvals chat, if any."""
-    m = tg.message(CHAT, message_id)
-    for row in (m.reply_markup or {}).get("inline_keyboard", []):
-        for button in row:
-            if _CARD_DATA.match(str(button.get("callback_data", ""))):
-                return str(button["callback_data"])
-    return None
-
-
 def write_deployment(tmp: Path, *, store: str, gmail: FakeGmail, tg: FakeTelegram,
                      llm: FakeLLM, lease: str, model_timeout: str) -> Path:
     """draftgate.yaml and pipelines/support.yaml: Gmail in, openai-compatible model,
