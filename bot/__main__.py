@@ -41,7 +41,8 @@ def _setup_logging(verbose: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request URL, and a Telegram URL contains the bot token.
-    for noisy in ("httpx", "httpcore", "telegram.ext.Updater", "googleapiclient.discovery_cache"):
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "telegram.ext.Updater",
+                  "googleapiclient.discovery_cache"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -87,7 +88,9 @@ async def _run(args) -> int:
     store = await _open_store(settings)
     engine = None
     try:
-        engine = Engine(settings, store, _channels(settings, store))
+        from .progress import Bar
+
+        engine = Engine(settings, store, _channels(settings, store), progress=Bar())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .errors import StoreError
 from .store import create_store
+from .progress import Bar
 from .store._copy import COPY_TABLES, copier
 
 #: Copy order. Drafts before audit so a reader of the target never sees an audit
@@ -128,26 +129,9 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-class _Bar:
-    """One line per table on stderr, redrawn in place: ``drafts [#####.....] 512/1024``."""
-
-    def __init__(self, out=None, width: int = 30):
-        self.out = out or sys.stderr
-        self.width = width
-        self._last = 0.0
-
-    def __call__(self, table: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        final = done >= total
-        if not final and now - self._last < 0.1:
-            return
-        self._last = now
-        filled = self.width if total == 0 else int(self.width * done / total)
-        bar = "#" * filled + "." * (self.width - filled)
-        self.out.write(f"\r{table:<15} [{bar}] {done}/{total}")
-        if final:
-            self.out.write("\n")
-        self.out.flush()
+def _Bar(out=None, width: int = 30) -> Bar:
+    """migrate-store is run by hand: always draw the bar."""
+    return Bar(out, width, tty=True)
 
 
 def run_cli(args) -> int:
