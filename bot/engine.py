@@ -333,6 +333,10 @@ class Engine:
             await self.notify(f"⏸ {p.name}: {exc}")
             return
         except asyncio.CancelledError:
+            # Shutting down mid-call: hand the item straight back to the queue (fenced)
+            # instead of leaving it to wait out its lease.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.release(d.id, d.fence))
             raise
         except Exception as exc:
             retryable = not isinstance(exc, DrafterError) or isinstance(exc, DrafterRetryable)

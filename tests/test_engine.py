@@ -369,3 +369,24 @@ async def test_filters_skip_with_a_reason_before_any_drafting(world, config):
     assert counts.skipped == 1 and world.drafter.calls == []
     [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
     assert d.status == "skipped" and "noreply@" in d.error
+
+
+async def test_stopping_mid_draft_hands_the_item_back_to_the_queue(world):
+    """SIGTERM during a model call: the claim is released at once, not left to expire."""
+    started = asyncio.Event()
+    never = asyncio.Event()
+
+    async def slow_draft(request):
+        started.set()
+        await never.wait()
+
+    world.drafter.draft = slow_draft
+    world.sources["alpha"].messages = [msg(1)]
+    tick = asyncio.create_task(world.engine.tick("alpha"))
+    await asyncio.wait_for(started.wait(), 10)
+    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    assert d.status == "drafting"
+    tick.cancel()
+    await asyncio.gather(tick, return_exceptions=True)
+    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    assert d.status == "queued" and d.attempt == 0
