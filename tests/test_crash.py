@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,24 +20,16 @@ from bot.config import load_settings
 from bot.engine import Engine
 from bot.models import TERMINAL_STATUSES
 from bot.store import create_store
+from tests._proc import ORDER_EMAIL, reap, sqlite_rows, start_bot
 from tests.fakes.llm import FakeLLM
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
-EMAIL = b"""From: Alice Buyer <alice@customer.example>
-To: support@acme.example
-Subject: Where is my order #1234?
-Message-ID: <order-1234@customer.example>
-Date: Sun, 29 Nov 2026 10:02:00 +0000
-
-Hi, where is my order #1234? It was due Friday.
-"""
 
 
 def _config(tmp_path: Path, llm_url: str) -> Path:
     (tmp_path / "inbox").mkdir()
-    (tmp_path / "inbox" / "1.eml").write_bytes(EMAIL)
+    (tmp_path / "inbox" / "1.eml").write_bytes(ORDER_EMAIL)
     (tmp_path / "prompt.md").write_text("You answer customer email for Acme.\n")
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "pipelines" / "crash.yaml").write_text(
@@ -58,19 +48,12 @@ def _config(tmp_path: Path, llm_url: str) -> Path:
 
 
 def _start(cfg: Path, log: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI")}
-    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "bot", "run", "-c", str(cfg)], cwd=ROOT,
-                                stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
+    return start_bot(cfg, log, env={k: v for k, v in os.environ.items()
+                                    if not k.startswith("OPENAI")})
 
 
 def _statuses(db: Path) -> list[tuple[str, int]]:
-    con = sqlite3.connect(db, timeout=10)
-    try:
-        return con.execute("SELECT status, version FROM drafts").fetchall()
-    finally:
-        con.close()
+    return sqlite_rows(db, "SELECT status, version FROM drafts")
 
 
 def _wait_for(cond, timeout: float, what: str) -> None:
@@ -97,9 +80,7 @@ async def test_sigkill_while_drafting_drafts_again_once_and_sends_once(tmp_path)
             first.send_signal(signal.SIGKILL)
             first.wait(10)
         finally:
-            if first.poll() is None:
-                first.kill()
-                first.wait(10)
+            reap(first)
 
         second = _start(cfg, log)
         try:
@@ -107,9 +88,7 @@ async def test_sigkill_while_drafting_drafts_again_once_and_sends_once(tmp_path)
             second.send_signal(signal.SIGTERM)
             assert second.wait(20) == 0, log.read_text()
         finally:
-            if second.poll() is None:
-                second.kill()
-                second.wait(10)
+            reap(second)
 
         # The operator approves the card (from another process, as a phone would).
         settings = load_settings(cfg)

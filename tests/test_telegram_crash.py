@@ -10,33 +10,23 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests._proc import ORDER_EMAIL, sqlite_rows, start_bot
 from tests.fakes.telegram import FakeTelegram
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 ANNA, CHAT = 42, 1001
 
-EMAIL = b"""From: Alice Buyer <alice@customer.example>
-To: support@acme.example
-Subject: Where is my order #1234?
-Message-ID: <order-1234@customer.example>
-Date: Sun, 29 Nov 2026 10:02:00 +0000
-
-Hi, where is my order #1234? It was due Friday.
-"""
 
 
 def _config(tmp_path: Path, fake: FakeTelegram) -> Path:
     (tmp_path / "inbox").mkdir()
-    (tmp_path / "inbox" / "1.eml").write_bytes(EMAIL)
+    (tmp_path / "inbox" / "1.eml").write_bytes(ORDER_EMAIL)
     (tmp_path / "reply.txt").write_text("Hi {first_name},\n\nthanks for writing about {subject}.\n")
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "pipelines" / "support.yaml").write_text(textwrap.dedent("""\
@@ -63,19 +53,11 @@ def _config(tmp_path: Path, fake: FakeTelegram) -> Path:
 
 
 def _start(cfg: Path, fake: FakeTelegram, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, DG_CRASH_TELEGRAM_TOKEN=fake.token)
-    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "bot", "run", "-c", str(cfg)],
-                                cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
+    return start_bot(cfg, log, env=dict(os.environ, DG_CRASH_TELEGRAM_TOKEN=fake.token))
 
 
 def _rows(db: Path, sql: str) -> list[tuple]:
-    con = sqlite3.connect(db, timeout=10)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
+    return sqlite_rows(db, sql)
 
 
 def test_a_tap_on_a_card_posted_before_a_sigkill_approves_and_sends_once(tmp_path):
