@@ -77,7 +77,6 @@ class Engine:
         self._unknown_told: set[tuple[int, int]] = set()
         self._tasks: set[asyncio.Task] = set()
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._started = False
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
         # 30 s, a webhook's to 10 s). A row in `sending` younger than this may be
@@ -119,7 +118,6 @@ class Engine:
         await self._recover_sending()
         for ch in {id(c): c for c in self.channels.values()}.values():
             await ch.start(self)
-        self._started = True
 
     async def stop(self) -> None:
         """Let in-flight work finish its current transition, then close stages."""
@@ -513,7 +511,6 @@ class Engine:
             found = await self.sender(p).check(d)
         except SendUnknown as exc:
             log.info("%s #%d: outcome still unknown: %s", p.name, d.id, exc)
-            found = None
             if (d.id, d.version) in self._unknown_told:
                 return False
             self._unknown_told.add((d.id, d.version))
