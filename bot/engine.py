@@ -73,9 +73,8 @@ class Engine:
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._send_check_delay = send_check_delay
         self._progress = progress  # (label, done, total): backfills on the CLI
-        self._budget_told: set[tuple[str, str]] = set()
-        self._unknown_told: set[tuple[int, int]] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._notice_lock = asyncio.Lock()
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
@@ -281,12 +280,11 @@ class Engine:
         used = await self.store.tokens_used(p.name, day)
         if used < p.daily_token_budget:
             return True
-        if (p.name, day) not in self._budget_told:
-            self._budget_told.add((p.name, day))
-            await self.notify(f"⏸ {p.name}: daily token budget spent ({used:,} of "
-                              f"{p.daily_token_budget:,} tokens on {day} UTC). Items stay "
-                              f"queued and are drafted tomorrow; raise daily_token_budget "
-                              f"in {p.file} to continue today.")
+        await self._notify_once(
+            f"budget|{p.name}|{day}",
+            f"⏸ {p.name}: daily token budget spent ({used:,} of {p.daily_token_budget:,} "
+            f"tokens on {day} UTC). Items stay queued and are drafted tomorrow; raise "
+            f"daily_token_budget in {p.file} to continue today.")
         return False
 
     async def _draft_queued(self, p: PipelineConfig, counts: RunCounts) -> None:
@@ -511,12 +509,10 @@ class Engine:
             found = await self.sender(p).check(d)
         except SendUnknown as exc:
             log.info("%s #%d: outcome still unknown: %s", p.name, d.id, exc)
-            if (d.id, d.version) in self._unknown_told:
-                return False
-            self._unknown_told.add((d.id, d.version))
-            await self.notify(f"❓ {p.name} #{d.id}: cannot tell whether the reply was sent "
-                              f"({d.error}; {exc}). Check the mailbox; Retry sends it again.",
-                              retry_draft=d)
+            await self._notify_once(
+                _unknown_episode(d),
+                f"❓ {p.name} #{d.id}: cannot tell whether the reply was sent ({d.error}; "
+                f"{exc}). Check the mailbox; Retry sends it again.", retry_draft=d)
             return False
         except Exception as exc:
             log.warning("%s #%d: checking the send failed: %s", p.name, d.id, describe_error(exc))
@@ -527,11 +523,10 @@ class Engine:
                 await self._update_card(after)
                 return True
             return False
-        if (d.id, d.version) not in self._unknown_told:
-            self._unknown_told.add((d.id, d.version))
-            await self.notify(f"❓ {p.name} #{d.id}: the send timed out or failed midway "
-                              f"({d.error}) and the message is not in Sent. Nothing was resent; "
-                              f"tap Retry to send it.", retry_draft=d)
+        await self._notify_once(
+            _unknown_episode(d),
+            f"❓ {p.name} #{d.id}: the send timed out or failed midway ({d.error}) and the "
+            f"message is not in Sent. Nothing was resent; tap Retry to send it.", retry_draft=d)
         return False
 
     async def _update_card(self, d: Draft) -> None:
@@ -539,6 +534,21 @@ class Engine:
             await self.channel(self.pipeline(d.pipeline)).update(d)
         except Exception as exc:
             log.warning("%s #%d: could not update the card: %s", d.pipeline, d.id, describe_error(exc))
+
+    async def _notify_once(self, tag: str, text: str, *, retry_draft: Draft | None = None) -> None:
+        """Notify once per ``tag`` across restarts and hosts: the audit log remembers
+        which notices went out."""
+        key = f"notice|{tag}"
+        async with self._notice_lock:
+            try:
+                if await self.store.audit_log(draft_key=key, limit=1):
+                    return
+                await self.store.audit("draftgate", "notice", draft_key=key, detail=text[:300],
+                                       now=self.clock())
+            except Exception as exc:
+                log.warning("could not record a notice (%s); sending it anyway",
+                            describe_error(exc))
+        await self.notify(text, retry_draft=retry_draft)
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
         ch = self.ops_channel()
@@ -614,6 +624,11 @@ class Engine:
                 log.info("daily sweep: %s", result.to_dict())
             except Exception:
                 log.exception("sweep failed")
+
+
+def _unknown_episode(d: Draft) -> str:
+    # One notice per unknown outcome: a Retry that ends unknown again is a new episode.
+    return f"unknown|{d.key}|v{d.version}|{d.updated_at:.6f}"
 
 
 def _own_addresses(p: PipelineConfig, settings: Settings) -> list[str]:

@@ -77,8 +77,10 @@ class RecordingSender:
         self.script: list[Exception] = []
         self.delivered_on_unknown = False
         self.check_calls = 0
+        self.calls = 0
 
     async def send(self, draft):
+        self.calls += 1
         self.sent.append((draft.key, draft.body))
         if self.script:
             exc = self.script.pop(0)
@@ -390,3 +392,26 @@ async def test_stopping_mid_draft_hands_the_item_back_to_the_queue(world):
     await asyncio.gather(tick, return_exceptions=True)
     [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
     assert d.status == "queued" and d.attempt == 0
+
+
+async def test_an_unknown_send_is_announced_once_per_episode_even_across_restarts(world, config):
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    world.sender.script = [SendUnknown("timed out")]
+    await world.engine.approve(d.id, d.version, "anna")
+    await world.engine.drain("alpha")
+    await world.engine.drain("alpha")
+    assert world.channel.retry_offered == [d.id]
+    # A restarted process (same store) does not announce the same episode again.
+    again = Engine(load_settings(config), world.store, {"console": world.channel},
+                   clock=world.clock, sources=world.sources,
+                   drafters={"alpha": world.drafter}, senders={"alpha": world.sender})
+    await again.drain("alpha")
+    assert world.channel.retry_offered == [d.id]
+    # Retry ends unknown again: that is a new episode, and the operator hears of it.
+    world.sender.script = [SendUnknown("reset")]
+    await world.engine.retry_send(d.id, "anna")
+    await world.engine.drain("alpha")
+    assert world.channel.retry_offered == [d.id, d.id]
+    assert world.sender.calls == 2  # the approval and the operator's Retry; never on its own
