@@ -32,8 +32,9 @@ STATUSES = (
     QUEUED, DRAFTING, READY, AWAITING, APPROVED, SENDING, SENT,
     SEND_FAILED, SEND_UNKNOWN, FAILED, SKIPPED, REJECTED, EXPIRED,
 )
-#: States an operator has to act on (shown by /pending).
-PENDING_STATUSES = (READY, AWAITING, SEND_FAILED, SEND_UNKNOWN)
+#: States an operator has to act on or watch (shown by /pending): waiting for a
+#: decision, or approved and not yet known to be sent.
+PENDING_STATUSES = (READY, AWAITING, APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN)
 #: States nothing moves any more, except /replay.
 TERMINAL_STATUSES = (SENT, FAILED, SKIPPED, REJECTED, EXPIRED)
 #: States /replay may send back to queued.

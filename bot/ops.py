@@ -14,7 +14,8 @@ from datetime import datetime, timezone
 from . import scheduler
 from .config import Settings
 from .engine import utc_day
-from .models import AWAITING, Draft, PENDING_STATUSES, READY, Run
+from .models import (APPROVED, AWAITING, PENDING_STATUSES, READY, SEND_FAILED, SEND_UNKNOWN,
+                     SENDING, Draft, Run)
 from .store import ReplayResult, Store, SweepResult
 
 
@@ -194,7 +195,10 @@ def format_pending(drafts: list[Draft]) -> str:
     for d in drafts:
         who = d.message.from_addr or d.message.slot
         subj = d.message.subject or "(no subject)"
-        state = {READY: "not posted yet", AWAITING: "awaiting decision"}.get(d.status, d.status)
+        state = {READY: "not posted yet", AWAITING: "awaiting decision",
+                 APPROVED: "approved, sending", SENDING: "sending",
+                 SEND_FAILED: "send failed, Retry offered",
+                 SEND_UNKNOWN: "send outcome unknown, being checked"}.get(d.status, d.status)
         where = f" · card {d.approval_chat}/{d.approval_message_id}" if d.approval_message_id else ""
         lines.append(f"{d.pipeline} #{d.id} v{d.version} · {state} · {who} · {subj[:60]}{where}")
     return "\n".join(lines)
