@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
 import time
 import uuid
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 from . import filters as _filters
@@ -75,7 +77,7 @@ class Engine:
         self._progress = progress  # (label, done, total): backfills on the CLI
         self._tasks: set[asyncio.Task] = set()
         self._notice_lock = asyncio.Lock()
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
         # 30 s, a webhook's to 10 s). A row in `sending` younger than this may be
@@ -167,6 +169,8 @@ class Engine:
         name = f"pipeline:{p.name}"
         async with self._tick_locks[p.name]:
             held = await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock())
+            if not held and await self._holder_is_dead(name):
+                held = await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock())
             renew = self._spawn(self._renew_lock(name)) if held else None
             try:
                 yield held
@@ -179,6 +183,26 @@ class Engine:
                         await self.store.unlock(name, self.holder)
                     except Exception:
                         log.exception("%s: releasing the pipeline lock", p.name)
+
+    async def _holder_is_dead(self, name: str) -> bool:
+        """If ``name`` is held by a process of this same machine and pid namespace
+        that no longer exists (it was killed), release it now instead of waiting out
+        its lease: a restart after a crash resumes at once. A holder elsewhere, or one
+        whose pid is alive, is never touched."""
+        holder = await self.store.lock_holder(name)
+        if not holder or holder == self.holder:
+            return False
+        home, _, rest = holder.rpartition(":")[0].rpartition(":")
+        try:
+            pid = int(rest)
+        except ValueError:
+            return False
+        if home != _process_home() or pid == os.getpid() or _pid_alive(pid):
+            return False
+        log.warning("%s: held by %s, a process of this machine that is gone; taking it over",
+                    name, holder)
+        await self.store.unlock(name, holder)
+        return True
 
     async def _renew_lock(self, name: str) -> None:
         while True:
@@ -624,6 +648,29 @@ class Engine:
                 log.info("daily sweep: %s", result.to_dict())
             except Exception:
                 log.exception("sweep failed")
+
+
+@functools.lru_cache(maxsize=1)
+def _process_home() -> str:
+    """Host name, boot and pid namespace: two holders with the same value share a
+    process table, so a pid that is gone there is truly gone."""
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    pidns = ""
+    with contextlib.suppress(OSError):
+        pidns = os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    return f"{socket.gethostname()}/{boot}/{pidns}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def _unknown_episode(d: Draft) -> str:

@@ -415,3 +415,25 @@ async def test_an_unknown_send_is_announced_once_per_episode_even_across_restart
     await world.engine.drain("alpha")
     assert world.channel.retry_offered == [d.id, d.id]
     assert world.sender.calls == 2  # the approval and the operator's Retry; never on its own
+
+
+async def test_a_pipeline_lock_left_by_a_dead_local_process_is_taken_over_at_once(world):
+    """A restart after SIGKILL does not wait out the dead process's lease."""
+    import subprocess
+    import sys
+
+    from bot.engine import _process_home
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = f"{_process_home()}:{gone.stdout.strip()}:dead"
+    alive_elsewhere = f"otherhost/x/y:{gone.stdout.strip()}:far"
+    world.sources["alpha"].messages = [msg(1)]
+
+    assert await world.store.try_lock("pipeline:alpha", alive_elsewhere, 60, now=world.clock())
+    assert (await world.engine.tick("alpha")).fetched == 0  # another machine's: respected
+    await world.store.unlock("pipeline:alpha", alive_elsewhere)
+
+    assert await world.store.try_lock("pipeline:alpha", dead, 60, now=world.clock())
+    assert (await world.engine.tick("alpha")).drafted == 1  # a dead local one: taken over
+    assert await world.store.lock_holder("pipeline:alpha") is None

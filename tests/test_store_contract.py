@@ -591,6 +591,13 @@ class TestStoreContract:
         await store.unlock("tick:support", "host-b")
         assert await store.try_lock("tick:support", "host-a", 30, now=T0 + 53)
 
+    async def test_lock_holder_names_who_holds_a_lock(self, store):
+        assert await store.lock_holder("tick:support") is None
+        assert await store.try_lock("tick:support", "host-a:17:x", 30, now=T0)
+        assert await store.lock_holder("tick:support") == "host-a:17:x"
+        await store.unlock("tick:support", "host-a:17:x")
+        assert await store.lock_holder("tick:support") is None
+
     # -- many processes ----------------------------------------------------------------------
 
     @pytest.mark.slow

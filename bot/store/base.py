@@ -309,3 +309,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def unlock(self, name: str, holder: str) -> None: ...
+
+    @abc.abstractmethod
+    async def lock_holder(self, name: str) -> str | None:
+        """Who holds the named lock (expired or not), or None."""

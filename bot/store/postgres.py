@@ -722,6 +722,10 @@ class PostgresStore(Store):
         async with self._conn() as con:
             await con.execute("DELETE FROM locks WHERE name=$1 AND holder=$2", name, holder)
 
+    async def lock_holder(self, name: str) -> str | None:
+        async with self._conn() as con:
+            return await con.fetchval("SELECT holder FROM locks WHERE name=$1", name)
+
     # -- copying (draftgate migrate-store) ---------------------------------------------------
     async def copy_count(self, table: str) -> int:
         """Rows in one of the copied tables (see ``COPY_TABLES``)."""

@@ -745,6 +745,11 @@ class SQLiteStore(Store):
         await self._write(lambda db: _exec(
             db, "DELETE FROM locks WHERE name = ? AND holder = ?", (name, holder)))
 
+    async def lock_holder(self, name: str) -> str | None:
+        rows = await self._read(lambda db: _rows(
+            db, "SELECT holder FROM locks WHERE name = ?", (name,)))
+        return rows[0][0] if rows else None
+
 
 
 def _seen_among(db: sqlite3.Connection, pipeline: str, scope: str, ids: list[str]) -> set[str]:
