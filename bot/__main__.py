@@ -12,11 +12,9 @@ import getpass
 import importlib
 import json
 import logging
-import os
 import shutil
 import signal
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 

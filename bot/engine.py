@@ -255,11 +255,7 @@ class Engine:
 
         progress = None
         if self._progress is not None:
-            report = self._progress
-
-            def progress(done: int, total: int) -> None:
-                report(f"{p.name} backfill", done, total)
-
+            progress = functools.partial(self._progress, f"{p.name} backfill")
         ctx = FetchContext(p.name, source.scope, scheduled_for, cursor, unseen, progress)
         result = await source.fetch(ctx)
         counts.fetched = len(result.items)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit

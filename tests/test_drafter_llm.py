@@ -234,7 +234,7 @@ async def test_an_unreachable_server_is_retryable(tmp_path, provider):
     with FakeLLM() as gone:
         url = gone.openai_url if provider == "openai" else gone.url
     settings = load_settings(write_config(
-        tmp_path, provider, url, model=f"    timeout: 2s\n    retries: 1\n    backoff: 10ms\n"))
+        tmp_path, provider, url, model="    timeout: 2s\n    retries: 1\n    backoff: 10ms\n"))
     d = build_drafter(settings.pipelines[0], settings)
     try:
         with pytest.raises(DrafterRetryable) as err:

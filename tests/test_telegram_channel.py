@@ -315,7 +315,7 @@ async def test_hostile_callback_data_is_answered_and_changes_nothing(world, fake
         "": "no data",
         f"ap:{other.id}:1": "does not belong",  # sales draft, tapped in support's chat
         f"ap:{d.id}:7": "Old version",
-        f"ap:999999:1": "does not belong",
+        "ap:999999:1": "does not belong",
         "ap:1:1:1": "not one of ours",
     }
     for data, expect in cases.items():

@@ -83,7 +83,7 @@ class ConsoleChannel:
             async with self._prompt_lock:
                 await self.review(draft)
         else:
-            self._print(f"   waiting for a decision: run `draftgate review` in a terminal")
+            self._print("   waiting for a decision: run `draftgate review` in a terminal")
 
     async def review(self, draft: Draft) -> None:
         """Ask the operator what to do with ``draft``."""

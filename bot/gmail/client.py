@@ -214,8 +214,8 @@ class GmailClient:
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             https, self._https = self._https, []
-        for http in https:
-            http.close()
+        for conn in https:
+            conn.close()
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)

@@ -31,11 +31,12 @@ import asyncpg
 from ..errors import StoreError
 from ..models import (
     APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED, READY,
-    REJECTED, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED,
+    REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED,
     AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
 )
 from ._copy import key_columns as _check_table
-from .base import AdmitResult, ReplayResult, Store, SweepResult
+from .base import (AdmitResult, ReplayResult, Store, SweepResult, replay_refusal,
+                   replay_without_draft)
 from .pg_schema import MIGRATIONS
 
 # What a lost or refused connection can raise through asyncpg. InternalClientError
@@ -812,20 +813,12 @@ async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Dra
     if not drafts:
         removed = _count(await con.execute(
             "DELETE FROM seen_items WHERE pipeline=$1 AND item_id=$2", pipeline, item_id))
-        if removed:
-            result = ReplayResult("unseen", f"{where}: seen mark removed; the next fetch "
-                                            "takes it again")
-        else:
-            result = ReplayResult("not_found", f"{where}: no seen mark and no draft; check "
-                                               "the pipeline name and the item id")
+        result = replay_without_draft(pipeline, item_id, removed)
         await audit(con, actor, "replay", None, None, f"{result.outcome}: {where}", t)
         return result
-    sent = [d for d in drafts if d.status == SENT]
-    busy = [d for d in drafts if d.status not in REPLAYABLE_STATUSES]
-    if sent or busy:
-        d = (sent or busy)[-1]
-        why = (f"draft #{d.id} was already sent; a sent item is never replayed" if sent else
-               f"draft #{d.id} is still {d.status}; decide on it or let it finish first")
+    refusal = replay_refusal(drafts)
+    if refusal is not None:
+        d, why = refusal
         await audit(con, actor, "replay", d.key, None, f"refused: {why}", t)
         return ReplayResult("refused", f"{where}: {why}", d)
     old = drafts[-1]  # the newest recipe's draft

@@ -33,10 +33,11 @@ import aiosqlite
 from ..errors import StoreError
 from ..models import (
     APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED, READY,
-    REJECTED, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED, AuditEntry,
+    REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED, AuditEntry,
     Draft, Item, Message, Run, draft_key, sha256_text,
 )
-from .base import AdmitResult, ReplayResult, Store, SweepResult
+from .base import (AdmitResult, ReplayResult, Store, SweepResult, replay_refusal,
+                   replay_without_draft)
 from .schema import LATEST, MIGRATIONS
 
 T = TypeVar("T")
@@ -808,20 +809,12 @@ def _replay(db: sqlite3.Connection, pipeline: str, item_id: str, actor: str,
     if not drafts:
         removed = _exec(db, "DELETE FROM seen_items WHERE pipeline = ? AND item_id = ?",
                         (pipeline, item_id))
-        if removed:
-            result = ReplayResult("unseen", f"{where}: seen mark removed; the next fetch "
-                                            "takes it again")
-        else:
-            result = ReplayResult("not_found", f"{where}: no seen mark and no draft; check "
-                                               "the pipeline name and the item id")
+        result = replay_without_draft(pipeline, item_id, removed)
         _audit(db, now, actor, "replay", None, None, f"{result.outcome}: {where}")
         return result
-    sent = [d for d in drafts if d.status == SENT]
-    busy = [d for d in drafts if d.status not in REPLAYABLE_STATUSES]
-    if sent or busy:
-        d = (sent or busy)[-1]
-        why = (f"draft #{d.id} was already sent; a sent item is never replayed" if sent else
-               f"draft #{d.id} is still {d.status}; decide on it or let it finish first")
+    refusal = replay_refusal(drafts)
+    if refusal is not None:
+        d, why = refusal
         result = ReplayResult("refused", f"{where}: {why}", d)
         _audit(db, now, actor, "replay", d.key, None, f"refused: {why}")
         return result
