@@ -430,6 +430,10 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     channel = ck.get(approval, "channel", "approval", str, default="console", choices=CHANNELS)
     if channel == "telegram" and settings.telegram is None:
         ck.error("approval.channel", f"telegram needs a telegram: section in {settings.file}")
+    elif channel == "telegram" and approval.get("chat") is None \
+            and settings.telegram.approvals_chat is None:
+        ck.error("approval.chat", f"missing; set the chat id here, or telegram.approvals_chat "
+                                  f"in {settings.file}")
 
     sender = ck.mapping(data.get("sender"), "sender")
     if "sender" not in data:

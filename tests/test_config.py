@@ -144,3 +144,10 @@ def test_validate_command_accepts_the_demo_and_the_examples(capsys):
     assert main(["validate", "-c", str(root / "draftgate.example.yaml")]) == 0
     out = capsys.readouterr().out
     assert "demo:" in out and "support:" in out and "posts:" in out
+
+
+def test_a_telegram_pipeline_needs_a_chat(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "approval: {channel: telegram}\n"},
+                top="telegram: {operators: [1]}\n")
+    [err] = errors_of(cfg)
+    assert err.startswith("pipelines/a.yaml: approval.chat: missing") and "approvals_chat" in err
