@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 # Draft lifecycle. Every transition is a compare-and-set in the store.
 QUEUED = "queued"
@@ -88,8 +91,29 @@ class Message:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Message":
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = _MESSAGE_FIELDS
         return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_json(self) -> str:
+        """The JSON of :meth:`to_dict`: what the store keeps as the draft's payload."""
+        # orjson encodes the dataclass directly, about ten times faster than json.dumps;
+        # that encoding was a third of the admit transaction. It refuses what the
+        # stdlib escapes (a lone surrogate, an odd nested value): those take the slow path.
+        try:
+            return orjson.dumps(self).decode()
+        except TypeError:  # orjson.JSONEncodeError
+            return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> "Message":
+        try:
+            data = orjson.loads(text)
+        except ValueError:  # orjson.JSONDecodeError: an escaped lone surrogate
+            data = json.loads(text)
+        return cls.from_dict(data)
+
+
+_MESSAGE_FIELDS = frozenset(f.name for f in dataclasses.fields(Message))
 
 
 @dataclass

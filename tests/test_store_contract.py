@@ -101,6 +101,18 @@ class TestStoreContract:
         assert d.message == _msg("m1")
         assert (d.attempt, d.version, d.created_at) == (0, 1, T0)
 
+    async def test_the_stored_message_comes_back_unchanged_whatever_its_text(self, store):
+        """Non-ASCII, control characters, a lone surrogate from a header no decoder
+        could read, and a nested value all survive the payload round trip."""
+        odd = Message(message_id="<odd@mail.example>", from_name="Zoë \udc9f Ünal",
+                      subject="Счёт 🧾\tNo.\x01 7", body="line\r\nnul:\x00 end " + "é" * 3000,
+                      headers={"X-Tag": "über"}, size=2**40, labels=["INBOX"])
+        nested = Message(message_id="<nested@mail.example>",
+                         headers={"X-Parts": [{"part": 1}]})  # type: ignore[dict-item]
+        await store.admit(P, S, R, [Item("odd", odd), Item("nested", nested)], now=T0)
+        assert (await store.get_draft_by_key(_key("odd"))).message == odd
+        assert (await store.get_draft_by_key(_key("nested"))).message == nested
+
     async def test_items_seen_before_are_not_queued_again(self, store):
         """A second fetch of the same ids queues only the new one."""
         await store.admit(P, S, R, _items("m1", "m2"), now=T0)

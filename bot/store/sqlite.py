@@ -89,16 +89,6 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text
 
 
-def _payload(message: Message) -> str:
-    """The JSON of ``message.to_dict()``."""
-    # json.dumps of the instance dict gives the same JSON as to_dict() while every field
-    # is a plain value, at a third of the cost (asdict deep-copies); that cost decided
-    # the admit latency. A nested dataclass makes dumps raise: then take the slow path.
-    try:
-        return json.dumps(vars(message))
-    except TypeError:
-        return json.dumps(message.to_dict())
-
 
 def _chunks(seq: list, size: int = _CHUNK) -> Iterable[list]:
     for i in range(0, len(seq), size):
@@ -132,7 +122,7 @@ def _draft(row: sqlite3.Row) -> Draft:
     return Draft(
         id=row["id"], key=row["key"], pipeline=row["pipeline"], scope=row["scope"],
         item_id=row["item_id"], recipe=row["recipe"], status=row["status"],
-        message=Message.from_dict(json.loads(row["payload"])), attempt=row["attempt"],
+        message=Message.from_json(row["payload"]), attempt=row["attempt"],
         lease_until=row["lease_until"], fence=row["fence"], body=row["body"],
         version=row["version"], instruction=row["instruction"],
         approval_chat=row["approval_chat"], approval_message_id=row["approval_message_id"],
@@ -342,7 +332,7 @@ class SQLiteStore(Store):
                 status = SKIPPED if item.skip_reason else QUEUED
                 (result.skipped if item.skip_reason else result.new).append(keys[i])
                 rows.append((keys[i], pipeline, scope, i, recipe, status,
-                             _payload(item.message), item.skip_reason, now, now))
+                             item.message.to_json(), item.skip_reason, now, now))
             _many(db, "INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status, "
                       "payload, error, created_at, updated_at) "
                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
