@@ -218,9 +218,11 @@ async def _pending(args) -> int:
                                "item_id": d.item_id, "status": d.status, "version": d.version,
                                "from": d.message.from_addr, "subject": d.message.subject,
                                "card": [d.approval_chat, d.approval_message_id],
-                               "created_at": d.created_at} for d in drafts], indent=2))
+                               "created_at": d.created_at,
+                               "configured": settings.has_pipeline(d.pipeline)}
+                              for d in drafts], indent=2))
         else:
-            print(ops.format_pending(drafts))
+            print(ops.format_pending(drafts, settings))
     finally:
         await store.close()
     return 0
@@ -260,7 +262,8 @@ async def _review(args) -> int:
         console = ConsoleChannel(interactive=True)
         engine = Engine(settings, store, {"console": console, "telegram": console})
         await console.start(engine)
-        waiting = [d for d in await ops.pending(store, settings) if d.status == "awaiting"]
+        waiting = [d for d in await ops.pending(store, settings)
+                   if d.status == "awaiting" and settings.has_pipeline(d.pipeline)]
         if not waiting:
             print("nothing awaiting a decision")
         for d in waiting:

@@ -222,6 +222,9 @@ class Settings:
     sweep_every: float = 86400.0
     demo: bool = False  # console approvals auto-approve (clearly labelled)
 
+    def has_pipeline(self, name: str) -> bool:
+        return any(p.name == name for p in self.pipelines)
+
     def pipeline(self, name: str) -> PipelineConfig:
         for p in self.pipelines:
             if p.name == name:

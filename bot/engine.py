@@ -28,8 +28,8 @@ from . import filters as _filters
 from . import scheduler
 from .build import build_drafter, build_sender, build_source
 from .config import PipelineConfig, Settings
-from .errors import (ApprovalError, BudgetExhausted, DrafterError, DrafterRetryable,
-                     DraftgateError, SendFailed, SendUnknown)
+from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
+                     DrafterRetryable, DraftgateError, SendFailed, SendUnknown)
 from .models import FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts, draft_key
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store
@@ -112,6 +112,15 @@ class Engine:
 
     def pipeline(self, name: str) -> PipelineConfig:
         return self.settings.pipeline(name)
+
+    async def _require_configured(self, draft_id: int) -> None:
+        """Refuse to act on a draft whose pipeline left the configuration: it could be
+        approved but never sent (no sender), a silent dead end. Reject still works."""
+        d = await self.store.get_draft(draft_id)
+        if d is not None and not self.settings.has_pipeline(d.pipeline):
+            raise ConfigError(
+                f"Pipeline {d.pipeline!r} is not configured any more: restore its YAML file "
+                "and restart to act on this draft (Reject still works).")
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -429,6 +438,7 @@ class Engine:
 
     # -- decisions (called by approval channels) ----------------------------------------
     async def approve(self, draft_id: int, version: int, actor: str) -> Draft | None:
+        await self._require_configured(draft_id)
         d = await self.store.approve(draft_id, version, actor, now=self.clock())
         if d is None:
             return None
@@ -439,6 +449,7 @@ class Engine:
         body = body.strip()
         if not body:
             return None
+        await self._require_configured(draft_id)
         d = await self.store.edit(draft_id, version, body, actor, now=self.clock())
         if d is not None:
             await self._post_one(self.pipeline(d.pipeline), d)
@@ -447,6 +458,7 @@ class Engine:
 
     async def regenerate(self, draft_id: int, version: int, actor: str,
                          instruction: str = "") -> Draft | None:
+        await self._require_configured(draft_id)
         d = await self.store.regenerate(draft_id, version, actor, instruction, now=self.clock())
         if d is not None:
             self._spawn(self.drain(d.pipeline))
@@ -459,6 +471,7 @@ class Engine:
         return d
 
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
+        await self._require_configured(draft_id)
         d = await self.store.retry_send(draft_id, actor, now=self.clock())
         if d is None:
             return None

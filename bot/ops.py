@@ -45,6 +45,12 @@ class PipelineDetail:
     by_status: dict[str, int] = field(default_factory=dict)
 
 
+#: ``PipelineStatus.health`` of a pipeline that owns pending drafts but is not in the
+#: configuration (removed or renamed): nothing will move them until it is restored.
+NOT_CONFIGURED = "not configured"
+_RESTORE = "restore its pipeline file and restart to finish them (or Reject on a card)"
+
+
 def _run_dict(r: Run | None) -> dict | None:
     if r is None:
         return None
@@ -72,6 +78,15 @@ async def status_all(store: Store, settings: Settings, now: float | None = None)
             name=p.name, schedule=scheduler.describe(p), paused=p.name in paused,
             last_run=_run_dict(last), pending=sum(counts.get(s, 0) for s in PENDING_STATUSES),
             health=_health(p.name in paused, last)))
+    # A pipeline removed from (or renamed in) the configuration may still own drafts
+    # that wait for a decision or a send: show it, so they are not silently stranded.
+    stranded: dict[str, int] = {}
+    for d in await store.pending():
+        if not settings.has_pipeline(d.pipeline):
+            stranded[d.pipeline] = stranded.get(d.pipeline, 0) + 1
+    for name, n in sorted(stranded.items()):
+        out.append(PipelineStatus(name=name, schedule="", paused=False, last_run=None,
+                                  pending=n, health=NOT_CONFIGURED))
     return out
 
 
@@ -106,8 +121,9 @@ async def status_one(store: Store, settings: Settings, name: str, now: float | N
 
 
 async def pending(store: Store, settings: Settings) -> list[Draft]:
-    names = {p.name for p in settings.pipelines}
-    return [d for d in await store.pending() if d.pipeline in names]
+    """Every draft waiting for a decision or a send, also those of a pipeline that is
+    no longer configured (``format_pending`` says so next to them)."""
+    return await store.pending()
 
 
 async def replay(store: Store, pipeline: str, item_id: str, actor: str,
@@ -154,6 +170,9 @@ def format_status_all(items: list[PipelineStatus]) -> str:
     width = max(len(s.name) for s in items)
     lines = []
     for s in items:
+        if s.health == NOT_CONFIGURED:
+            lines.append(f"{s.name:<{width}}  ⚠ not configured  pending {s.pending}: {_RESTORE}")
+            continue
         if s.paused:
             lines.append(f"{s.name:<{width}}  ⏸ paused  pending {s.pending}")
             continue
@@ -188,11 +207,20 @@ def format_status_one(d: PipelineDetail) -> str:
     return "\n".join(lines)
 
 
-def format_pending(drafts: list[Draft]) -> str:
+def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str:
+    """One line per draft; with ``settings``, drafts of a pipeline that is not
+    configured any more are flagged with what to do."""
     if not drafts:
         return "nothing pending"
     lines = []
     for d in drafts:
+        if settings is not None and not settings.has_pipeline(d.pipeline):
+            what = "restore its file and restart to finish this draft"
+            if d.status == AWAITING:
+                what += ", or Reject it on its card"
+            lines.append(f"{d.pipeline} #{d.id} v{d.version} · {d.status} · ⚠ pipeline "
+                         f"{d.pipeline} is not configured: {what}")
+            continue
         who = d.message.from_addr or d.message.slot
         subj = d.message.subject or "(no subject)"
         state = {READY: "not posted yet", AWAITING: "awaiting decision",

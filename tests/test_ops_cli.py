@@ -106,6 +106,55 @@ def test_a_sent_item_cannot_be_replayed(deployment, capsys):
     assert code == 1 and "refused" in out
 
 
+def test_drafts_of_a_removed_pipeline_stay_visible_and_cannot_be_approved(deployment, capsys):
+    """Renaming or removing a pipeline must not strand its cards out of sight, nor let
+    an Approve turn them into replies that no sender will ever send."""
+    import asyncio
+    import io
+
+    from bot.approvals.console import ConsoleChannel
+    from bot.config import load_settings
+    from bot.engine import Engine
+    from bot.errors import ConfigError
+    from bot.store import create_store
+
+    assert run(capsys, "run", "--once", "-c", str(deployment))[0] == 0
+    pipeline_file = deployment.parent / "pipelines" / "demo.yaml"
+    pipeline_file.write_text(pipeline_file.read_text().replace("name: demo", "name: renamed", 1))
+
+    code, out, _ = run(capsys, "status", "-c", str(deployment))
+    assert code == 0
+    assert "renamed" in out.splitlines()[0]
+    assert "demo" in out.splitlines()[1] and "⚠ not configured  pending 5" in out
+    code, out, _ = run(capsys, "pending", "-c", str(deployment))
+    assert code == 0 and len(out.splitlines()) == 5
+    assert all("pipeline demo is not configured" in line and "Reject" in line
+               for line in out.splitlines())
+    code, out, _ = run(capsys, "pending", "-c", str(deployment), "--json")
+    assert [p["configured"] for p in json.loads(out)] == [False] * 5
+
+    async def decide():
+        settings = load_settings(deployment)
+        store = create_store(settings.store)
+        await store.open()
+        try:
+            engine = Engine(settings, store, {"console": ConsoleChannel(out=io.StringIO())})
+            first, second = (await store.pending())[:2]
+            with pytest.raises(ConfigError, match="'demo' is not configured any more"):
+                await engine.approve(first.id, first.version, "anna")
+            with pytest.raises(ConfigError, match="not configured"):
+                await engine.edit(first.id, first.version, "new text", "anna")
+            rejected = await engine.reject(second.id, second.version, "anna", "obsolete")
+            return (await store.get_draft(first.id)).status, rejected.status
+        finally:
+            await store.close()
+
+    assert asyncio.run(decide()) == ("awaiting", "rejected")
+    assert not list((deployment.parent / "var" / "demo" / "outbox").glob("*.eml"))
+    code, out, _ = run(capsys, "status", "-c", str(deployment))
+    assert "pending 4" in out
+
+
 def test_commands_report_a_broken_config_with_exit_2(tmp_path, capsys):
     cfg = tmp_path / "draftgate.yaml"
     cfg.write_text("store: mysql://nope\npipelines: missing/*.yaml\n")

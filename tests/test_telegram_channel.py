@@ -429,6 +429,27 @@ async def test_reject_with_a_reason_is_final(world, fake):
     assert world.sender.sent == []
 
 
+async def test_a_card_of_a_removed_pipeline_is_not_approved_but_can_be_rejected(world, fake):
+    """Its pipeline (and so its sender) left the configuration: Approve would strand the
+    reply in `approved`; the tap says what to do instead, and Reject still works."""
+    d = await world.deliver(1, pipeline="sales")
+    (world.tmp_path / "pipelines" / "sales.yaml").unlink()
+    world.settings = load_settings(world.cfg)
+    await world.restart()
+    answer = await world.tap(d, "ap", chat=SALES_CHAT)
+    assert answer.startswith("Pipeline 'sales' is not configured any more: restore its YAML")
+    assert (await world.draft(d)).status == "awaiting" and world.sender.sent == []
+    pending = await world.say("/pending", chat=SUPPORT_CHAT)
+    assert f"sales #{d.id} v1 · awaiting · ⚠ pipeline sales is not configured" in pending
+    before = len(fake.chat_messages(SALES_CHAT))
+    await world.tap(d, "rj", chat=SALES_CHAT)
+    prompt = fake.chat_messages(SALES_CHAT)[before]
+    answer = await world.say("pipeline retired", chat=SALES_CHAT, reply_to=prompt.message_id)
+    assert answer == f"🗑 #{d.id} rejected."
+    assert (await world.draft(d)).status == "rejected"
+    assert world.card(d).text.startswith("🗑 Rejected by Anna at")
+
+
 # -- resilience ---------------------------------------------------------------------------------
 
 async def test_a_429_is_honoured_and_the_card_arrives_once_later(world, fake):

@@ -460,6 +460,14 @@ class TelegramChannel:
             return "This button does not belong to a draft of this chat."
         if cb.version != draft.version:
             return f"Old version (v{cb.version}); the card now shows v{draft.version}."
+        try:
+            return await self._decide(query, cb, draft, chat_id)
+        except ConfigError as exc:  # the draft's pipeline left the configuration
+            return str(exc)
+
+    async def _decide(self, query: Any, cb: cards.Callback, draft: Draft,
+                      chat_id: int | None) -> str:
+        message = query.message
         actor = _actor(query.from_user)
         decisions = self._decisions
         assert decisions is not None
@@ -559,18 +567,24 @@ class TelegramChannel:
         decisions = self._decisions
         assert decisions is not None
         text = text.strip()
-        if kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD):
-            if not text:
-                await msg.reply_text(do_quote=True, text="An empty text cannot replace a draft.")
-                return
-            after = await decisions.edit(draft.id, draft.version, text, actor)
-            done = f"✏️ {cards.tag(after)} is on the card." if after else None
-        elif kind == cards.PROMPT_REGENERATE:
-            after = await decisions.regenerate(draft.id, draft.version, actor, instruction=text)
-            done = f"🔁 Regenerating as v{after.version}…" if after else None
-        else:
-            after = await decisions.reject(draft.id, draft.version, actor, reason=text)
-            done = f"🗑 #{draft.id} rejected." if after else None
+        editing = kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD)
+        if editing and not text:
+            await msg.reply_text(do_quote=True, text="An empty text cannot replace a draft.")
+            return
+        try:
+            if editing:
+                after = await decisions.edit(draft.id, draft.version, text, actor)
+                done = f"✏️ {cards.tag(after)} is on the card." if after else None
+            elif kind == cards.PROMPT_REGENERATE:
+                after = await decisions.regenerate(draft.id, draft.version, actor,
+                                                   instruction=text)
+                done = f"🔁 Regenerating as v{after.version}…" if after else None
+            else:
+                after = await decisions.reject(draft.id, draft.version, actor, reason=text)
+                done = f"🗑 #{draft.id} rejected." if after else None
+        except ConfigError as exc:  # the draft's pipeline left the configuration
+            await msg.reply_text(do_quote=True, text=f"Not applied: {exc}")
+            return
         if after is None:
             fresh = await self.store.get_draft(draft.id) or draft
             await msg.reply_text(do_quote=True, text=f"Not applied: {_already(fresh)}")
@@ -583,6 +597,7 @@ class TelegramChannel:
     def _engine(self) -> Any:
         """The engine's operator controls (pause/resume/run_now), beyond Decisions."""
         return self._decisions
+
     async def _reply(self, update: Update, text: str, *, pre: bool = False) -> None:
         msg = update.effective_message
         if pre:
@@ -623,7 +638,7 @@ class TelegramChannel:
             return await self._reply(update, ops.format_pending(drafts))
         lines, used = [], 0
         for d in drafts:
-            line = html.escape(ops.format_pending([d]), quote=False)
+            line = html.escape(ops.format_pending([d], self.settings), quote=False)
             link = _card_link(d)
             if link:
                 line += f' · <a href="{link}">open card</a>'
