@@ -419,7 +419,14 @@ class Engine:
             return None
         posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id)
         if posted is None:
-            return d
+            # Meanwhile a tap adopted an earlier card of this draft (one whose post had
+            # looked failed): the card just posted is a second one, so take it away.
+            fresh = await self.store.get_draft(d.id)
+            if (fresh is not None and fresh.approval_message_id is not None
+                    and (fresh.approval_chat, fresh.approval_message_id)
+                    != (ref.chat, ref.message_id) and hasattr(channel, "discard")):
+                await channel.discard(ref, fresh)
+            return fresh or d
         if hasattr(channel, "on_posted"):
             await channel.on_posted(posted)
             return await self.store.get_draft(d.id) or posted

@@ -462,6 +462,49 @@ async def test_a_429_is_honoured_and_the_card_arrives_once_later(world, fake):
     assert d.status == "awaiting"
 
 
+async def test_a_card_whose_post_answer_was_lost_is_adopted_by_a_tap(world, fake):
+    """Telegram showed the card but the answer never came back: the draft waits in
+    ready. A tap on that card makes it the draft's card, so no second card follows."""
+    fake.lose_reply("sendMessage")
+    d = await world.deliver(1)
+    assert (d.status, d.approval_message_id) == ("ready", None)
+    [card] = fake.chat_messages(SUPPORT_CHAT)
+    u = fake.tap(ANNA, SUPPORT_CHAT, card.message_id, f"ap:{d.id}:1", "Anna")
+    assert (await fake.answered(u))["text"] == "✅ Sent."
+    assert world.sender.sent == [(d.id, 1, (await world.draft(d)).body)]
+    assert await world.engine.post_unposted() == 0
+    [card] = fake.chat_messages(SUPPORT_CHAT)
+    assert card.text.startswith("✅ Sent by Anna at ") and card.reply_markup is None
+
+
+async def test_a_second_card_after_a_lost_answer_goes_when_either_is_touched(world, fake):
+    """The lost answer led to a second card; a tap on the first acts once and removes
+    it, and a repost that loses the race to an adopting tap removes its own card."""
+    fake.lose_reply("sendMessage")
+    d = await world.deliver(1)
+    assert await world.engine.post_unposted() == 1
+    first, second = fake.chat_messages(SUPPORT_CHAT)
+    assert (await world.draft(d)).approval_message_id == str(second.message_id)
+    assert first.reply_markup == second.reply_markup
+    u = fake.tap(ANNA, SUPPORT_CHAT, first.message_id, f"ap:{d.id}:1", "Anna")
+    assert (await fake.answered(u))["text"] == "✅ Sent."
+    assert len(world.sender.sent) == 1
+    [left] = fake.chat_messages(SUPPORT_CHAT)
+    assert left.message_id == second.message_id and left.text.startswith("✅ Sent by Anna")
+
+    # The race: a repost is under way (it read the draft as ready) when a tap adopts
+    # the first card; the repost's card is then the duplicate and is removed.
+    fake.lose_reply("sendMessage")
+    d2 = await world.deliver(2)
+    [orphan] = [m for m in fake.chat_messages(SUPPORT_CHAT) if m.message_id != left.message_id]
+    assert await world.store.mark_posted(d2.id, 1, str(SUPPORT_CHAT), str(orphan.message_id))
+    after = await world.engine._post_one(world.settings.pipeline("support"), d2)
+    assert after.approval_message_id == str(orphan.message_id)
+    assert {m.message_id for m in fake.chat_messages(SUPPORT_CHAT)} == {left.message_id,
+                                                                        orphan.message_id}
+    assert fake.calls_of("deleteMessage", ok=True)
+
+
 @pytest.mark.parametrize("outage", ["unreachable", "502"])
 async def test_cards_wait_in_ready_while_telegram_is_down_and_are_posted_later(world, fake, outage):
     if outage == "unreachable":

@@ -36,8 +36,8 @@ from telegram.ext import (AIORateLimiter, Application, ApplicationBuilder,
 from .. import ops
 from ..config import Settings, TelegramConfig, env_secret
 from ..errors import ApprovalError, ConfigError, DraftgateError
-from ..models import (AWAITING, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENT, TERMINAL_STATUSES,
-                      Draft)
+from ..models import (AWAITING, READY, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENT,
+                      TERMINAL_STATUSES, Draft)
 from ..stages import Decisions, PostedRef
 from . import cards
 
@@ -344,6 +344,45 @@ class TelegramChannel:
             self._shown[(chat, msg.message_id)] = _fingerprint(card.text, markup)
             return PostedRef(str(chat), str(msg.message_id))
 
+    async def _reconcile(self, draft: Draft, chat_id: int, mid: int) -> Draft:
+        """A tap on a card of this draft and version that is not its recorded card.
+        That card exists because Telegram delivered a sendMessage whose answer was lost
+        (a timeout). If the draft is still waiting to be posted, that card becomes its
+        card (so no second one is posted); if a second card was posted meanwhile, the
+        tapped copy is removed. The tap then acts as on the recorded card."""
+        if draft.approval_message_id is None:
+            if draft.status != READY:
+                return draft
+            adopted = await self.store.mark_posted(draft.id, draft.version, str(chat_id),
+                                                   str(mid))
+            if adopted is None:
+                return await self.store.get_draft(draft.id) or draft
+            log.info("#%d: adopted card %s/%s, whose post had looked failed", draft.id,
+                     chat_id, mid)
+            return adopted
+        if _same_chat(draft.approval_chat, chat_id) and str(mid) == draft.approval_message_id:
+            return draft
+        await self.discard(PostedRef(str(chat_id), str(mid)), draft)
+        return draft
+
+    async def discard(self, ref: PostedRef, draft: Draft) -> None:
+        """Remove a second card of ``draft`` (``ref`` is not its recorded card): delete
+        it, or, where Telegram no longer allows that (older than 48 hours), strip its
+        buttons and say where the card is."""
+        chat, mid = int(ref.chat), int(ref.message_id)
+        try:
+            await self.bot.delete_message(chat, mid)
+            log.info("#%d: deleted a duplicate card %s/%s", draft.id, chat, mid)
+            return
+        except (TelegramError, ApprovalError) as exc:
+            log.info("#%d: could not delete duplicate card %s/%s (%s); marking it", draft.id,
+                     chat, mid, exc)
+        try:
+            await self._edit(chat, mid, f"Duplicate of the card of #{draft.id} (Telegram lost "
+                             "the answer to the first post); use the other card.", None)
+        except (TelegramError, ApprovalError) as exc:
+            log.warning("#%d: could not mark duplicate card %s/%s: %s", draft.id, chat, mid, exc)
+
     async def on_posted(self, draft: Draft) -> None:
         """Called by the engine after ``mark_posted``: a status edit that raced the post
         is put right."""
@@ -460,6 +499,8 @@ class TelegramChannel:
             return "This button does not belong to a draft of this chat."
         if cb.version != draft.version:
             return f"Old version (v{cb.version}); the card now shows v{draft.version}."
+        if message is not None and chat_id is not None and cb.action != cards.RETRY:
+            draft = await self._reconcile(draft, chat_id, message.message_id)
         try:
             return await self._decide(query, cb, draft, chat_id)
         except ConfigError as exc:  # the draft's pipeline left the configuration

@@ -126,6 +126,7 @@ class _Failure:
     retry_after: int | None
     times: int
     drop: bool = False  # close the connection without answering
+    lose_reply: bool = False  # do the call, then close the connection without answering
 
 
 @dataclass
@@ -229,6 +230,13 @@ class FakeTelegram:
         """The next ``times`` calls of ``method`` get the connection closed unanswered."""
         with self.cond:
             self._failures.setdefault(method, []).append(_Failure(0, "", None, times, True))
+
+    def lose_reply(self, method: str, *, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` take effect (a message is stored, say),
+        then the connection is closed before the answer: an ambiguous timeout."""
+        with self.cond:
+            self._failures.setdefault(method, []).append(
+                _Failure(0, "", None, times, lose_reply=True))
 
     def rate_limit(self, per_second: float | None) -> None:
         """Enforce ``per_second`` sendMessage/sendDocument calls (429 + retry_after)."""
@@ -387,6 +395,17 @@ class FakeTelegram:
             else:
                 drop = False
         if drop:
+            req.close_connection = True
+            try:
+                req.connection.shutdown(2)
+            except OSError:
+                pass
+            return
+        if failure and failure.lose_reply:
+            with self.cond:
+                status, payload = self._dispatch(method, params)
+                self.calls.append(Call(method, params, 0, time.time(), payload))
+                self.cond.notify_all()
             req.close_connection = True
             try:
                 req.connection.shutdown(2)
@@ -640,6 +659,12 @@ class FakeTelegram:
         m.reply_markup = markup
         m.edits += 1
         return 200, {"ok": True, "result": self.message_json(m)}
+
+    def _m_deleteMessage(self, p: dict) -> tuple[int, Any]:
+        chat_id = self._chat_id(p)
+        if self.messages.pop((chat_id, int(p.get("message_id") or 0)), None) is None:
+            raise _ApiError(400, "Bad Request: message to delete not found")
+        return 200, {"ok": True, "result": True}
 
     def _m_answerCallbackQuery(self, p: dict) -> tuple[int, Any]:
         cid = p.get("callback_query_id")
