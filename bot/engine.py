@@ -77,6 +77,12 @@ class Engine:
         self._progress = progress  # (label, done, total): backfills on the CLI
         self._tasks: set[asyncio.Task] = set()
         self._notice_lock = asyncio.Lock()
+        # Model trouble (429, 5xx, timeouts) is the provider's, not the items': after a
+        # retryable failure a pipeline drafts one item per tick (a probe) until a draft
+        # succeeds, and not at all until a Retry-After has passed, so an outage costs
+        # one attempt per tick instead of one per queued item.
+        self._model_trouble: set[str] = set()
+        self._draft_not_before: dict[str, float] = {}
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
@@ -329,7 +335,11 @@ class Engine:
             await self.notify(f"⚠️ {p.name}: {failed} draft(s) failed: their drafting lease "
                               f"expired on the last attempt. /pending and /status show them; "
                               f"/replay retries one.")
-        workers = max(1, self.settings.max_in_flight)
+        wait = self._draft_not_before.get(p.name, 0.0) - self.clock()
+        if wait > 0:
+            log.info("%s: the model asked to wait; drafting resumes in %.0fs", p.name, wait)
+            return
+        workers = 1 if p.name in self._model_trouble else max(1, self.settings.max_in_flight)
         stop = asyncio.Event()
 
         async def worker() -> None:
@@ -338,15 +348,19 @@ class Engine:
                     stop.set()
                     return
                 async with self._in_flight:
+                    if stop.is_set():
+                        return
                     claimed = await self.store.claim(p.name, p.lease, limit=1, now=self.clock())
                     if not claimed:
                         stop.set()
                         return
-                    await self._draft_one(p, claimed[0], counts)
+                    if not await self._draft_one(p, claimed[0], counts):
+                        stop.set()
 
         await asyncio.gather(*(worker() for _ in range(workers)))
 
-    async def _draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> None:
+    async def _draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> bool:
+        """Draft one claimed item; False when the model is in trouble (stop claiming)."""
         request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
                                previous_body=d.body, draft_key=d.key)
         try:
@@ -356,7 +370,7 @@ class Engine:
         except BudgetExhausted as exc:
             await self.store.release(d.id, d.fence)
             await self.notify(f"⏸ {p.name}: {exc}")
-            return
+            return False
         except asyncio.CancelledError:
             # Shutting down mid-call: hand the item straight back to the queue (fenced)
             # instead of leaving it to wait out its lease.
@@ -378,7 +392,13 @@ class Engine:
                 counts.failed += 1
                 await self.notify(f"⚠️ {p.name} #{d.id}: drafting failed after {after.attempt + 1} "
                                   f"attempt(s): {reason}. `/replay {p.name} {d.item_id}` retries it.")
-            return
+            if retryable:  # a 429, 5xx, timeout or crash: the model may be in trouble
+                self._model_trouble.add(p.name)
+                if isinstance(exc, DrafterRetryable) and exc.retry_after:
+                    self._draft_not_before[p.name] = self.clock() + exc.retry_after
+                return False
+            return True
+        self._model_trouble.discard(p.name)
         body = (result.body or "").strip()
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
                                                tokens_out=result.tokens_out, now=self.clock())
@@ -388,10 +408,11 @@ class Engine:
             log.warning("%s: draft for %s arrived after its lease was lost; discarded",
                         p.name, d.key)
             await self.store.add_tokens(p.name, result.tokens_in + result.tokens_out, now=self.clock())
-            return
+            return True
         counts.drafted += 1
         if p.mark_seen == "on_success":
             await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
+        return True
 
     # -- approval -------------------------------------------------------------------
     async def _post_ready(self, p: PipelineConfig, counts: RunCounts) -> None:

@@ -216,6 +216,7 @@ async def test_500_to_the_last_attempt_fails_with_the_reason_tells_the_operator_
     fake.default = fake.reply("Your order ships today.")
     result = await ops.replay(w.store, "support", "<q1@customer.example>", "anna")
     assert result.outcome == "requeued"
+    w.clock.t += 300  # the next tick
     await engine.tick("support")
     [d] = await w.store.find_drafts("support", "<q1@customer.example>")
     assert d.status == "awaiting" and d.body == "Your order ships today."

@@ -279,6 +279,48 @@ async def test_retryable_drafting_errors_requeue_then_fail_with_the_reason(world
     assert world.channel.posts == []
 
 
+async def test_a_model_outage_costs_one_attempt_per_tick_not_one_per_queued_item(world):
+    """A provider outage is not the items' fault: after the first retryable failure the
+    tick stops claiming, later ticks send one probe, and a success resumes full speed."""
+    ids = [f"<m{n}@example.com>" for n in range(1, 7)]
+
+    async def drafts():
+        return [d for i in ids for d in await world.store.find_drafts("alpha", i)]
+
+    world.sources["alpha"].messages = [msg(n) for n in range(1, 7)]
+    world.drafter.errors = [DrafterRetryable("503 overloaded")] * 50
+    await world.engine.tick("alpha")
+    burned = [d for d in await drafts() if d.attempt]
+    assert 1 <= len(burned) <= 4  # only what was already in flight (max_in_flight 4)
+    assert {d.status for d in await drafts()} == {"queued"}
+    calls = len(world.drafter.calls)
+    world.clock.t += 300
+    await world.engine.tick("alpha")
+    assert len(world.drafter.calls) == calls + 1  # one probe
+    world.drafter.errors = []
+    world.clock.t += 300
+    await world.engine.tick("alpha")
+    statuses = [d.status for d in await drafts()]
+    # Only the probed item reached max_attempts (2); every other item got drafted.
+    assert statuses.count("awaiting") == 5 and statuses.count("failed") == 1
+
+
+async def test_a_retry_after_from_the_model_holds_drafting_across_ticks(world):
+    world.sources["alpha"].messages = [msg(1), msg(2)]
+    world.drafter.errors = [DrafterRetryable("429 quota exceeded", retry_after=600)]
+    await world.engine.tick("alpha")  # m2 may have been in flight beside m1
+    calls = len(world.drafter.calls)
+    [waiting] = [d for d in await world.store.find_drafts("alpha", "<m1@example.com>")]
+    assert waiting.status == "queued" and "429" in waiting.error
+    world.clock.t += 300
+    await world.engine.tick("alpha")
+    assert len(world.drafter.calls) == calls  # the model said 10 minutes
+    world.clock.t += 301
+    await world.engine.tick("alpha")
+    assert world.drafter.calls[calls:][0].startswith("alpha|test|<m1@")
+    assert [d.status for d in await world.store.pending("alpha")] == ["awaiting", "awaiting"]
+
+
 async def test_a_definite_drafting_error_fails_at_once(world):
     world.sources["alpha"].messages = [msg(1)]
     world.drafter.errors = [DrafterError("401: check OPENAI_API_KEY")]
