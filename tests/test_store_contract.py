@@ -497,6 +497,21 @@ class TestStoreContract:
         assert (await store.admit(P, S, R, _items("m1"), now=T0 + 3 * DAY)).new == []
         assert await store.count_by_status(P) == {"sent": 1}
 
+    async def test_an_item_listed_again_after_its_mark_expired_is_not_drafted_by_a_new_recipe(
+            self, store):
+        """A maildir lists old mail on every tick: once the sweep removed the mark of an
+        answered item, the next fetch marks it again, so bumping the recipe later does
+        not bring a second card (and a second reply) for it."""
+        d = await _sending(store, "m1")
+        await store.mark_sent(d.id, "g1")
+        await _queued(store, "m2")
+        await store.sweep(seen_ttl_days=1, now=T0 + 2 * DAY)
+        again = await store.admit(P, S, R, _items("m1", "m2"), now=T0 + 2 * DAY + 300)
+        assert again.new == [] and again.already_seen == 2
+        assert await store.unseen(P, S, ["m1", "m2"]) == set()
+        bumped = await store.admit(P, S, "v2", _items("m1", "m2", "m3"), now=T0 + 3 * DAY)
+        assert bumped.new == [_key("m3", recipe="v2")]
+
     async def test_sweep_expires_approvals_only_when_asked(self, store):
         d = await _awaiting(store)
         later = time.time() + 3 * DAY

@@ -58,9 +58,11 @@ _SEEN_AMONG = (
 
 
 # admit as ONE statement (one round trip, atomic on its own): skip items with a seen
-# mark, insert the rest as drafts, mark what was inserted seen, store the cursor. The
-# unique draft key decides who queues an item: a second host admitting the same mail
-# waits on that index entry, then skips it, and does not mark it seen either.
+# mark, insert the rest as drafts, mark them all seen (also those whose draft already
+# existed: their mark was swept and the source listed them again; marked afresh, a
+# later recipe change does not draft them again), store the cursor. The unique draft
+# key decides who queues an item: a second host admitting the same mail waits on that
+# index entry, then skips it.
 _ADMIT = """
 WITH u AS (
     SELECT * FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
@@ -78,7 +80,7 @@ WITH u AS (
     RETURNING key, item_id
 ), marked AS (
     INSERT INTO seen_items (pipeline, scope, item_id, seen_at)
-    SELECT $1, $2, item_id, $4 FROM ins WHERE $10::boolean
+    SELECT $1, $2, i, $4 FROM fresh WHERE $10::boolean
     ON CONFLICT DO NOTHING
 ), cur AS (
     INSERT INTO cursors (pipeline, scope, value, updated_at)

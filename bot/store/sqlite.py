@@ -316,7 +316,8 @@ class SQLiteStore(Store):
         def tx(db: sqlite3.Connection) -> AdmitResult:
             ids = list(unique)
             old = _seen_among(db, pipeline, scope, ids)
-            by_key = {keys[i]: i for i in ids if i not in old}
+            unseen = [i for i in ids if i not in old]
+            by_key = {keys[i]: i for i in unseen}
             for chunk in _chunks(list(by_key)):
                 marks = ",".join("?" * len(chunk))
                 for row in _rows(db, f"SELECT key FROM drafts WHERE key IN ({marks})", chunk):
@@ -324,8 +325,11 @@ class SQLiteStore(Store):
             fresh = [i for i in ids if i not in old]
             result = AdmitResult(already_seen=len(old) + duplicates)
             if mark_seen:
+                # Also the items whose draft exists but whose mark the sweep removed
+                # (a source that lists old mail again): marked afresh, so that a later
+                # recipe change does not draft them again.
                 _many(db, "INSERT INTO seen_items (pipeline, scope, item_id, seen_at) "
-                          "VALUES (?, ?, ?, ?)", [(pipeline, scope, i, now) for i in fresh])
+                          "VALUES (?, ?, ?, ?)", [(pipeline, scope, i, now) for i in unseen])
             rows = []
             for i in fresh:
                 item = unique[i]
