@@ -222,7 +222,7 @@ class GmailSource:
 
     async def _incremental(self, ctx: FetchContext) -> FetchResult:
         label_id = await self._label()
-        candidates: list[str] = []
+        candidates: dict[str, None] = {}  # insertion-ordered set: O(1) per history entry
         token, cursor = None, ctx.cursor
         while True:
             def make(s, token=token):
@@ -233,16 +233,15 @@ class GmailSource:
             for h in resp.get("history", []) or []:
                 for added in h.get("messagesAdded", []) or []:
                     m = added.get("message") or {}
-                    if m.get("id") and not set(m.get("labelIds") or []) & _NEVER \
-                            and m["id"] not in candidates:
-                        candidates.append(m["id"])
+                    if m.get("id") and not set(m.get("labelIds") or []) & _NEVER:
+                        candidates.setdefault(m["id"])
             cursor = str(resp.get("historyId") or cursor)
             token = resp.get("nextPageToken")
             if not token:
                 break
         if not candidates:
             return FetchResult([], cursor=cursor)
-        new = await ctx.unseen(candidates)
+        new = await ctx.unseen(list(candidates))
         ids = [i for i in candidates if i in new]
         if not ids:
             return FetchResult([], cursor=cursor)
