@@ -37,12 +37,9 @@ def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) ->
     sender = (message.from_addr or message.reply_to).lower()
     headers = {k.lower(): v for k, v in message.headers.items()}
 
-    if filters.get("skip_own", True):
-        own = {a.strip().lower() for a in [*own_addresses, *_as_list(filters.get("own_addresses"))]
-               if a and a.strip()}
-        for addr in (message.from_addr, message.reply_to):
-            if addr and addr.lower() in own:
-                return f"sent from our own address {addr}"
+    reason = own_reason(message, filters, own_addresses=own_addresses)
+    if reason:
+        return reason
 
     if filters.get("skip_auto_replies", True):
         auto = headers.get("auto-submitted", "").strip().lower()
@@ -80,6 +77,21 @@ def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) ->
         size = message.size or len(message.body.encode("utf-8"))
         if limit is not None and size > limit:
             return f"body of {size} bytes exceeds filters.max_body ({_human(limit)})"
+    return None
+
+
+def own_reason(message: Message, filters: dict, *, own_addresses: list[str]) -> str | None:
+    """The ``skip_own`` rule alone (on by default): why ``message`` is our own mail, or
+    ``None``. A source that learns an own address the configuration does not name (the
+    Gmail account's address from its profile) applies it with this, so the item is
+    still recorded as skipped with the same reason rather than dropped."""
+    if message.kind != "email" or not filters.get("skip_own", True):
+        return None
+    own = {a.strip().lower() for a in [*own_addresses, *_as_list(filters.get("own_addresses"))]
+           if a and a.strip()}
+    for addr in (message.from_addr, message.reply_to):
+        if addr and addr.lower() in own:
+            return f"sent from our own address {addr}"
     return None
 
 

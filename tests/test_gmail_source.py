@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from bot.models import AWAITING
+from bot.models import AWAITING, SKIPPED
 from tests.fakes.gmail import GmailWorld, simple_message
 
 
@@ -127,17 +127,18 @@ async def test_history_404_falls_back_to_query_and_admits_each_new_message_once(
 
 async def test_sent_drafts_spam_own_and_non_matching_mail_are_not_admitted(world):
     """Our own sent mail and drafts, spam and a promotion (excluded by the query) are
-    not work; a normal message is."""
+    not work; a normal message is; mail from our own address is skipped with the reason."""
     await _started(world)
     good = world.fake.add_message(simple_message(1))
     world.fake.add_message(simple_message(2), labels=["SENT"])
     world.fake.add_message(simple_message(3), labels=["DRAFT"])
     world.fake.add_message(simple_message(4), labels=["SPAM"])
     world.fake.add_message(simple_message(5), labels=["INBOX", "CATEGORY_PROMOTIONS"])
-    world.fake.add_message(simple_message(6, sender=f"Us <{world.fake.address}>"))
+    own = world.fake.add_message(simple_message(6, sender=f"Us <{world.fake.address}>"))
     counts = await world.tick()
-    assert [d.item_id for d in await world.drafts()] == [good]
-    assert counts.new == 1
+    assert sorted((d.item_id, d.status) for d in await world.drafts()) == \
+        sorted([(good, AWAITING), (own, SKIPPED)])
+    assert counts.new == 1 and counts.skipped == 1
     assert len(world.fake.calls_to("messages.get")) == 3  # SENT/DRAFT/SPAM not downloaded
 
 
@@ -346,3 +347,59 @@ async def test_a_huge_history_does_not_stall_the_event_loop(world):
         await beat
     assert asked == [ids] and result.items == []
     assert longest < 1.0, f"event loop stalled {longest:.2f}s"
+
+
+def _without_configured_address(w: GmailWorld) -> None:
+    """The account's own address is then known only from Gmail's profile."""
+    config = w.tmp_path / "draftgate.yaml"
+    config.write_text("".join(line for line in config.read_text().splitlines(True)
+                              if "address:" not in line))
+
+
+@pytest.mark.parametrize("configured", [True, False])
+async def test_mail_from_our_own_address_is_skipped_with_the_reason(tmp_path, configured):
+    """A contact form sending From: our own address (Reply-To: the visitor) is not lost
+    without a trace: it is recorded as skipped with the reason, whether the address is
+    configured or learnt from Gmail's profile."""
+    w = GmailWorld(tmp_path)
+    if not configured:
+        _without_configured_address(w)
+    await w.open()
+    try:
+        await _started(w)
+        gid = w.fake.add_message(simple_message(
+            1, sender=f"Website <{w.fake.address}>",
+            extra_headers="Reply-To: visitor@customer.example\r\n"))
+        counts = await w.tick()
+        (d,) = await w.store.find_drafts("support", gid)
+        assert d.status == SKIPPED
+        assert d.error == f"sent from our own address {w.fake.address}"
+        assert counts.skipped == 1 and counts.new == 0
+    finally:
+        await w.close()
+
+
+@pytest.mark.parametrize("configured", [True, False])
+async def test_skip_own_false_drafts_mail_from_our_own_address(tmp_path, configured):
+    """filters.skip_own: false, as README documents: the contact form's message is
+    drafted, and the reply is addressed to its Reply-To."""
+    w = GmailWorld(tmp_path)
+    if not configured:
+        _without_configured_address(w)
+    pipeline = tmp_path / "pipelines" / "support.yaml"
+    pipeline.write_text(pipeline.read_text() + "filters: {skip_own: false}\n")
+    await w.open()
+    try:
+        await _started(w)
+        gid = w.fake.add_message(simple_message(
+            1, sender=f"Website <{w.fake.address}>",
+            extra_headers="Reply-To: visitor@customer.example\r\n"))
+        counts = await w.tick()
+        (d,) = await w.store.find_drafts("support", gid)
+        assert d.status == AWAITING and counts.new == 1
+        after = await w.engine.approve(d.id, d.version, "op")
+        assert after.status == "sent"
+        (reply,) = w.fake.sent()
+        assert b"To: visitor@customer.example" in reply.raw
+    finally:
+        await w.close()

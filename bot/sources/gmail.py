@@ -14,7 +14,9 @@ the next ``history.list``; the store's seen marks (``ctx.unseen``) make sure not
 is admitted twice across the fallback.
 
 History reports every added message, so candidates are re-checked: sent mail, drafts,
-spam, trash and our own messages are dropped, and the ids are intersected with a
+spam and trash are dropped (not work), mail from one of our own addresses is kept as an
+item that ``filters.skip_own`` (on by default) records as skipped with the reason, and
+the ids are intersected with a
 ``messages.list`` of the query bounded to the candidates' dates (one extra call, only
 on ticks that have candidates). Bodies are fetched as ``format=raw`` with bounded
 concurrency in the account's thread pool and parsed by :func:`bot.mime.parse_email`;
@@ -29,6 +31,7 @@ import logging
 import time
 from typing import Any
 
+from .. import filters as _filters
 from ..config import Checker, PipelineConfig, Settings, parse_duration, parse_size
 from ..errors import ConfigError, SourceError
 from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
@@ -50,7 +53,7 @@ class GmailSource:
     def __init__(self, client: GmailClient, *, account: str, query: str = "in:inbox",
                  label: str | None = None, backfill: int = 0, max_body: int = DEFAULT_MAX_BODY,
                  resync_window: float = 30 * 86400, concurrency: int = 8,
-                 own_addresses: list[str] | None = None):
+                 own_addresses: list[str] | None = None, filters: dict | None = None):
         self.client = client
         self.account = account
         self.scope = f"gmail:{account}"
@@ -60,6 +63,7 @@ class GmailSource:
         self.max_body = max_body
         self.resync_window = resync_window
         self.concurrency = max(1, concurrency)
+        self.filters = dict(filters or {})
         self._own = {a.lower() for a in (own_addresses or []) if a}
         if client.address:
             self._own.add(client.address.lower())
@@ -159,9 +163,10 @@ class GmailSource:
             return Item(gid, stub, skip_reason=f"unparseable message ({type(exc).__name__})")
         msg.thread_id = stub.thread_id
         msg.labels = labels
-        if msg.from_addr and msg.from_addr.lower() in self._own:
-            return None  # our own message (sent from another client, or to ourselves)
-        return Item(gid, msg)
+        # Our own address (the profile's may be known only here): skipped with the
+        # reason under filters.skip_own, or drafted when skip_own is off; never dropped.
+        return Item(gid, msg, skip_reason=_filters.own_reason(
+            msg, self.filters, own_addresses=sorted(self._own)))
 
     async def _fetch_items(self, ids: list[str], ctx: FetchContext, progress: bool = False
                            ) -> tuple[list[Item], list[dict]]:
@@ -344,4 +349,5 @@ def create(pipeline: PipelineConfig, settings: Settings) -> GmailSource:
     return GmailSource(client, account=account, query=query or "in:inbox", label=label,
                        backfill=backfill or 0, max_body=max_body or DEFAULT_MAX_BODY,
                        resync_window=window or 30 * 86400.0, concurrency=concurrency or 8,
-                       own_addresses=[str(a) for a in own] if isinstance(own, list) else [])
+                       own_addresses=[str(a) for a in own] if isinstance(own, list) else [],
+                       filters=pipeline.filters)
