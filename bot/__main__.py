@@ -260,7 +260,9 @@ async def _review(args) -> int:
     store = await _open_store(settings)
     try:
         console = ConsoleChannel(interactive=True)
-        engine = Engine(settings, store, {"console": console, "telegram": console})
+        # Only the console: a Telegram pipeline's draft keeps its Telegram card (a new
+        # version made here waits in ready; the running draftgate updates that card).
+        engine = Engine(settings, store, {"console": console})
         await console.start(engine)
         waiting = [d for d in await ops.pending(store, settings)
                    if d.status == "awaiting" and settings.has_pipeline(d.pipeline)]
@@ -407,7 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("review", help="decide awaiting drafts in the terminal",
                        description="Show each draft awaiting a decision and approve, edit, "
-                                   "regenerate or reject it from the terminal.")
+                                   "regenerate or reject it from the terminal. A draft that "
+                                   "also has a Telegram card keeps it: a new version made "
+                                   "here is put on that card by the running draftgate, and "
+                                   "a tap on a card decided here says who decided it.")
     _add_config(p)
     p.set_defaults(func=_review)
 

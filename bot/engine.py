@@ -30,7 +30,8 @@ from .build import build_drafter, build_sender, build_source
 from .config import PipelineConfig, Settings
 from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
                      DrafterRetryable, DraftgateError, SendFailed, SendUnknown)
-from .models import FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts, draft_key
+from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts,
+                     draft_key)
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store
 
@@ -390,7 +391,9 @@ class Engine:
                                                 max_attempts=p.max_attempts, now=self.clock())
             if after is not None and after.status == FAILED:
                 counts.failed += 1
-                await self.notify(f"⚠️ {p.name} #{d.id}: drafting failed after {after.attempt + 1} "
+                if after.approval_message_id:  # a regenerate that failed: say so on the card
+                    await self._update_card(after)
+                await self.notify(f"⚠️ {p.name} #{d.id}: drafting failed after {after.attempt} "
                                   f"attempt(s): {reason}. `/replay {p.name} {d.item_id}` retries it.")
             if retryable:  # a 429, 5xx, timeout or crash: the model may be in trouble
                 self._model_trouble.add(p.name)
@@ -432,8 +435,8 @@ class Engine:
     async def _post_one(self, p: PipelineConfig, d: Draft) -> Draft | None:
         """Post (or re-render) the card of a ready draft; the draft afterwards, or
         None if the channel is unreachable (the draft waits in ready)."""
-        channel = self.channel(p)
         try:
+            channel = self.channel(p)
             ref = await channel.post(d)
         except ApprovalError as exc:
             log.warning("%s: cannot post #%d yet (%s); it waits in ready", p.name, d.id, exc)
@@ -636,7 +639,19 @@ class Engine:
     async def sweep(self, days: float | None = None):
         from . import ops
 
-        return await ops.sweep(self.store, self.settings, days=days, now=self.clock())
+        now = self.clock()
+        ttl = self.settings.approval_ttl_days
+        # Cards of approvals the sweep is about to expire: re-rendered afterwards, so
+        # their buttons go and they say why (the sweep itself is one SQL statement).
+        due = [] if ttl is None else [
+            d for d in await self.store.pending()
+            if d.status == AWAITING and d.updated_at < now - ttl * 86400.0]
+        result = await ops.sweep(self.store, self.settings, days=days, now=now)
+        for d in due:
+            fresh = await self.store.get_draft(d.id)
+            if fresh is not None and fresh.status == EXPIRED and self.settings.has_pipeline(d.pipeline):
+                await self._update_card(fresh)
+        return result
 
     # -- the loop ------------------------------------------------------------------------
     async def run_forever(self, stop: asyncio.Event) -> None:

@@ -233,6 +233,8 @@ def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str
 
 
 def format_replay(pipeline: str, item_id: str, r: ReplayResult) -> str:
+    if len(item_id) > 200:  # echo a long id shortened, so the outcome stays readable
+        item_id = item_id[:100] + "…" + item_id[-20:]
     if r.outcome == "requeued":
         return f"{pipeline} {item_id}: back in the queue; it will be drafted on the next tick"
     if r.outcome == "unseen":

@@ -184,3 +184,39 @@ def test_the_demo_runs_twice_and_drafts_nothing_twice(tmp_path):
     assert len(ticks) == 2
     assert all("new 0" in t and "drafted 0" in t and "sent 0" in t for t in ticks)
     assert len(list(outbox.glob("*.eml"))) == 5
+
+
+def test_an_edit_at_the_terminal_prompt_is_followed_by_a_prompt_for_the_new_version(
+        deployment, monkeypatch):
+    """Interactive console: `e` makes v2, which is shown and asked about at once (it
+    used to wait for the prompt it was posted from, and the tick hung)."""
+    import asyncio
+    import io
+
+    from bot.approvals import console
+    from bot.approvals.console import ConsoleChannel
+    from bot.config import load_settings
+    from bot.engine import Engine
+    from bot.store import create_store
+
+    answers = iter(["e", "a"] + [""] * 20)  # edit the first card, approve its v2, skip the rest
+    monkeypatch.setattr(console, "_ask", lambda prompt: next(answers))
+    monkeypatch.setattr(console, "_read_block", lambda: "Edited at the prompt.")
+
+    async def tick():
+        settings = load_settings(deployment)
+        store = create_store(settings.store)
+        await store.open()
+        try:
+            engine = Engine(settings, store, {"console": ConsoleChannel(interactive=True,
+                                                                        out=io.StringIO())})
+            await engine.start()
+            await asyncio.wait_for(engine.tick("demo"), timeout=30)
+            await engine.stop()
+            return await store.count_by_status("demo")
+        finally:
+            await store.close()
+
+    assert asyncio.run(tick())["sent"] == 1
+    [reply] = (deployment.parent / "var" / "demo" / "outbox").glob("*.eml")
+    assert "Edited at the prompt." in reply.read_text()

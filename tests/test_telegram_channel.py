@@ -36,11 +36,15 @@ class EchoDrafter:
 
     def __init__(self) -> None:
         self.requests = []
+        self.fail_next: Exception | None = None
 
     async def draft(self, request):
         from bot.models import DraftResult
 
         self.requests.append(request)
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
         body = f"Hi {request.message.from_name}, re: {request.message.body.strip()}"
         if request.instruction:
             body += f"\n[{request.instruction}]"
@@ -450,6 +454,53 @@ async def test_a_card_of_a_removed_pipeline_is_not_approved_but_can_be_rejected(
     assert world.card(d).text.startswith("🗑 Rejected by Anna at")
 
 
+async def test_review_in_the_terminal_keeps_the_telegram_card(world, fake, monkeypatch):
+    """`draftgate review` edits a Telegram pipeline's draft: the draft keeps its card,
+    the running bot puts v2 on it, and a tap there sends exactly the edited text."""
+    from bot.__main__ import main
+    from bot.approvals import console
+
+    d = await world.deliver(1)
+    answers = iter(["e"])
+    monkeypatch.setattr(console, "_ask", lambda prompt: next(answers, ""))
+    monkeypatch.setattr(console, "_read_block", lambda: "Edited in the terminal.")
+    assert await asyncio.to_thread(main, ["review", "-c", str(world.cfg)]) == 0
+    d2 = await world.draft(d)
+    assert (d2.version, d2.status, d2.body) == (2, "ready", "Edited in the terminal.")
+    assert (d2.approval_chat, d2.approval_message_id) == (d.approval_chat, d.approval_message_id)
+    assert await world.engine.post_unposted() == 1
+    card = world.card(d2)
+    assert card.text.endswith("Edited in the terminal.") and f"#{d.id} v2" in card.text
+    assert await world.tap(await world.draft(d), "ap") == "✅ Sent."
+    assert world.sender.sent == [(d.id, 2, "Edited in the terminal.")]
+    assert len(fake.chat_messages(SUPPORT_CHAT)) == 1  # still the one card
+
+
+async def test_a_card_says_so_when_its_regenerate_fails_or_its_approval_expires(world, fake):
+    from bot.errors import DrafterError
+
+    d = await world.deliver(1)
+    prompt = await _prompt(world, fake, d, "rg")
+    world.drafter.fail_next = DrafterError("400: the model refused")
+    await world.say("shorter", reply_to=prompt.message_id)
+    await until(lambda: _status(world, d, "failed", 2))
+    await fake.await_for(lambda: "Drafting failed" in world.card(d).text)
+    card = world.card(d)
+    assert card.reply_markup is None and "the model refused" in card.text
+
+    d2 = await world.deliver(2)
+    assert _buttons(world.card(d2).reply_markup)
+    world.settings.approval_ttl_days = 1
+    await world.engine.sweep()  # nothing is a day old yet
+    assert (await world.draft(d2)).status == "awaiting"
+    world.engine.clock = lambda: d2.updated_at + 2 * 86400
+    await world.engine.sweep()
+    expired = await world.draft(d2)
+    assert expired.status == "expired"
+    card = world.card(expired)
+    assert card.reply_markup is None and "expired" in card.text.lower()
+
+
 # -- resilience ---------------------------------------------------------------------------------
 
 async def test_a_429_is_honoured_and_the_card_arrives_once_later(world, fake):
@@ -582,6 +633,13 @@ async def test_commands_answer_and_bad_arguments_get_a_usage_line(world, fake):
     prompt = await _prompt(world, fake, d, "rj")
     await world.say("/skip", reply_to=prompt.message_id)
     assert "back in the queue" in await world.say("/replay support <order-1@customer.example>")
+    # An item id with spaces (a schedule slot such as "2026-01-05 00:00") stays whole.
+    assert "support 2026-01-05 00:00: not found" in await world.say(
+        "/replay support 2026-01-05 00:00")
+    # Arguments Telegram counts longer than they look (emoji are 2 UTF-16 units) get
+    # the real answer, cut to fit, not a failed send.
+    assert "unknown pipeline" in await world.say("/status " + "😀" * 2100)
+    assert "not found" in await world.say("/replay support " + "😀" * 2100)
 
 
 # -- configuration and webhook ----------------------------------------------------------------------

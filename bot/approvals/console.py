@@ -55,6 +55,7 @@ class ConsoleChannel:
         self._decisions: Decisions | None = None
         self._counter = 0
         self._prompt_lock = asyncio.Lock()
+        self._reviewer: asyncio.Task | None = None  # the task holding _prompt_lock
 
     def _print(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -80,8 +81,17 @@ class ConsoleChannel:
             await self._decisions.approve(draft.id, draft.version, self.actor)
             return
         if self.interactive:
-            async with self._prompt_lock:
+            if self._reviewer is not None and self._reviewer is asyncio.current_task():
+                # An edit made during a review posts the new version: review it now,
+                # inside the same prompt (the lock is already ours).
                 await self.review(draft)
+                return
+            async with self._prompt_lock:
+                self._reviewer = asyncio.current_task()
+                try:
+                    await self.review(draft)
+                finally:
+                    self._reviewer = None
         else:
             self._print("   waiting for a decision: run `draftgate review` in a terminal")
 
@@ -95,7 +105,10 @@ class ConsoleChannel:
         elif answer in ("e", "edit"):
             self._print("   New text; end with a line containing only '.':")
             body = await asyncio.to_thread(_read_block)
-            await self._decisions.edit(draft.id, draft.version, body, self.actor)
+            after = await self._decisions.edit(draft.id, draft.version, body, self.actor)
+            if after is not None and after.status == "ready":
+                self._print(f"   v{after.version} saved; the running draftgate puts it on "
+                            "the card (Telegram), where it waits for a decision")
         elif answer in ("g", "regenerate"):
             instruction = await asyncio.to_thread(_ask, "   Instruction for the model (optional): ")
             await self._decisions.regenerate(draft.id, draft.version, self.actor, instruction.strip())

@@ -136,7 +136,25 @@ def _fingerprint(text: str, markup: InlineKeyboardMarkup | None) -> bytes:
 
 
 def _plain(text: str) -> str:
-    return text if len(text) <= _PLAIN_LIMIT else text[:_PLAIN_LIMIT - 20] + "\n… (cut)"
+    """``text`` cut to fit a plain message, counted as Telegram counts (UTF-16 units)."""
+    if cards.units(text) <= _PLAIN_LIMIT:
+        return text
+    budget, used, end = _PLAIN_LIMIT - 20, 0, 0
+    for end, ch in enumerate(text):
+        used += 2 if ord(ch) > 0xFFFF else 1
+        if used > budget:
+            break
+    return text[:end] + "\n… (cut)"
+
+
+def _card_ref(draft: Draft) -> tuple[int, int] | None:
+    """(chat, message id) of the draft's Telegram card; None if it has none here (never
+    posted, or decided elsewhere, e.g. ``draftgate review`` in a terminal)."""
+    try:
+        chat, mid = _chat_id(draft.approval_chat), int(draft.approval_message_id or "")
+    except ValueError:
+        return None
+    return (chat, mid) if chat is not None else None
 
 
 class TelegramChannel:
@@ -360,8 +378,9 @@ class TelegramChannel:
             log.info("#%d: adopted card %s/%s, whose post had looked failed", draft.id,
                      chat_id, mid)
             return adopted
-        if _same_chat(draft.approval_chat, chat_id) and str(mid) == draft.approval_message_id:
-            return draft
+        ref = _card_ref(draft)
+        if ref is None or ref == (chat_id, mid):
+            return draft  # its own card, or a record that is not a Telegram card
         await self.discard(PostedRef(str(chat_id), str(mid)), draft)
         return draft
 
@@ -414,10 +433,11 @@ class TelegramChannel:
         arrive out of order still end on the latest state."""
         async with self._lock(draft.id):
             fresh = await self.store.get_draft(draft.id) or draft
-            if not fresh.approval_message_id or not fresh.approval_chat:
+            ref = _card_ref(fresh)
+            if ref is None:
                 return
             card = cards.render_status(fresh)
-            chat, mid = int(fresh.approval_chat), int(fresh.approval_message_id)
+            chat, mid = ref
             try:
                 await self._edit(chat, mid, card.text, _markup(card))
             except (TelegramError, ApprovalError) as exc:
@@ -478,8 +498,8 @@ class TelegramChannel:
         if chat_id is None:
             return False
         allowed = {self._chats.get(draft.pipeline)}
-        if draft.approval_chat and draft.approval_message_id:
-            allowed.add(_chat_id(draft.approval_chat))
+        if (ref := _card_ref(draft)) is not None:
+            allowed.add(ref[0])
         if action == cards.RETRY:
             allowed.add(self._ops_chat)
         allowed.discard(None)
@@ -693,11 +713,14 @@ class TelegramChannel:
             link_preview_options=_NO_PREVIEW)
 
     async def _cmd_replay(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        """/replay <pipeline> <item_id>"""
+        """/replay <pipeline> <item_id> (the item id may contain spaces, e.g. a slot)"""
         args = context.args or []
-        if len(args) != 2:
+        if len(args) < 2:
             return await self._reply(update, _USAGE["replay"])
-        name, item_id = args
+        # Split once on the raw text, so an id with spaces stays whole.
+        text = (update.effective_message.text or "").split(None, 1)[1]
+        name, item_id = text.split(None, 1)
+        item_id = item_id.strip()
         if (problem := self._known(name)) is not None:
             return await self._reply(update, problem)
         result = await ops.replay(self.store, name, item_id, _actor(update.effective_user),
@@ -717,7 +740,7 @@ class TelegramChannel:
                 days = -1.0
             if not 0 < days < 100_000:
                 return await self._reply(update, _USAGE["sweep"] + " (days: a positive number)")
-        result = await ops.sweep(self.store, self.settings, days=days)
+        result = await self._engine.sweep(days)  # the engine also clears expired cards
         await self._reply(update, ops.format_sweep(result))
 
     async def _control(self, update: Update, context: ContextTypes.DEFAULT_TYPE,
