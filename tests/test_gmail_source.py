@@ -403,3 +403,74 @@ async def test_skip_own_false_drafts_mail_from_our_own_address(tmp_path, configu
         assert b"To: visitor@customer.example" in reply.raw
     finally:
         await w.close()
+
+
+@pytest.mark.parametrize("status,reason", [(429, None), (429, "rateLimitExceeded"),
+                                           (403, "userRateLimitExceeded"),
+                                           (403, "rateLimitExceeded")])
+async def test_rate_limit_without_retry_after_backs_off_and_the_tick_succeeds(
+        world, status, reason):
+    """One "too many concurrent requests" among 20 downloads, with no Retry-After: that
+    download backs off and is retried, the tick is green, each message is admitted, and
+    no body is downloaded again on the next tick."""
+    await _started(world)
+    ids = [world.fake.add_message(simple_message(n)) for n in range(20)]
+    world.fake.fail("messages.get", status, reason=reason,
+                    message="Too many concurrent requests for user")
+    counts = await world.tick()
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "ok", run.error_text
+    assert counts.new == 20
+    assert len(world.fake.calls_to("messages.get")) == 21
+    mark = world.fake.mark()
+    await world.tick()
+    assert [c.route for c in world.fake.api_calls(mark)] == ["history.list"]
+    assert {d.item_id for d in await world.drafts()} == set(ids)
+
+
+async def test_rate_limit_backoff_is_bounded_by_read_attempts(world):
+    """A rate limit that does not clear: read_attempts calls (3), then the run fails
+    with the reason; a daily quota is not retried at all."""
+    await _started(world)
+    world.fake.add_message(simple_message(1))
+    world.fake.fail("history.list", 429, times=3)
+    mark = world.fake.mark()
+    await world.tick()
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "error" and "Gmail 429 (rate limit) on history.list" in run.error_text
+    assert [c.route for c in world.fake.api_calls(mark)] == ["history.list"] * 3
+    world.fake.fail("history.list", 403, reason="dailyLimitExceeded")
+    mark = world.fake.mark()
+    await world.tick()
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert "Gmail 403 (quota exceeded) on history.list" in run.error_text
+    assert [c.route for c in world.fake.api_calls(mark)] == ["history.list"]
+    assert (await world.tick()).new == 1
+
+
+async def test_a_failed_download_stops_the_others_before_the_tick_ends(tmp_path):
+    """One download fails for good: the tick fails with its reason, the downloads not
+    yet started are not started, and nothing calls Gmail after the tick has ended
+    (orphaned downloads used to go on in the background). The next tick gets all."""
+    w = GmailWorld(tmp_path, source='{type: gmail, account: support, '
+                                    'query: "in:inbox", concurrency: 1}')
+    await w.open()
+    try:
+        await _started(w)
+        ids = [w.fake.add_message(simple_message(n)) for n in range(20)]
+        w.fake.fail("messages.get", 400, message="Invalid id value")
+        await w.tick()
+        run = (await w.store.recent_runs("support", 1))[0]
+        assert run.status == "error" and "Gmail 400 on messages.get" in run.error_text
+        assert len(w.fake.calls_to("messages.get")) == 1
+        release = w.fake.hold("messages.get")
+        try:
+            late = await asyncio.to_thread(w.fake.reached("messages.get").wait, 1.0)
+        finally:
+            release.set()
+        assert not late, "a download reached Gmail after the tick had ended"
+        assert len(w.fake.calls_to("messages.get")) == 1
+        counts = await w.tick()
+        assert counts.new == 20 and {d.item_id for d in await w.drafts()} == set(ids)
+    finally:
+        await w.close()

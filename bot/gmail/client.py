@@ -2,7 +2,10 @@
 
 * ``read(...)``: idempotent calls (list, get, history, profile). Bounded retries with
   backoff on 5xx and connection errors; 429 and quota 403 wait for Retry-After when it
-  is short, else raise :class:`RateLimited` so the run records why.
+  is short, a rate limit without Retry-After (429, ``rateLimitExceeded``,
+  ``userRateLimitExceeded``) backs off exponentially within ``read_attempts``, else
+  :class:`RateLimited` is raised so the run records why. A ``cancel`` event stops the
+  retries of a call whose result is no longer wanted.
 * ``write_once(...)``: messages.send and drafts.create. Issued exactly once: no
   googleapiclient retry (``num_retries=0``) and an httplib2 ``Http`` that does not
   silently re-send the POST when the connection drops before the answer (stock
@@ -39,6 +42,8 @@ log = logging.getLogger("draftgate.gmail")
 DEFAULT_ENDPOINT = "https://gmail.googleapis.com/"
 _QUOTA_REASONS = {"rateLimitExceeded", "userRateLimitExceeded", "quotaExceeded",
                   "dailyLimitExceeded", "RATE_LIMIT_EXCEEDED"}
+# Short-term limits that clear after a pause (a daily quota does not).
+_BACKOFF_REASONS = {"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"}
 
 
 class GmailError(SourceError):
@@ -59,6 +64,10 @@ class RateLimited(GmailError):
     def __init__(self, message: str, status: int, retry_after: float | None):
         super().__init__(message, status)
         self.retry_after = retry_after
+
+
+class Cancelled(GmailError):
+    """A read was not (re)tried because its caller no longer wants the result."""
 
 
 class NotSent(GmailError):
@@ -314,15 +323,26 @@ class GmailClient:
             self.calls += 1
 
     # -- calls -------------------------------------------------------------------------------
-    def read(self, make: Callable[[Any], Any], what: str) -> dict:
-        """Execute an idempotent request built by ``make(service)``, with bounded retries."""
+    def read(self, make: Callable[[Any], Any], what: str,
+             cancel: threading.Event | None = None) -> dict:
+        """Execute an idempotent request built by ``make(service)``, with bounded retries.
+        Once ``cancel`` is set no further attempt starts (:class:`Cancelled`)."""
         from google.auth.exceptions import RefreshError
         from googleapiclient.errors import HttpError
+
+        def pause(seconds: float) -> None:
+            if cancel is None:
+                time.sleep(seconds)
+            else:
+                cancel.wait(seconds)
 
         last = ""
         for attempt in range(1, self.read_attempts + 1):
             if self._closed:
                 raise GmailError(f"Gmail account {self.name!r}: client closed")
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"Gmail {what}: not {'retried' if last else 'started'}; "
+                                f"the tick is ending")
             request = make(self.service())
             self._count()
             wait = self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
@@ -334,11 +354,21 @@ class GmailClient:
                     raise self._auth_error() from None
                 if status == 429 or (status == 403 and reasons & _QUOTA_REASONS):
                     kind = "rate limit" if status == 429 else "quota exceeded"
+                    last = f"Gmail {status} ({kind}) on {what}"
                     if retry_after is not None and retry_after <= self.max_wait \
                             and attempt < self.read_attempts:
                         log.warning("gmail %s: %s %d on %s; waiting %.1fs (Retry-After)",
                                     self.name, kind, status, what, retry_after)
-                        time.sleep(retry_after)
+                        pause(retry_after)
+                        continue
+                    if retry_after is None and attempt < self.read_attempts and \
+                            (status == 429 or reasons & _BACKOFF_REASONS):
+                        # No Retry-After: back off exponentially, as Gmail asks.
+                        delay = min(wait, self.max_wait)
+                        log.warning("gmail %s: %s %d on %s; backing off %.2fs, retry %d of %d",
+                                    self.name, kind, status, what, delay, attempt,
+                                    self.read_attempts - 1)
+                        pause(delay)
                         continue
                     after = f"; Gmail asks to retry after {retry_after:g}s" \
                         if retry_after is not None else ""
@@ -350,7 +380,7 @@ class GmailClient:
                     last = f"Gmail {status} on {what}: {message}"
                     if attempt < self.read_attempts:
                         log.warning("%s; retry %d of %d", last, attempt, self.read_attempts - 1)
-                        time.sleep(wait)
+                        pause(wait)
                         continue
                     raise GmailError(f"{last} (after {attempt} attempts)", status) from None
                 raise GmailError(f"Gmail {status} on {what}: {message}", status) from None
@@ -361,7 +391,7 @@ class GmailClient:
                 self._drop_thread_http()  # its connection may be broken
                 if attempt < self.read_attempts:
                     log.warning("%s; retry %d of %d", last, attempt, self.read_attempts - 1)
-                    time.sleep(wait)
+                    pause(wait)
                     continue
                 raise GmailError(f"{last} (after {attempt} attempts)") from None
             finally:

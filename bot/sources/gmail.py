@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import threading
 import time
 from typing import Any
 
@@ -37,7 +38,7 @@ from ..errors import ConfigError, SourceError
 from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message
 from ..stages import FetchContext
-from ..gmail.client import GmailClient, NotFound, RateLimited
+from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 
 log = logging.getLogger("draftgate.sources.gmail")
 
@@ -126,13 +127,14 @@ class GmailSource:
             self._own.add(str(profile["emailAddress"]).lower())
         return profile
 
-    def _fetch_one(self, gmail_id: str) -> tuple[dict, Item | None] | None:
+    def _fetch_one(self, gmail_id: str, cancel: threading.Event | None = None
+                   ) -> tuple[dict, Item | None] | None:
         """In a pool thread: download one message (raw) and parse it, so neither the
         I/O nor parsing a 5 MB message runs on the event loop."""
         try:
             resource = self.client.read(
                 lambda s: s.users().messages().get(userId="me", id=gmail_id, format="raw"),
-                "messages.get")
+                "messages.get", cancel)
         except NotFound:
             log.info("gmail %s: message %s vanished before it was fetched", self.account,
                      gmail_id)
@@ -175,14 +177,25 @@ class GmailSource:
         sem = asyncio.Semaphore(self.concurrency)
         done = 0
         total = len(ids)
+        # The first failure fails the tick. Then no other download starts or retries
+        # (``stop``), and the tick ends only once the ones in flight have answered:
+        # nothing keeps calling Gmail for a tick that is over.
+        stop = threading.Event()
+        first: list[Exception] = []
 
         async def one(gid: str):
             nonlocal done
             async with sem:
+                if stop.is_set():
+                    return None
                 try:
-                    res = await self.client.run(self._fetch_one, gid)
-                except RateLimited as exc:
-                    if exc.retry_after:
+                    res = await self.client.run(self._fetch_one, gid, stop)
+                except BaseException as exc:
+                    if isinstance(exc, Exception) and not isinstance(exc, Cancelled) \
+                            and not first:
+                        first.append(exc)
+                    stop.set()
+                    if isinstance(exc, RateLimited) and exc.retry_after:
                         self._not_before = time.time() + exc.retry_after
                     raise
             done += 1
@@ -190,7 +203,15 @@ class GmailSource:
                 ctx.progress(done, total)
             return res
 
-        results = [r for r in await asyncio.gather(*(one(i) for i in ids)) if r]
+        try:
+            gathered = await asyncio.gather(*(one(i) for i in ids), return_exceptions=True)
+        except BaseException:  # the tick itself was cancelled
+            stop.set()
+            raise
+        errors = first or [r for r in gathered if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        results = [r for r in gathered if r]
         items = [item for _, item in results if item is not None]
         return items, [resource for resource, _ in results]
 
