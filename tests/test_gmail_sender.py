@@ -255,3 +255,32 @@ async def test_revoked_token_at_send_is_send_failed_with_the_command(world):
     assert after.status == SEND_FAILED
     assert "token expired or revoked; run `draftgate auth gmail --account support" in after.error
     assert world.fake.sent() == []
+
+
+@pytest.mark.parametrize("case", ["token endpoint down", "refresh token revoked"])
+async def test_token_refresh_failing_before_the_send_is_send_failed(world, tmp_path, case):
+    """The access token has expired and refreshing it fails before messages.send is
+    issued: nothing can have gone out, so the draft is send_failed with the reason
+    (and the command to run for a revoked token), not "cannot tell whether it was
+    sent"."""
+    import json
+
+    (d,) = await _awaiting(world, simple_message(14))
+    token = tmp_path / "support-token.json"
+    data = json.loads(token.read_text())
+    data["expiry"] = "2000-01-01T00:00:00Z"
+    if case == "token endpoint down":
+        data["token_uri"] = "http://127.0.0.1:9/token"  # nothing listens there
+    else:
+        world.fake.refresh_ok = False
+    token.write_text(json.dumps(data))
+    after = await world.engine.approve(d.id, d.version, "op")
+    assert after.status == SEND_FAILED, after.error
+    if case == "token endpoint down":
+        assert "cannot refresh the access token" in after.error
+        assert "nothing was sent" in after.error
+    else:
+        assert "token expired or revoked; run `draftgate auth gmail --account support" \
+            in after.error
+    assert world.fake.calls_to("messages.send") == [] and world.fake.sent() == []
+    assert "cannot tell" not in world.out.getvalue()

@@ -92,6 +92,14 @@ class _SingleShotHttp(httplib2.Http):
     is marked as such so the caller knows nothing left.
     """
 
+    target: str | None = None  # the write's own URI (not the token endpoint's)
+    issued = False  # set once the write itself is handed to the transport
+
+    def request(self, uri, *args, **kwargs):
+        if self.target is not None and str(uri) == self.target:
+            self.issued = True
+        return super().request(uri, *args, **kwargs)
+
     def _conn_request(self, conn, request_uri, method, body, headers):
         if conn.sock is None:
             try:
@@ -145,6 +153,13 @@ def _unused_http() -> httplib2.Http:
     # build() wants an http; every request gets its own through requestBuilder, so
     # this one never opens a connection.
     return httplib2.Http()
+
+
+def _reason(exc: BaseException) -> str:
+    """A one-line reason for an exception, without secrets (GmailErrors are ours)."""
+    if isinstance(exc, GmailError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _error_info(exc) -> tuple[int, str, set[str], float | None]:
@@ -400,16 +415,36 @@ class GmailClient:
 
     def write_once(self, make: Callable[[Any], Any], what: str) -> dict:
         """Execute a non-idempotent request exactly once. Raises NotSent (certainly not
-        delivered), MaybeSent (unknown) or AuthError."""
-        from google.auth.exceptions import RefreshError
-        from googleapiclient.errors import HttpError
+        delivered), MaybeSent (unknown) or AuthError.
 
-        request = make(self.service())
+        Whatever fails before the request itself is handed to the transport (building
+        the service, refreshing an expired token, building the request) provably sent
+        nothing and is NotSent (AuthError for a dead token); only a failure after that
+        can be MaybeSent."""
         # A fresh single-shot transport for this one call: no shared connection that
         # might be stale, no transport-level resend, and no googleapiclient retry.
         single = _SingleShotHttp(timeout=self.timeout)
         single.follow_redirects = False  # httplib2 would re-POST on a 308
-        request.http = self._authorized(single)
+        try:
+            return self._write_once(make, what, single)
+        finally:
+            single.close()
+            self._save_if_refreshed()
+
+    def _write_once(self, make, what: str, single: _SingleShotHttp) -> dict:
+        from google.auth.exceptions import RefreshError, TransportError
+        from googleapiclient.errors import HttpError
+
+        try:
+            request = make(self.service())
+            single.target = str(request.uri)
+            request.http = self._authorized(single)
+        except AuthError:
+            raise
+        except RefreshError:
+            raise self._auth_error() from None
+        except Exception as exc:
+            raise NotSent(f"{_reason(exc)}; nothing was sent") from None
         self._count()
         try:
             return request.execute(num_retries=0)
@@ -425,14 +460,26 @@ class GmailClient:
                               status) from None
             raise NotSent(f"Gmail {status} on {what}: {message}", status) from None
         except RefreshError:
+            # Refreshed before the request, or after a 401: nothing was accepted.
             raise self._auth_error() from None
+        except TransportError as exc:
+            # google-auth raises it only around a token refresh, which happens before
+            # the request or after a 401 answer: nothing was accepted.
+            raise NotSent(f"Gmail account {self.name!r}: cannot refresh the access token "
+                          f"({type(exc).__name__}); nothing was sent") from None
         except _ConnectFailed as exc:
+            if not single.issued:  # the token refresh before the request
+                raise NotSent(f"Gmail account {self.name!r}: cannot refresh the access "
+                              f"token ({exc}); nothing was sent") from None
             raise NotSent(f"Gmail unreachable on {what}: {exc}") from None
-        except (OSError, http.client.HTTPException, httplib2.HttpLib2Error) as exc:
-            kind = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else \
-                f"connection lost ({type(exc).__name__})"
+        except Exception as exc:
+            if not single.issued:
+                raise NotSent(f"{_reason(exc)} before {what} was issued; nothing was "
+                              f"sent") from None
+            if isinstance(exc, (OSError, http.client.HTTPException, httplib2.HttpLib2Error)):
+                kind = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else \
+                    f"connection lost ({type(exc).__name__})"
+            else:
+                kind = f"failed ({type(exc).__name__})"
             raise MaybeSent(f"Gmail {what}: {kind} before an answer; it may have been "
                             f"delivered") from None
-        finally:
-            single.close()
-            self._save_if_refreshed()
