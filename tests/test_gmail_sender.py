@@ -284,3 +284,20 @@ async def test_token_refresh_failing_before_the_send_is_send_failed(world, tmp_p
             in after.error
     assert world.fake.calls_to("messages.send") == [] and world.fake.sent() == []
     assert "cannot tell" not in world.out.getvalue()
+
+
+async def test_retry_after_reauthorising_sends_without_a_restart(world, tmp_path):
+    """A send failed because the refresh token was revoked; after `draftgate auth
+    gmail` wrote a new token file, the operator's Retry sends the reply once."""
+    from tests.fakes.gmail import write_token_file
+
+    (d,) = await _awaiting(world, simple_message(15))
+    world.fake.revoke()
+    after = await world.engine.approve(d.id, d.version, "op")
+    assert after.status == SEND_FAILED and "draftgate auth gmail" in after.error
+    access, refresh = world.fake.reauthorise()  # what `draftgate auth gmail` obtains
+    write_token_file(tmp_path / "support-token.json", world.fake, token=access,
+                     refresh_token=refresh)
+    assert (await world.engine.retry_send(d.id, "op")).status == SENT
+    assert len(world.fake.calls_to("messages.send")) == 2  # the 401, then the reply
+    assert len(world.fake.sent()) == 1

@@ -474,3 +474,24 @@ async def test_a_failed_download_stops_the_others_before_the_tick_ends(tmp_path)
         assert counts.new == 20 and {d.item_id for d in await w.drafts()} == set(ids)
     finally:
         await w.close()
+
+
+async def test_reauthorising_takes_effect_without_a_restart(world):
+    """The run said "token expired or revoked; run `draftgate auth gmail ...`": once
+    that command has written a new token file, the next tick uses it, without
+    restarting draftgate."""
+    from tests.fakes.gmail import write_token_file
+
+    await _started(world)
+    world.fake.revoke()
+    gid = world.fake.add_message(simple_message(1))
+    await world.tick()
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "error" and "draftgate auth gmail" in run.error_text
+    access, refresh = world.fake.reauthorise()  # what `draftgate auth gmail` obtains
+    write_token_file(world.tmp_path / "support-token.json", world.fake, token=access,
+                     refresh_token=refresh)
+    counts = await world.tick()
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "ok", run.error_text
+    assert counts.new == 1 and [d.item_id for d in await world.drafts()] == [gid]

@@ -24,6 +24,7 @@ import asyncio
 import http.client
 import json
 import logging
+import os
 import random
 import socket
 import threading
@@ -213,6 +214,7 @@ class GmailClient:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"gmail-{name}")
         self._creds = None
         self._saved_token: str | None = None
+        self._loaded_stamp: tuple[int, int, int] | None = None  # token file as loaded
         self._service = None
         self._lock = threading.Lock()  # credentials refresh, token file, service build
         self._local = threading.local()
@@ -260,9 +262,13 @@ class GmailClient:
         import google_auth_httplib2
 
         with self._lock:
-            if self._creds is None:
+            stamp = self._file_stamp()
+            # Read again when the file changed on disk: `draftgate auth gmail` after a
+            # revoked token takes effect without a restart.
+            if self._creds is None or (stamp is not None and stamp != self._loaded_stamp):
                 self._creds = auth.load_credentials(self.token_file, self.name)
                 self._saved_token = self._creds.token
+                self._loaded_stamp = stamp
             creds = self._creds
             if creds.valid:
                 return creds
@@ -286,6 +292,7 @@ class GmailClient:
         if self._creds is not None and self._creds.token != self._saved_token:
             auth.write_token(self.token_file, self._creds.to_json())
             self._saved_token = self._creds.token
+            self._loaded_stamp = self._file_stamp()
             log.info("gmail %s: access token refreshed; token file updated", self.name)
 
     def _save_if_refreshed(self) -> None:
@@ -299,10 +306,23 @@ class GmailClient:
 
         return google_auth_httplib2.AuthorizedHttp(self.credentials(), http=http)
 
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.token_file)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
     def _thread_http(self):
+        import google_auth_httplib2
+
+        creds = self.credentials()
         http = getattr(self._local, "http", None)
-        if http is None:
-            http = self._local.http = self._authorized(self._new_http())
+        if http is None or http.credentials is not creds:  # new, or the file was reloaded
+            if http is not None:
+                http.http.close()
+            http = self._local.http = google_auth_httplib2.AuthorizedHttp(
+                creds, http=self._new_http())
         return http
 
     def _drop_thread_http(self) -> None:

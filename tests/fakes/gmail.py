@@ -106,6 +106,8 @@ class FakeGmail:
         self.received_raw: list[bytes] = []  # raw MIME of every send / draft accepted
         self.valid_tokens: set[str] = {"fake-access-token"}
         self.refresh_ok = True
+        self.revoked_refresh_tokens: set[str] = set()
+        self.reauthorised = 0
         self.grant_scope: str | None = None
         self.rewrite_message_id = False
         self.accepted = threading.Event()  # set whenever a send or draft is stored
@@ -202,6 +204,19 @@ class FakeGmail:
         with self.lock:
             self.valid_tokens.clear()
             self.refresh_ok = False
+
+    def reauthorise(self) -> tuple[str, str]:
+        """What `draftgate auth gmail` gets after a revoke: a new (access, refresh)
+        token pair; refresh tokens handed out before stay revoked."""
+        with self.lock:
+            self.reauthorised += 1
+            self.revoked_refresh_tokens.add("fake-refresh-token")
+            self.revoked_refresh_tokens.update(
+                f"fake-refresh-token-r{n}" for n in range(1, self.reauthorised))
+            self.refresh_ok = True
+            access = f"fake-access-token-r{self.reauthorised}"
+            self.valid_tokens.add(access)
+            return access, f"fake-refresh-token-r{self.reauthorised}"
 
     # -- recording -----------------------------------------------------------------------------
     def calls_to(self, route: str) -> list[Call]:
@@ -515,7 +530,8 @@ class FakeGmail:
 
     def _r_token(self, q, body, p):
         with self.lock:
-            if not self.refresh_ok:
+            if not self.refresh_ok or \
+                    set(body.get("refresh_token", [])) & self.revoked_refresh_tokens:
                 return 400, {"error": "invalid_grant", "error_description": "Token has been expired or revoked."}
             self.issued += 1
             token = f"fake-access-token-{self.issued}"
@@ -586,7 +602,8 @@ SEND = "https://www.googleapis.com/auth/gmail.send"
 
 
 def write_token_file(path, fake: FakeGmail, *, scopes=(READONLY, SEND), expired: bool = False,
-                     token: str = "fake-access-token") -> str:
+                     token: str = "fake-access-token",
+                     refresh_token: str = "fake-refresh-token") -> str:
     """A token file like ``draftgate auth gmail`` writes, with a fake access token
     (valid for an hour, or already expired) and token_uri pointing at the fake."""
     import datetime
@@ -594,7 +611,7 @@ def write_token_file(path, fake: FakeGmail, *, scopes=(READONLY, SEND), expired:
 
     delta = datetime.timedelta(hours=-1 if expired else 1)
     expiry = (datetime.datetime.now(datetime.timezone.utc) + delta).strftime("%Y-%m-%dT%H:%M:%SZ")
-    data = {"token": token, "refresh_token": "fake-refresh-token", "client_id": "cid",
+    data = {"token": token, "refresh_token": refresh_token, "client_id": "cid",
             "client_secret": "csecret", "token_uri": fake.token_uri, "scopes": list(scopes),
             "expiry": expiry}
     fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
