@@ -304,9 +304,7 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
     ck.unknown(gmail, {"accounts"}, "gmail")
     accounts = ck.mapping(gmail.get("accounts"), "gmail.accounts")
     for name, acc in accounts.items():
-        acc = ck.mapping(acc, f"gmail.accounts.{name}")
-        ck.get(acc, "token_file", f"gmail.accounts.{name}", str)
-        settings.gmail_accounts[str(name)] = dict(acc)
+        settings.gmail_accounts[str(name)] = _gmail_account(ck, acc, f"gmail.accounts.{name}")
 
     models = ck.mapping(data.get("models"), "models")
     for name, m in models.items():
@@ -347,6 +345,44 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
     if errors:
         raise ConfigError(errors)
     return settings
+
+
+_GMAIL_ACCOUNT_KEYS = ("token_file", "address", "api_endpoint", "timeout", "backoff",
+                       "read_attempts", "max_wait")
+
+
+def _gmail_account(ck: Checker, raw: Any, path: str) -> dict[str, Any]:
+    """One ``gmail.accounts.NAME`` entry, checked; durations come back as seconds."""
+    acc = ck.mapping(raw, path)
+    for key in acc:
+        if key not in _GMAIL_ACCOUNT_KEYS:
+            hint = _close(str(key), _GMAIL_ACCOUNT_KEYS)
+            known = f"known keys: {', '.join(_GMAIL_ACCOUNT_KEYS)}"
+            ck.error(f"{path}.{key}", f"unknown key; did you mean {hint!r}? {known.capitalize()}"
+                     if hint else f"unknown key; {known}")
+    out = dict(acc)
+    ck.get(acc, "token_file", path, str)
+    address = ck.get(acc, "address", path, str, default=None)
+    if address is not None and "@" not in address:
+        ck.error(f"{path}.address", f"expected an email address like support@example.com, "
+                                    f"got {address!r}")
+    endpoint = ck.get(acc, "api_endpoint", path, str, default=None)
+    if endpoint is not None and not re.match(r"^https?://[^/\s]+", endpoint):
+        ck.error(f"{path}.api_endpoint", f"expected an http(s) URL like "
+                                         f"https://gmail.googleapis.com/, got {endpoint!r}")
+    for key, zero_ok in (("timeout", False), ("backoff", True), ("max_wait", True)):
+        seconds = ck.convert(acc, key, path, parse_duration, default=None)
+        if seconds is None:
+            out.pop(key, None)  # absent or reported: the client's default
+        elif seconds < 0 or (seconds == 0 and not zero_ok):
+            least = "of 0 or more" if zero_ok else "above 0"
+            ck.error(f"{path}.{key}", f"expected a duration {least} like 30s, got {acc[key]!r}")
+        else:
+            out[key] = seconds
+    attempts = ck.get(acc, "read_attempts", path, int, default=None)
+    if attempts is not None and attempts < 1:
+        ck.error(f"{path}.read_attempts", f"expected a whole number of at least 1, got {attempts}")
+    return out
 
 
 def _telegram(ck: Checker, t: dict) -> TelegramConfig:
