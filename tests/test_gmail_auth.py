@@ -66,7 +66,7 @@ async def test_revoked_token_raises_one_clear_auth_error(tmp_path, fake):
     token = write_token_file(tmp_path / "tok.json", fake, expired=True)
     fake.revoke()
     client = GmailClient("support", {"token_file": "tok.json", "api_endpoint": fake.url},
-                         base_dir=tmp_path)
+                         base_dir=tmp_path, config_file=tmp_path / "draftgate.yaml")
     try:
         with pytest.raises(AuthError) as err:
             await client.aread(lambda s: s.users().getProfile(userId="me"), "getProfile")
@@ -74,7 +74,8 @@ async def test_revoked_token_raises_one_clear_auth_error(tmp_path, fake):
         await client.aclose()
     assert str(err.value) == (
         "Gmail account 'support': token expired or revoked; run `draftgate auth gmail "
-        "--account support --client-secrets client_secret.json --token tok.json`")
+        f"--account support -c {tmp_path}/draftgate.yaml --client-secrets client_secret.json "
+        f"--token {tmp_path}/tok.json`")
     assert fake.api_calls() == []
     assert json.loads(Path(token).read_text())["token"] == "fake-access-token"
 
@@ -183,3 +184,59 @@ def _run_flow(fake, secrets, token):
             proc.kill()
             proc.communicate()
     return proc.returncode, out, err
+
+
+def _suggested(error: str) -> list[str]:
+    """The command inside ``run `...` `` of an error, as argv after `draftgate`."""
+    import shlex
+
+    return shlex.split(error.split("`")[1])[1:]
+
+
+async def test_the_suggested_command_works_from_any_directory(tmp_path, fake, monkeypatch):
+    """The dead-token message names `-c <deployment file>` and the token file as
+    draftgate resolved it: run from another directory, the suggested command asks for
+    the scopes the pipelines need (gmail.modify for mark_read) and writes the token
+    where draftgate reads it."""
+    import argparse
+    import io
+
+    from tests.fakes.gmail import GmailWorld
+
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    w = GmailWorld(deploy, fake=fake, sender="{type: gmail_reply, account: support, "
+                                             "mark_read: true}")
+    await w.open()
+    try:
+        fake.revoke()
+        await w.tick()
+        (run,) = await w.store.recent_runs("support", 1)
+    finally:
+        if w.engine:
+            await w.engine.stop()
+        await w.store.close()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    parser = argparse.ArgumentParser(prog="draftgate")
+    auth.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(_suggested(run.error_text))
+    scopes, token = auth._scopes_for(args, io.StringIO())
+    assert scopes == [auth.SCOPE_MODIFY]
+    assert Path(token) == deploy / "support-token.json"
+
+
+def test_account_without_a_readable_config_fails_instead_of_guessing_scopes(
+        tmp_path, monkeypatch, capsys):
+    """`--account` with no deployment file to read: a clear error naming -c, exit 2,
+    and no authorisation with guessed scopes."""
+    monkeypatch.chdir(tmp_path)
+    code = auth.main(["auth", "gmail", "--account", "support", "--client-secrets", "cs.json",
+                      "--token", "t.json", "--no-browser"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--account support: cannot load the deployment file draftgate.yaml, which " \
+           "decides the scopes to request; pass -c FILE" in err
+    assert "draftgate.yaml: file not found" in err
+    assert not (tmp_path / "t.json").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 from datetime import datetime
@@ -37,17 +38,22 @@ _COVERS = {
 }
 
 
-def auth_command(account: str, token_file: str | None = None) -> str:
-    """The exact command that (re)authorises ``account``."""
-    token = token_file or f"secrets/{account}-token.json"
-    return (f"draftgate auth gmail --account {account} --client-secrets client_secret.json "
-            f"--token {token}")
+def auth_command(account: str, token_file: str | os.PathLike | None = None,
+                 config_file: str | os.PathLike | None = None) -> str:
+    """The exact command that (re)authorises ``account``: with ``-c`` naming the
+    deployment file (its pipelines decide the scopes) and the token file as the running
+    draftgate resolved it, so it works from any directory."""
+    token = str(token_file or f"secrets/{account}-token.json")
+    config = f" -c {shlex.quote(str(config_file))}" if config_file else ""
+    return (f"draftgate auth gmail --account {account}{config} --client-secrets "
+            f"client_secret.json --token {shlex.quote(token)}")
 
 
-def auth_error(account: str, token_file: str | None, what: str = "token expired or revoked"
-               ) -> AuthError:
+def auth_error(account: str, token_file: str | os.PathLike | None,
+               what: str = "token expired or revoked",
+               config_file: str | os.PathLike | None = None) -> AuthError:
     """The one message a user sees for a dead token: what happened and what to run."""
-    command = auth_command(account, token_file)
+    command = auth_command(account, token_file, config_file)
     return AuthError(f"Gmail account {account!r}: {what}; run `{command}`")
 
 
@@ -110,7 +116,8 @@ def write_token(path: str | os.PathLike, data: str) -> None:
         raise
 
 
-def load_credentials(path: str | os.PathLike, account: str):
+def load_credentials(path: str | os.PathLike, account: str,
+                     config_file: str | os.PathLike | None = None):
     """google.oauth2 Credentials from a token file written by ``draftgate auth gmail``.
     Raises AuthError (naming the command to run) when it is missing or unusable."""
     from google.oauth2.credentials import Credentials
@@ -119,12 +126,12 @@ def load_credentials(path: str | os.PathLike, account: str):
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise auth_error(account, str(path), f"token file {path} not found") from None
+        raise auth_error(account, path, f"token file {path} not found", config_file) from None
     except (OSError, ValueError) as exc:
-        raise auth_error(account, str(path),
-                         f"token file {path} is unreadable ({type(exc).__name__})") from None
+        raise auth_error(account, path, f"token file {path} is unreadable "
+                                        f"({type(exc).__name__})", config_file) from None
     if not isinstance(info, dict) or not (info.get("token") or info.get("refresh_token")):
-        raise auth_error(account, str(path), f"token file {path} holds no token")
+        raise auth_error(account, path, f"token file {path} holds no token", config_file)
     expiry = info.get("expiry")
     if expiry:
         try:
@@ -185,7 +192,8 @@ def add_cli(subparsers) -> None:
                    help="seconds to wait for the browser to come back (default 600)")
     g.add_argument("-c", "--config", default="draftgate.yaml", metavar="FILE",
                    help="deployment file, to find the account's token_file and the scopes "
-                        "its pipelines need (default: draftgate.yaml; optional)")
+                        "its pipelines need (default: draftgate.yaml; required with "
+                        "--account unless --scopes and --token are given)")
     g.set_defaults(func=run_cli)
 
 
@@ -197,11 +205,20 @@ def _scopes_for(args, out) -> tuple[list[str], str | None]:
     if args.scopes:
         return [_SHORT.get(s, s) for s in args.scopes], args.token
     token = args.token
-    config = getattr(args, "config", None)
-    if args.account and config and Path(config).exists():
+    config = getattr(args, "config", None) or "draftgate.yaml"
+    if args.account:
+        # The account's pipelines decide the scopes: never guess them when the
+        # deployment file cannot be read (a token without gmail.modify or
+        # gmail.compose would fail later, at the first send).
         from ..config import load_settings
 
-        settings = load_settings(config)
+        try:
+            settings = load_settings(config)
+        except ConfigError as exc:
+            raise ConfigError([
+                f"--account {args.account}: cannot load the deployment file {config}, "
+                f"which decides the scopes to request; pass -c FILE (or name them with "
+                f"--scopes and the token file with --token)", *exc.errors]) from None
         acc = settings.gmail_accounts.get(args.account)
         if acc is None:
             raise ConfigError(f"{config}: gmail.accounts: no account {args.account!r}; "

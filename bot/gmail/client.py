@@ -197,11 +197,12 @@ class GmailClient:
 
     def __init__(self, name: str, account: dict[str, Any], *, base_dir: Path | str = ".",
                  timeout: float = 30.0, workers: int = 8, read_attempts: int = 3,
-                 backoff: float = 0.5, max_wait: float = 20.0):
+                 backoff: float = 0.5, max_wait: float = 20.0,
+                 config_file: str | Path | None = None):
         self.name = name
-        token_file = Path(str(account.get("token_file") or ""))
-        self.token_file = token_file if token_file.is_absolute() else Path(base_dir) / token_file
-        self.token_file_shown = str(account.get("token_file") or "")
+        token_file = Path(os.path.expanduser(str(account.get("token_file") or "")))
+        self.token_file = (Path(base_dir) / token_file).absolute()
+        self.config_file = config_file  # named in the re-authorise command
         self.api_endpoint = str(account.get("api_endpoint") or DEFAULT_ENDPOINT)
         self.address = str(account.get("address") or "")
         # Optional per-account knobs (tests shorten them; the defaults suit Gmail).
@@ -254,7 +255,7 @@ class GmailClient:
 
     # -- credentials and service -----------------------------------------------------------
     def _auth_error(self, what: str = "token expired or revoked") -> AuthError:
-        return auth.auth_error(self.name, self.token_file_shown, what)
+        return auth.auth_error(self.name, self.token_file, what, self.config_file)
 
     def credentials(self):
         """Fresh credentials (refreshed and saved 0600 in place when expired)."""
@@ -266,7 +267,8 @@ class GmailClient:
             # Read again when the file changed on disk: `draftgate auth gmail` after a
             # revoked token takes effect without a restart.
             if self._creds is None or (stamp is not None and stamp != self._loaded_stamp):
-                self._creds = auth.load_credentials(self.token_file, self.name)
+                self._creds = auth.load_credentials(self.token_file, self.name,
+                                                    self.config_file)
                 self._saved_token = self._creds.token
                 self._loaded_stamp = stamp
             creds = self._creds

@@ -3,6 +3,7 @@ with its token, and the token's granted scopes cover what its pipelines need."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..errors import DraftgateError
@@ -15,7 +16,8 @@ async def check(settings: Any) -> list[tuple[str, bool, str]]:
     results: list[tuple[str, bool, str]] = []
     for name, account in sorted(settings.gmail_accounts.items()):
         client = GmailClient(name, account, base_dir=settings.base_dir, workers=1,
-                             read_attempts=1, timeout=15.0)
+                             read_attempts=1, timeout=15.0,
+                             config_file=os.path.abspath(settings.file))
         try:
             try:
                 profile = await client.aread(lambda s: s.users().getProfile(userId="me"),
@@ -29,7 +31,7 @@ async def check(settings: Any) -> list[tuple[str, bool, str]]:
             granted = auth.granted_scopes(client.token_file)
             missing = auth.missing_scopes(granted, required)
             if missing:
-                command = auth.auth_command(name, account.get("token_file"))
+                command = auth.auth_command(name, client.token_file, client.config_file)
                 results.append((f"gmail:{name} scopes", False,
                                 f"token lacks {_short(missing)} (needed by the pipelines: "
                                 f"{_short(required)}); run `{command}`"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 from typing import Any
 
 from ..config import Checker, PipelineConfig, Settings
@@ -200,5 +201,6 @@ def create(pipeline: PipelineConfig, settings: Settings) -> _GmailSender:
     if ck.errors:
         raise ConfigError(ck.errors)
     cls = GmailDraftSender if cfg.get("type") == "gmail_draft" else GmailReplySender
-    client = GmailClient(account, acc, base_dir=settings.base_dir, workers=2)
+    client = GmailClient(account, acc, base_dir=settings.base_dir, workers=2,
+                         config_file=os.path.abspath(settings.file))
     return cls(client, account=account, mark_read=bool(mark_read), label=label)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -366,7 +367,8 @@ def create(pipeline: PipelineConfig, settings: Settings) -> GmailSource:
         raise ConfigError(ck.errors)
     own = pipeline.filters.get("own_addresses") or []
     client = GmailClient(account, acc, base_dir=settings.base_dir,
-                         workers=max(1, concurrency or 8))
+                         workers=max(1, concurrency or 8),
+                         config_file=os.path.abspath(settings.file))
     return GmailSource(client, account=account, query=query or "in:inbox", label=label,
                        backfill=backfill or 0, max_body=max_body or DEFAULT_MAX_BODY,
                        resync_window=window or 30 * 86400.0, concurrency=concurrency or 8,
