@@ -29,7 +29,7 @@ from . import scheduler
 from .build import build_drafter, build_sender, build_source
 from .config import PipelineConfig, Settings
 from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
-                     DrafterRetryable, DraftgateError, SendFailed, SendUnknown)
+                     DrafterRetryable, DraftgateError, SendFailed, SendUnknown, StoreError)
 from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts,
                      draft_key)
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
@@ -84,6 +84,7 @@ class Engine:
         # one attempt per tick instead of one per queued item.
         self._model_trouble: set[str] = set()
         self._draft_not_before: dict[str, float] = {}
+        self._lock_lost: dict[str, asyncio.Event] = {}  # set when a held lease is lost
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
@@ -187,7 +188,8 @@ class Engine:
             held = await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock())
             if not held and await self._holder_is_dead(name):
                 held = await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock())
-            renew = self._spawn(self._renew_lock(name)) if held else None
+            lost = self._lock_lost[p.name] = asyncio.Event()
+            renew = self._spawn(self._renew_lock(name, lost)) if held else None
             try:
                 yield held
             finally:
@@ -220,11 +222,36 @@ class Engine:
         await self.store.unlock(name, holder)
         return True
 
-    async def _renew_lock(self, name: str) -> None:
+    async def _renew_lock(self, name: str, lost: asyncio.Event) -> None:
+        """Renew the lease every third of its life. A failed renewal is retried; once
+        the lease may have run out (or another process holds it), ``lost`` is set and
+        the tick stops at its next step, so two ticks of a pipeline never overlap."""
+        renewed = time.monotonic()
         while True:
             await asyncio.sleep(self.lock_ttl / 3)
-            if not await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock()):
-                log.warning("%s: lost the lock to another process", name)
+            try:
+                ok: bool | None = await self.store.try_lock(name, self.holder, self.lock_ttl,
+                                                            now=self.clock())
+            except Exception as exc:
+                ok = None
+                log.warning("%s: renewing the lock failed: %s", name, describe_error(exc))
+            if ok:
+                renewed = time.monotonic()
+                continue
+            if ok is False or time.monotonic() - renewed > self.lock_ttl * 0.75:
+                log.warning("%s: lost the lock; this tick stops at its next step", name)
+                lost.set()
+                return
+
+    def _lost(self, p: PipelineConfig) -> bool:
+        lost = self._lock_lost.get(p.name)
+        return lost is not None and lost.is_set()
+
+    def _still_held(self, p: PipelineConfig) -> None:
+        """Raise if the pipeline's lock was lost during this tick (see _renew_lock)."""
+        if self._lost(p):
+            raise StoreError(f"{p.name}: lost the pipeline lock (the store did not renew it "
+                             "in time); the tick stopped so that no other tick overlaps it")
 
     async def _tick_locked(self, p: PipelineConfig, scheduled_for: float, counts: RunCounts) -> None:
         started = self.clock()
@@ -279,6 +306,7 @@ class Engine:
         for item in result.items:
             if item.skip_reason is None:
                 item.skip_reason = _filters.skip_reason(item.message, p.filters, own_addresses=own)
+        self._still_held(p)
         admitted = await self.store.admit(
             p.name, source.scope, p.recipe, result.items, cursor=result.cursor,
             mark_seen=p.mark_seen == "at_fetch", now=self.clock())
@@ -349,7 +377,8 @@ class Engine:
                     stop.set()
                     return
                 async with self._in_flight:
-                    if stop.is_set():
+                    if stop.is_set() or self._lost(p):
+                        stop.set()
                         return
                     claimed = await self.store.claim(p.name, p.lease, limit=1, now=self.clock())
                     if not claimed:
@@ -358,7 +387,17 @@ class Engine:
                     if not await self._draft_one(p, claimed[0], counts):
                         stop.set()
 
-        await asyncio.gather(*(worker() for _ in range(workers)))
+        tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            # One worker failed (or the tick was cancelled): stop the others too, so
+            # none goes on claiming and drafting after the tick and its lock are gone.
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        self._still_held(p)
 
     async def _draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> bool:
         """Draft one claimed item; False when the model is in trouble (stop claiming)."""
@@ -423,6 +462,7 @@ class Engine:
         while True:
             waiting = await self.store.unposted(p.name, limit=batch)
             for d in waiting:
+                self._still_held(p)
                 posted = await self._post_one(p, d)
                 if posted is None:
                     return  # the channel is unreachable: the rest wait in ready
@@ -503,6 +543,21 @@ class Engine:
 
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
         await self._require_configured(draft_id)
+        d = await self.store.get_draft(draft_id)
+        if d is not None and d.status == SEND_UNKNOWN:
+            # Ask once more before sending again: a reply that did arrive meanwhile
+            # must not go out twice because Retry was tapped before the check ran.
+            try:
+                found = await self.sender(self.pipeline(d.pipeline)).check(d)
+            except Exception as exc:  # cannot tell: the operator chose to send again
+                log.info("#%d: check before Retry failed: %s", d.id, describe_error(exc))
+                found = None
+            if found:
+                after = await self.store.mark_sent(d.id, found, now=self.clock())
+                if after is not None:
+                    log.info("#%d: Retry found the reply already sent (%s)", d.id, found)
+                    await self._update_card(after)
+                    return after
         d = await self.store.retry_send(draft_id, actor, now=self.clock())
         if d is None:
             return None
@@ -513,6 +568,7 @@ class Engine:
         # Approved but never begun: the process stopped between approve and send. A
         # human approved exactly this version, so sending it now keeps the promise.
         for d in await self.store.approved(p.name):
+            self._still_held(p)
             after = await self._send(d)
             if after is not None and after.status == "sent":
                 counts.sent += 1
@@ -564,6 +620,12 @@ class Engine:
     async def _check_unknown(self, p: PipelineConfig, counts: RunCounts) -> None:
         await self._recover_sending()
         for d in await self.store.send_unknown(p.name):
+            # A send that just ended unknown is checked by _check_later after a delay;
+            # asked at once, the other side may not show it yet and the operator would
+            # be told "not sent, tap Retry" about a reply that did go out.
+            if time.time() - d.updated_at < self._send_check_delay:
+                continue
+            self._still_held(p)
             if await self._check_one(p, d):
                 counts.sent += 1
 

@@ -14,7 +14,8 @@ import pytest
 
 from bot.config import load_settings
 from bot.engine import Engine
-from bot.errors import DrafterError, DrafterRetryable, SendFailed, SendUnknown, SourceError
+from bot.errors import (DrafterError, DrafterRetryable, SendFailed, SendUnknown, SourceError,
+                        StoreError)
 from bot.models import DraftResult, FetchResult, Item, Message, SendResult
 from bot.stages import PostedRef
 from bot.store import create_store
@@ -321,6 +322,67 @@ async def test_a_retry_after_from_the_model_holds_drafting_across_ticks(world):
     assert [d.status for d in await world.store.pending("alpha")] == ["awaiting", "awaiting"]
 
 
+async def test_when_one_drafting_worker_fails_the_others_stop_with_the_tick(world):
+    """A worker that hits a store error ends the tick; its siblings are stopped (their
+    claims handed back), not left drafting outside the tick and its lock."""
+    world.sources["alpha"].messages = [msg(n) for n in range(1, 9)]
+
+    async def broken_fail(*a, **kw):
+        raise StoreError("database is locked")
+
+    world.store.fail_draft = broken_fail
+    active, calls, others_busy = set(), [], asyncio.Event()
+
+    async def draft(request):
+        calls.append(request.draft_key)
+        if len(calls) == 1:
+            await others_busy.wait()
+            raise RuntimeError("drafter crashed")
+        active.add(request.draft_key)
+        if len(active) == 3:  # max_in_flight 4: every other worker is drafting
+            others_busy.set()
+        try:
+            await asyncio.Event().wait()  # never answers on its own
+        finally:
+            active.discard(request.draft_key)
+
+    world.drafter.draft = draft
+    await world.engine.tick("alpha")
+    assert active == set() and len(calls) == 4
+    # The siblings handed their claims back; only the item whose failure could not be
+    # recorded keeps its lease (it returns to the queue when the lease expires).
+    assert await world.store.count_by_status("alpha") == {"drafting": 1, "queued": 7}
+    [run] = await world.store.recent_runs("alpha", limit=1)
+    assert run.status == "error" and "database is locked" in run.error_text
+
+
+async def test_a_tick_that_loses_its_pipeline_lock_stops_before_posting(world):
+    """The lease could not be renewed and another process took the pipeline: this
+    tick finishes the drafts in hand but posts nothing, so no two ticks overlap."""
+    world.engine.lock_ttl = 0.3
+    world.sources["alpha"].messages = [msg(1), msg(2)]
+    entered, release = asyncio.Event(), asyncio.Event()
+    plain = world.drafter.draft
+
+    async def slow(request):
+        entered.set()
+        await release.wait()
+        return await plain(request)
+
+    world.drafter.draft = slow
+    tick = asyncio.create_task(world.engine.tick("alpha"))
+    await entered.wait()
+    world.clock.t += 60  # the lease ran out; another host takes the pipeline
+    assert await world.store.try_lock("pipeline:alpha", "otherhost:1:x", 60, now=world.clock())
+    await asyncio.wait_for(world.engine._lock_lost["alpha"].wait(), 10)
+    release.set()
+    await tick
+    assert world.channel.posts == []
+    [run] = await world.store.recent_runs("alpha", limit=1)
+    assert run.status == "error" and "lost the pipeline lock" in run.error_text
+    assert await world.store.lock_holder("pipeline:alpha") == "otherhost:1:x"
+
+
 async def test_a_definite_drafting_error_fails_at_once(world):
     world.sources["alpha"].messages = [msg(1)]
     world.drafter.errors = [DrafterError("401: check OPENAI_API_KEY")]
@@ -361,7 +423,9 @@ async def test_unknown_send_is_checked_not_resent(world):
     world.sender.delivered_on_unknown = False
     world.sender.script = [SendUnknown("timed out")]
     await world.engine.approve(d2.id, d2.version, "anna")
-    await world.engine.drain("alpha")
+    await world.engine.drain("alpha")  # too soon to ask: the delayed checks do
+    assert world.sender.check_calls == 0
+    await asyncio.gather(*list(world.engine._tasks))  # the delayed checks (10 ms)
     assert (await world.store.get_draft(d1.id)).status == "sent"
     assert (await world.store.get_draft(d2.id)).status == "send_unknown"
     assert d2.id in world.channel.retry_offered
@@ -369,6 +433,20 @@ async def test_unknown_send_is_checked_not_resent(world):
     retried = await world.engine.retry_send(d2.id, "anna")
     assert retried.status == "sent"
     assert [k for k, _ in world.sender.sent] == [d1.key, d2.key]
+
+
+async def test_retry_tapped_before_the_check_does_not_send_a_reply_that_arrived(world):
+    """The operator taps Retry at once on an unknown send that did go out: Retry asks
+    first, finds it, and sends nothing."""
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    world.sender.delivered_on_unknown = True
+    world.sender.script = [SendUnknown("connection reset")]
+    assert (await world.engine.approve(d.id, d.version, "anna")).status == "send_unknown"
+    retried = await world.engine.retry_send(d.id, "anna")
+    assert (retried.status, retried.sent_id) == ("sent", f"found-{d.id}")
+    assert world.sender.calls == 1
 
 
 async def test_a_definite_send_failure_offers_retry(world):
@@ -442,18 +520,19 @@ async def test_an_unknown_send_is_announced_once_per_episode_even_across_restart
     [d] = await world.store.pending("alpha")
     world.sender.script = [SendUnknown("timed out")]
     await world.engine.approve(d.id, d.version, "anna")
-    await world.engine.drain("alpha")
+    await asyncio.gather(*list(world.engine._tasks))  # the delayed check (10 ms)
     await world.engine.drain("alpha")
     assert world.channel.retry_offered == [d.id]
     # A restarted process (same store) does not announce the same episode again.
     again = Engine(load_settings(config), world.store, {"console": world.channel},
-                   clock=world.clock, sources=world.sources,
+                   clock=world.clock, sources=world.sources, send_check_delay=0.01,
                    drafters={"alpha": world.drafter}, senders={"alpha": world.sender})
     await again.drain("alpha")
     assert world.channel.retry_offered == [d.id]
     # Retry ends unknown again: that is a new episode, and the operator hears of it.
     world.sender.script = [SendUnknown("reset")]
     await world.engine.retry_send(d.id, "anna")
+    await asyncio.gather(*list(world.engine._tasks))
     await world.engine.drain("alpha")
     assert world.channel.retry_offered == [d.id, d.id]
     assert world.sender.calls == 2  # the approval and the operator's Retry; never on its own
