@@ -171,6 +171,25 @@ async def test_schema_in_url_isolates_tables(pg_url):
         await drop_schema(dsn, other_schema)
 
 
+async def test_a_schema_name_with_capitals_is_its_own_schema():
+    """?schema=TeamA must not fold into teama (another deployment's tables)."""
+    dsn = await require_pg_dsn()
+    upper = "T" + new_schema_name("Case")
+    lower = upper.lower()
+    a, b = create_store(with_schema(dsn, upper)), create_store(with_schema(dsn, lower))
+    try:
+        await a.open()
+        await b.open()
+        await a.admit("p", "inbox", "v1", _items(2))
+        assert await a.seen_count("p") == 2
+        assert await b.seen_count("p") == 0
+    finally:
+        await a.close()
+        await b.close()
+        await drop_schema(dsn, upper)
+        await drop_schema(dsn, lower)
+
+
 def test_bad_schema_name_is_refused_with_a_fix():
     """A schema that is not a plain identifier is refused before connecting."""
     with pytest.raises(StoreError, match="schema=.*plain identifier"):

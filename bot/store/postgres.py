@@ -201,7 +201,9 @@ class PostgresStore(Store):
         try:
             self._pool = await asyncpg.create_pool(
                 self._dsn, min_size=1, max_size=self._max_size, timeout=10,
-                server_settings={"search_path": self._schema},
+                # Quoted, as the migration created it: unquoted, PostgreSQL would fold
+                # a schema such as "TeamA" to teama (another deployment's, perhaps).
+                server_settings={"search_path": '"' + self._schema + '"'},
             )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
             raise StoreError(f"cannot open a connection pool to {redact_url(self._dsn)}: {e}") from e
