@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from . import scheduler
 from .config import Settings
 from .engine import utc_day
-from .models import (APPROVED, AWAITING, PENDING_STATUSES, READY, SEND_FAILED, SEND_UNKNOWN,
-                     SENDING, Draft, Run)
+from .models import (APPROVED, AWAITING, DRAFTING, PENDING_STATUSES, QUEUED, READY, SEND_FAILED,
+                     SEND_UNKNOWN, SENDING, Draft, Run)
 from .store import ReplayResult, Store, SweepResult
 
 
@@ -25,8 +25,8 @@ class PipelineStatus:
     schedule: str
     paused: bool
     last_run: dict | None
-    pending: int
-    health: str  # healthy | failing | paused | never run | running
+    pending: int  # awaiting a decision or a send (not configured: every unfinished draft)
+    health: str  # healthy | failing | paused | never run | running | not configured
 
 
 @dataclass
@@ -49,6 +49,8 @@ class PipelineDetail:
 #: configuration (removed or renamed): nothing will move them until it is restored.
 NOT_CONFIGURED = "not configured"
 _RESTORE = "restore its pipeline file and restart to finish them (or Reject on a card)"
+#: Drafts that something still has to move: queued or being drafted, or pending.
+UNFINISHED_STATUSES = (QUEUED, DRAFTING, *PENDING_STATUSES)
 
 
 def _run_dict(r: Run | None) -> dict | None:
@@ -80,10 +82,8 @@ async def status_all(store: Store, settings: Settings, now: float | None = None)
             health=_health(p.name in paused, last)))
     # A pipeline removed from (or renamed in) the configuration may still own drafts
     # that wait for a decision or a send: show it, so they are not silently stranded.
-    stranded: dict[str, int] = {}
-    for d in await store.pending():
-        if not settings.has_pipeline(d.pipeline):
-            stranded[d.pipeline] = stranded.get(d.pipeline, 0) + 1
+    unfinished = await store.count_by_pipeline(UNFINISHED_STATUSES)
+    stranded = {name: n for name, n in unfinished.items() if not settings.has_pipeline(name)}
     for name, n in sorted(stranded.items()):
         out.append(PipelineStatus(name=name, schedule="", paused=False, last_run=None,
                                   pending=n, health=NOT_CONFIGURED))
@@ -171,7 +171,8 @@ def format_status_all(items: list[PipelineStatus]) -> str:
     lines = []
     for s in items:
         if s.health == NOT_CONFIGURED:
-            lines.append(f"{s.name:<{width}}  ⚠ not configured  pending {s.pending}: {_RESTORE}")
+            lines.append(f"{s.name:<{width}}  ⚠ not configured  unfinished {s.pending}: "
+                         f"{_RESTORE}")
             continue
         if s.paused:
             lines.append(f"{s.name:<{width}}  ⏸ paused  pending {s.pending}")

@@ -125,7 +125,7 @@ def test_drafts_of_a_removed_pipeline_stay_visible_and_cannot_be_approved(deploy
     code, out, _ = run(capsys, "status", "-c", str(deployment))
     assert code == 0
     assert "renamed" in out.splitlines()[0]
-    assert "demo" in out.splitlines()[1] and "⚠ not configured  pending 5" in out
+    assert "demo" in out.splitlines()[1] and "⚠ not configured  unfinished 5" in out
     code, out, _ = run(capsys, "pending", "-c", str(deployment))
     assert code == 0 and len(out.splitlines()) == 5
     assert all("pipeline demo is not configured" in line and "Reject" in line
@@ -152,7 +152,22 @@ def test_drafts_of_a_removed_pipeline_stay_visible_and_cannot_be_approved(deploy
     assert asyncio.run(decide()) == ("awaiting", "rejected")
     assert not list((deployment.parent / "var" / "demo" / "outbox").glob("*.eml"))
     code, out, _ = run(capsys, "status", "-c", str(deployment))
-    assert "pending 4" in out
+    assert "unfinished 4" in out
+
+    async def queue_for_a_gone_pipeline():
+        from bot.models import Item, Message
+
+        settings = load_settings(deployment)
+        store = create_store(settings.store)
+        await store.open()
+        try:
+            await store.admit("gone", "inbox", "v1", [Item("q1", Message(subject="q"))])
+        finally:
+            await store.close()
+
+    asyncio.run(queue_for_a_gone_pipeline())  # queued, never drafted: also shown
+    code, out, _ = run(capsys, "status", "-c", str(deployment))
+    assert "gone" in out and "⚠ not configured  unfinished 1" in out
 
 
 def test_commands_report_a_broken_config_with_exit_2(tmp_path, capsys):

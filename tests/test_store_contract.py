@@ -481,6 +481,14 @@ class TestStoreContract:
         assert (await store.last_run(P, "error")).id == r2
         assert await store.last_run("nobody") is None
 
+    async def test_count_by_pipeline_counts_only_the_asked_statuses(self, store):
+        await _queued(store, "m1", "m2")
+        await _queued(store, "x1", pipeline="other")
+        await _awaiting(store, "m3")
+        assert await store.count_by_pipeline(["queued"]) == {P: 2, "other": 1}
+        assert await store.count_by_pipeline(["awaiting", "sent"]) == {P: 1}
+        assert await store.count_by_pipeline([]) == {}
+
     # -- sweep -------------------------------------------------------------------------------
 
     async def test_sweep_deletes_seen_marks_older_than_the_ttl_only(self, store):

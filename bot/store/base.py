@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from ..models import REPLAYABLE_STATUSES, SENT, AuditEntry, Draft, Item, Run
 
@@ -251,6 +252,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]: ...
+
+    @abc.abstractmethod
+    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
+        """How many drafts each pipeline has in ``statuses`` (pipelines with none are
+        left out): finds work owned by pipelines that left the configuration."""
 
     @abc.abstractmethod
     async def seen_count(self, pipeline: str) -> int: ...

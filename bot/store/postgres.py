@@ -23,7 +23,7 @@ import hashlib
 import json
 import re
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
@@ -576,6 +576,13 @@ class PostgresStore(Store):
                 "SELECT status, count(*) AS n FROM drafts"
                 " WHERE ($1::text IS NULL OR pipeline=$1) GROUP BY status", pipeline)
         return {r["status"]: r["n"] for r in rows}
+
+    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
+        async with self._conn() as con:
+            rows = await con.fetch(
+                "SELECT pipeline, count(*) AS n FROM drafts WHERE status = ANY($1::text[])"
+                " GROUP BY pipeline", list(dict.fromkeys(statuses)))
+        return {r["pipeline"]: r["n"] for r in rows}
 
     async def seen_count(self, pipeline: str) -> int:
         async with self._conn() as con:

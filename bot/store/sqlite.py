@@ -601,6 +601,16 @@ class SQLiteStore(Store):
         rows = await self._read(lambda db: _rows(db, sql + " GROUP BY status", params))
         return {r[0]: int(r[1]) for r in rows}
 
+    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
+        wanted = list(dict.fromkeys(statuses))
+        if not wanted:
+            return {}
+        marks = ",".join("?" * len(wanted))
+        rows = await self._read(lambda db: _rows(
+            db, f"SELECT pipeline, COUNT(*) FROM drafts WHERE status IN ({marks}) "
+                "GROUP BY pipeline", wanted))
+        return {r[0]: int(r[1]) for r in rows}
+
     async def seen_count(self, pipeline: str) -> int:
         rows = await self._read(lambda db: _rows(
             db, "SELECT COUNT(*) FROM seen_items WHERE pipeline = ?", (pipeline,)))
