@@ -120,6 +120,7 @@ class World:
                  reconnect_delay: float = 1.0) -> None:
         self.tmp_path, self.fake, self.cfg = tmp_path, fake, cfg
         self.reconnect_delay = reconnect_delay
+        self.answer_within = 10.0
         self.settings = load_settings(cfg)
         self.drafter = EchoDrafter()
         self.sender = RecordingSender()
@@ -131,6 +132,7 @@ class World:
         self.store = create_store(self.settings.store)
         await self.store.open()
         self.channel = TelegramChannel(self.settings.telegram, self.store, self.settings,
+                                       answer_within=self.answer_within,
                                        reconnect_delay=self.reconnect_delay)
         self.engine = Engine(self.settings, self.store, {"telegram": self.channel},
                              drafters={"support": self.drafter, "sales": self.drafter},
@@ -234,6 +236,30 @@ async def test_approve_sends_exactly_once_and_the_card_shows_who(world, fake):
     assert (await world.draft(d)).decided_by == f"tg:{ANNA} (Anna)"
     assert {c["command"] for c in fake.commands} >= {"status", "pending", "replay", "sweep",
                                                      "pause", "resume", "run", "help"}
+
+
+async def test_a_slow_send_gets_its_tap_answered_first_and_the_card_shows_the_outcome(
+        world, fake):
+    """The spinner on the operator's phone ends within seconds even when the send
+    takes longer; the card then says Sent."""
+    world.answer_within = 0.2
+    await world.restart()
+    d = await world.deliver(1)
+    entered, release = asyncio.Event(), asyncio.Event()
+    plain = world.sender.send
+
+    async def slow(draft):
+        entered.set()
+        await release.wait()
+        return await plain(draft)
+
+    world.sender.send = slow
+    u = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
+    assert (await fake.answered(u))["text"] == "Working on it; the card shows the outcome."
+    assert entered.is_set() and world.sender.sent == []
+    release.set()
+    await fake.await_for(lambda: world.card(d).text.startswith("✅ Sent by Anna"))
+    assert len(world.sender.sent) == 1
 
 
 async def test_two_taps_in_one_getupdates_batch_send_once(world, fake):

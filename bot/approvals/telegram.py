@@ -163,8 +163,12 @@ class TelegramChannel:
     name = "telegram"
 
     def __init__(self, config: TelegramConfig, store: Any, settings: Settings, *,
-                 token: str | None = None, reconnect_delay: float = 1.0):
+                 token: str | None = None, reconnect_delay: float = 1.0,
+                 answer_within: float = 4.0):
         self.config = config
+        # A tap whose decision takes longer (a slow send) is answered at this point, so
+        # the operator's spinner ends; the card then shows the outcome.
+        self._answer_within = answer_within
         self.store = store
         self.settings = settings
         self._token = token or env_secret(config.token_env, "telegram.token_env")
@@ -488,11 +492,18 @@ class TelegramChannel:
     async def _on_callback(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         """Every tap is answered, whatever happens."""
         query = update.callback_query
-        notice = "Something went wrong; it is in the bot's log."
+        task = asyncio.ensure_future(self._tap(query))
         try:
-            notice = await self._tap(query)
-        finally:
-            await self._answer(query, notice)
+            notice = await asyncio.wait_for(asyncio.shield(task), self._answer_within)
+        except asyncio.TimeoutError:
+            await self._answer(query, "Working on it; the card shows the outcome.")
+            await task  # errors go to the error handler, which tells the operator
+            return
+        except BaseException:
+            task.cancel()  # cancelled (shutdown): so is the decision, as without a wait
+            await self._answer(query, "Something went wrong; it is in the bot's log.")
+            raise
+        await self._answer(query, notice)
 
     def _chat_allowed(self, draft: Draft, chat_id: int | None, action: str) -> bool:
         if chat_id is None:
