@@ -118,13 +118,25 @@ async def _run(args) -> int:
 
 async def _demo(args) -> int:
     settings = load_settings(args.config or DEMO_CONFIG)
+    # Demo mode approves every draft by itself: it must never reach a real recipient.
+    real = [f"{p.file}: sender.type is {p.sender.get('type')!r}" for p in settings.pipelines
+            if p.sender.get("type") != "outbox"]
+    if real:
+        raise ConfigError(
+            ["demo approves every draft automatically, so it runs only pipelines whose "
+             "sender is outbox (replies written to a folder); use `draftgate run` for a "
+             "deployment that sends:"] + real)
     settings.demo = True
     from .engine import Engine
 
-    state = Path(settings.store[len("sqlite:///"):]).parent if settings.store.startswith("sqlite:///") else None
-    if args.fresh and state is not None and state.exists():
-        shutil.rmtree(state)
-        print(f"(--fresh: removed {state})")
+    if args.fresh:
+        if args.config and Path(args.config).resolve() != DEMO_CONFIG.resolve():
+            raise ConfigError("--fresh resets only the bundled demo (its var/demo folder); "
+                              "to start your own configuration over, delete its store file")
+        state = REPO / "var" / "demo"
+        if state.exists():
+            shutil.rmtree(state)
+            print(f"(--fresh: removed {state})")
     print("=" * 72)
     print(" draftgate DEMO: SQLite store, sample inbox, offline template drafter.")
     print(" Approvals are AUTOMATIC in demo mode and labelled so on every card.")
@@ -362,9 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="offline demo: sample inbox, template drafter, auto-approval",
                        description="Run the demo pipeline twice against the sample inbox in "
                                    "demo/inbox (SQLite, template drafter, DEMO auto-approval, "
-                                   "replies written to var/demo/outbox), then print status.")
+                                   "replies written to var/demo/outbox), then print status. "
+                                   "With -c FILE, demo runs another configuration only if "
+                                   "every pipeline's sender is outbox: demo approves by "
+                                   "itself, so it never sends anything anywhere.")
     _add_config(p, default=None)
-    p.add_argument("--fresh", action="store_true", help="delete the demo's state first")
+    p.add_argument("--fresh", action="store_true",
+                   help="delete the bundled demo's state (var/demo) first")
     p.set_defaults(func=_demo, verbose_default=1)
 
     p = sub.add_parser("validate", help="check the configuration; print every error",

@@ -235,3 +235,24 @@ def test_an_edit_at_the_terminal_prompt_is_followed_by_a_prompt_for_the_new_vers
     assert asyncio.run(tick())["sent"] == 1
     [reply] = (deployment.parent / "var" / "demo" / "outbox").glob("*.eml")
     assert "Edited at the prompt." in reply.read_text()
+
+
+def test_demo_never_auto_approves_into_a_real_sender_and_fresh_deletes_only_its_own_state(
+        deployment, capsys):
+    """demo approves by itself: a configuration whose sender can reach someone is
+    refused, and --fresh with another configuration deletes nothing."""
+    pipeline_file = deployment.parent / "pipelines" / "demo.yaml"
+    text = pipeline_file.read_text()
+    start = text.index("sender:")
+    pipeline_file.write_text(text[:start] + "sender: {type: webhook, url: "
+                             "'http://127.0.0.1:9/hook'}\n")
+    code, _, err = run(capsys, "demo", "-c", str(deployment))
+    assert code == 2
+    assert "runs only pipelines whose sender is outbox" in err
+    assert "pipelines/demo.yaml: sender.type is 'webhook'" in err
+    assert not (deployment.parent / "state.db").exists()  # nothing ran
+
+    pipeline_file.write_text(text)
+    code, _, err = run(capsys, "demo", "-c", str(deployment), "--fresh")
+    assert code == 2 and "--fresh resets only the bundled demo" in err
+    assert deployment.exists() and pipeline_file.exists()
