@@ -720,13 +720,37 @@ class Engine:
         """Tick every pipeline on its schedule until ``stop`` is set. Pipelines run
         concurrently; a slow tick coalesces the slots it overran into one catch-up
         tick (the source's catch-up policy decides what that admits)."""
-        loops = [asyncio.create_task(self._pipeline_loop(p, stop), name=f"loop:{p.name}")
+        loops = [asyncio.create_task(self._supervised_loop(p, stop), name=f"loop:{p.name}")
                  for p in self.pipelines.values() if p.enabled]
         loops.append(asyncio.create_task(self._sweep_loop(stop), name="sweep"))
         await stop.wait()
         for t in loops:
             t.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _supervised_loop(self, p: PipelineConfig, stop: asyncio.Event,
+                               restart_after: float = 60.0) -> None:
+        """A pipeline's loop that cannot die silently: if its scheduling fails (a bug,
+        a schedule that can never fire), the error is logged, the operators are told
+        once a day, and the loop starts again a minute later."""
+        while not stop.is_set():
+            try:
+                await self._pipeline_loop(p, stop)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("%s: the pipeline loop failed; restarting it in %gs",
+                              p.name, restart_after)
+                await self._notify_once(
+                    f"loop|{p.name}|{utc_day(self.clock())}",
+                    f"⚠️ {p.name}: its schedule stopped working ({describe_error(exc)}); "
+                    f"retrying every minute. Check `schedule` in {p.file}.")
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=restart_after)
+                return
+            except asyncio.TimeoutError:
+                pass
 
     async def _pipeline_loop(self, p: PipelineConfig, stop: asyncio.Event) -> None:
         due = scheduler.last_due(p, self.clock())  # catch up at start

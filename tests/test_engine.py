@@ -383,6 +383,40 @@ async def test_a_tick_that_loses_its_pipeline_lock_stops_before_posting(world):
     assert await world.store.lock_holder("pipeline:alpha") == "otherhost:1:x"
 
 
+async def test_a_pipeline_whose_schedule_fails_is_reported_and_retried_not_silently_dead(
+        world, monkeypatch):
+    from bot import scheduler
+
+    real_last_due, calls = scheduler.last_due, []
+    told, retried = asyncio.Event(), asyncio.Event()
+
+    def last_due(p, now):
+        if p.name == "alpha":
+            calls.append(now)
+            if len(calls) == 2:
+                retried.set()
+            raise ValueError("this cron never fires")
+        return real_last_due(p, now)
+
+    monkeypatch.setattr(scheduler, "last_due", last_due)
+    plain_notify = world.channel.notify
+
+    async def notify(text, **kw):
+        await plain_notify(text, **kw)
+        told.set()
+
+    world.channel.notify = notify
+    alpha = world.engine.pipeline("alpha")
+    stop = asyncio.Event()
+    loop = asyncio.create_task(world.engine._supervised_loop(alpha, stop, restart_after=0.01))
+    await asyncio.wait_for(told.wait(), 10)
+    await asyncio.wait_for(retried.wait(), 10)  # and it keeps trying
+    stop.set()
+    await loop
+    [note] = world.channel.notes  # once, however often it fails
+    assert "alpha: its schedule stopped working" in note and "this cron never fires" in note
+
+
 async def test_a_definite_drafting_error_fails_at_once(world):
     world.sources["alpha"].messages = [msg(1)]
     world.drafter.errors = [DrafterError("401: check OPENAI_API_KEY")]
