@@ -262,16 +262,24 @@ class Engine:
             return
         error: str | None = None
         try:
-            await self._fetch_and_admit(p, scheduled_for, counts)
-        except Exception as exc:
-            error = describe_error(exc)
-            log.warning("%s: fetch failed: %s", p.name, error,
-                        exc_info=not isinstance(exc, DraftgateError))
-        try:
-            await self._drain(p, counts)
-        except Exception as exc:
-            error = error or describe_error(exc)
-            log.warning("%s: %s", p.name, error, exc_info=not isinstance(exc, DraftgateError))
+            try:
+                await self._fetch_and_admit(p, scheduled_for, counts)
+            except Exception as exc:
+                error = describe_error(exc)
+                log.warning("%s: fetch failed: %s", p.name, error,
+                            exc_info=not isinstance(exc, DraftgateError))
+            try:
+                await self._drain(p, counts)
+            except Exception as exc:
+                error = error or describe_error(exc)
+                log.warning("%s: %s", p.name, error, exc_info=not isinstance(exc, DraftgateError))
+        except asyncio.CancelledError:
+            # Stopped mid-tick: close the run row instead of leaving it "running".
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.end_run(
+                    run_id, "error", counts.to_dict(), "interrupted: draftgate stopped",
+                    now=self.clock()))
+            raise
         status = "error" if error else "ok"
         try:
             recent = await self.store.recent_runs(p.name, limit=2)
@@ -575,11 +583,12 @@ class Engine:
 
     async def _send(self, d: Draft) -> Draft | None:
         p = self.pipeline(d.pipeline)
+        sender = self.sender(p)  # built before `sending`: a bad sender sends nothing
         sending = await self.store.begin_send(d.id)
         if sending is None:
             return await self.store.get_draft(d.id)
         try:
-            result = await self.sender(p).send(sending)
+            result = await sender.send(sending)
         except SendFailed as exc:
             after = await self.store.mark_send_failed(d.id, describe_error(exc))
             log.warning("%s #%d: send failed: %s", p.name, d.id, exc)

@@ -417,6 +417,42 @@ async def test_a_pipeline_whose_schedule_fails_is_reported_and_retried_not_silen
     assert "alpha: its schedule stopped working" in note and "this cron never fires" in note
 
 
+async def test_a_tick_stopped_midway_closes_its_run_row(world):
+    world.sources["alpha"].messages = [msg(1)]
+    entered = asyncio.Event()
+
+    async def hang(request):
+        entered.set()
+        await asyncio.Event().wait()
+
+    world.drafter.draft = hang
+    tick = asyncio.create_task(world.engine.tick("alpha"))
+    await entered.wait()
+    tick.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await tick
+    [run] = await world.store.recent_runs("alpha", limit=1)
+    assert (run.status, run.error_text) == ("error", "interrupted: draftgate stopped")
+    assert await world.store.count_by_status("alpha") == {"queued": 1}  # handed back
+
+
+async def test_a_sender_that_cannot_be_built_sends_nothing_and_is_not_called_unknown(world):
+    from bot.errors import ConfigError
+
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+
+    def broken(p):
+        raise ConfigError("pipelines/alpha.yaml: sender: WEBHOOK_SECRET is not set")
+
+    world.engine.sender = broken
+    with pytest.raises(ConfigError):
+        await world.engine.approve(d.id, d.version, "anna")
+    assert (await world.store.get_draft(d.id)).status == "approved"  # sent on a later tick
+    assert world.channel.retry_offered == []
+
+
 async def test_a_definite_drafting_error_fails_at_once(world):
     world.sources["alpha"].messages = [msg(1)]
     world.drafter.errors = [DrafterError("401: check OPENAI_API_KEY")]
