@@ -21,6 +21,7 @@ import yaml
 from .errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_CLOCK = re.compile(r"^\s*\d{1,2}:\d{2}(:\d{2})?\s*$")  # 9:00, 09:30:00
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb)?\s*$", re.I)
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _SIZES = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, None: 1}
@@ -40,6 +41,10 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, (int, float)):
         return float(value)
     m = _DURATION.match(str(value))
+    if not m and _CLOCK.match(str(value)):
+        raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {value!r}: a "
+                         f"value with ':' is not a duration (write 90s or 1.5m; for a time "
+                         f"of day use a cron schedule such as '0 9 * * *')")
     if not m:
         raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {value!r}")
     return float(m.group(1)) * _UNITS[m.group(2)]
@@ -245,22 +250,96 @@ _FILTER_KEYS = {"skip_senders", "skip_mailing_lists", "skip_own", "own_addresses
                 "max_body", "skip_subjects", "skip_auto_replies"}
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 numbers (``schedule: 9:00`` would be 540,
+    every 9 minutes; here it stays the string "9:00" and is explained), and with
+    duplicate keys refused (YAML keeps the last one silently)."""
+
+
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_NO_SEXAGESIMAL = {
+    _INT: re.compile(r"""^(?:[-+]?0b[0-1_]+
+                    |[-+]?0[0-7_]+
+                    |[-+]?(?:0|[1-9][0-9_]*)
+                    |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
+    _FLOAT: re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X),
+}
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, _NO_SEXAGESIMAL.get(tag, rx)) for tag, rx in resolvers]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.line = line
+
+
+def _check_duplicate_keys(node: yaml.Node) -> None:
+    """Raise _DuplicateKey for the first mapping that names a key twice (merge keys
+    ``<<`` excepted: overriding a merged key is what they are for)."""
+    todo, done = [node], set()
+    while todo:
+        n = todo.pop()
+        if id(n) in done:
+            continue
+        done.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for key, value in n.value:
+                todo.append(value)
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    continue
+                line = key.start_mark.line + 1
+                if (key.tag, key.value) in first:
+                    raise _DuplicateKey(
+                        f"duplicate key {key.value!r} (first on line "
+                        f"{first[(key.tag, key.value)]}); YAML would silently keep only the "
+                        f"last one, so delete or rename one of them", line)
+                first[(key.tag, key.value)] = line
+        elif isinstance(n, yaml.SequenceNode):
+            todo.extend(n.value)
+
+
 def _load_yaml(path: Path, ck: Checker) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         ck.error("", "file not found; create it or pass another with -c FILE")
         return None
+    except IsADirectoryError:
+        ck.error("", "is a folder; expected a YAML file")
+        return None
     except OSError as exc:
-        ck.error("", f"cannot read: {exc}")
+        ck.error("", f"cannot read: {exc.strerror or exc}")
         return None
     try:
-        return yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        ck.error("", f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                     f"save it as UTF-8")
+        return None
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_duplicate_keys(node)
+        return loader.construct_document(node)
+    except _DuplicateKey as exc:
+        ck.error("", f"line {exc.line}: {exc}")
+        return None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         ck.error("", f"{where}not valid YAML: {getattr(exc, 'problem', exc)}")
         return None
+    finally:
+        loader.dispose()
 
 
 def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] | None = None
@@ -430,6 +509,11 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         interval = parse_duration(schedule)
         if interval < 1:
             ck.error("schedule", "expected an interval of at least 1s")
+    elif isinstance(schedule, str) and _CLOCK.match(schedule):
+        ck.error("schedule", f"{schedule!r} looks like a time of day, which a schedule is "
+                             f"not; for a time of day use a quoted cron expression in UTC, "
+                             f"e.g. schedule: '0 9 * * *' (every day at 09:00), or an "
+                             f"interval like 9m")
     elif isinstance(schedule, str):
         from .scheduler import validate_cron
 

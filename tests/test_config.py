@@ -151,3 +151,54 @@ def test_a_telegram_pipeline_needs_a_chat(tmp_path):
                 top="telegram: {operators: [1]}\n")
     [err] = errors_of(cfg)
     assert err.startswith("pipelines/a.yaml: approval.chat: missing") and "approvals_chat" in err
+
+
+# -- what the YAML itself says -------------------------------------------------------------
+
+
+def test_a_config_file_that_is_not_utf8_names_the_byte_and_the_fix(tmp_path, capsys):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")})
+    (tmp_path / "pipelines" / "b.yaml").write_bytes(b"name: caf\xe9\n")
+    cfg.write_bytes(cfg.read_bytes() + b"# caf\xe9\n")
+    assert main(["validate", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"{cfg}: not UTF-8 (byte 0xe9 at offset " in err and "save it as UTF-8" in err
+    assert "Traceback" not in err
+    cfg.write_text(cfg.read_text(encoding="latin-1").replace("caf\xe9", "cafe"))
+    assert errors_of(cfg) == ["pipelines/b.yaml: not UTF-8 (byte 0xe9 at offset 9); "
+                              "save it as UTF-8"]
+
+
+def test_a_key_written_twice_is_refused_with_both_lines(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "name: other\n"})
+    assert errors_of(cfg) == [
+        "pipelines/a.yaml: line 5: duplicate key 'name' (first on line 1); YAML would "
+        "silently keep only the last one, so delete or rename one of them"]
+    nested = GOOD.format(name="a").replace("path: out}", "path: out, path: elsewhere}")
+    cfg = write(tmp_path, {"a.yaml": nested})
+    [err] = errors_of(cfg)
+    assert err.startswith("pipelines/a.yaml: line 4: duplicate key 'path' (first on line 4)")
+
+
+def test_a_merge_key_may_be_overridden(tmp_path):
+    text = ("name: a\nschedule: 5m\nx-base: &base {type: maildir, path: x}\n"
+            "source: {<<: *base, path: inbox}\nsender: {type: outbox, path: out}\n")
+    cfg = write(tmp_path, {"a.yaml": text})
+    [err] = errors_of(cfg)  # only the unknown key; the override is fine
+    assert err.startswith("pipelines/a.yaml: x-base: unknown key")
+
+
+@pytest.mark.parametrize("value", ["9:00", "'9:00'", "09:30:00"])
+def test_a_time_of_day_is_not_an_interval(tmp_path, value):
+    """YAML 1.1 reads 9:00 as 540 (base 60): it would have run every 9 minutes."""
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("5m", value)})
+    [err] = errors_of(cfg)
+    assert err.startswith("pipelines/a.yaml: schedule: ") and "looks like a time of day" in err
+    assert "'0 9 * * *'" in err and "9m" in err
+
+
+def test_a_duration_with_a_colon_is_explained(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "lease: 10:00\n"})
+    [err] = errors_of(cfg)
+    assert err.startswith("pipelines/a.yaml: lease: expected a duration like 30s, 5m, 1h or "
+                          "2d, got '10:00': a value with ':' is not a duration")
