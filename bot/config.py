@@ -356,13 +356,23 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
     data = ck.mapping(raw, "")
     ck.unknown(data, _TOP_KEYS, "")
     store = ck.get(data, "store", "", str, default="sqlite:///draftgate.db")
-    if store and not (store.startswith("sqlite://") or store.startswith("postgresql://")
-                      or store.startswith("postgres://")):
+    known_scheme = bool(store) and store.startswith(("sqlite://", "postgresql://", "postgres://"))
+    if store and not known_scheme:
         ck.error("store", f"expected sqlite:///path/to/state.db or postgresql://user@host/db, got {store!r}")
     if store and store.startswith("sqlite:///") and not store.startswith("sqlite:////"):
         rel = store[len("sqlite:///"):]
         if rel and rel != ":memory:":
             store = "sqlite:///" + str(base / rel)
+    if known_scheme:
+        # The store's own parser (no I/O), so a URL it would refuse later is reported
+        # here, with the file and key, instead of by every command that opens it.
+        from .errors import StoreError
+        from .store import create_store
+
+        try:
+            create_store(store)
+        except (StoreError, ValueError) as exc:
+            ck.error("store", str(exc))
 
     settings = Settings(file=str(config_file), base_dir=base, store=store or "", pipelines=[])
     settings.max_in_flight = ck.get(data, "max_in_flight", "", int, default=8)
@@ -371,10 +381,19 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
 
     sweep = ck.mapping(data.get("sweep"), "sweep")
     ck.unknown(sweep, {"seen_ttl_days", "approval_ttl_days", "runs_keep_days", "every"}, "sweep")
-    settings.seen_ttl_days = ck.get(sweep, "seen_ttl_days", "sweep", float, default=90.0)
-    settings.approval_ttl_days = ck.get(sweep, "approval_ttl_days", "sweep", float, default=None)
-    settings.runs_keep_days = ck.get(sweep, "runs_keep_days", "sweep", float, default=30.0)
-    settings.sweep_every = ck.convert(sweep, "every", "sweep", parse_duration, default=86400.0)
+    for key, default in (("seen_ttl_days", 90.0), ("approval_ttl_days", None),
+                         ("runs_keep_days", 30.0)):
+        days = ck.get(sweep, key, "sweep", float, default=default)
+        if days is not None and days <= 0:
+            ck.error(f"sweep.{key}", f"expected a number of days above 0, got {days}"
+                     + ("; leave it out to never expire cards" if default is None else ""))
+            days = default
+        setattr(settings, key, days)
+    every = ck.convert(sweep, "every", "sweep", parse_duration, default=86400.0)
+    if every is not None and every < 60:
+        ck.error("sweep.every", f"expected a duration of at least 1 minute like 1d, got "
+                                f"{sweep['every']!r}; the sweep would run without pause")
+    settings.sweep_every = every if every is not None else 86400.0
 
     if "telegram" in data and data["telegram"] is not None:
         settings.telegram = _telegram(ck, ck.mapping(data["telegram"], "telegram"))
@@ -396,14 +415,35 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
         settings.models["template"] = ModelConfig("template", "template", {"provider": "template"})
 
     pattern = ck.get(data, "pipelines", "", (str, list), default="pipelines/*.yaml")
-    patterns = [pattern] if isinstance(pattern, str) else [str(p) for p in (pattern or [])]
+    if isinstance(pattern, list) and not pattern:
+        ck.error("pipelines", "expected at least one pipeline file or glob, like "
+                              "pipelines/*.yaml")
+    patterns: list[tuple[str, str]] = []  # (key path, pattern)
+    for i, pat in enumerate([pattern] if isinstance(pattern, str) else pattern or []):
+        where = "pipelines" if isinstance(pattern, str) else f"pipelines[{i}]"
+        if isinstance(pat, str) and pat.strip():
+            patterns.append((where, pat))
+        else:
+            ck.error(where, f"expected a file name or a glob like pipelines/*.yaml, got "
+                            f"{_kind(pat)} {pat!r}")
     files: list[Path] = []
-    for pat in patterns:
-        full = pat if os.path.isabs(pat) else str(base / pat)
-        matched = sorted(glob.glob(full))
-        if not matched and not glob.has_magic(pat):
-            ck.error("pipelines", f"{pat}: file not found")
-        files.extend(Path(m) for m in matched)
+    taken: set[Path] = set()  # one file matched by two patterns is loaded once
+    for where, pat in patterns:
+        full = os.path.expanduser(pat)
+        full = full if os.path.isabs(full) else str(base / full)
+        if not glob.has_magic(pat):
+            if os.path.isdir(full):
+                ck.error(where, f"{pat} is a folder; name its files with a glob like "
+                                f"{pat.rstrip('/')}/*.yaml")
+            elif not os.path.exists(full):
+                ck.error(where, f"{pat}: file not found (looked for {full})")
+        matched = [m for m in sorted(glob.glob(full)) if not os.path.isdir(m)]
+        if not matched and glob.has_magic(pat):
+            ck.error(where, f"no pipeline files match {pat} (in {base})")
+        for m in matched:
+            if Path(m).resolve() not in taken:
+                taken.add(Path(m).resolve())
+                files.append(Path(m))
     seen_names: dict[str, str] = {}
     for f in files:
         rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
@@ -419,8 +459,6 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
             continue
         seen_names[p.name] = rel
         settings.pipelines.append(p)
-    if not files:
-        ck.error("pipelines", f"no pipeline files match {', '.join(patterns)}")
     if errors:
         raise ConfigError(errors)
     return settings
@@ -526,10 +564,10 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     source = ck.mapping(data.get("source"), "source")
     if "source" not in data:
         ck.error("source", "missing; expected a mapping with type: " + " | ".join(SOURCE_TYPES))
-    elif source:
+    elif data["source"] is None or isinstance(data["source"], dict):
         stype = ck.get(source, "type", "source", str, choices=SOURCE_TYPES)
         if stype == "gmail":
-            acc = source.get("account")
+            acc = ck.get(source, "account", "source", str, default=None)
             if acc is not None and acc not in settings.gmail_accounts:
                 ck.error("source.account", f"unknown Gmail account {acc!r}; add it under "
                                            f"gmail.accounts in {settings.file}")
@@ -545,12 +583,23 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         ck.error("drafter.model", f"unknown model {model!r}; define it under models in "
                                   f"{settings.file} (known: {', '.join(sorted(settings.models))})")
     prompt = ck.get(drafter, "prompt", "drafter", str, default=None)
-    if prompt and not (base / prompt).exists() and not Path(prompt).is_absolute():
-        ck.error("drafter.prompt", f"file not found: {prompt} (relative to {base})")
+    if prompt:
+        # Resolved exactly as PipelineConfig.path does when the drafter reads it.
+        found = Path(os.path.expanduser(prompt))
+        found = found if found.is_absolute() else base / found
+        if found.is_dir():
+            ck.error("drafter.prompt", f"{prompt} is a folder ({found}); expected a file")
+        elif not found.is_file():
+            ck.error("drafter.prompt", f"file not found: {prompt} (looked for {found})")
     ck.get(drafter, "max_input", "drafter", int, default=8000)
 
     approval = ck.mapping(data.get("approval"), "approval")
+    ck.unknown(approval, {"channel", "chat"}, "approval")
     channel = ck.get(approval, "channel", "approval", str, default="console", choices=CHANNELS)
+    chat = approval.get("chat")
+    if chat is not None and _chat_id(chat) is None:
+        ck.error("approval.chat", f"expected a numeric Telegram chat id (like 123456789, or "
+                                  f"-1001234567890 for a group), got {_kind(chat)} {chat!r}")
     if channel == "telegram" and settings.telegram is None:
         ck.error("approval.channel", f"telegram needs a telegram: section in {settings.file}")
     elif channel == "telegram" and approval.get("chat") is None \
@@ -561,22 +610,31 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     sender = ck.mapping(data.get("sender"), "sender")
     if "sender" not in data:
         ck.error("sender", "missing; expected a mapping with type: " + " | ".join(SENDER_TYPES))
-    elif sender:
+    elif data["sender"] is None or isinstance(data["sender"], dict):
         ck.get(sender, "type", "sender", str, choices=SENDER_TYPES)
 
     recipe = ck.get(data, "recipe", "", (str, int), default="v1")
     if recipe is not None and "|" in str(recipe):
         ck.error("recipe", "must not contain '|'")
     budget = ck.get(data, "daily_token_budget", "", int, default=None)
+    if budget is not None and budget < 1:
+        ck.error("daily_token_budget", f"expected a whole number of tokens of at least 1, got "
+                                       f"{budget}; leave it out for no budget")
     catchup = data.get("catchup", "latest")
     catchup_max = 24
     if isinstance(catchup, dict):
         ck.unknown(catchup, {"policy", "max"}, "catchup")
         catchup_max = ck.get(catchup, "max", "catchup", int, default=24)
+        if catchup_max is not None and catchup_max < 1:
+            ck.error("catchup.max", f"expected a whole number of slots of at least 1, got "
+                                    f"{catchup_max}")
         catchup = ck.get(catchup, "policy", "catchup", str, default="latest", choices=CATCHUP_POLICIES)
     else:
         catchup = ck.get(data, "catchup", "", str, default="latest", choices=CATCHUP_POLICIES)
     lease = ck.convert(data, "lease", "", parse_duration, default=600.0)
+    if lease is not None and lease <= 0:
+        ck.error("lease", f"expected a duration above 0 like 10m, got {data['lease']!r}; a "
+                          f"drafting claim that lasts no time would expire before every draft")
     max_attempts = ck.get(data, "max_attempts", "", int, default=3)
     if max_attempts is not None and max_attempts < 1:
         ck.error("max_attempts", "expected a whole number of at least 1")
@@ -586,12 +644,24 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         name=name, file=ck.file, schedule=str(schedule), interval=interval, cron=cron,
         source=dict(source), filters=dict(filters), drafter=dict(drafter),
         recipe=str(recipe), approval=dict(approval), sender=dict(sender),
-        lease=lease or 600.0, max_attempts=max_attempts or 3,
+        lease=600.0 if lease is None else lease, max_attempts=max_attempts or 3,
         mark_seen=ck.get(data, "mark_seen", "", str, default="at_fetch", choices=MARK_SEEN),
         catchup=catchup or "latest", catchup_max=catchup_max or 24,
         daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
         base_dir=base,
     )
+
+
+def _chat_id(value: Any) -> int | None:
+    """A Telegram chat id as the approval channel reads it (a number, or a string of
+    digits); None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
 
 
 def env_secret(var: str, what: str) -> str:

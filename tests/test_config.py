@@ -202,3 +202,138 @@ def test_a_duration_with_a_colon_is_explained(tmp_path):
     [err] = errors_of(cfg)
     assert err.startswith("pipelines/a.yaml: lease: expected a duration like 30s, 5m, 1h or "
                           "2d, got '10:00': a value with ':' is not a duration")
+
+
+# -- pipeline files: what the loader checks --------------------------------------------------
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("source", "{}", "pipelines/a.yaml: source.type: missing; expected one of maildir, "
+                     "schedule, gmail"),
+    ("source", "", "pipelines/a.yaml: source.type: missing; expected one of maildir, "
+                   "schedule, gmail"),
+    ("sender", "{}", "pipelines/a.yaml: sender.type: missing; expected one of outbox, "
+                     "webhook, gmail_reply, gmail_draft"),
+    ("sender", "null", "pipelines/a.yaml: sender.type: missing; expected one of outbox, "
+                       "webhook, gmail_reply, gmail_draft"),
+])
+def test_an_empty_source_or_sender_says_type_is_missing(tmp_path, capsys, key, value, expected):
+    text = "\n".join(f"{key}: {value}" if line.startswith(key + ":") else line
+                     for line in GOOD.format(name="a").splitlines()) + "\n"
+    cfg = write(tmp_path, {"a.yaml": text})
+    assert main(["validate", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_a_gmail_account_that_is_not_a_string(tmp_path, capsys):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace(
+        "{type: maildir, path: inbox}", "{type: gmail, account: [s]}")},
+        top="gmail: {accounts: {s: {token_file: t.json}}}\n")
+    assert main(["validate", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "pipelines/a.yaml: source.account: expected a string, got a list ['s']" in err
+
+
+def test_every_pipeline_pattern_that_matches_nothing_is_reported(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")})
+    cfg.write_text(cfg.read_text().replace(
+        "pipelines: pipelines/*.yaml", "pipelines: [pipelines/a.yaml, pipelnes/*.yaml, b.yaml]"))
+    assert errors_of(cfg) == [
+        f"{cfg}: pipelines[1]: no pipeline files match pipelnes/*.yaml (in {tmp_path})",
+        f"{cfg}: pipelines[2]: b.yaml: file not found (looked for {tmp_path}/b.yaml)"]
+    cfg.write_text(cfg.read_text().replace(
+        "pipelines: [pipelines/a.yaml, pipelnes/*.yaml, b.yaml]", "pipelines: []"))
+    assert errors_of(cfg) == [f"{cfg}: pipelines: expected at least one pipeline file or "
+                              "glob, like pipelines/*.yaml"]
+
+
+def test_a_file_matched_by_two_patterns_is_loaded_once(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")})
+    cfg.write_text(cfg.read_text().replace(
+        "pipelines: pipelines/*.yaml", "pipelines: [pipelines/a.yaml, pipelines/*.yaml, "
+                                       "./pipelines/a.yaml]"))
+    assert [p.name for p in load_settings(cfg).pipelines] == ["a"]
+
+
+def test_an_approval_typo_is_not_silently_the_console(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "approval: {chanel: telegram}\n"})
+    assert errors_of(cfg) == ["pipelines/a.yaml: approval.chanel: unknown key; "
+                              "did you mean 'channel'?"]
+
+
+@pytest.mark.parametrize("value", ["-1", "0s", "0"])
+def test_a_lease_must_be_above_zero(tmp_path, value):
+    """0s used to become the 10 minute default, -1 made every draft time out."""
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + f"lease: {value}\n"})
+    [err] = errors_of(cfg)
+    assert err.startswith("pipelines/a.yaml: lease: expected a duration above 0 like 10m, got ")
+    assert "Traceback" not in err
+
+
+def test_a_missing_lease_gets_the_default(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "lease:\n"})
+    assert load_settings(cfg).pipelines[0].lease == 600.0
+
+
+@pytest.mark.parametrize("sweep, expected", [
+    ("{every: 0s}", "draftgate.yaml: sweep.every: expected a duration of at least 1 minute "
+                    "like 1d, got '0s'"),
+    ("{every: 30s}", "draftgate.yaml: sweep.every: expected a duration of at least 1 minute"),
+    ("{seen_ttl_days: -1}", "draftgate.yaml: sweep.seen_ttl_days: expected a number of days "
+                            "above 0, got -1"),
+    ("{runs_keep_days: 0}", "draftgate.yaml: sweep.runs_keep_days: expected a number of days "
+                            "above 0, got 0"),
+    ("{approval_ttl_days: -3}", "draftgate.yaml: sweep.approval_ttl_days: expected a number "
+                                "of days above 0, got -3; leave it out"),
+])
+def test_sweep_settings_must_be_sensible(tmp_path, sweep, expected):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")}, top=f"sweep: {sweep}\n")
+    [err] = errors_of(cfg)
+    assert expected in err
+
+
+def test_a_prompt_must_be_a_file_found_where_the_drafter_reads_it(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "reply.txt").write_text("Hi {first_name}")
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "templates").mkdir()
+
+    def drafter(prompt):
+        return write(tmp_path, {"a.yaml": GOOD.format(name="a")
+                                + f"drafter: {{model: template, prompt: '{prompt}'}}\n"})
+
+    [p] = load_settings(drafter("~/reply.txt")).pipelines  # the runtime expands ~ too
+    assert p.path(p.drafter["prompt"]) == home / "reply.txt"
+    assert errors_of(drafter("templates")) == [
+        f"pipelines/a.yaml: drafter.prompt: templates is a folder ({tmp_path}/templates); "
+        "expected a file"]
+    assert errors_of(drafter("/nowhere/reply.txt")) == [
+        "pipelines/a.yaml: drafter.prompt: file not found: /nowhere/reply.txt "
+        "(looked for /nowhere/reply.txt)"]
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("daily_token_budget: -5", "pipelines/a.yaml: daily_token_budget: expected a whole number "
+                               "of tokens of at least 1, got -5"),
+    ("catchup: {policy: all, max: -1}", "pipelines/a.yaml: catchup.max: expected a whole "
+                                        "number of slots of at least 1, got -1"),
+])
+def test_budgets_and_catchup_limits_must_be_positive(tmp_path, line, expected):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + line + "\n"})
+    [err] = errors_of(cfg)
+    assert err.startswith(expected)
+
+
+def test_a_bad_store_url_is_reported_at_load_naming_the_key(tmp_path, capsys):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")})
+    cfg.write_text(cfg.read_text().replace(f"sqlite:///{tmp_path}/s.db", "sqlite://"))
+    for command in ("validate", "status"):
+        assert main([command, "-c", str(cfg)]) == 2
+        err = capsys.readouterr().err
+        assert f"{cfg}: store: bad SQLite store URL 'sqlite://'" in err
+    cfg.write_text(cfg.read_text().replace("sqlite://", "postgresql://u@h/db?schema=a-b"))
+    [err] = errors_of(cfg)
+    assert err.startswith(f"{cfg}: store: store URL 'postgresql://u@h/db?schema=a-b': "
+                          "schema='a-b' is not a plain identifier")
