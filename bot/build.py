@@ -39,7 +39,7 @@ def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
 def check_all(settings: Settings) -> list[str]:
     """Check every pipeline's filters and build every stage; return every ConfigError
     message."""
-    errors: list[str] = []
+    errors: list[str] = _check_telegram(settings)
     for p in settings.pipelines:
         check_options(Checker(p.file, errors), p.filters)
         for build in (build_source, build_drafter, build_sender):
@@ -48,3 +48,16 @@ def check_all(settings: Settings) -> list[str]:
             except ConfigError as exc:
                 errors.extend(exc.errors)
     return errors
+
+
+def _check_telegram(settings: Settings) -> list[str]:
+    """What the Telegram channel refuses at start that the loader cannot know (``run
+    --telegram-receive webhook`` changes ``receive``), checked without the token."""
+    t = settings.telegram
+    if t is None or t.receive != "webhook":
+        return []
+    hints = {"url": "the public https:// URL Telegram posts updates to",
+             "secret_env": "the environment variable holding the secret checked on every "
+                           "update"}
+    return [f"{settings.file}: telegram.webhook.{key}: missing; required when telegram.receive "
+            f"is webhook ({hint})" for key, hint in hints.items() if not t.webhook.get(key)]

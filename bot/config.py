@@ -127,6 +127,26 @@ class Checker:
                 self.error(full, "unknown key" + (f"; did you mean {hint!r}?" if hint else
                                                    f"; expected one of {', '.join(sorted(known))}"))
 
+    def env_name(self, data: dict, key: str, path: str, default: Any = _MISSING) -> Any:
+        """The name of an environment variable (never its value), like OPENAI_API_KEY."""
+        value = self.get(data, key, path, str, default=default)
+        if isinstance(value, str) and not _ENV_NAME.match(value):
+            self.error(f"{path}.{key}" if path else key,
+                       f"expected the name of an environment variable, like "
+                       f"{_ENV_EXAMPLES.get(key, 'MY_SECRET')}, got {value!r}")
+            return default if default is not self._MISSING else None
+        return value
+
+    def url(self, data: dict, key: str, path: str, default: Any = _MISSING) -> Any:
+        """An http:// or https:// URL with a host (and, if given, a valid port)."""
+        value = self.get(data, key, path, str, default=default)
+        if isinstance(value, str):
+            problem = url_problem(value)
+            if problem:
+                self.error(f"{path}.{key}" if path else key, problem)
+                return default if default is not self._MISSING else None
+        return value
+
     def str_list(self, data: dict, key: str, path: str, default: list | None = None) -> list[str]:
         value = self.get(data, key, path, (list, str), default=default if default is not None else [])
         if isinstance(value, str):
@@ -138,6 +158,32 @@ class Checker:
             else:
                 out.append(str(v))
         return out
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_EXAMPLES = {"token_env": "TELEGRAM_BOT_TOKEN", "api_key_env": "OPENAI_API_KEY",
+                 "secret_env": "WEBHOOK_SECRET"}
+
+
+def url_problem(value: str) -> str | None:
+    """Why ``value`` is not a usable http(s) URL, or None."""
+    import urllib.parse
+
+    expected = f"expected an http:// or https:// URL, got {value!r}"
+    try:
+        parts = urllib.parse.urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        return f"{expected} ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return expected
+    if any(c.isspace() for c in value):
+        return f"{expected} (it contains a space; write %20)"
+    if port == 0:
+        return f"{expected} (port 0)"
+    if parts.username or parts.password:
+        return "do not put credentials in the URL; name an environment variable instead"
+    return None
 
 
 def _kind(value: Any) -> str:
@@ -506,12 +552,12 @@ def _telegram(ck: Checker, t: dict) -> TelegramConfig:
     ck.unknown(t, {"token", "token_env", "base_url", "base_file_url", "operators", "approvals_chat",
                    "ops_chat", "receive", "webhook", "poll_timeout"}, "telegram")
     cfg = TelegramConfig()
-    cfg.token_env = ck.get(t, "token_env", "telegram", str, default=cfg.token_env)
+    cfg.token_env = ck.env_name(t, "token_env", "telegram", default=cfg.token_env)
     if "token" in t:
         ck.error("telegram.token", "never put the token in YAML; set token_env to the name "
                                    "of an environment variable that holds it")
-    cfg.base_url = ck.get(t, "base_url", "telegram", str, default=cfg.base_url)
-    cfg.base_file_url = ck.get(t, "base_file_url", "telegram", str, default=cfg.base_file_url)
+    cfg.base_url = ck.url(t, "base_url", "telegram", default=cfg.base_url)
+    cfg.base_file_url = ck.url(t, "base_file_url", "telegram", default=cfg.base_file_url)
     ops = ck.get(t, "operators", "telegram", list)
     for i, op in enumerate(ops or []):
         if isinstance(op, bool) or not isinstance(op, int):
@@ -525,9 +571,28 @@ def _telegram(ck: Checker, t: dict) -> TelegramConfig:
     cfg.ops_chat = ck.get(t, "ops_chat", "telegram", int, default=cfg.approvals_chat)
     cfg.receive = ck.get(t, "receive", "telegram", str, default="polling",
                          choices=("polling", "webhook", "off"))
-    cfg.webhook = ck.mapping(t.get("webhook"), "telegram.webhook")
+    cfg.webhook = _telegram_webhook(ck, t.get("webhook"))
     cfg.poll_timeout = ck.convert(t, "poll_timeout", "telegram", parse_duration, default=30.0)
+    if cfg.poll_timeout is not None and cfg.poll_timeout <= 0:
+        ck.error("telegram.poll_timeout", "expected a duration above 0, like 30s")
     return cfg
+
+
+def _telegram_webhook(ck: Checker, raw: Any) -> dict[str, Any]:
+    """``telegram.webhook``, checked without reading the secret. Whether url and
+    secret_env are there is checked by ``build.check_all``, after ``run
+    --telegram-receive`` may have turned webhooks on."""
+    path = "telegram.webhook"
+    wh = ck.mapping(raw, path)
+    ck.unknown(wh, {"url", "secret_env", "listen", "port", "path"}, path)
+    ck.url(wh, "url", path, default=None)
+    ck.env_name(wh, "secret_env", path, default=None)
+    ck.get(wh, "listen", path, str, default=None)
+    port = ck.get(wh, "port", path, int, default=None)
+    if port is not None and not 1 <= port <= 65535:
+        ck.error(f"{path}.port", f"expected a port from 1 to 65535, got {port}")
+    ck.get(wh, "path", path, str, default=None)
+    return wh
 
 
 def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> PipelineConfig | None:

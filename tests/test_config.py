@@ -337,3 +337,36 @@ def test_a_bad_store_url_is_reported_at_load_naming_the_key(tmp_path, capsys):
     [err] = errors_of(cfg)
     assert err.startswith(f"{cfg}: store: store URL 'postgresql://u@h/db?schema=a-b': "
                           "schema='a-b' is not a plain identifier")
+
+
+# -- telegram: what run would refuse, validate reports (without reading the token) ------------
+
+
+@pytest.mark.parametrize("telegram, approval, expected", [
+    ("{operators: [1], approvals_chat: 5}", "{channel: telegram, chat: abc}",
+     ["pipelines/a.yaml: approval.chat: expected a numeric Telegram chat id (like 123456789, "
+      "or -1001234567890 for a group), got a string 'abc'"]),
+    ("{operators: [1], approvals_chat: 5, receive: webhook}", "{channel: telegram}",
+     ["draftgate.yaml: telegram.webhook.url: missing; required when telegram.receive is webhook",
+      "draftgate.yaml: telegram.webhook.secret_env: missing; required when telegram.receive "
+      "is webhook"]),
+    ("{operators: [1], approvals_chat: 5, base_url: 'not a url', token_env: ''}",
+     "{channel: telegram}",
+     ["draftgate.yaml: telegram.token_env: expected the name of an environment variable, like "
+      "TELEGRAM_BOT_TOKEN, got ''",
+      "draftgate.yaml: telegram.base_url: expected an http:// or https:// URL, got 'not a url'"]),
+    ("{operators: [1], approvals_chat: 5, receive: webhook, webhook: {url: 'https://b.example/t',"
+     " secret_env: S, port: 99999, lisen: x}}", "{channel: telegram}",
+     ["draftgate.yaml: telegram.webhook.lisen: unknown key; did you mean 'listen'?",
+      "draftgate.yaml: telegram.webhook.port: expected a port from 1 to 65535, got 99999"]),
+])
+def test_validate_reports_what_the_telegram_channel_would_refuse(
+        tmp_path, capsys, monkeypatch, telegram, approval, expected):
+    monkeypatch.delenv("TELEGRAM_BOT_TOKEN", raising=False)
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + f"approval: {approval}\n"},
+                top=f"telegram: {telegram}\n")
+    assert main(["validate", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    for e in expected:
+        assert e in err
+    assert "Traceback" not in err
