@@ -47,6 +47,27 @@ def check_all(settings: Settings) -> list[str]:
                 build(p, settings)
             except ConfigError as exc:
                 errors.extend(exc.errors)
+    errors.extend(_check_unused_models(settings))
+    return errors
+
+
+def _check_unused_models(settings: Settings) -> list[str]:
+    """``models:`` entries no pipeline names are checked too (an ``api_key:`` in YAML is
+    refused wherever it is written). The drafter checks a model together with a
+    pipeline, so a stand-in pipeline is used and only the model's own errors kept."""
+    used = {p.drafter.get("model", "template") for p in settings.pipelines}
+    errors: list[str] = []
+    for name, model in settings.models.items():
+        if name in used:
+            continue
+        stand_in = PipelineConfig(
+            name="unused", file="<unused>", schedule="5m", interval=300.0, cron=None,
+            source={}, filters={}, drafter={"model": name, "prompt": "unused"}, recipe="v1",
+            approval={}, sender={}, lease=float("inf"), base_dir=settings.base_dir)
+        try:
+            importlib.import_module(_DRAFTERS[model.provider]).create(model, stand_in, settings)
+        except ConfigError as exc:
+            errors.extend(e for e in exc.errors if not e.startswith(stand_in.file))
     return errors
 
 

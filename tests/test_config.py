@@ -370,3 +370,16 @@ def test_validate_reports_what_the_telegram_channel_would_refuse(
     for e in expected:
         assert e in err
     assert "Traceback" not in err
+
+
+def test_a_model_no_pipeline_uses_is_checked_too(tmp_path, capsys):
+    """README: an api_key in YAML is refused; that held only for models in use."""
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")},
+                top="models:\n  spare: {provider: openai, model: x, api_key: sk-123, tmeout: 5s}\n"
+                    "  local: {provider: template, base_url: 'http://x'}\n")
+    assert main(["validate", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "draftgate.yaml: models.spare.api_key: never put the key in YAML" in err
+    assert "draftgate.yaml: models.spare.tmeout: unknown key; did you mean 'timeout'?" in err
+    assert "draftgate.yaml: models.local.base_url: unknown key" in err
+    assert "sk-123" not in err and "<unused>" not in err and "Traceback" not in err
