@@ -4,7 +4,9 @@ the real SQLite store and the real Engine."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 
 import pytest
 
@@ -34,7 +36,9 @@ async def test_first_run_records_cursor_and_drafts_no_old_mail(world):
         world.fake.add_message(simple_message(n))
     counts = await world.tick()
     assert counts.new == 0 and counts.fetched == 0
-    assert await world.store.get_cursor("support", "gmail:support") == str(world.fake.history_id)
+    cursor = json.loads(await world.store.get_cursor("support", "gmail:support"))
+    assert cursor["historyId"] == str(world.fake.history_id)
+    assert cursor["first"] == cursor["synced"]
     assert [c.route for c in world.fake.api_calls()] == ["getProfile"]
     assert await world.drafts() == []
 
@@ -163,7 +167,7 @@ async def test_backfill_admits_newest_n_with_progress(tmp_path):
         result = await source.fetch(ctx)
         assert {i.item_id for i in result.items} == set(ids[-3:])
         assert seen[0] == (0, 3) and seen[-1] == (3, 3)
-        assert result.cursor == str(w.fake.history_id)
+        assert json.loads(result.cursor)["historyId"] == str(w.fake.history_id)
         assert "3 backfilled" in result.note
     finally:
         await w.close()
@@ -495,3 +499,69 @@ async def test_reauthorising_takes_effect_without_a_restart(world):
     run = (await world.store.recent_runs("support", 1))[0]
     assert run.status == "ok", run.error_text
     assert counts.new == 1 and [d.item_id for d in await world.drafts()] == [gid]
+
+
+def _after(call) -> int:
+    """The after: bound (epoch seconds) of a messages.list call."""
+    (q,) = call.query["q"]
+    return int(q.split("after:")[1].split()[0])
+
+
+async def test_history_expiry_never_drafts_mail_that_was_there_at_install(world):
+    """Mail in the box on the first run is deliberately not drafted; when history then
+    expires (draftgate was down for a week), the fallback does not draft it either.
+    Mail that arrived after the first run is admitted, each once."""
+    old = [world.fake.add_message(simple_message(n)) for n in range(5)]
+    installed = time.time()
+    await _started(world)
+    new = [world.fake.add_message(simple_message(n)) for n in range(10, 13)]
+    world.fake.expire_history()
+    counts = await world.tick()
+    run = (await world.store.recent_runs("support", 1))[0]
+    assert run.status == "ok", run.error_text
+    assert counts.new == 3
+    assert sorted(d.item_id for d in await world.drafts()) == sorted(new)
+    assert await world.store.unseen("support", "gmail:support", old) == set(old)
+    (listing,) = world.fake.calls_to("messages.list")
+    assert _after(listing) >= int(installed) - 1
+    await world.tick()
+    assert sorted(d.item_id for d in await world.drafts()) == sorted(new)
+
+
+async def test_history_expiry_lists_back_to_the_last_sync_only(world):
+    """After weeks of ticks, the fallback reaches back to the last successful sync (less
+    a small margin), not the whole resync_window: an old message put back in the inbox
+    (no history record) is not drafted, mail since the last sync is."""
+    await _started(world)
+    world.fake.add_message(simple_message(1))
+    before = time.time()
+    await world.tick()  # the last successful sync
+    after = time.time()
+    archived = world.fake.add_message(simple_message(2), received=time.time() - 3 * 86400)
+    fresh = world.fake.add_message(simple_message(3))
+    world.fake.expire_history()
+    mark = world.fake.mark()
+    counts = await world.tick()
+    assert await world.store.find_drafts("support", archived) == []
+    assert [d.item_id for d in await world.store.find_drafts("support", fresh)] == [fresh]
+    assert counts.new == 1
+    from bot.sources.gmail import RESYNC_MARGIN
+
+    (listing,) = [c for c in world.fake.api_calls(mark) if c.route == "messages.list"]
+    assert int(before - RESYNC_MARGIN) - 1 <= _after(listing) <= int(after)
+
+
+async def test_a_cursor_stored_as_a_bare_history_id_still_works(world):
+    """Cursors stored before this format (a bare historyId) go on working: the next
+    tick reads history from it and stores the new format."""
+    await _started(world)
+    await world.store.set_cursor("support", "gmail:support", str(world.fake.history_id))
+    gid = world.fake.add_message(simple_message(1))
+    counts = await world.tick()
+    assert counts.new == 1 and [d.item_id for d in await world.drafts()] == [gid]
+    cursor = json.loads(await world.store.get_cursor("support", "gmail:support"))
+    assert cursor["historyId"] == str(world.fake.history_id) and "synced" in cursor
+    world.fake.expire_history()
+    later = world.fake.add_message(simple_message(2))
+    counts = await world.tick()
+    assert counts.new == 1 and {d.item_id for d in await world.drafts()} == {gid, later}

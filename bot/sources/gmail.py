@@ -13,6 +13,15 @@ The new cursor is always taken BEFORE listing, so mail arriving meanwhile is see
 the next ``history.list``; the store's seen marks (``ctx.unseen``) make sure nothing
 is admitted twice across the fallback.
 
+The stored cursor is ``{"historyId": ..., "synced": T, "first": T0}``: besides the
+historyId, when it was taken (``synced``, this host's clock, taken before the call)
+and when the first run took its own (``first``). The fallback lists only mail newer
+than ``synced`` less a margin (:data:`RESYNC_MARGIN`), never older than
+``resync_window`` and never older than the first run, so mail that was in the box
+at install time (deliberately not drafted) is not drafted by a later fallback. A
+cursor stored as a bare historyId (before this format) still works; its fallback is
+bounded by ``resync_window`` alone until a tick has recorded ``synced``.
+
 History reports every added message, so candidates are re-checked: sent mail, drafts,
 spam and trash are dropped (not work), mail from one of our own addresses is kept as an
 item that ``filters.skip_own`` (on by default) records as skipped with the reason, and
@@ -27,10 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from .. import filters as _filters
@@ -47,6 +58,44 @@ _KEYS = {"type", "account", "query", "label", "backfill", "max_body", "resync_wi
          "concurrency"}
 _NEVER = {"SENT", "DRAFT", "SPAM", "TRASH", "CHAT"}
 _PAGE = 500  # Gmail's maximum page size for list and history
+# How far before the last successful sync the history-expired fallback still lists:
+# clock differences between this host and Gmail, and mail stamped before it arrived.
+RESYNC_MARGIN = 600.0
+
+
+@dataclass
+class _Cursor:
+    """The stored sync position; see the module docstring."""
+
+    history_id: str
+    synced: float | None = None  # when history_id was current (taken before the call)
+    first: float | None = None  # when the first run took its cursor
+
+    @classmethod
+    def parse(cls, value: str) -> "_Cursor":
+        value = value.strip()
+        if not value.startswith("{"):
+            return cls(value)  # a bare historyId, as stored before
+        try:
+            data = json.loads(value)
+            return cls(str(data.get("historyId") or ""), _seconds(data.get("synced")),
+                       _seconds(data.get("first")))
+        except (ValueError, AttributeError):
+            log.warning("gmail: unreadable stored cursor %r; resyncing by query", value[:80])
+            return cls("")  # the fallback (bounded by resync_window) takes it from here
+
+    def dump(self) -> str:
+        data: dict[str, Any] = {"historyId": self.history_id}
+        if self.synced is not None:
+            data["synced"] = self.synced
+        if self.first is not None:
+            data["first"] = self.first  # unrounded: compared with internalDate in ms
+        return json.dumps(data, separators=(",", ":"))
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
 
 
 class GmailSource:
@@ -240,21 +289,26 @@ class GmailSource:
         if not ctx.cursor:
             result = await self._first_run(ctx)
         else:
+            stored = _Cursor.parse(ctx.cursor)
             try:
-                result = await self._incremental(ctx)
+                if not stored.history_id:
+                    raise NotFound("no historyId in the stored cursor", 404)
+                result = await self._incremental(ctx, stored)
             except NotFound:
-                result = await self._resync(ctx)
+                result = await self._resync(ctx, stored)
         result.api_calls = self.client.calls - start_calls
         return result
 
-    async def _incremental(self, ctx: FetchContext) -> FetchResult:
+    async def _incremental(self, ctx: FetchContext, stored: _Cursor) -> FetchResult:
         label_id = await self._label()
         candidates: dict[str, None] = {}  # insertion-ordered set: O(1) per history entry
-        token, cursor = None, ctx.cursor
+        started = time.time()  # every record after the cursor below is newer than this
+        token, history_id = None, stored.history_id
         while True:
             def make(s, token=token):
                 return s.users().history().list(
-                    userId="me", startHistoryId=ctx.cursor, historyTypes=["messageAdded"],
+                    userId="me", startHistoryId=stored.history_id,
+                    historyTypes=["messageAdded"],
                     labelId=label_id, maxResults=self.page_size, pageToken=token)
             resp = await self._read(make, "history.list")
             for h in resp.get("history", []) or []:
@@ -262,10 +316,11 @@ class GmailSource:
                     m = added.get("message") or {}
                     if m.get("id") and not set(m.get("labelIds") or []) & _NEVER:
                         candidates.setdefault(m["id"])
-            cursor = str(resp.get("historyId") or cursor)
+            history_id = str(resp.get("historyId") or history_id)
             token = resp.get("nextPageToken")
             if not token:
                 break
+        cursor = _Cursor(history_id, synced=started, first=stored.first).dump()
         if not candidates:
             return FetchResult([], cursor=cursor)
         new = await ctx.unseen(list(candidates))
@@ -280,7 +335,9 @@ class GmailSource:
 
     async def _first_run(self, ctx: FetchContext) -> FetchResult:
         label_id = await self._label()
-        cursor = str((await self._profile())["historyId"])  # before listing: nothing missed
+        started = time.time()
+        history_id = str((await self._profile())["historyId"])  # before listing: nothing missed
+        cursor = _Cursor(history_id, synced=started, first=started).dump()
         if not self.backfill:
             return FetchResult([], cursor=cursor,
                                note="first run: cursor recorded, old mail not drafted "
@@ -294,20 +351,35 @@ class GmailSource:
         return FetchResult(items, cursor=cursor,
                            note=f"first run: cursor recorded, {len(items)} backfilled")
 
-    async def _resync(self, ctx: FetchContext) -> FetchResult:
-        """history.list said 404: the stored historyId is too old. List the query over
-        the resync window and admit whatever is not seen yet."""
+    async def _resync(self, ctx: FetchContext, stored: _Cursor) -> FetchResult:
+        """history.list said 404: the stored historyId is too old. List the query back
+        to the last successful sync (less a margin; at most ``resync_window``, never
+        before the first run) and admit whatever is not seen yet."""
         log.warning("gmail %s: historyId %s expired; resyncing with messages.list",
-                    self.account, ctx.cursor)
+                    self.account, stored.history_id or "(none)")
         label_id = await self._label()
-        cursor = str((await self._profile())["historyId"])  # before listing: nothing missed
-        since = int(min(ctx.scheduled_for or time.time(), time.time()) - self.resync_window)
-        ids = await self._list_ids(self._q(f"after:{max(0, since)} -in:sent -in:drafts"), label_id)
+        started = time.time()
+        history_id = str((await self._profile())["historyId"])  # before listing: nothing missed
+        since = min(ctx.scheduled_for or started, started) - self.resync_window
+        if stored.synced is not None:
+            since = max(since, stored.synced - RESYNC_MARGIN)
+        if stored.first is not None:
+            since = max(since, stored.first)
+        # after: counts whole seconds; the first run's bound is applied exactly below.
+        after = max(0, int(since) - 1)
+        ids = await self._list_ids(self._q(f"after:{after} -in:sent -in:drafts"), label_id)
         new = await ctx.unseen(ids)
         ids = [i for i in ids if i in new]
-        items, _ = await self._fetch_items(ids, ctx)
+        items, resources = await self._fetch_items(ids, ctx)
+        if stored.first is not None:  # in the box at install time: never drafted
+            old = {r.get("id") for r in resources
+                   if int(r.get("internalDate") or 0) < stored.first * 1000}
+            items = [it for it in items if it.item_id not in old]
+        cursor = _Cursor(history_id, synced=started, first=stored.first).dump()
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(since))
         return FetchResult(items, cursor=cursor,
-                           note=f"history expired: resynced by query, {len(items)} new")
+                           note=f"history expired: resynced by query since {when}, "
+                                f"{len(items)} new")
 
     async def close(self) -> None:
         await self.client.aclose()

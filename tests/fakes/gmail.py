@@ -164,21 +164,25 @@ class FakeGmail:
         return format(self._next_id, "x")
 
     def add_message(self, raw: bytes, labels: tuple[str, ...] | list[str] = ("INBOX", "UNREAD"),
-                    thread_id: str | None = None) -> str:
-        """Deliver ``raw`` to the mailbox; returns its Gmail id."""
+                    thread_id: str | None = None, received: float | None = None) -> str:
+        """Deliver ``raw`` to the mailbox; returns its Gmail id. ``received`` (epoch
+        seconds) backdates its internalDate, as for mail imported or moved back in."""
         with self.lock:
-            return self._add(raw, list(labels), thread_id)
+            return self._add(raw, list(labels), thread_id, received)
 
-    def _add(self, raw: bytes, labels: list[str], thread_id: str | None) -> str:
+    def _add(self, raw: bytes, labels: list[str], thread_id: str | None,
+             received: float | None = None) -> str:
         mid = self._new_id()
         self.history_id += 1
-        self._clock += 1000
+        # internalDate: when Gmail received it, as for real mail (never ahead of now).
+        self._clock = max(self._clock, int(time.time() * 1000))
+        date = self._clock if received is None else int(received * 1000)
         try:
             parsed = email.message_from_bytes(raw, policy=email.policy.compat32)
             msgid = str(parsed.get("Message-ID", "") or "").strip()
         except Exception:
             msgid = ""
-        self.messages[mid] = StoredMessage(mid, thread_id or mid, raw, labels, self._clock,
+        self.messages[mid] = StoredMessage(mid, thread_id or mid, raw, labels, date,
                                            self.history_id, msgid)
         self.history.append((self.history_id, mid))
         return mid
