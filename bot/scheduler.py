@@ -29,9 +29,16 @@ def validate_cron(expr: str) -> str | None:
     if len(expr.split()) != 5:
         return f"{expr!r} has {len(expr.split())} fields, cron needs 5 (minute hour day month weekday)"
     try:
-        croniter(expr)
+        it = croniter(expr, datetime.fromtimestamp(time.time(), tz=timezone.utc))
     except (ValueError, KeyError) as exc:
         return f"{expr!r}: {exc}"
+    try:
+        # A valid expression can still name no real date (31 February): croniter
+        # accepts it and only fails when asked for the next run.
+        it.get_next(float)
+    except (ValueError, KeyError, OverflowError):
+        return (f"{expr!r} never fires: no calendar date matches its day-of-month and month "
+                f"fields (like 31 February or 31 April)")
     return None
 
 

@@ -66,3 +66,30 @@ def test_describe():
     assert describe(S(interval=300)) == "every 5m"
     assert describe(S(interval=7200)) == "every 2h"
     assert describe(S(cron="0 9 * * *")) == "cron 0 9 * * *"
+
+
+@pytest.mark.parametrize("expr", ["0 9 31 2 *", "0 9 30 2 *", "0 0 31 4,6,9,11 *"])
+def test_a_cron_that_never_fires_is_a_config_error(tmp_path, capsys, expr):
+    """croniter accepts 31 February and fails only when asked for the next run: validate
+    said OK and `run --once` died with CroniterBadDateError."""
+    from bot.__main__ import main
+
+    assert "never fires" in validate_cron(expr)
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "a.yaml").write_text(
+        f"name: a\nschedule: '{expr}'\nsource: {{type: maildir, path: inbox}}\n"
+        "sender: {type: outbox, path: out}\n")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: sqlite:///s.db\n")
+    for argv in (["validate"], ["run", "--once"]):
+        assert main([*argv, "-c", str(cfg)]) == 2
+        err = capsys.readouterr().err
+        assert f"pipelines/a.yaml: schedule: expected an interval like 5m or a cron expression " \
+               f"like '0 9 * * MON-FRI': '{expr}' never fires" in err
+        assert "Traceback" not in err
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_a_rare_cron_is_fine():
+    assert validate_cron("0 9 29 2 *") is None  # every leap year
+    assert validate_cron("0 9 31 2 MON") is None  # day OR weekday: every Monday
