@@ -41,7 +41,7 @@ def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) ->
     if reason:
         return reason
 
-    if filters.get("skip_auto_replies", True):
+    if _on(filters, "skip_auto_replies", True):
         auto = headers.get("auto-submitted", "").strip().lower()
         if auto and not auto.startswith("no"):
             return f"automatic message (Auto-Submitted: {auto[:40]})"
@@ -51,7 +51,7 @@ def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) ->
         if headers.get("precedence", "").strip().lower() == "auto_reply":
             return "automatic reply (Precedence: auto_reply)"
 
-    if filters.get("skip_mailing_lists", False):
+    if _on(filters, "skip_mailing_lists", False):
         for name in ("list-unsubscribe", "list-id"):
             if name in headers:
                 return f"mailing list ({_canonical(name)} header)"
@@ -85,7 +85,7 @@ def own_reason(message: Message, filters: dict, *, own_addresses: list[str]) -> 
     ``None``. A source that learns an own address the configuration does not name (the
     Gmail account's address from its profile) applies it with this, so the item is
     still recorded as skipped with the same reason rather than dropped."""
-    if message.kind != "email" or not filters.get("skip_own", True):
+    if message.kind != "email" or not _on(filters, "skip_own", True):
         return None
     own = {a.strip().lower() for a in [*own_addresses, *_as_list(filters.get("own_addresses"))]
            if a and a.strip()}
@@ -102,7 +102,11 @@ def check_options(ck: Checker, filters: dict, path: str = "filters") -> None:
     for key in ("skip_mailing_lists", "skip_own", "skip_auto_replies"):
         ck.get(filters, key, path, bool, default=None)
     if "max_body" in filters:
-        ck.convert(filters, "max_body", path, parse_size)
+        limit = ck.convert(filters, "max_body", path, parse_size)
+        if limit is not None and limit < 1:
+            ck.error(f"{path}.max_body", f"expected a size of at least 1 byte like 200kB, got "
+                                         f"{filters['max_body']!r}; every message would be "
+                                         f"skipped")
     subjects = filters.get("skip_subjects")
     for i, pattern in enumerate(ck.str_list(filters, "skip_subjects", path)):
         if _regex(pattern) is None:
@@ -111,6 +115,13 @@ def check_options(ck: Checker, filters: dict, path: str = "filters") -> None:
                 re.compile(pattern)
             except re.error as exc:
                 ck.error(where, f"not a valid regular expression ({exc}): {pattern!r}")
+
+
+def _on(filters: dict, key: str, default: bool) -> bool:
+    """A switch; written with no value (``skip_own:``) it keeps its default, so an empty
+    line never turns a loop protection off."""
+    value = filters.get(key)
+    return default if value is None else bool(value)
 
 
 def _as_list(value) -> list[str]:

@@ -95,3 +95,40 @@ def test_check_options_accepts_a_full_valid_set():
                        "own_addresses": ["a@b.example"], "max_body": "200kB",
                        "skip_subjects": ["^x", "y$"], "skip_auto_replies": True})
     assert ck.errors == []
+
+
+@pytest.mark.parametrize("key, fields, reason", [
+    ("skip_own", {"from_addr": "support@shop.example"},
+     "sent from our own address support@shop.example"),
+    ("skip_auto_replies", {"headers": {"Auto-Submitted": "auto-replied"}},
+     "automatic message (Auto-Submitted: auto-replied)"),
+])
+def test_a_switch_written_without_a_value_keeps_its_loop_protection(tmp_path, key, fields, reason):
+    """`skip_own:` with nothing after it is null in YAML; it used to turn the protection
+    off (filters.get(key, True) returned None)."""
+    from bot.config import load_settings
+
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "a.yaml").write_text(
+        "name: a\nsource: {type: maildir, path: inbox}\nsender: {type: outbox, path: out}\n"
+        f"filters:\n  {key}:\n")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: sqlite:///s.db\n")
+    [p] = load_settings(cfg).pipelines
+    assert p.filters == {key: None}
+    assert skip_reason(_msg(**fields), p.filters, own_addresses=OWN) == reason
+
+
+@pytest.mark.parametrize("size", [0, "0kB", -5])
+def test_a_max_body_of_nothing_is_refused(tmp_path, capsys, size):
+    from bot.__main__ import main
+
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "a.yaml").write_text(
+        "name: a\nsource: {type: maildir, path: inbox}\nsender: {type: outbox, path: out}\n"
+        f"filters: {{max_body: {size}}}\n")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: sqlite:///s.db\n")
+    assert main(["validate", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "pipelines/a.yaml: filters.max_body: expected a size of at least 1 byte like 200kB" in err
