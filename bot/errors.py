@@ -9,6 +9,8 @@
     │   └── AuthError          credentials missing, expired or revoked: says which command fixes it
     ├── DrafterError           the model call failed
     │   ├── DrafterRetryable   timeout, 429, 5xx: the draft goes back to queued (attempt + 1)
+    │   ├── DrafterSetupError  401/403/404, missing key or prompt: the pipeline's setup is
+    │   │                      wrong, not the item: it goes back to queued (no attempt)
     │   └── BudgetExhausted    daily token budget spent: items stay queued
     ├── ApprovalError          the approval channel is unreachable: drafts wait in ``ready``
     └── SendError
@@ -51,6 +53,12 @@ class DrafterRetryable(DrafterError):
     def __init__(self, message: str, retry_after: float | None = None):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class DrafterSetupError(DrafterError):
+    """The model cannot be used at all (bad key, unknown model, missing prompt file):
+    every item would fail the same way, so items wait in the queue and the operators
+    are told what to fix."""
 
 
 class BudgetExhausted(DrafterError):
