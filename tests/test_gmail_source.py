@@ -565,3 +565,34 @@ async def test_a_cursor_stored_as_a_bare_history_id_still_works(world):
     later = world.fake.add_message(simple_message(2))
     counts = await world.tick()
     assert counts.new == 1 and {d.item_id for d in await world.drafts()} == {gid, later}
+
+
+async def test_mail_arriving_while_history_is_paged_is_not_skipped(world):
+    """history.list's historyId is the mailbox's current record when each page is
+    served, and Gmail does not promise that records added while paging appear on later
+    pages. A message arriving between pages is admitted by the next tick: the cursor is
+    the first page's historyId, not the last's."""
+    await _started(world)
+    world.fake.history_snapshot_pages = True
+    world.engine.source(world.settings.pipeline("support")).page_size = 7
+    ids = [world.fake.add_message(simple_message(n)) for n in range(20)]
+    snapshot = world.fake.history_id
+    mark = world.fake.mark()
+    second = world.fake.hold("history.list", skip=1)  # page 2 waits for the new mail
+    during: list[str] = []
+
+    def arrive_between_pages():
+        world.fake.reached("history.list").wait(10)
+        during.append(world.fake.add_message(simple_message(99)))
+        second.set()
+
+    helper = threading.Thread(target=arrive_between_pages)
+    helper.start()
+    counts = await world.tick()
+    helper.join(10)
+    assert counts.new == 20
+    assert [c.query.get("pageToken") for c in world.fake.api_calls(mark)
+            if c.route == "history.list"][:2] == [None, [f"7@{snapshot}"]]
+    counts = await world.tick()
+    assert counts.new == 1
+    assert {d.item_id for d in await world.drafts()} == set(ids + during)

@@ -316,7 +316,12 @@ class GmailSource:
                     m = added.get("message") or {}
                     if m.get("id") and not set(m.get("labelIds") or []) & _NEVER:
                         candidates.setdefault(m["id"])
-            history_id = str(resp.get("historyId") or history_id)
+            if token is None:
+                # The FIRST page's historyId: it is the mailbox's current record when
+                # that page is served, and Gmail does not promise that records added
+                # while paging appear on later pages, whose historyId is newer. From
+                # here, such a record is listed again next tick (seen marks dedupe).
+                history_id = str(resp.get("historyId") or history_id)
             token = resp.get("nextPageToken")
             if not token:
                 break

@@ -10,8 +10,8 @@ its quota units, and can be told to misbehave:
 * ``drop_after_accept(route)`` / ``error_after_accept(route, 500)``: store the sent
   message or draft, then drop the connection without an answer, or answer an error.
 * ``latency``: seconds added to every call (the bench uses 0.1).
-* ``hold(route)``: the next call of that route waits until the returned event is set;
-  ``reached(route)`` is set when it arrives.
+* ``hold(route, skip=0)``: the next call of that route (after ``skip`` more) waits
+  until the returned event is set; ``reached(route)`` is set when it arrives.
 
 Routes are names from Gmail's quota table: ``getProfile``, ``messages.list``,
 ``messages.get``, ``messages.send``, ``messages.modify``, ``history.list``,
@@ -107,6 +107,7 @@ class FakeGmail:
         self.valid_tokens: set[str] = {"fake-access-token"}
         self.refresh_ok = True
         self.revoked_refresh_tokens: set[str] = set()
+        self.history_snapshot_pages = False  # see _r_history_list
         self.reauthorised = 0
         self.grant_scope: str | None = None
         self.rewrite_message_id = False
@@ -115,6 +116,7 @@ class FakeGmail:
         self.latency = 0.0
         self._faults: dict[str, list[_Fault]] = {}
         self._holds: dict[str, tuple[threading.Event, threading.Event]] = {}
+        self._hold_skips: dict[str, int] = {}
         self._next_id = 0x18c0000000000000
         self._clock = int(time.time() * 1000) - 10_000_000
         self._server: ThreadingHTTPServer | None = None
@@ -261,11 +263,13 @@ class FakeGmail:
             self._faults.setdefault(route, []).append(
                 _Fault(status, times, body=body, after_accept=True))
 
-    def hold(self, route: str) -> threading.Event:
-        """The next call of ``route`` waits until the returned event is set."""
+    def hold(self, route: str, *, skip: int = 0) -> threading.Event:
+        """The next call of ``route`` (after ``skip`` more) waits until the returned
+        event is set."""
         release = threading.Event()
         with self.lock:
             self._holds[route] = (threading.Event(), release)
+            self._hold_skips[route] = skip
         return release
 
     def reached(self, route: str) -> threading.Event:
@@ -357,7 +361,11 @@ class FakeGmail:
         call = Call(method, parts.path, route, query, body, QUOTA.get(route, 0))
         with self.lock:
             self.calls.append(call)
-            hold = self._holds.pop(route, None)
+            if self._hold_skips.get(route, 0) > 0:
+                self._hold_skips[route] -= 1
+                hold = None
+            else:
+                hold = self._holds.pop(route, None)
         if hold:
             hold[0].set()
             hold[1].wait(30)
@@ -517,18 +525,27 @@ class FakeGmail:
     def _r_history_list(self, q, body, p):
         start = int(q["startHistoryId"][0])
         label = q.get("labelId", [None])[0]
+        # With history_snapshot_pages, later pages list only records up to the history
+        # id current at the first page (page tokens are opaque; Gmail does not say
+        # whether records added while paging show up on later pages).
+        token = q.get("pageToken", [""])[0]
+        offset, _, upto = token.partition("@")
         with self.lock:
             if start < self.history_floor:
                 return 404, {"error": {"code": 404, "message": "Requested entity was not found."}}
+            snapshot = int(upto) if upto else self.history_id
             entries = []
             for hid, mid in self.history:
                 m = self.messages[mid]
-                if hid > start and (label is None or label in m.labels):
+                if hid > start and (label is None or label in m.labels) and \
+                        (not self.history_snapshot_pages or hid <= snapshot):
                     ref = {"id": m.id, "threadId": m.thread_id, "labelIds": list(m.labels)}
                     entries.append({"id": str(hid), "messages": [{"id": m.id, "threadId": m.thread_id}],
                                     "messagesAdded": [{"message": ref}]})
             current = str(self.history_id)
-        out = _page(entries, q, "history", lambda e: e)
+        out = _page(entries, {**q, "pageToken": [offset or "0"]}, "history", lambda e: e)
+        if self.history_snapshot_pages and "nextPageToken" in out:
+            out["nextPageToken"] += f"@{snapshot}"
         out["historyId"] = current
         return 200, out
 
