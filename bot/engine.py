@@ -29,13 +29,18 @@ from . import scheduler
 from .build import build_drafter, build_sender, build_source
 from .config import PipelineConfig, Settings
 from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
-                     DrafterRetryable, DraftgateError, SendFailed, SendUnknown, StoreError)
+                     DrafterRetryable, DrafterSetupError, DraftgateError, SendFailed,
+                     SendUnknown, StoreError)
 from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts,
                      draft_key)
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store
 
 log = logging.getLogger("draftgate.engine")
+
+#: Longest a model's Retry-After holds a pipeline's drafting (a larger or endless one
+#: is cut to this, so drafting is never stopped for good by one answer).
+MAX_MODEL_HOLD = 3600.0
 
 
 def describe_error(exc: BaseException) -> str:
@@ -359,6 +364,26 @@ class Engine:
             f"daily_token_budget in {p.file} to continue today.")
         return False
 
+    async def _refuse_if_drafting_waits(self, draft_id: int) -> None:
+        """A Regenerate that nothing would act on soon is refused with the reason, and
+        the card stays as it is (otherwise it would sit at 'Regenerating…')."""
+        d = await self.store.get_draft(draft_id)
+        if d is None:
+            return
+        p = self.pipeline(d.pipeline)
+        if p.daily_token_budget:
+            day = utc_day(self.clock())
+            used = await self.store.tokens_used(p.name, day)
+            if used >= p.daily_token_budget:
+                raise BudgetExhausted(
+                    f"Not regenerated: {p.name}'s daily token budget is spent ({used:,} of "
+                    f"{p.daily_token_budget:,}). Try tomorrow (UTC), or raise "
+                    f"daily_token_budget in {p.file}.")
+        wait = self._draft_not_before.get(p.name, 0.0) - self.clock()
+        if wait > 0:
+            raise DrafterRetryable(f"Not regenerated: the model asked to wait; try again in "
+                                   f"{max(1, round(wait / 60))} min.")
+
     async def _draft_queued(self, p: PipelineConfig, counts: RunCounts) -> None:
         # A lease left by a crashed or hung worker goes back to the queue here, on
         # every tick, rather than waiting for the daily sweep.
@@ -419,6 +444,18 @@ class Engine:
             await self.store.release(d.id, d.fence)
             await self.notify(f"⏸ {p.name}: {exc}")
             return False
+        except DrafterSetupError as exc:
+            # The model cannot be used at all (key, model name, base_url, prompt file):
+            # every item would fail alike. The item waits, uncounted; later ticks probe
+            # with one item; the operators hear of it once a day.
+            await self.store.release(d.id, d.fence)
+            self._model_trouble.add(p.name)
+            await self._notify_once(
+                f"setup|{p.name}|{utc_day(self.clock())}",
+                f"⚠️ {p.name}: drafting is stopped: {describe_error(exc)}. Items wait in the "
+                f"queue; fix it (then restart draftgate if you changed the configuration "
+                f"or an environment variable).")
+            return False
         except asyncio.CancelledError:
             # Shutting down mid-call: hand the item straight back to the queue (fenced)
             # instead of leaving it to wait out its lease.
@@ -444,8 +481,15 @@ class Engine:
                                   f"attempt(s): {reason}. `/replay {p.name} {d.item_id}` retries it.")
             if retryable:  # a 429, 5xx, timeout or crash: the model may be in trouble
                 self._model_trouble.add(p.name)
-                if isinstance(exc, DrafterRetryable) and exc.retry_after:
-                    self._draft_not_before[p.name] = self.clock() + exc.retry_after
+                wait = getattr(exc, "retry_after", None)
+                if isinstance(exc, DrafterRetryable) and wait is not None and wait > 0:
+                    wait = min(wait, MAX_MODEL_HOLD)  # inf too; nan is not > 0
+                    self._draft_not_before[p.name] = self.clock() + wait
+                    if wait > 300:
+                        await self._notify_once(
+                            f"hold|{p.name}|{utc_day(self.clock())}",
+                            f"⏸ {p.name}: the model asked to wait {wait / 60:.0f} min "
+                            f"({reason}); items stay queued and drafting resumes then.")
                 return False
             return True
         self._model_trouble.discard(p.name)
@@ -538,6 +582,7 @@ class Engine:
     async def regenerate(self, draft_id: int, version: int, actor: str,
                          instruction: str = "") -> Draft | None:
         await self._require_configured(draft_id)
+        await self._refuse_if_drafting_waits(draft_id)
         d = await self.store.regenerate(draft_id, version, actor, instruction, now=self.clock())
         if d is not None:
             self._spawn(self.drain(d.pipeline))

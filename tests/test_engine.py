@@ -453,6 +453,55 @@ async def test_a_sender_that_cannot_be_built_sends_nothing_and_is_not_called_unk
     assert world.channel.retry_offered == []
 
 
+async def test_a_model_that_cannot_be_used_keeps_items_queued_and_says_so_once(world):
+    """A wrong key or model name is the setup's fault: nothing fails or burns an
+    attempt, the operators are told once, and later ticks probe with one item."""
+    from bot.errors import DrafterSetupError
+
+    world.sources["alpha"].messages = [msg(n) for n in range(1, 6)]
+    world.drafter.errors = [DrafterSetupError("models.default: HTTP 401: check OPENAI_API_KEY")] * 20
+    await world.engine.tick("alpha")
+    assert await world.store.count_by_status("alpha") == {"queued": 5}
+    ids = [f"<m{n}@example.com>" for n in range(1, 6)]
+    drafts = [d for i in ids for d in await world.store.find_drafts("alpha", i)]
+    assert [d.attempt for d in drafts] == [0] * 5
+    calls = len(world.drafter.calls)
+    world.clock.t += 300
+    await world.engine.tick("alpha")
+    assert len(world.drafter.calls) == calls + 1  # one probe
+    [note] = world.channel.notes
+    assert "alpha: drafting is stopped" in note and "OPENAI_API_KEY" in note
+    world.drafter.errors = []
+    world.clock.t += 300
+    await world.engine.tick("alpha")
+    assert await world.store.count_by_status("alpha") == {"awaiting": 5}
+
+
+async def test_an_endless_retry_after_holds_drafting_an_hour_at_most(world):
+    world.sources["alpha"].messages = [msg(1)]
+    world.drafter.errors = [DrafterRetryable("429 slow down", retry_after=float("inf"))]
+    await world.engine.tick("alpha")
+    world.clock.t += 3000
+    await world.engine.tick("alpha")
+    assert await world.store.count_by_status("alpha") == {"queued": 1}
+    assert any("asked to wait 60 min" in n for n in world.channel.notes)
+    world.clock.t += 601
+    await world.engine.tick("alpha")
+    assert await world.store.count_by_status("alpha") == {"awaiting": 1}
+
+
+async def test_regenerate_is_refused_with_the_reason_when_nothing_would_draft_it(world):
+    from bot.errors import BudgetExhausted
+
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    await world.store.add_tokens("alpha", 100, now=world.clock())  # the budget is 100
+    with pytest.raises(BudgetExhausted, match="Not regenerated: alpha's daily token budget"):
+        await world.engine.regenerate(d.id, d.version, "anna", "shorter")
+    assert (await world.store.get_draft(d.id)).status == "awaiting"
+
+
 async def test_a_definite_drafting_error_fails_at_once(world):
     world.sources["alpha"].messages = [msg(1)]
     world.drafter.errors = [DrafterError("401: check OPENAI_API_KEY")]

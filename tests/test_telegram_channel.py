@@ -447,6 +447,16 @@ async def test_regenerate_with_an_instruction_makes_version_2(world, fake):
     assert world.drafter.requests[-1].instruction == ""
 
 
+async def test_regenerate_with_the_budget_spent_is_refused_with_the_reason(world, fake):
+    d = await world.deliver(1)
+    world.settings.pipeline("support").daily_token_budget = 30  # the card's draft used 30
+    prompt = await _prompt(world, fake, d, "rg")
+    answer = await world.say("shorter", reply_to=prompt.message_id)
+    assert answer.startswith("Not regenerated: support's daily token budget is spent")
+    assert (await world.draft(d)).status == "awaiting"
+    assert _buttons(world.card(d).reply_markup)[0] == f"ap:{d.id}:1"
+
+
 async def test_reject_with_a_reason_is_final(world, fake):
     d = await world.deliver(1)
     prompt = await _prompt(world, fake, d, "rj")

@@ -15,6 +15,7 @@ import sys
 import textwrap
 from typing import TextIO
 
+from ..errors import DraftgateError
 from ..models import Draft
 from ..stages import Decisions, PostedRef
 
@@ -111,7 +112,11 @@ class ConsoleChannel:
                             "the card (Telegram), where it waits for a decision")
         elif answer in ("g", "regenerate"):
             instruction = await asyncio.to_thread(_ask, "   Instruction for the model (optional): ")
-            await self._decisions.regenerate(draft.id, draft.version, self.actor, instruction.strip())
+            try:
+                await self._decisions.regenerate(draft.id, draft.version, self.actor,
+                                                 instruction.strip())
+            except DraftgateError as exc:  # budget spent, model hold, pipeline gone
+                self._print(f"   {exc}")
         elif answer in ("r", "reject"):
             reason = await asyncio.to_thread(_ask, "   Reason (optional): ")
             await self._decisions.reject(draft.id, draft.version, self.actor, reason.strip())

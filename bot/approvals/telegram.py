@@ -35,7 +35,7 @@ from telegram.ext import (AIORateLimiter, Application, ApplicationBuilder,
 
 from .. import ops
 from ..config import Settings, TelegramConfig, env_secret
-from ..errors import ApprovalError, ConfigError, DraftgateError
+from ..errors import ApprovalError, ConfigError, DrafterError, DraftgateError
 from ..models import (AWAITING, READY, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENT,
                       TERMINAL_STATUSES, Draft)
 from ..stages import Decisions, PostedRef
@@ -654,8 +654,10 @@ class TelegramChannel:
             else:
                 after = await decisions.reject(draft.id, draft.version, actor, reason=text)
                 done = f"🗑 #{draft.id} rejected." if after else None
-        except ConfigError as exc:  # the draft's pipeline left the configuration
-            await msg.reply_text(do_quote=True, text=f"Not applied: {exc}")
+        except (ConfigError, DrafterError) as exc:  # pipeline gone; budget spent; model hold
+            text = str(exc)
+            await msg.reply_text(do_quote=True, text=_plain(
+                text if text.startswith("Not ") else f"Not applied: {text}"))
             return
         if after is None:
             fresh = await self.store.get_draft(draft.id) or draft
