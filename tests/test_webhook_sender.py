@@ -185,3 +185,83 @@ def test_create_reports_bad_options(opts, expected):
     with pytest.raises(ConfigError) as err:
         _create(**opts)
     assert len(err.value.errors) == 1 and err.value.errors[0].startswith(expected), err.value.errors
+
+
+@pytest.mark.parametrize("opts,expected", [
+    ({"url": "http://[::1"}, "pipelines/support.yaml: sender.url: expected an http:// or "
+                             "https:// URL, got 'http://[::1' (Invalid IPv6 URL)"),
+    ({"url": "http://h:abc/x"}, "pipelines/support.yaml: sender.url: expected an http:// or "
+                                "https:// URL, got 'http://h:abc/x' (Port could not be cast"),
+    ({"url": "http://h:99999/x"}, "pipelines/support.yaml: sender.url: expected an http:// or "
+                                  "https:// URL, got 'http://h:99999/x' (Port out of range"),
+    ({"url": "https://x/h", "status_url": "http://x:0/s"},
+     "pipelines/support.yaml: sender.status_url: expected an http:// or https:// URL"),
+    ({"url": "https://x/h", "secret_env": ""},
+     "pipelines/support.yaml: sender.secret_env: expected the name of an environment "
+     "variable, like WEBHOOK_SECRET, got ''"),
+])
+def test_create_reports_urls_that_would_fail_at_send_time(opts, expected):
+    with pytest.raises(ConfigError) as err:
+        _create(**opts)
+    assert len(err.value.errors) == 1 and err.value.errors[0].startswith(expected), err.value.errors
+
+
+def test_validate_names_a_malformed_webhook_url_instead_of_a_traceback(tmp_path, capsys):
+    from bot.__main__ import main
+
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "a.yaml").write_text(
+        "name: a\nsource: {type: maildir, path: inbox}\n"
+        "sender: {type: webhook, url: 'http://[::1'}\n")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: sqlite:///s.db\n")
+    assert main(["validate", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "pipelines/a.yaml: sender.url: expected an http:// or https:// URL" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("secret", ["line\nbreak", "caf\u00e9", "tab\x7fdel"])
+async def test_a_secret_no_header_can_carry_is_a_definite_failure(hook, monkeypatch, secret):
+    """It used to leave as UnicodeEncodeError or h11's LocalProtocolError: send_unknown,
+    although nothing had been written."""
+    monkeypatch.setenv("HOOK_SECRET", secret)
+    s = _create(url=hook.url + "/h", secret_env="HOOK_SECRET", timeout="0.5s")
+    try:
+        with pytest.raises(SendFailed) as err:
+            await s.send(_draft())
+    finally:
+        await s.close()
+    assert str(err.value) == (
+        "pipelines/support.yaml: sender.secret_env: environment variable HOOK_SECRET holds a "
+        "character an HTTP header cannot carry (a line break, a control character or a "
+        "non-ASCII letter); export the token alone. Nothing was sent.")
+    assert secret not in str(err.value) and hook.requests == []
+
+
+async def test_a_header_refused_on_the_wire_is_a_definite_failure(hook, sender, monkeypatch):
+    monkeypatch.setattr(webhook, "header_key", lambda key: "two\nlines")
+    with pytest.raises(SendFailed, match=r"webhook http://127.0.0.1:\d+/hooks/draftgate: the "
+                                         r"request could not be sent \(LocalProtocolError: "
+                                         r".*\); nothing was sent"):
+        await sender.send(_draft())
+    assert hook.requests == []
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://h:abc/x", "http://h:abc/x"),
+    ("http://[::1/x", "http://[::1/x"),
+    ("http://127.0.0.1:99999/x?token=t0k", "http://127.0.0.1:99999/x"),
+])
+async def test_a_url_that_cannot_be_used_fails_definitely_without_a_traceback(url, shown):
+    """A sender built past validation (an older config) with a URL that cannot work:
+    InvalidURL, or an OverflowError from the socket for port 99999."""
+    s = webhook.WebhookSender(url, timeout=0.5, where="pipelines/support.yaml: sender")
+    try:
+        with pytest.raises(SendFailed) as err:
+            await s.send(_draft())
+    finally:
+        await s.close()
+    assert str(err.value) == (f"pipelines/support.yaml: sender.url: {shown} is not a usable "
+                              f"http(s) URL; fix it (draftgate validate says why); nothing "
+                              f"was sent")

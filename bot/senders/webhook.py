@@ -35,13 +35,18 @@ import urllib.parse
 
 import httpx
 
-from ..config import Checker, PipelineConfig, Settings, parse_duration
+from ..config import Checker, PipelineConfig, Settings, parse_duration, url_problem
 from ..errors import ConfigError, SendFailed, SendUnknown
 from ..models import Draft, SendResult
 from ..reply import reply_message_id, reply_subject
 
 _OPTIONS = {"type", "url", "secret_env", "timeout", "status_url"}
 _HEADER_SAFE = "".join(c for c in string.printable if c not in "%\r\n\t\x0b\x0c")
+#: Raised while the request is built (URL, header encoding), before any I/O.
+_NOT_BUILT = (httpx.InvalidURL, UnicodeEncodeError, ValueError)
+#: Raised by the transport before a byte of the request is written (an unsupported
+#: scheme; a header h11 refuses to put on the wire).
+_NOT_WRITTEN = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 
 
 def payload(draft: Draft) -> dict:
@@ -86,11 +91,17 @@ class WebhookSender:
             if self._secret_env:
                 # Read at first use (like the model API keys), so `validate` works on a
                 # machine without the secrets; the error names the variable only.
-                secret = os.environ.get(self._secret_env, "")
+                secret = os.environ.get(self._secret_env, "").strip()
                 if not secret:
                     raise SendFailed(f"{self._where}.secret_env: environment variable "
                                      f"{self._secret_env} is not set; export it with the "
                                      f"webhook's token. Nothing was sent.")
+                if not all(" " <= c <= "~" for c in secret):
+                    raise SendFailed(f"{self._where}.secret_env: environment variable "
+                                     f"{self._secret_env} holds a character an HTTP header "
+                                     f"cannot carry (a line break, a control character or a "
+                                     f"non-ASCII letter); export the token alone. Nothing "
+                                     f"was sent.")
                 headers["Authorization"] = f"Bearer {secret}"
             # retries=0: a POST whose answer was lost must not be sent again by the
             # transport; deciding that is the operator's job (send_unknown).
@@ -102,8 +113,23 @@ class WebhookSender:
     async def send(self, draft: Draft) -> SendResult:
         headers = {"Idempotency-Key": header_key(draft.key), "Content-Type": "application/json"}
         body = json.dumps(payload(draft), ensure_ascii=False).encode("utf-8")
+        if url_problem(self.url):  # create checks it; a port out of range would
+            # otherwise escape httpx as an OverflowError. The URL is not repeated whole:
+            # its query may hold a token.
+            raise SendFailed(f"{self._where}.url: {_host(self.url)} is not a usable http(s) "
+                             f"URL; fix it (draftgate validate says why); nothing was sent")
+        client = self._http()
         try:
-            response = await self._http().post(self.url, content=body, headers=headers)
+            request = client.build_request("POST", self.url, content=body, headers=headers)
+        except _NOT_BUILT as exc:
+            raise SendFailed(f"webhook {_host(self.url)}: the request could not be made "
+                             f"({_describe(exc)}); nothing was sent") from exc
+        try:
+            response = await client.send(request)
+        except _NOT_WRITTEN as exc:
+            # Refused before a byte was written, so it certainly did not arrive.
+            raise SendFailed(f"webhook {_host(self.url)}: the request could not be sent "
+                             f"({_describe(exc)}); nothing was sent") from exc
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # No connection was made, so nothing was sent.
             raise SendFailed(f"webhook {_host(self.url)}: could not connect "
@@ -134,7 +160,7 @@ class WebhookSender:
             response = await client.get(
                 self.status_url, params={"key": draft.key},
                 headers={"Idempotency-Key": header_key(draft.key)})
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, *_NOT_BUILT) as exc:
             raise SendUnknown(f"webhook status {_host(self.status_url)}: {_describe(exc)}") from exc
         if 200 <= response.status_code < 300:
             return _answer_id(response) or draft.key
@@ -171,18 +197,28 @@ def _describe(exc: Exception) -> str:
 
 def _host(url: str) -> str:
     """Scheme, host and path only: a token in the query string is never shown."""
-    parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:  # a malformed host or port: show what is before the query
+        return url.split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
+    return f"{parts.scheme}://{parts.hostname or ''}{f':{port}' if port else ''}{parts.path}"
 
 
 def _check_url(ck: Checker, value: str | None, path: str) -> None:
     if value is None:
         return
-    parts = urllib.parse.urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        ck.error(path, f"expected an http:// or https:// URL, got {value!r}")
-    elif parts.username or parts.password:
+    try:
+        parts = urllib.parse.urlsplit(value)
+        credentials = parts.username or parts.password
+    except ValueError:
+        credentials = None  # url_problem says what is wrong
+    if credentials:
         ck.error(path, "do not put credentials in the URL; use secret_env")
+        return
+    problem = url_problem(value)
+    if problem:
+        ck.error(path, problem)
 
 
 def create(pipeline: PipelineConfig, settings: Settings) -> WebhookSender:
@@ -197,7 +233,7 @@ def create(pipeline: PipelineConfig, settings: Settings) -> WebhookSender:
     timeout = ck.convert(opts, "timeout", "sender", parse_duration, default=10.0)
     if isinstance(timeout, float) and timeout <= 0:
         ck.error("sender.timeout", "expected a duration above 0, like 10s")
-    secret_env = ck.get(opts, "secret_env", "sender", str, default=None)
+    secret_env = ck.env_name(opts, "secret_env", "sender", default=None)
     if "secret" in opts:
         ck.error("sender.secret", "never put the secret in YAML; set secret_env to the name "
                                   "of an environment variable that holds it")
