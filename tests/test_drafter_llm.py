@@ -391,3 +391,70 @@ def test_doctor_checks_the_model_endpoint_with_one_minimal_request(tmp_path, fak
     assert "model llm" in healthy and "test-model" in healthy and "ok" in healthy
     assert "❌ model llm" in broken and KEY_ENV in broken and SECRET not in broken
     assert [r.body["max_tokens"] for r in fake.requests] == [5, 5]
+
+
+# -- credentials never shown --------------------------------------------------------------
+
+
+def _with_credentials(url: str) -> str:
+    return url.replace("http://", "http://proxyuser:s3cr3tPW@")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_credentials_in_base_url_never_reach_the_error_text(tmp_path, provider):
+    with FakeLLM() as gone:
+        url = gone.openai_url if provider == "openai" else gone.url
+    settings = load_settings(write_config(
+        tmp_path, provider, _with_credentials(url), model="    timeout: 2s\n    retries: 0\n"))
+    d = build_drafter(settings.pipelines[0], settings)
+    try:
+        with pytest.raises(DrafterRetryable) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    text = str(err.value)
+    assert "cannot connect to http://***@127.0.0.1:" in text
+    assert "s3cr3tPW" not in text and "proxyuser" not in text
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_provider_echoing_the_key_or_the_url_credentials_is_redacted(tmp_path, fake, provider):
+    fake.script(fake.error(400, f"bad request from proxyuser:s3cr3tPW with key {SECRET}"))
+    url = fake.openai_url if provider == "openai" else fake.url
+    settings = load_settings(write_config(tmp_path, provider, _with_credentials(url)))
+    d = build_drafter(settings.pipelines[0], settings)
+    try:
+        with pytest.raises(DrafterError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    text = str(err.value)
+    assert "bad request from" in text and "with key ***" in text
+    assert SECRET not in text and "s3cr3tPW" not in text
+
+
+def test_doctor_hides_credentials_in_the_base_url(tmp_path, fake, capsys):
+    import logging
+
+    from bot.__main__ import main
+
+    cfg = write_config(tmp_path, "openai", _with_credentials(fake.openai_url))
+    handlers = logging.root.handlers[:]
+    try:
+        assert main(["doctor", "-c", str(cfg)]) == 0
+        out = capsys.readouterr().out
+    finally:
+        logging.root.handlers[:] = handlers
+    assert "ok" in out and "http://***@127.0.0.1:" in out
+    assert "s3cr3tPW" not in out and "proxyuser" not in out
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("postgresql://app:pw@db.example/state", "postgresql://app:***@db.example/state"),
+    ("postgresql://app@db.example/state", "postgresql://app@db.example/state"),
+    ("postgresql://db.example/state?password=pw&schema=s", "postgresql://db.example/state?password=***&schema=s"),
+])
+def test_the_store_url_keeps_its_user_and_hides_its_password(url, shown):
+    from bot.store.postgres import redact_url
+
+    assert redact_url(url) == shown

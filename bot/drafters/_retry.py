@@ -23,11 +23,13 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 from typing import Any, Awaitable, Callable, TypeVar
 
 from ..config import Checker, ModelConfig, PipelineConfig, Settings, parse_duration
 from ..errors import ConfigError, DrafterError, DrafterRetryable
 from ..models import DraftRequest, DraftResult
+from ..redact import redact_url
 from . import prompt as _prompt
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,31 @@ class ModelOptions:
     @property
     def where(self) -> str:
         return f"models.{self.name}"
+
+    @property
+    def shown_url(self) -> str:
+        """``base_url`` as an operator may read it: credentials in it are hidden."""
+        return redact_url(self.base_url or "", keep_user=False)
+
+    def redact(self, text: str) -> str:
+        """``text`` without the credentials of ``base_url`` or the API key, should an
+        SDK, a proxy or a provider have echoed them."""
+        url = self.base_url or ""
+        if url and url != self.shown_url:
+            text = text.replace(url, self.shown_url)
+        secrets = []
+        try:
+            parts = urlsplit(url)
+            secrets += [parts.password or "", parts.username or ""]
+        except ValueError:
+            pass
+        if self.api_key_env:
+            secrets.append(os.environ.get(self.api_key_env, ""))
+        for secret in sorted(filter(None, secrets), key=len, reverse=True):
+            for form in {secret, unquote(secret)}:
+                if len(form) >= 3:
+                    text = text.replace(form, "***")
+        return text
 
     def worst_case(self) -> float:
         """Least time every attempt needs when each one times out (plus the backoff
@@ -94,7 +121,8 @@ def model_options(model: ModelConfig, pipeline: PipelineConfig, settings: Settin
     ck.unknown({k: v for k, v in data.items() if k != "api_key"}, _KNOWN, where)
     base_url = ck.get(data, "base_url", where, str, default=None)
     if base_url is not None and not base_url.startswith(("http://", "https://")):
-        ck.error(f"{where}.base_url", f"expected an http:// or https:// URL, got {base_url!r}")
+        ck.error(f"{where}.base_url", f"expected an http:// or https:// URL, got "
+                                     f"{redact_url(base_url, keep_user=False)!r}")
     name = ck.get(data, "model", where, str)
     if name is not None and not name.strip():
         ck.error(f"{where}.model", "expected a model name, e.g. gpt-4.1-mini or llama3.1")
@@ -187,6 +215,7 @@ async def call_with_retries(opts: ModelOptions, call: Callable[[], Awaitable[T]]
             failure = classify(exc)
             if failure is None:
                 raise
+        failure.reason = opts.redact(failure.reason)
         where = f"{opts.provider} {opts.model}"
         if not failure.retryable:
             raise DrafterError(f"{where}: {failure.reason}")
@@ -320,7 +349,7 @@ class LLMDrafter:
         answer = await call_with_retries(
             ModelOptions(**{**self.opts.__dict__, "retries": 0}),
             lambda: self._call(client, p, 5), self._classify, budget=self.opts.timeout)
-        return f"{self.opts.provider} {answer.model or self.opts.model} at {self.opts.base_url}: ok"
+        return f"{self.opts.provider} {answer.model or self.opts.model} at {self.opts.shown_url}: ok"
 
     async def close(self) -> None:
         client, self._client = self._client, None

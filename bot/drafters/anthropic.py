@@ -53,7 +53,7 @@ class AnthropicDrafter(LLMDrafter):
             return Failure(f"no answer within {self.opts.timeout:g}s (timeout)", True)
         if isinstance(exc, anthropic.APIConnectionError):
             cause = exc.__cause__ or exc
-            return Failure(f"cannot connect to {self.opts.base_url}: {cause}", True)
+            return Failure(f"cannot connect to {self.opts.shown_url}: {cause}", True)
         if isinstance(exc, anthropic.APIStatusError):
             message = exc.api_message or exc.message
             return status_failure(exc.status_code, message, exc.response.headers,

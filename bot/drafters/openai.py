@@ -59,7 +59,7 @@ class OpenAIDrafter(LLMDrafter):
             return Failure(f"no answer within {self.opts.timeout:g}s (timeout)", True)
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc
-            return Failure(f"cannot connect to {self.opts.base_url}: {cause}", True)
+            return Failure(f"cannot connect to {self.opts.shown_url}: {cause}", True)
         if isinstance(exc, openai.APIStatusError):
             body = exc.body if isinstance(exc.body, dict) else {}
             message = body.get("message") or exc.message

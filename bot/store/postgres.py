@@ -34,6 +34,7 @@ from ..models import (
     REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED,
     AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
 )
+from ..redact import redact_url
 from ._copy import key_columns as _check_table
 from .base import (AdmitResult, ReplayResult, Store, SweepResult, replay_refusal,
                    replay_without_draft)
@@ -105,16 +106,6 @@ def _now(now: float | None) -> float:
 
 def _utc_day(t: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(t))
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced, safe to put in an error or a log line."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
 
 
 def parse_pg_url(url: str) -> tuple[str, str]:
