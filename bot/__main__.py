@@ -12,6 +12,7 @@ import getpass
 import importlib
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -77,10 +78,15 @@ async def _run(args) -> int:
         settings.pipelines = [settings.pipeline(n) for n in args.pipeline]
     if args.telegram_receive and settings.telegram is not None:
         settings.telegram.receive = args.telegram_receive
-    from .build import check_all
+    from .build import check_all, missing_env
     from .engine import Engine
 
     problems = check_all(settings)
+    if problems:
+        raise ConfigError(problems)
+    # Checked now rather than at the first tick, where every new item would fail
+    # while status still said healthy.
+    problems = missing_env(settings, [p for p in settings.pipelines if p.enabled])
     if problems:
         raise ConfigError(problems)
     store = await _open_store(settings)
@@ -102,8 +108,15 @@ async def _run(args) -> int:
               f"[{', '.join(p.name for p in settings.pipelines)}]; Ctrl-C or SIGTERM stops",
               file=sys.stderr, flush=True)
         if args.once:
+            paused = await store.paused()
             for p in settings.pipelines:
-                await engine.tick(p.name)
+                if not p.enabled:
+                    print(f"{p.name}: not run: enabled: false in {p.file}", file=sys.stderr)
+                elif p.name in paused:
+                    print(f"{p.name}: not run: paused (/resume {p.name} in Telegram schedules "
+                          f"it again)", file=sys.stderr)
+                else:
+                    await engine.tick(p.name)
         else:
             await engine.run_forever(stop)
         print("draftgate stopping: finishing in-flight transitions", file=sys.stderr, flush=True)
@@ -187,7 +200,7 @@ async def _demo(args) -> int:
 # -- read-only and operator commands --------------------------------------------------------
 
 async def _validate(args) -> int:
-    from .build import check_all
+    from .build import check_all, missing_env
 
     settings = _load(args)
     problems = check_all(settings)
@@ -200,7 +213,15 @@ async def _validate(args) -> int:
         print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.get('type')}, "
               f"drafter {p.drafter.get('model', 'template')}, approval "
               f"{p.approval.get('channel', 'console')}, sender {p.sender.get('type')}, "
-              f"recipe {p.recipe}")
+              f"recipe {p.recipe}"
+              + ("" if p.enabled else " (enabled: false)"))
+    # Secrets may well live only on the machine that runs draftgate: a notice, not an
+    # error, so validate stays usable anywhere; `run` refuses to start without them.
+    unset = missing_env(settings, [p for p in settings.pipelines if p.enabled])
+    if unset:
+        print(f"not set here ({len(unset)}; `draftgate run` needs them):")
+        for line in unset:
+            print(f"  {line}")
     return 0
 
 
@@ -240,7 +261,22 @@ async def _pending(args) -> int:
     return 0
 
 
+def _text_argument(name: str, value: str) -> None:
+    """A command-line value that is not valid UTF-8 arrives with surrogates in it and
+    could never match a stored id; say so instead of failing inside the store."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # Python decodes argv with surrogateescape: byte 0xNN became U+DCNN.
+        bad = next((ord(c) - 0xDC00 for c in value if 0xDC80 <= ord(c) <= 0xDCFF), None)
+        detail = f" (byte 0x{bad:02x} is not UTF-8)" if bad is not None else ""
+        raise ConfigError(f"{name}: not valid text{detail}; copy it exactly as `draftgate "
+                          f"pending` or `draftgate status` shows it") from None
+
+
 async def _replay(args) -> int:
+    _text_argument("pipeline", args.pipeline)
+    _text_argument("item_id", args.item_id)
     settings = _load(args)
     store = await _open_store(settings)
     try:
@@ -345,8 +381,11 @@ async def _doctor_models(settings: Settings) -> list[tuple[str, bool, str]]:
 # -- parser ----------------------------------------------------------------------------------
 
 def _add_config(p: argparse.ArgumentParser, default: str | None = "draftgate.yaml") -> None:
-    p.add_argument("-c", "--config", default=default, metavar="FILE",
+    # default None here, the command's own default applied in main(): so a -c given
+    # before the command (`draftgate -c FILE validate`) is not overwritten by it.
+    p.add_argument("-c", "--config", default=None, metavar="FILE",
                    help=f"deployment file (default: {default or 'draftgate.demo.yaml'})")
+    p.set_defaults(config_default=default)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -356,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Docs: README.md. Start with ./scripts/demo.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging on stderr (-vv for debug)")
+    parser.add_argument("-c", "--config", dest="config_before", metavar="FILE",
+                        help="deployment file, for commands that take -c (also accepted "
+                             "after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -446,18 +488,48 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         if hasattr(mod, "add_cli"):
             mod.add_cli(sub)
+    for command in _leaf_parsers(sub):
+        # -v after the command too (`draftgate run -v`), counted with the one before.
+        if "-v" not in command._option_string_actions:
+            command.add_argument("-v", "--verbose", dest="verbose_after", action="count",
+                                 default=0, help="more logging on stderr (-vv for debug)")
     return parser
+
+
+def _leaf_parsers(sub) -> list[argparse.ArgumentParser]:
+    out = []
+    for command in dict.fromkeys(sub.choices.values()):
+        nested = [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
+        out.extend(_leaf_parsers(nested[0]) if nested else [command])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(max(args.verbose, getattr(args, "verbose_default", 0)))
+    if args.config_before is not None:
+        if not hasattr(args, "config"):
+            parser.error(f"-c/--config does not apply to {args.command}")
+        if args.config is not None and args.config != args.config_before:
+            parser.error(f"-c given twice ({args.config_before} before the command, "
+                         f"{args.config} after it); give it once")
+        args.config = args.config_before
+    if getattr(args, "config", None) is None and hasattr(args, "config_default"):
+        args.config = args.config_default
+    verbose = args.verbose + getattr(args, "verbose_after", 0)
+    _setup_logging(max(verbose, getattr(args, "verbose_default", 0)))
     try:
         result = args.func(args)
         if asyncio.iscoroutine(result):
             result = asyncio.run(result)
+        sys.stdout.flush()  # here, so a closed pipe is handled below, not at exit
         return int(result or 0)
+    except BrokenPipeError:
+        # The reader went away (`draftgate pending | head -3`). Python's documented
+        # recipe: point stdout at devnull so the flush at exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except ConfigError as exc:
         print("configuration error:" if len(exc.errors) == 1 else
               f"configuration errors ({len(exc.errors)}):", file=sys.stderr)

@@ -82,3 +82,43 @@ def _check_telegram(settings: Settings) -> list[str]:
                            "update"}
     return [f"{settings.file}: telegram.webhook.{key}: missing; required when telegram.receive "
             f"is webhook ({hint})" for key, hint in hints.items() if not t.webhook.get(key)]
+
+
+def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = None) -> list[str]:
+    """The environment variables that ``run`` will read (model API keys, webhook
+    secrets, the Telegram token) and that are not set here, one message each naming
+    the variable and the key that names it. Never reads a value into a message."""
+    import os
+
+    pipelines = settings.pipelines if pipelines is None else pipelines
+    out: list[str] = []
+    by_model: dict[str, list[str]] = {}
+    for p in pipelines:
+        by_model.setdefault(p.drafter.get("model", "template"), []).append(p.name)
+        if p.sender.get("type") == "webhook" and p.sender.get("secret_env") \
+                and not os.environ.get(str(p.sender["secret_env"]), "").strip():
+            out.append(f"{p.file}: sender.secret_env: environment variable "
+                       f"{p.sender['secret_env']} is not set; export it with the webhook's token")
+    for name, users in by_model.items():
+        p = next(q for q in pipelines if q.name == users[0])
+        try:
+            opts = getattr(build_drafter(p, settings), "opts", None)
+        except ConfigError:
+            continue  # reported by check_all
+        var = getattr(opts, "api_key_env", None)
+        if var and not os.environ.get(var, ""):
+            model = settings.models[name]
+            out.append(f"{settings.file}: models.{name}.api_key_env: environment variable {var} "
+                       f"is not set (used by {', '.join(users)}); export it with the "
+                       f"{model.provider} API key")
+    t = settings.telegram
+    if t is not None:
+        for key, var, what in (("token_env", t.token_env, "the bot token from @BotFather"),
+                               ("webhook.secret_env", t.webhook.get("secret_env"),
+                                "the webhook secret")):
+            if key.startswith("webhook") and t.receive != "webhook":
+                continue
+            if var and not os.environ.get(str(var), ""):
+                out.append(f"{settings.file}: telegram.{key}: environment variable {var} is "
+                           f"not set; export it with {what}")
+    return out

@@ -256,3 +256,83 @@ def test_demo_never_auto_approves_into_a_real_sender_and_fresh_deletes_only_its_
     code, _, err = run(capsys, "demo", "-c", str(deployment), "--fresh")
     assert code == 2 and "--fresh resets only the bundled demo" in err
     assert deployment.exists() and pipeline_file.exists()
+
+
+def test_replay_of_an_id_that_is_not_utf8_exits_2_naming_the_argument(deployment, capsys):
+    """`draftgate replay demo $'\\xff'`: the shell passes a byte that is not UTF-8; it
+    used to reach SQLite and end in a UnicodeEncodeError traceback."""
+    code, _, err = run(capsys, "replay", "demo", "\udcff", "-c", str(deployment))
+    assert code == 2
+    assert "item_id: not valid text (byte 0xff is not UTF-8); copy it exactly as " \
+           "`draftgate pending` or `draftgate status` shows it" in err
+    assert "Traceback" not in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(deployment):
+    """`draftgate status | head -0`: a closed pipe is not a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "bot", "status", "-c", str(deployment)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # no reader left: the first write fails with EPIPE
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(60) == 1
+    assert err == ""
+
+
+def test_run_once_skips_disabled_and_paused_pipelines_and_says_why(deployment, capsys):
+    import asyncio
+
+    from bot.store import create_store
+
+    pipelines = deployment.parent / "pipelines"
+    text = (pipelines / "demo.yaml").read_text()
+    (pipelines / "spare.yaml").write_text(text.replace("name: demo", "name: spare")
+                                        + "enabled: false\n")
+    (pipelines / "held.yaml").write_text(text.replace("name: demo", "name: held"))
+
+    async def pause():
+        store = create_store(f"sqlite:///{deployment.parent}/state.db")
+        await store.open()
+        try:
+            await store.set_paused("held", True, "test")
+        finally:
+            await store.close()
+
+    asyncio.run(pause())
+    code, _, err = run(capsys, "run", "--once", "-c", str(deployment))
+    assert code == 0, err
+    assert "spare: not run: enabled: false in pipelines/spare.yaml" in err
+    assert "held: not run: paused (/resume held in Telegram schedules it again)" in err
+    code, out, _ = run(capsys, "status", "-c", str(deployment), "--json")
+    runs = {row["name"]: row["last_run"] for row in json.loads(out)}
+    assert runs["spare"] is None and runs["held"] is None and runs["demo"] is not None
+
+
+def test_run_refuses_to_start_without_a_models_key_and_validate_says_it_is_not_set_here(
+        deployment, capsys, monkeypatch):
+    monkeypatch.delenv("DG_TEST_UNSET_KEY", raising=False)
+    deployment.write_text(deployment.read_text() + (
+        "models:\n  default: {provider: openai, model: gpt-x, api_key_env: DG_TEST_UNSET_KEY}\n"))
+    pipeline = deployment.parent / "pipelines" / "demo.yaml"
+    pipeline.write_text(pipeline.read_text().replace("model: template ", "model: default "))
+    expected = (f"{deployment}: models.default.api_key_env: environment variable "
+                "DG_TEST_UNSET_KEY is not set (used by demo); export it with the openai API key")
+
+    code, out, err = run(capsys, "validate", "-c", str(deployment))
+    assert code == 0 and err == ""
+    assert f"not set here (1; `draftgate run` needs them):\n  {expected}\n" in out
+
+    code, _, err = run(capsys, "run", "--once", "-c", str(deployment))
+    assert code == 2 and expected in err and "Traceback" not in err
+    assert not (deployment.parent / "state.db").exists()  # refused before anything ran
+
+
+def test_config_and_verbose_options_work_before_and_after_the_command(deployment, capsys):
+    code, out, err = run(capsys, "-c", str(deployment), "validate")
+    assert code == 0 and out.startswith(f"{deployment}: OK"), err
+    code, out, err = run(capsys, "validate", "-v", "-c", str(deployment))
+    assert code == 0 and out.startswith(f"{deployment}: OK"), err
+    with pytest.raises(SystemExit) as exit_:
+        main(["-c", str(deployment), "migrate-store", "--from", "a", "--to", "b"])
+    assert exit_.value.code == 2
+    assert "-c/--config does not apply to migrate-store" in capsys.readouterr().err

@@ -190,7 +190,7 @@ def add_cli(subparsers) -> None:
                         "(short names readonly, send, compose, modify are accepted)")
     g.add_argument("--timeout", type=float, default=600.0,
                    help="seconds to wait for the browser to come back (default 600)")
-    g.add_argument("-c", "--config", default="draftgate.yaml", metavar="FILE",
+    g.add_argument("-c", "--config", default=None, metavar="FILE",
                    help="deployment file, to find the account's token_file and the scopes "
                         "its pipelines need (default: draftgate.yaml; required with "
                         "--account unless --scopes and --token are given)")
