@@ -240,3 +240,91 @@ def test_account_without_a_readable_config_fails_instead_of_guessing_scopes(
            "decides the scopes to request; pass -c FILE" in err
     assert "draftgate.yaml: file not found" in err
     assert not (tmp_path / "t.json").exists()
+
+
+def _auth(tmp_path, capsys, *extra: str) -> tuple[int, str]:
+    from bot.__main__ import main
+
+    code = main(["auth", "gmail", "--no-browser", "--port", "0", "--scopes", "readonly", *extra])
+    return code, capsys.readouterr().err
+
+
+def _client_secrets(tmp_path, content: dict) -> Path:
+    path = tmp_path / "client_secret.json"
+    path.write_text(json.dumps(content))
+    return path
+
+
+@pytest.mark.parametrize("content", [{"installed": 5}, {"installed": {}}, [], 5])
+def test_a_client_secrets_file_of_the_wrong_shape_is_explained(tmp_path, capsys, content):
+    """{"installed": 5} used to end in an AttributeError traceback from the library."""
+    secrets = _client_secrets(tmp_path, content)
+    code, err = _auth(tmp_path, capsys, "--client-secrets", str(secrets),
+                      "--token", str(tmp_path / "t.json"))
+    assert code == 2 and "Traceback" not in err
+    assert f"error: {secrets} is not an OAuth client secrets file: " in err
+    assert "download the OAuth client (Desktop app) JSON" in err
+
+
+def test_client_secrets_that_is_a_folder_is_explained(tmp_path, capsys):
+    (tmp_path / "cs.json").mkdir()
+    code, err = _auth(tmp_path, capsys, "--client-secrets", str(tmp_path / "cs.json"),
+                      "--token", str(tmp_path / "t.json"))
+    assert code == 2
+    assert err == (f"error: --client-secrets {tmp_path}/cs.json is a folder; name the JSON "
+                   f"file in it (client_secret_....json)\n")
+
+
+def test_a_token_path_that_cannot_be_written_is_refused_before_the_browser(
+        tmp_path, capsys, monkeypatch):
+    """The token used to be written after the consent, so an unwritable --token cost the
+    user the whole browser round trip and then printed a traceback."""
+    from google_auth_oauthlib import flow
+
+    def no_flow(*a, **kw):
+        raise AssertionError("the OAuth flow must not start")
+
+    monkeypatch.setattr(flow.InstalledAppFlow, "from_client_secrets_file", no_flow)
+    secrets = str(tmp_path / "client_secret.json")
+    (tmp_path / "secrets").mkdir()
+    code, err = _auth(tmp_path, capsys, "--client-secrets", secrets,
+                      "--token", str(tmp_path / "secrets"))
+    assert (code, err) == (2, f"error: --token {tmp_path}/secrets: is a folder; name the token "
+                              f"file, e.g. {tmp_path}/secrets/token.json\n")
+    (tmp_path / "plain").write_text("a file, not a folder")
+    code, err = _auth(tmp_path, capsys, "--client-secrets", secrets,
+                      "--token", str(tmp_path / "plain" / "sub" / "t.json"))
+    assert (code, err) == (2, f"error: --token {tmp_path}/plain/sub/t.json: {tmp_path}/plain "
+                              f"is not a folder, so the token file cannot be created under it\n")
+
+
+def test_a_token_folder_without_write_permission_is_refused_before_the_browser(tmp_path):
+    """Run as a user without the right to write there (root drops CAP_DAC_OVERRIDE
+    through setpriv, as the audit did)."""
+    import shutil
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("root without setpriv: every folder is writable")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    try:
+        proc = subprocess.run(
+            [*prefix, sys.executable, "-m", "bot", "auth", "gmail", "--no-browser",
+             "--client-secrets", str(tmp_path / "missing.json"), "--scopes", "readonly",
+             "--token", str(locked / "new" / "t.json")],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    finally:
+        locked.chmod(0o700)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"error: --token {locked}/new/t.json: cannot write in {locked} "
+                           f"(Permission denied); choose a folder you can write to\n")
+    assert list(locked.iterdir()) == []  # nothing created, no probe left behind
+
+
+def test_the_token_path_probe_leaves_nothing_behind(tmp_path):
+    assert auth.token_path_problem(tmp_path / "new" / "deeper" / "t.json") is None
+    assert list(tmp_path.iterdir()) == []

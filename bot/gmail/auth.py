@@ -116,6 +116,28 @@ def write_token(path: str | os.PathLike, data: str) -> None:
         raise
 
 
+def token_path_problem(path: str | os.PathLike) -> str | None:
+    """Why ``write_token(path, ...)`` would fail, or None: the path is a folder, or
+    its folder is not one, or cannot be created or written in. Probed with a real
+    temporary file (permission bits alone do not tell, e.g. for root or a read-only
+    mount), which is removed at once; no folder is created."""
+    path = Path(path)
+    if path.is_dir():
+        return f"is a folder; name the token file, e.g. {path / 'token.json'}"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # the nearest folder that exists: write_token creates the rest
+    if not folder.is_dir():
+        return f"{folder} is not a folder, so the token file cannot be created under it"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".draftgate-probe.", dir=folder)
+    except OSError as exc:
+        return f"cannot write in {folder} ({exc.strerror or exc}); choose a folder you can write to"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
 def load_credentials(path: str | os.PathLike, account: str,
                      config_file: str | os.PathLike | None = None):
     """google.oauth2 Credentials from a token file written by ``draftgate auth gmail``.
@@ -245,18 +267,36 @@ def run_cli(args, out=None) -> int:
         print("error: --token FILE is required (or --account NAME with a config that names "
               "its token_file)", file=sys.stderr)
         return 2
+    # Before the browser: a consent given for a token that cannot be saved is wasted.
+    problem = token_path_problem(token)
+    if problem:
+        print(f"error: --token {token}: {problem}", file=sys.stderr)
+        return 2
     from google_auth_oauthlib.flow import InstalledAppFlow
 
+    download = ("download the OAuth client (Desktop app) JSON from Google Cloud Console > "
+                "APIs & Services > Credentials")
     try:
         flow = InstalledAppFlow.from_client_secrets_file(args.client_secrets, scopes=scopes)
     except FileNotFoundError:
-        print(f"error: client secrets file {args.client_secrets} not found; download the "
-              f"OAuth client (Desktop app) JSON from Google Cloud Console > APIs & Services > "
-              f"Credentials", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"error: {args.client_secrets} is not an OAuth client secrets file: {exc}",
+        print(f"error: client secrets file {args.client_secrets} not found; {download}",
               file=sys.stderr)
+        return 2
+    except IsADirectoryError:
+        print(f"error: --client-secrets {args.client_secrets} is a folder; name the JSON file "
+              f"in it (client_secret_....json)", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot read the client secrets file {args.client_secrets}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except (ValueError, AttributeError, TypeError, KeyError) as exc:
+        # JSON that is not {"installed": {...}} reaches the library's own code as an
+        # AttributeError or TypeError; the message is the same as for its ValueErrors.
+        detail = str(exc) if isinstance(exc, ValueError) else "expected {\"installed\": " \
+            "{\"client_id\": ..., \"client_secret\": ..., ...}}"
+        print(f"error: {args.client_secrets} is not an OAuth client secrets file: {detail}; "
+              f"{download}", file=sys.stderr)
         return 2
     print("Requesting scopes: " + ", ".join(s.rsplit("/", 1)[-1] for s in scopes), file=out)
     prompt = ("Open this URL in a browser and approve access:\n{url}\n"
@@ -283,7 +323,13 @@ def run_cli(args, out=None) -> int:
         granted = granted.split()
     data = json.loads(creds.to_json())
     data["scopes"] = list(granted)  # what was granted, so doctor can compare
-    write_token(token, json.dumps(data))
+    try:
+        write_token(token, json.dumps(data))
+    except OSError as exc:  # checked before the flow; the folder changed since
+        print(f"error: the token could not be written to {token}: {exc.strerror or exc}; "
+              f"nothing was saved. Fix the folder and run this command again",
+              file=sys.stderr)
+        return 1
     print(f"Token written to {token} (mode 0600).", file=out)
     missing = missing_scopes(granted, scopes)
     if missing:
