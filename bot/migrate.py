@@ -135,6 +135,12 @@ def _Bar(out=None, width: int = 30) -> Bar:
 
 def run_cli(args) -> int:
     """Run ``migrate-store`` from parsed arguments; prints a summary, returns the exit code."""
+    for option, url in (("--from", args.src), ("--to", args.dst)):
+        try:
+            create_store(url)  # parses the URL only; a bad one is a bad argument: exit 2
+        except (StoreError, ValueError) as e:
+            print(f"migrate-store: {option}: {e}", file=sys.stderr)
+            return 2
     try:
         copied = asyncio.run(migrate_store(args.src, args.dst, force=args.force, progress=_Bar()))
     except (StoreError, ValueError) as e:

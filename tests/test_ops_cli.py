@@ -336,3 +336,17 @@ def test_config_and_verbose_options_work_before_and_after_the_command(deployment
         main(["-c", str(deployment), "migrate-store", "--from", "a", "--to", "b"])
     assert exit_.value.code == 2
     assert "-c/--config does not apply to migrate-store" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("src, dst, expected", [
+    ("sqlite://", "sqlite:///{tmp}/new.db", "migrate-store: --from: bad SQLite store URL "
+                                           "'sqlite://': expected sqlite:///path/to/state.db"),
+    ("sqlite:///{tmp}/old.db", "mysql://h/db", "migrate-store: --to: unknown store URL "
+                                              "'mysql://h/db'; expected sqlite:///path or "
+                                              "postgresql://..."),
+])
+def test_migrate_store_with_a_bad_url_is_a_bad_argument(tmp_path, capsys, src, dst, expected):
+    code, _, err = run(capsys, "migrate-store", "--from", src.format(tmp=tmp_path),
+                       "--to", dst.format(tmp=tmp_path))
+    assert code == 2 and err.startswith(expected) and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
