@@ -10,7 +10,7 @@ import pytest
 
 from bot.build import build_drafter
 from bot.config import load_settings
-from bot.errors import ConfigError, DrafterError, DrafterRetryable
+from bot.errors import ConfigError, DrafterError, DrafterRetryable, DrafterSetupError
 from bot.models import DraftRequest, Message
 from tests.fakes.llm import FakeLLM
 
@@ -176,47 +176,133 @@ async def test_a_slow_answer_within_the_timeout_is_a_draft(tmp_path, fake, provi
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-async def test_401_is_definite_and_names_the_env_var_but_never_the_key(tmp_path, fake, provider):
+async def test_401_is_a_setup_error_naming_the_env_var_but_never_the_key(tmp_path, fake, provider):
+    """A wrong key fails every item alike: the setup is wrong, not the item."""
     fake.script(fake.error(401, "invalid x-api-key"))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterSetupError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    text = str(err.value)
+    assert KEY_ENV in text and "models.llm.api_key_env" in text and "HTTP 401" in text
+    assert SECRET not in text
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_403_and_404_are_setup_errors_saying_what_to_check(tmp_path, fake, provider):
+    fake.script(fake.error(403, "no access to this model"), fake.error(404, "no such model"))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterSetupError) as denied:
+            await d.draft(request())
+        with pytest.raises(DrafterSetupError) as missing:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert "HTTP 403" in str(denied.value) and "no access to this model" in str(denied.value)
+    assert KEY_ENV in str(denied.value) and "models.llm.model" in str(denied.value)
+    assert "HTTP 404" in str(missing.value) and "no such model" in str(missing.value)
+    assert "models.llm.model ('test-model')" in str(missing.value)
+    assert "models.llm.base_url (http://127.0.0.1:" in str(missing.value)
+    assert len(fake.requests) == 2  # no retries
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("status", [400, 413, 422])
+async def test_a_refused_request_fails_only_its_item(tmp_path, fake, provider, status):
+    fake.script(fake.error(status, "context too long"))
     d = make(tmp_path, provider, fake)
     try:
         with pytest.raises(DrafterError) as err:
             await d.draft(request())
     finally:
         await d.close()
-    assert not isinstance(err.value, DrafterRetryable)
-    assert KEY_ENV in str(err.value) and "401" in str(err.value)
-    assert SECRET not in str(err.value)
+    assert not isinstance(err.value, (DrafterRetryable, DrafterSetupError))
+    assert f"HTTP {status}" in str(err.value) and "context too long" in str(err.value)
     assert len(fake.requests) == 1
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-async def test_400_and_404_are_definite(tmp_path, fake, provider):
-    fake.script(fake.error(400, "context too long"), fake.error(404, "no such model"))
+async def test_an_exhausted_quota_is_a_setup_error_about_billing_not_a_rate_limit(tmp_path, fake, provider):
+    """OpenAI's 429 insufficient_quota (and a 402) lasts until someone pays: retrying
+    and holding the pipeline for a Retry-After would never end it."""
+    fake.script(fake.error(429, "You exceeded your current quota", code="insufficient_quota"),
+                fake.error(402, "Your credit balance is too low"))
     d = make(tmp_path, provider, fake)
     try:
-        with pytest.raises(DrafterError) as bad:
+        with pytest.raises(DrafterSetupError) as quota:
             await d.draft(request())
-        with pytest.raises(DrafterError) as missing:
+        with pytest.raises(DrafterSetupError) as credit:
             await d.draft(request())
     finally:
         await d.close()
-    assert not isinstance(bad.value, DrafterRetryable) and "context too long" in str(bad.value)
-    assert not isinstance(missing.value, DrafterRetryable)
-    assert "models.llm.model" in str(missing.value)
-    assert len(fake.requests) == 2
+    for err in (quota, credit):
+        assert "check the billing/quota of the account" in str(err.value)
+        assert KEY_ENV in str(err.value)
+    assert "You exceeded your current quota" in str(quota.value)
+    assert len(fake.requests) == 2  # no retries
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-async def test_a_missing_key_variable_is_named_at_first_call_and_nothing_is_sent(
+async def test_a_missing_key_variable_is_a_setup_error_named_at_first_call_and_nothing_is_sent(
         tmp_path, fake, provider, monkeypatch):
     monkeypatch.delenv(KEY_ENV)
     d = make(tmp_path, provider, fake)  # building needs no secret (validate, start-up)
-    with pytest.raises(DrafterError) as err:
+    with pytest.raises(DrafterSetupError) as err:
         await d.draft(request())
     await d.close()
-    assert f"environment variable {KEY_ENV} is not set" in str(err.value)
+    assert f"models.llm: environment variable {KEY_ENV} is not set" in str(err.value)
     assert fake.requests == []
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("content", [None, b"\xff\xfe not utf-8"])
+async def test_a_missing_or_unreadable_prompt_file_is_a_setup_error_and_its_fix_needs_no_restart(
+        tmp_path, fake, provider, content):
+    d = make(tmp_path, provider, fake)
+    prompt_file = tmp_path / "prompts" / "support.md"
+    if content is None:
+        prompt_file.unlink()
+    else:
+        prompt_file.write_bytes(content)
+    try:
+        with pytest.raises(DrafterSetupError) as err:
+            await d.draft(request())
+        assert fake.requests == []
+        prompt_file.write_text("You are the support desk.\n")
+        assert (await d.draft(request())).body
+    finally:
+        await d.close()
+    text = str(err.value)
+    assert "pipelines/support.yaml: drafter.prompt: cannot read the prompt file" in text
+    assert str(prompt_file) in text
+    assert ("No such file" if content is None else "not UTF-8") in text
+
+
+async def test_a_wrong_key_keeps_the_queue_and_tells_the_operators_once(tmp_path, fake):
+    """What the operator sees: no item is failed (no /replay for each), one notice that
+    names the variable to fix."""
+    from tests.test_drafter_engine import Clock, World, deploy
+
+    fake.default = fake.error(401, "Incorrect API key provided")
+    cfg = deploy(tmp_path, fake, emails=4, in_flight=2)
+    cfg.write_text(cfg.read_text().replace("    model: m\n", f"    model: m\n    api_key_env: {KEY_ENV}\n"))
+    w = World(cfg, Clock())
+    try:
+        engine, cards = await w.engine()
+        await engine.tick("support")
+        w.clock.t += 300
+        await engine.tick("support")
+        by_status = await w.store.count_by_status("support")
+    finally:
+        await w.close()
+    assert by_status == {"queued": 4}
+    [note] = [n for n in cards.notes if "support" in n]
+    assert KEY_ENV in note and "HTTP 401" in note and SECRET not in note
+    assert "drafting failed" not in " ".join(cards.notes)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

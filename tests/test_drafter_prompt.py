@@ -7,7 +7,7 @@ import pytest
 
 from bot.config import PipelineConfig
 from bot.drafters import prompt
-from bot.errors import DrafterError
+from bot.errors import DrafterError, DrafterSetupError
 from bot.models import DraftRequest, Message
 
 
@@ -66,11 +66,12 @@ def test_the_operator_instruction_cannot_forge_a_boundary_either():
     assert "shorter" in p.system
 
 
-def test_a_missing_prompt_file_is_named_at_first_use(tmp_path):
-    s = settings(prompt_file=tmp_path / "gone.md")
-    with pytest.raises(DrafterError) as err:
+def test_a_missing_prompt_file_is_a_setup_error_named_at_first_use(tmp_path):
+    s = settings(prompt_file=tmp_path / "gone.md", where="pipelines/p.yaml: drafter.prompt")
+    with pytest.raises(DrafterSetupError) as err:
         prompt.load_prompt(s)
-    assert "gone.md" in str(err.value) and "drafter.prompt" in str(err.value)
+    assert "gone.md" in str(err.value)
+    assert str(err.value).startswith("pipelines/p.yaml: drafter.prompt: cannot read the prompt file")
 
 
 def test_prompt_settings_resolve_the_file_against_the_deployment(tmp_path):

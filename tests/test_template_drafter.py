@@ -8,7 +8,7 @@ import pytest
 
 from bot.config import ModelConfig, PipelineConfig, Settings
 from bot.drafters import template
-from bot.errors import ConfigError, DrafterError
+from bot.errors import ConfigError, DrafterError, DrafterSetupError
 from bot.models import DraftRequest, Message
 from bot.stages import Drafter
 
@@ -88,10 +88,14 @@ async def test_template_edits_apply_to_the_next_draft(tmp_path):
     assert (await d.draft(DraftRequest("support", ALICE))).body == "two\n"
 
 
-async def test_missing_template_file_is_a_drafter_error(tmp_path):
+async def test_a_missing_template_file_is_a_setup_error_and_its_fix_needs_no_restart(tmp_path):
+    """Every item would fail alike: the engine keeps them queued and tells the operators."""
     d = template.create(MODEL, _pipeline(tmp_path, prompt="gone.txt"), _settings(tmp_path))
-    with pytest.raises(DrafterError, match="pipelines/support.yaml: drafter.prompt: cannot read template"):
+    with pytest.raises(DrafterSetupError, match="pipelines/support.yaml: drafter.prompt: cannot "
+                                                "read template .*gone.txt.*fix the file"):
         await d.draft(DraftRequest("support", ALICE))
+    (tmp_path / "gone.txt").write_text("Hi {first_name}", encoding="utf-8")
+    assert (await d.draft(DraftRequest("support", ALICE))).body == "Hi Alice\n"
 
 
 def test_prompt_is_required(tmp_path):

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 from typing import Any, Awaitable, Callable, TypeVar
 
 from ..config import Checker, ModelConfig, PipelineConfig, Settings, parse_duration
-from ..errors import ConfigError, DrafterError, DrafterRetryable
+from ..errors import ConfigError, DrafterError, DrafterRetryable, DrafterSetupError
 from ..models import DraftRequest, DraftResult
 from ..redact import redact_url
 from . import prompt as _prompt
@@ -99,7 +99,7 @@ class ModelOptions:
             return NO_KEY
         value = os.environ.get(self.api_key_env, "")
         if not value:
-            raise DrafterError(
+            raise DrafterSetupError(
                 f"{self.where}: environment variable {self.api_key_env} is not set; export it "
                 f"with the {self.provider} API key (or remove api_key_env for a local server "
                 f"that needs no key)")
@@ -170,6 +170,8 @@ class Failure:
     reason: str
     retryable: bool
     retry_after: float | None = None
+    #: Not this item's fault: the model cannot be used at all until its setup is fixed.
+    setup: bool = False
 
 
 def retry_after_seconds(headers: Any) -> float | None:
@@ -218,7 +220,7 @@ async def call_with_retries(opts: ModelOptions, call: Callable[[], Awaitable[T]]
         failure.reason = opts.redact(failure.reason)
         where = f"{opts.provider} {opts.model}"
         if not failure.retryable:
-            raise DrafterError(f"{where}: {failure.reason}")
+            raise (DrafterSetupError if failure.setup else DrafterError)(f"{where}: {failure.reason}")
         if failure.retry_after is not None and failure.retry_after > MAX_WAIT:
             # Sitting out a long rate limit would hold the claim for minutes; the queue
             # will offer the item again.
@@ -242,23 +244,46 @@ async def call_with_retries(opts: ModelOptions, call: Callable[[], Awaitable[T]]
     raise AssertionError("unreachable")
 
 
-def status_failure(status: int, message: str, headers: Any, key_env: str | None,
-                   where: str) -> Failure:
-    """Classify an HTTP error answer from either provider."""
+#: Error codes meaning the account has no money or quota left: no retry helps until
+#: someone fixes the billing (OpenAI's 429 ``insufficient_quota``).
+_BILLING_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_error"}
+
+
+def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
+                   code: str | None = None) -> Failure:
+    """Classify an HTTP error answer (or an error object in a 200 answer) from either
+    provider. ``code`` is the error's code or type, when the body names one.
+
+    429, 5xx, 408, 409: the provider's trouble, retryable. 401, 403, 404 and an
+    exhausted quota: the setup is wrong (key, access, model name, base_url, billing),
+    so every item would fail alike (:class:`DrafterSetupError`). Any other 4xx (400,
+    413, 422...): this request was refused; the item fails with the reason."""
     message = " ".join(str(message).split())[:300]
+    where, key_env = opts.where, opts.api_key_env
+    if status == 402 or (code or "").lower() in _BILLING_CODES:
+        account = f"the account of the API key in {key_env}" if key_env else "the account"
+        return Failure(f"the account has no quota or credit left (HTTP {status}): {message}; "
+                       f"check the billing/quota of {account} ({where})", False, setup=True)
     if status == 429:
         return Failure(f"rate limited (HTTP 429): {message}", True, retry_after_seconds(headers))
     if status in (408, 409) or status >= 500:
         return Failure(f"server error (HTTP {status}): {message}", True,
                        retry_after_seconds(headers))
-    if status in (401, 403):
-        hint = (f"check the API key in environment variable {key_env}" if key_env else
+    if status == 401:
+        hint = (f"check the API key in environment variable {key_env} ({where}.api_key_env)"
+                if key_env else
                 f"the server wants an API key: set {where}.api_key_env to the name of an "
                 f"environment variable that holds it")
-        return Failure(f"not authorised (HTTP {status}): {message}; {hint}", False)
+        return Failure(f"not authorised (HTTP 401): {message}; {hint}", False, setup=True)
+    if status == 403:
+        hint = (f"check that the API key in environment variable {key_env} may use model "
+                f"{opts.model!r} ({where}.api_key_env, {where}.model)" if key_env else
+                f"the server wants an API key with access: set {where}.api_key_env to the "
+                f"name of an environment variable that holds it")
+        return Failure(f"access denied (HTTP 403): {message}; {hint}", False, setup=True)
     if status == 404:
-        return Failure(f"not found (HTTP 404): {message}; check {where}.model and "
-                       f"{where}.base_url", False)
+        return Failure(f"not found (HTTP 404): {message}; check {where}.model ({opts.model!r}) "
+                       f"and {where}.base_url ({opts.shown_url})", False, setup=True)
     return Failure(f"request refused (HTTP {status}): {message}", False)
 
 

@@ -56,8 +56,8 @@ class AnthropicDrafter(LLMDrafter):
             return Failure(f"cannot connect to {self.opts.shown_url}: {cause}", True)
         if isinstance(exc, anthropic.APIStatusError):
             message = exc.api_message or exc.message
-            return status_failure(exc.status_code, message, exc.response.headers,
-                                  self.opts.api_key_env, self.opts.where)
+            return status_failure(exc.status_code, message, exc.response.headers, self.opts,
+                                  code=exc.error_code or exc.type)
         if isinstance(exc, anthropic.AnthropicError):
             return Failure(f"unusable answer: {exc}", False)
         return None

@@ -63,8 +63,8 @@ class OpenAIDrafter(LLMDrafter):
         if isinstance(exc, openai.APIStatusError):
             body = exc.body if isinstance(exc.body, dict) else {}
             message = body.get("message") or exc.message
-            return status_failure(exc.status_code, message, exc.response.headers,
-                                  self.opts.api_key_env, self.opts.where)
+            return status_failure(exc.status_code, message, exc.response.headers, self.opts,
+                                  code=exc.code or exc.type)
         if isinstance(exc, openai.OpenAIError):
             return Failure(f"unusable answer: {exc}", False)
         return None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Checker, PipelineConfig
-from ..errors import ConfigError, DrafterError
+from ..errors import ConfigError, DrafterError, DrafterSetupError
 from ..models import DraftRequest, Message
 
 #: Longest draft we pass on; longer output is a runaway model, not a reply.
@@ -57,6 +57,7 @@ class PromptSettings:
     max_input: int
     signature: str
     language: str  # "auto": the sender's language; otherwise e.g. "German"
+    where: str = "drafter.prompt"  # named in errors: "pipelines/x.yaml: drafter.prompt"
 
 
 @dataclass
@@ -81,18 +82,23 @@ def prompt_settings(pipeline: PipelineConfig) -> PromptSettings:
     if errors:
         raise ConfigError(errors)
     return PromptSettings(pipeline.path(prompt) if prompt else None, max_input or 8000,
-                          (signature or "").strip(), (language or "auto").strip() or "auto")
+                          (signature or "").strip(), (language or "auto").strip() or "auto",
+                          where=f"{pipeline.file}: drafter.prompt")
 
 
 def load_prompt(settings: PromptSettings) -> str:
-    """The operator's prompt file (read at first use, not at start-up)."""
+    """The operator's prompt file (read at first use, not at start-up). One that cannot
+    be read is the pipeline's setup, not the item: :class:`DrafterSetupError`."""
     if settings.prompt_file is None:
         return ""
     try:
         return settings.prompt_file.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise DrafterError(f"cannot read the prompt file {settings.prompt_file}: "
-                           f"{exc.strerror or exc}; fix drafter.prompt") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else
+                  "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc))
+        raise DrafterSetupError(f"{settings.where}: cannot read the prompt file "
+                                f"{settings.prompt_file}: {reason}; fix the file or "
+                                f"drafter.prompt") from None
 
 
 def defuse(text: str) -> str:

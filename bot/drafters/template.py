@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..config import Checker, ModelConfig, PipelineConfig, Settings
-from ..errors import ConfigError, DrafterError
+from ..errors import ConfigError, DrafterError, DrafterSetupError
 from ..models import DraftRequest, DraftResult, Message
 
 FIELDS = ("from_name", "first_name", "from_addr", "subject", "date", "excerpt", "quote",
@@ -94,8 +94,11 @@ class TemplateDrafter:
         try:
             return self.path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise DrafterError(f"{self._where}: cannot read template {self.path}: {reason}") from exc
+            # Every item would fail alike: the setup, not the item (it waits, uncounted).
+            reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else
+                      "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc))
+            raise DrafterSetupError(f"{self._where}: cannot read template {self.path}: "
+                                    f"{reason}; fix the file or drafter.prompt") from exc
 
 
 def create(model: ModelConfig, pipeline: PipelineConfig, settings: Settings) -> TemplateDrafter:

@@ -49,6 +49,7 @@ class Error:
     status: int
     message: str = "fake error"
     retry_after: float | None = None  # seconds, sent as a Retry-After header
+    code: str | None = None  # openai: error.code (default: the status); anthropic: error.type
 
 
 @dataclass
@@ -168,8 +169,9 @@ class FakeLLM:
         return Reply(text, **kw)
 
     @staticmethod
-    def error(status: int, message: str = "fake error", retry_after: float | None = None) -> Error:
-        return Error(status, message, retry_after)
+    def error(status: int, message: str = "fake error", retry_after: float | None = None,
+              code: str | None = None) -> Error:
+        return Error(status, message, retry_after, code)
 
     def hold(self, then: Reply | Error | None = None) -> Hold:
         h = Hold(then or Reply())
@@ -211,11 +213,12 @@ class FakeLLM:
 
 def _error_body(api: str, e: Error) -> dict[str, Any]:
     if api == "anthropic":
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+        kind = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                 429: "rate_limit_error", 529: "overloaded_error"}.get(e.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": e.message}}
-    return {"error": {"message": e.message, "type": "fake_error", "param": None,
-                      "code": str(e.status)}}
+        return {"type": "error", "error": {"type": e.code or kind, "message": e.message}}
+    return {"error": {"message": e.message, "type": e.code or "fake_error", "param": None,
+                      "code": e.code or str(e.status)}}
 
 
 class _Server(ThreadingHTTPServer):
