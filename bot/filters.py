@@ -76,8 +76,14 @@ def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) ->
             limit = None  # reported by check_options at validate time
         size = message.size or len(message.body.encode("utf-8"))
         if limit is not None and size > limit:
-            return f"body of {size} bytes exceeds filters.max_body ({_human(limit)})"
+            return too_big(size, limit)
     return None
+
+
+def too_big(size: int, limit: int) -> str:
+    """The reason for a message over ``filters.max_body`` (also given by a source that
+    can tell from the file size, without reading the message)."""
+    return f"body of {size} bytes exceeds filters.max_body ({_human(limit)})"
 
 
 def own_reason(message: Message, filters: dict, *, own_addresses: list[str]) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -219,3 +220,65 @@ async def test_demo_inbox(tmp_path):
     assert by_name["03-latin1-accents.eml"].from_name == "François Lévêque"
     assert by_name["02-html-only.eml"].body.startswith("Hello,\n\nThe rain jacket")
     assert by_name["04-no-subject.eml"].subject == ""
+
+
+async def test_another_message_under_the_same_message_id_is_skipped_visibly(tmp_path):
+    """A second file with the same Message-ID but another body used to be dropped
+    without a word. It is its own item now, skipped with the reason, admitted once; a
+    copy with the same body (other Received headers) is still the same message."""
+    inbox = tmp_path / "inbox"
+    _copy(["latin1.eml"], inbox)
+    raw = (CORPUS / "latin1.eml").read_bytes()
+    os.utime(inbox / "latin1.eml", ns=(1_000_000_000, 1_000_000_000))  # the oldest
+    (inbox / "relayed.eml").write_bytes(b"Received: from relay.example\n" + raw)
+    (inbox / "other.eml").write_bytes(raw.replace(b"Hola, mi pedido", b"Otra cosa: mi pedido"))
+    result = await _source(tmp_path).fetch(_Seen().ctx())
+    by_file = {i.message.source_id: i for i in result.items}
+    assert set(by_file) == {"latin1.eml", "other.eml"}
+    assert by_file["latin1.eml"].item_id == "<latin1-1@cliente.example>"
+    assert by_file["latin1.eml"].skip_reason is None
+    other = by_file["other.eml"]
+    assert re.fullmatch(r"<latin1-1@cliente\.example>#[0-9a-f]{12}", other.item_id)
+    assert other.skip_reason == ("same Message-ID <latin1-1@cliente.example> as latin1.eml but "
+                                 "a different body; not drafted on its own (replay it to draft "
+                                 "a reply)")
+    assert other.message.body.startswith("Otra cosa")  # kept whole, for a replay
+
+    # Stable across ticks and processes: once seen, nothing comes back.
+    seen = _Seen({i.item_id for i in result.items})
+    assert (await _source(tmp_path).fetch(seen.ctx())).items == []
+
+
+async def test_a_file_over_filters_max_body_is_skipped_from_its_size_without_reading_it(
+        tmp_path, monkeypatch):
+    """A 400 MB .eml used to be read whole (and parsed, ~10x in memory) before the
+    filter skipped it."""
+    from pathlib import Path as P
+
+    inbox = tmp_path / "inbox"
+    _copy(["latin1.eml"], inbox)
+    head = (CORPUS / "latin1.eml").read_bytes()
+    (inbox / "huge.eml").write_bytes(head.replace(b"<latin1-1@", b"<huge@") + b"x" * 3_000_000)
+    pipeline = _pipeline(tmp_path, path="inbox")
+    pipeline.filters = {"max_body": "1MB"}
+    src = maildir.create(pipeline, _settings(tmp_path))
+    read = []
+    real = P.read_bytes
+    monkeypatch.setattr(P, "read_bytes", lambda self: read.append(self.name) or real(self))
+    items = {i.message.source_id: i for i in (await src.fetch(_Seen().ctx())).items}
+    size = (inbox / "huge.eml").stat().st_size
+    assert items["huge.eml"].skip_reason == f"body of {size} bytes exceeds filters.max_body (1MB)"
+    assert items["huge.eml"].item_id == "<huge@cliente.example>"
+    assert items["huge.eml"].message.from_addr == "jose@cliente.example"  # shown in status
+    assert items["huge.eml"].message.size == size
+    assert items["latin1.eml"].skip_reason is None
+    assert read == ["latin1.eml"]
+
+
+async def test_the_id_of_a_big_file_without_message_id_is_its_hash_read_in_pieces(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    raw = b"From: a@b.example\nSubject: hi\n\n" + b"0123456789" * 300_000
+    (inbox / "big.eml").write_bytes(raw)
+    [item] = (await _source(tmp_path).fetch(_Seen().ctx())).items
+    assert item.item_id == mime.stable_id(raw)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import email.parser
 import email.policy
+import hashlib
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,11 +30,13 @@ from pathlib import Path
 
 from .. import mime
 from ..config import Checker, PipelineConfig, Settings, parse_duration, parse_size
+from ..filters import too_big
 from ..errors import ConfigError, SourceError
 from ..models import FetchResult, Item, Message
 
 _OPTIONS = {"type", "path", "max_body", "max_age"}
 _HEAD_BYTES = 65536  # enough for the header block of nearly every message
+_CHUNK = 1 << 20  # files are hashed in pieces, never held whole for an id
 
 
 @dataclass(frozen=True)
@@ -49,23 +52,41 @@ class MaildirSource:
     scope = "maildir"
 
     def __init__(self, folder: Path, *, max_body: int = mime.DEFAULT_MAX_BODY,
-                 max_age: float | None = None, where: str = "source.path"):
+                 max_age: float | None = None, skip_above: int | None = None,
+                 where: str = "source.path"):
         self.folder = folder
         self.max_body = max_body
         self.max_age = max_age
+        # filters.max_body: a file bigger than this is skipped from its size alone,
+        # without reading it into memory.
+        self.skip_above = skip_above
         self._where = where
         # path -> (stamp, item id): saves re-reading every file on every tick.
         self._ids: dict[Path, tuple[tuple[int, int], str]] = {}
+        # path -> (stamp, body digest), for files that share a Message-ID.
+        self._digests: dict[Path, tuple[tuple[int, int], str]] = {}
 
     async def fetch(self, ctx) -> FetchResult:
         """The messages in the folder that the store has not seen yet."""
         listed = await asyncio.to_thread(self._identify)
         by_id: dict[str, _File] = {}
+        shared: list[tuple[_File, str]] = []
         for f, item_id in listed:
-            by_id.setdefault(item_id, f)  # the same message twice (copy): first file wins
+            if item_id in by_id:
+                shared.append((f, item_id))
+            else:
+                by_id[item_id] = f  # files come oldest first: the oldest holds the id
+        reasons: dict[str, str] = {}
+        if shared:
+            for item_id, (f, reason) in (await asyncio.to_thread(self._different, by_id, shared)).items():
+                by_id[item_id] = f
+                reasons[item_id] = reason
         fresh = await ctx.unseen(list(by_id)) if by_id else set()
         todo = [(item_id, f) for item_id, f in by_id.items() if item_id in fresh]
         items = await asyncio.to_thread(self._parse_all, todo, ctx.progress, ctx.scheduled_for)
+        for item in items:
+            if item.item_id in reasons and item.skip_reason is None:
+                item.skip_reason = reasons[item.item_id]
         return FetchResult(items, cursor=None)
 
     async def close(self) -> None:
@@ -118,6 +139,37 @@ class MaildirSource:
             del self._ids[gone]
         return result
 
+    def _different(self, by_id: dict[str, _File], shared: list[tuple[_File, str]]
+                   ) -> dict[str, tuple[_File, str]]:
+        """Files whose Message-ID an older file already has. A copy with the same body
+        (another delivery of the same mail, with other Received headers) is the same
+        message and stays out. A different body under the same Message-ID (a broken
+        mailer, a forged id) must not vanish: it becomes its own item, id
+        ``<Message-ID>#<body hash>`` (stable, so it is admitted once), recorded as
+        skipped with the reason; replay drafts it."""
+        out: dict[str, tuple[_File, str]] = {}
+        for f, item_id in shared:
+            first = by_id[item_id]
+            digest = self._digest(f)
+            if digest is None or digest == self._digest(first):
+                continue
+            own_id = f"{item_id}#{digest[:12]}"
+            if own_id not in by_id and own_id not in out:
+                out[own_id] = (f, f"same Message-ID {item_id} as {first.name} but a different "
+                                  f"body; not drafted on its own (replay it to draft a reply)")
+        return out
+
+    def _digest(self, f: _File) -> str | None:
+        cached = self._digests.get(f.path)
+        if cached and cached[0] == f.stamp:
+            return cached[1]
+        try:
+            digest = _body_digest(f.path)
+        except OSError:
+            return None
+        self._digests[f.path] = (f.stamp, digest)
+        return digest
+
     def _parse_all(self, todo: list[tuple[str, _File]], progress, now: float) -> list[Item]:
         items = []
         for done, (item_id, f) in enumerate(todo, 1):
@@ -130,6 +182,8 @@ class MaildirSource:
         return items
 
     def _parse(self, item_id: str, f: _File) -> Item:
+        if self.skip_above is not None and f.stamp[1] > self.skip_above:
+            return self._too_big(item_id, f)
         try:
             raw = f.path.read_bytes()
         except OSError as exc:
@@ -140,6 +194,20 @@ class MaildirSource:
             return _skipped(item_id, f, f"unparseable: {exc}", size=len(raw))
         return Item(item_id, message)
 
+
+    def _too_big(self, item_id: str, f: _File) -> Item:
+        """Skipped from the file size alone; the headers (read from the first bytes)
+        still show who wrote and about what."""
+        reason = too_big(f.stamp[1], self.skip_above)
+        try:
+            with open(f.path, "rb") as fh:
+                head = fh.read(_HEAD_BYTES)
+            message = mime.parse_email(head, max_body=min(self.max_body, 2000), source_id=f.name)
+        except (OSError, mime.UnparseableMessage):
+            return _skipped(item_id, f, reason, size=f.stamp[1])
+        message.size = f.stamp[1]
+        message.body_truncated = True  # only the first bytes were read
+        return Item(item_id, message, skip_reason=reason)
 
     def _too_old(self, message: Message, f: _File, now: float) -> str | None:
         when = f.stamp[0] / 1e9
@@ -171,9 +239,33 @@ def _item_id(f: _File) -> str:
             mid = _message_id(head)
             if mid:
                 return mid
-            return mime.stable_id(head + fh.read())
+            # mime.stable_id of the whole file, hashed piece by piece.
+            h = hashlib.sha256(head)
+            for chunk in iter(lambda: fh.read(_CHUNK), b""):
+                h.update(chunk)
+            return "sha256:" + h.hexdigest()[:32]
     except OSError:
         return f"unreadable:{f.name}"
+
+
+def _body_digest(path: Path) -> str:
+    """sha256 of what follows the header block (the first empty line)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        tail = b""
+        in_body = False
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            if in_body:
+                h.update(chunk)
+                continue
+            data = tail + chunk
+            ends = [i + len(sep) for sep in (b"\r\n\r\n", b"\n\n") if (i := data.find(sep)) >= 0]
+            if ends:
+                in_body = True
+                h.update(data[min(ends):])
+            else:
+                tail = data[-3:]
+    return h.hexdigest()
 
 
 def _message_id(head: bytes) -> str:
@@ -203,5 +295,10 @@ def create(pipeline: PipelineConfig, settings: Settings) -> MaildirSource:
         ck.error("source.max_age", "expected a duration above 0, like 7d")
     if ck.errors:
         raise ConfigError(ck.errors)
+    try:
+        skip_above = parse_size(pipeline.filters["max_body"]) \
+            if pipeline.filters.get("max_body") is not None else None
+    except ValueError:
+        skip_above = None  # reported by filters.check_options
     return MaildirSource(pipeline.path(path), max_body=max_body, max_age=max_age,
-                         where=f"{pipeline.file}: source.path")
+                         skip_above=skip_above, where=f"{pipeline.file}: source.path")
