@@ -120,6 +120,41 @@ async def test_a_retry_after_beyond_the_cap_returns_the_item_to_the_queue_at_onc
     assert len(fake.requests) == 1
 
 
+@pytest.mark.parametrize("value,seconds", [
+    ("inf", None), ("-inf", None), ("nan", None), ("Infinity", None), ("soon", None),
+    ("1e308", 3600), ("31536000", 3600), ("Fri, 01 Jan 2100 00:00:00 GMT", 3600), ("90", 90),
+])
+def test_retry_after_is_finite_and_at_most_an_hour(value, seconds):
+    from bot.drafters._retry import MAX_HOLD, retry_after_seconds
+
+    assert MAX_HOLD == 3600
+    assert retry_after_seconds({"retry-after": value}) == seconds
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_retry_after_of_a_year_holds_the_item_for_an_hour_at_most(tmp_path, fake, provider):
+    fake.script(fake.error(429, "come back next year", retry_after=365 * 86400))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterRetryable) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert err.value.retry_after == 3600 and "retry after 3600s" in str(err.value)
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_infinite_retry_after_is_ignored_like_a_missing_one(tmp_path, fake, provider):
+    fake.script(fake.error(429, "slow down", retry_after=float("inf")), fake.reply("Hello"))
+    d = make(tmp_path, provider, fake)
+    try:
+        assert (await d.draft(request())).body == "Hello"  # retried after the backoff
+    finally:
+        await d.close()
+    assert len(fake.requests) == 2
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_500_on_every_attempt_is_retryable_with_the_providers_reason(tmp_path, fake, provider):
     fake.script(*[fake.error(500, "upstream exploded", retry_after=0.01)] * 3)

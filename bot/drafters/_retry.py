@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import math
 import os
 import random
 import time
@@ -38,6 +39,9 @@ T = TypeVar("T")
 
 #: Longest Retry-After we sit out inside one call; a longer one goes back to the queue.
 MAX_WAIT = 60.0
+#: Longest Retry-After we hand on at all (a provider asking for days or ``inf`` gets an
+#: hour; the next probe after that asks again).
+MAX_HOLD = 3600.0
 _MAX_BACKOFF = 30.0
 _KNOWN = {"provider", "base_url", "model", "api_key_env", "temperature", "max_output_tokens",
           "timeout", "retries", "backoff"}
@@ -175,7 +179,9 @@ class Failure:
 
 
 def retry_after_seconds(headers: Any) -> float | None:
-    """Seconds from ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP date)."""
+    """Seconds from ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP date), at
+    most :data:`MAX_HOLD`. A value that is not a finite number or a date (``inf``,
+    ``nan``, garbage) counts as absent: a broken header must not stop drafting for ever."""
     if headers is None:
         return None
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
@@ -185,12 +191,15 @@ def retry_after_seconds(headers: Any) -> float | None:
         try:
             seconds = float(value) * scale
         except ValueError:
-            parsed = email.utils.parsedate_tz(value)
-            if parsed is None:
+            try:
+                parsed = email.utils.parsedate_tz(value)
+                if parsed is None:
+                    continue
+                seconds = email.utils.mktime_tz(parsed) - time.time()
+            except (ValueError, OverflowError, TypeError):
                 continue
-            seconds = email.utils.mktime_tz(parsed) - time.time()
-        if seconds == seconds and seconds >= 0:  # not NaN
-            return seconds
+        if math.isfinite(seconds) and seconds >= 0:
+            return min(seconds, MAX_HOLD)
     return None
 
 
