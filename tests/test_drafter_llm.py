@@ -579,3 +579,128 @@ def test_the_store_url_keeps_its_user_and_hides_its_password(url, shown):
     from bot.store.postgres import redact_url
 
     assert redact_url(url) == shown
+
+
+# -- an HTTP 200 that is not a draft ------------------------------------------------------
+
+API_NAME = {"openai": "an OpenAI-compatible API", "anthropic": "an Anthropic API"}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("body,content_type,seen", [
+    (b"<!doctype html><html><body>Open WebUI</body></html>", "text/html", "Open WebUI"),
+    (b"", "application/json", "an empty body"),
+    (b"", "text/plain", "an empty body"),
+    (b"Please log in to the guest Wi-Fi", "text/plain", "guest Wi-Fi"),
+    ({"status": "ok"}, "application/json", "status"),
+    ([1, 2], "application/json", "[1, 2]"),
+    (b"{not json", "application/json", "{not json"),
+])
+async def test_a_200_that_is_not_the_api_is_a_setup_error_naming_base_url(
+        tmp_path, fake, provider, body, content_type, seen):
+    """A web UI, proxy or captive portal where the API should be: every item would
+    fail alike, so it is the setup; no traceback, no retries."""
+    fake.script(fake.raw(body, content_type))
+    url = fake.openai_url if provider == "openai" else fake.url
+    settings = load_settings(write_config(tmp_path, provider, _with_credentials(url)))
+    d = build_drafter(settings.pipelines[0], settings)
+    try:
+        with pytest.raises(DrafterSetupError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    text = str(err.value)
+    shown = _with_credentials(url).replace("proxyuser:s3cr3tPW", "***")
+    assert f"the server at {shown} did not answer like {API_NAME[provider]}" in text
+    assert text.endswith("check models.llm.base_url") and seen in text
+    assert "s3cr3tPW" not in text
+    assert len(fake.requests) == 1
+
+
+async def test_a_web_page_at_base_url_keeps_the_queue_and_tells_the_operators_once(tmp_path, fake, caplog):
+    """What the operator sees: items wait, one notice naming base_url, no traceback."""
+    import logging
+
+    from tests.test_drafter_engine import Clock, World, deploy
+
+    caplog.set_level(logging.INFO)
+    fake.default = fake.raw(b"<!doctype html><html>Welcome to the portal</html>")
+    w = World(deploy(tmp_path, fake, emails=2, in_flight=1), Clock())
+    try:
+        engine, cards = await w.engine()
+        await engine.tick("support")
+        w.clock.t += 300
+        await engine.tick("support")
+        by_status = await w.store.count_by_status("support")
+    finally:
+        await w.close()
+    assert by_status == {"queued": 2}
+    [note] = [n for n in cards.notes if "support" in n]
+    assert "did not answer like an OpenAI-compatible API" in note and "models.llm.base_url" in note
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+
+
+def _openai_error_200(code, message="Provider returned error", **extra) -> dict:
+    return {"id": "gen-1", "error": {"code": code, "message": message, **extra}}
+
+
+async def test_an_error_object_in_a_200_answer_is_retried_like_its_http_status(tmp_path, fake):
+    """OpenRouter answers 200 with {"error": {"code": 502, ...}} when the upstream fails."""
+    fake.script(fake.raw(_openai_error_200(502, "upstream 502")), fake.reply("Hello Alice"))
+    d = make(tmp_path, "openai", fake)
+    try:
+        assert (await d.draft(request())).body == "Hello Alice"
+    finally:
+        await d.close()
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize("code,error,says", [
+    (502, DrafterRetryable, "server error (error 502 in an HTTP 200 answer): Provider returned error"),
+    ("429", DrafterRetryable, "rate limited (error 429 in an HTTP 200 answer)"),
+    (None, DrafterRetryable, "server error (error 502 in an HTTP 200 answer)"),
+    (401, DrafterSetupError, f"check the API key in environment variable {KEY_ENV}"),
+    (404, DrafterSetupError, "check models.llm.model"),
+    ("insufficient_quota", DrafterSetupError, "check the billing/quota of the account"),
+    (400, DrafterError, "request refused (error 400 in an HTTP 200 answer): Provider returned error"),
+])
+async def test_an_error_object_in_a_200_answer_is_classified_by_its_code(tmp_path, fake, code, error, says):
+    fake.default = fake.raw(_openai_error_200(code))
+    d = make(tmp_path, "openai", fake)
+    try:
+        with pytest.raises(DrafterError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert type(err.value) is error and says in str(err.value)
+    assert len(fake.requests) == (3 if error is DrafterRetryable else 1)
+
+
+async def test_a_choice_that_finished_with_an_error_is_classified_by_its_code(tmp_path, fake):
+    choice = {"index": 0, "finish_reason": "error", "message": {"role": "assistant", "content": ""},
+              "error": {"code": 503, "message": "upstream overloaded"}}
+    fake.default = fake.raw({"id": "gen-2", "model": "m", "choices": [choice]})
+    d = make(tmp_path, "openai", fake)
+    try:
+        with pytest.raises(DrafterRetryable) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert "error 503 in an HTTP 200 answer" in str(err.value) and "upstream overloaded" in str(err.value)
+    assert len(fake.requests) == 3
+
+
+async def test_an_anthropic_error_event_in_a_200_answer_is_classified_by_its_type(tmp_path, fake):
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    fake.script(fake.raw(overloaded), fake.raw(overloaded), fake.reply("Hello Alice"))
+    d = make(tmp_path, "anthropic", fake)
+    try:
+        assert (await d.draft(request())).body == "Hello Alice"
+        fake.script(fake.raw({"type": "error", "error": {"type": "authentication_error",
+                                                          "message": "invalid x-api-key"}}))
+        with pytest.raises(DrafterSetupError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert "invalid x-api-key" in str(err.value) and KEY_ENV in str(err.value)
+    assert len(fake.requests) == 4

@@ -10,14 +10,20 @@ call early as retryable instead). Otherwise a slow but healthy call could lose i
 claim and the item would be drafted twice.
 
 After the in-call retries a transient failure (429, 5xx, timeout, connection) raises
-:class:`DrafterRetryable` (the engine puts the item back in the queue) and a definite
-one (400, 401, 404...) raises :class:`DrafterError` (the item fails with the reason).
+:class:`DrafterRetryable` (the engine puts the item back in the queue). A model that
+cannot be used at all (401, 403, 404, an exhausted quota, an unset key variable, a
+200 answer that is not the API's JSON) raises :class:`DrafterSetupError` (items wait,
+the operators are told what to fix). A refusal of this one request (400, 413, 422, an
+unusable answer) raises :class:`DrafterError` (the item fails with the reason).
+Gateways such as OpenRouter can answer 200 with ``{"error": {"code": 502, ...}}``;
+that code is classified like an HTTP status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import math
 import os
@@ -222,6 +228,8 @@ async def call_with_retries(opts: ModelOptions, call: Callable[[], Awaitable[T]]
             raise
         except TimeoutError:
             failure = Failure(f"no answer within {opts.timeout:g}s (timeout)", True)
+        except AnswerFailed as exc:
+            failure = exc.failure
         except Exception as exc:
             failure = classify(exc)
             if failure is None:
@@ -259,41 +267,99 @@ _BILLING_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_e
 
 
 def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
-                   code: str | None = None) -> Failure:
+                   code: str | None = None, *, in_body: bool = False) -> Failure:
     """Classify an HTTP error answer (or an error object in a 200 answer) from either
     provider. ``code`` is the error's code or type, when the body names one.
 
     429, 5xx, 408, 409: the provider's trouble, retryable. 401, 403, 404 and an
     exhausted quota: the setup is wrong (key, access, model name, base_url, billing),
     so every item would fail alike (:class:`DrafterSetupError`). Any other 4xx (400,
-    413, 422...): this request was refused; the item fails with the reason."""
+    413, 422...): this request was refused; the item fails with the reason.
+    ``in_body``: the status is an error code inside an HTTP 200 answer (OpenRouter)."""
     message = " ".join(str(message).split())[:300]
     where, key_env = opts.where, opts.api_key_env
+    http = f"error {status} in an HTTP 200 answer" if in_body else f"HTTP {status}"
     if status == 402 or (code or "").lower() in _BILLING_CODES:
         account = f"the account of the API key in {key_env}" if key_env else "the account"
-        return Failure(f"the account has no quota or credit left (HTTP {status}): {message}; "
+        return Failure(f"the account has no quota or credit left ({http}): {message}; "
                        f"check the billing/quota of {account} ({where})", False, setup=True)
     if status == 429:
-        return Failure(f"rate limited (HTTP 429): {message}", True, retry_after_seconds(headers))
+        return Failure(f"rate limited ({http}): {message}", True, retry_after_seconds(headers))
     if status in (408, 409) or status >= 500:
-        return Failure(f"server error (HTTP {status}): {message}", True,
+        return Failure(f"server error ({http}): {message}", True,
                        retry_after_seconds(headers))
     if status == 401:
         hint = (f"check the API key in environment variable {key_env} ({where}.api_key_env)"
                 if key_env else
                 f"the server wants an API key: set {where}.api_key_env to the name of an "
                 f"environment variable that holds it")
-        return Failure(f"not authorised (HTTP 401): {message}; {hint}", False, setup=True)
+        return Failure(f"not authorised ({http}): {message}; {hint}", False, setup=True)
     if status == 403:
         hint = (f"check that the API key in environment variable {key_env} may use model "
                 f"{opts.model!r} ({where}.api_key_env, {where}.model)" if key_env else
                 f"the server wants an API key with access: set {where}.api_key_env to the "
                 f"name of an environment variable that holds it")
-        return Failure(f"access denied (HTTP 403): {message}; {hint}", False, setup=True)
+        return Failure(f"access denied ({http}): {message}; {hint}", False, setup=True)
     if status == 404:
-        return Failure(f"not found (HTTP 404): {message}; check {where}.model ({opts.model!r}) "
+        return Failure(f"not found ({http}): {message}; check {where}.model ({opts.model!r}) "
                        f"and {where}.base_url ({opts.shown_url})", False, setup=True)
-    return Failure(f"request refused (HTTP {status}): {message}", False)
+    return Failure(f"request refused ({http}): {message}", False)
+
+
+class AnswerFailed(Exception):
+    """Raised by a drafter's ``_call`` for an HTTP 200 answer that is not a draft (an
+    error object in the body, a page that is not the API's JSON); the retry loop takes
+    its :class:`Failure` like an SDK error's."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.reason)
+        self.failure = failure
+
+
+def not_the_api(opts: ModelOptions, api: str, body: bytes, content_type: str | None) -> Failure:
+    """A 200 answer that is not the API's JSON: a web page, a proxy's or captive
+    portal's answer, an empty body. base_url points at the wrong thing."""
+    text = " ".join(body.decode("utf-8", "replace").split())
+    if not text:
+        what = "an empty body"
+    else:
+        kind = (content_type or "").split(";")[0].strip() or "untyped"
+        what = f"a {kind} body starting {text[:60]!r}"
+    return Failure(f"the server at {opts.shown_url} did not answer like an {api} API (HTTP 200 "
+                   f"with {what}); check {opts.where}.base_url", False, setup=True)
+
+
+def json_object(body: bytes) -> dict[str, Any] | None:
+    """``body`` as a JSON object, or None."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def token_count(value: Any) -> int:
+    """A usage field as a token count (0 when absent or not a count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def error_in_body(opts: ModelOptions, error: Any, *, status: int | None = None) -> Failure:
+    """An ``{"error": {...}}`` object inside an HTTP 200 answer (OpenRouter passes an
+    upstream provider's failure on this way), classified by its code like an HTTP
+    status; without a numeric code it counts as the provider's trouble (502)."""
+    error = error if isinstance(error, dict) else {"message": error}
+    code = error.get("code")
+    if status is None:
+        try:
+            status = int(code)
+        except (TypeError, ValueError):
+            status = 0
+        if not 100 <= status <= 599:
+            status = 502
+    message = error.get("message") or "the provider reported an error without a message"
+    name = code if isinstance(code, str) and not code.isdigit() else error.get("type")
+    return status_failure(status, str(message), None, opts, code=name if isinstance(name, str) else None,
+                          in_body=True)
 
 
 @dataclass

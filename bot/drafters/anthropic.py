@@ -18,7 +18,8 @@ from __future__ import annotations
 import anthropic
 
 from ..config import ModelConfig, PipelineConfig, Settings
-from ._retry import Answer, Failure, LLMDrafter, status_failure
+from ._retry import (Answer, AnswerFailed, Failure, LLMDrafter, error_in_body, json_object,
+                     not_the_api, status_failure, token_count)
 from .prompt import Prompt
 
 __all__ = ["create", "AnthropicDrafter"]
@@ -38,15 +39,31 @@ class AnthropicDrafter(LLMDrafter):
                                         timeout=self.opts.timeout, max_retries=0)
 
     async def _call(self, client: anthropic.AsyncAnthropic, p: Prompt, max_tokens: int) -> Answer:
-        resp = await client.messages.create(
+        # The raw answer, checked here: a proxy or a web page at base_url can answer
+        # 200 with anything, and the SDK would hand back a string.
+        raw = await client.messages.with_raw_response.create(
             model=self.opts.model, max_tokens=max_tokens, system=p.system,
             messages=[{"role": "user", "content": p.user}])
-        text = "".join(getattr(b, "text", "") for b in resp.content if b.type == "text")
-        usage = resp.usage
-        return Answer(text=text, cut_off=resp.stop_reason == "max_tokens",
-                      tokens_in=(usage.input_tokens or 0) if usage else 0,
-                      tokens_out=(usage.output_tokens or 0) if usage else 0,
-                      model=str(resp.model or ""))
+        return self._answer(await raw.read(), raw.headers.get("content-type"))
+
+    def _answer(self, body: bytes, content_type: str | None) -> Answer:
+        data = json_object(body)
+        content = data.get("content") if data is not None else None
+        if data is not None and data.get("error") and not isinstance(content, list):
+            # {"type": "error", "error": {"type": "overloaded_error", ...}} in a 200
+            # answer: classified by its numeric code if it has one, else by its type.
+            error = data["error"] if isinstance(data["error"], dict) else {"message": data["error"]}
+            status = None if error.get("code") is not None else _ERROR_STATUS.get(error.get("type"), 500)
+            raise AnswerFailed(error_in_body(self.opts, error, status=status))
+        if data is None or not isinstance(content, list):
+            raise AnswerFailed(not_the_api(self.opts, "Anthropic", body, content_type))
+        text = "".join(b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
+                       and isinstance(b.get("text"), str))
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        return Answer(text=text, cut_off=data.get("stop_reason") == "max_tokens",
+                      tokens_in=token_count(usage.get("input_tokens")),
+                      tokens_out=token_count(usage.get("output_tokens")),
+                      model=data.get("model") if isinstance(data.get("model"), str) else "")
 
     def _classify(self, exc: BaseException) -> Failure | None:
         if isinstance(exc, anthropic.APITimeoutError):
@@ -61,6 +78,12 @@ class AnthropicDrafter(LLMDrafter):
         if isinstance(exc, anthropic.AnthropicError):
             return Failure(f"unusable answer: {exc}", False)
         return None
+
+
+#: The Messages API's error types and the HTTP status each comes with.
+_ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
+                 "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
+                 "rate_limit_error": 429, "api_error": 500, "overloaded_error": 529}
 
 
 def create(model: ModelConfig, pipeline: PipelineConfig, settings: Settings) -> AnthropicDrafter:

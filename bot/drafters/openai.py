@@ -20,7 +20,8 @@ from typing import Any
 import openai
 
 from ..config import ModelConfig, PipelineConfig, Settings
-from ._retry import Answer, Failure, LLMDrafter, status_failure
+from ._retry import (Answer, AnswerFailed, Failure, LLMDrafter, error_in_body, json_object,
+                     not_the_api, status_failure, token_count)
 from .prompt import Prompt
 
 __all__ = ["create", "OpenAIDrafter"]
@@ -41,18 +42,36 @@ class OpenAIDrafter(LLMDrafter):
         if self.opts.temperature is not None:
             extra["temperature"] = self.opts.temperature
         # max_tokens rather than max_completion_tokens: every compatible server knows it.
-        resp = await client.chat.completions.create(
+        # The raw answer: a "compatible" server (or a proxy, or a web page where the
+        # API should be) can answer 200 with anything, and the SDK would hand back a
+        # string or an object of Nones. It is checked here instead.
+        raw = await client.chat.completions.with_raw_response.create(
             model=self.opts.model, max_tokens=max_tokens,
             messages=[{"role": "system", "content": p.system},
                       {"role": "user", "content": p.user}], **extra)
-        choice = resp.choices[0] if resp.choices else None
-        usage = resp.usage
+        return self._answer(raw.content, raw.headers.get("content-type"))
+
+    def _answer(self, body: bytes, content_type: str | None) -> Answer:
+        data = json_object(body)
+        choices = data.get("choices") if data is not None else None
+        if data is not None and data.get("error") and not choices:
+            # OpenRouter and other gateways: HTTP 200 carrying an upstream failure.
+            raise AnswerFailed(error_in_body(self.opts, data["error"]))
+        if data is None or not isinstance(choices, list):
+            raise AnswerFailed(not_the_api(self.opts, "OpenAI-compatible", body, content_type))
+        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+        finish = choice.get("finish_reason")
+        if finish == "error" or choice.get("error"):
+            raise AnswerFailed(error_in_body(self.opts, choice.get("error") or data.get("error")
+                                             or {"message": "finish_reason error"}))
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         return Answer(
-            text=choice.message.content if choice else None,
-            cut_off=bool(choice and choice.finish_reason == "length"),
-            tokens_in=(usage.prompt_tokens or 0) if usage else 0,
-            tokens_out=(usage.completion_tokens or 0) if usage else 0,
-            model=resp.model or "")
+            text=_text(message.get("content")),
+            cut_off=finish == "length",
+            tokens_in=token_count(usage.get("prompt_tokens")),
+            tokens_out=token_count(usage.get("completion_tokens")),
+            model=data.get("model") if isinstance(data.get("model"), str) else "")
 
     def _classify(self, exc: BaseException) -> Failure | None:
         if isinstance(exc, openai.APITimeoutError):
@@ -68,6 +87,16 @@ class OpenAIDrafter(LLMDrafter):
         if isinstance(exc, openai.OpenAIError):
             return Failure(f"unusable answer: {exc}", False)
         return None
+
+
+def _text(content: Any) -> str | None:
+    """A message's content: a string, or (some servers) a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text") or "" for part in content
+                       if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return None
 
 
 def create(model: ModelConfig, pipeline: PipelineConfig, settings: Settings) -> OpenAIDrafter:

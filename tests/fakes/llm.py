@@ -12,6 +12,7 @@ until I say so"::
         fake.script(hold)
         ...
         assert hold.arrived.wait(5)   # the client's request is in the server now
+        fake.script(fake.raw(b"<html>Welcome</html>"))   # not the API at all
 
 Synchronisation is by events, never by sleeps: ``hold.arrived`` is set when the held
 request came in, ``hold.finished`` when its late answer has been written to a client
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["FakeLLM", "Reply", "Error", "Hold"]
+__all__ = ["FakeLLM", "Reply", "Error", "Raw", "Hold"]
 
 
 @dataclass
@@ -53,10 +54,20 @@ class Error:
 
 
 @dataclass
+class Raw:
+    """An answer that is not the API's: a web page, a proxy's text, an empty body, or
+    JSON of another shape (``body`` a dict or list is sent as JSON)."""
+
+    body: bytes | dict[str, Any] | list[Any] = b""
+    content_type: str = "text/html; charset=utf-8"
+    status: int = 200
+
+
+@dataclass
 class Hold:
     """Keep the request open until :meth:`release`; then answer with ``then``."""
 
-    then: Reply | Error = field(default_factory=Reply)
+    then: Reply | Error | Raw = field(default_factory=Reply)
     arrived: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
     # Set once the late answer was written (or the write failed because the client
@@ -67,7 +78,7 @@ class Hold:
         self.released.set()
 
 
-Step = Reply | Error | Hold
+Step = Reply | Error | Raw | Hold
 
 
 @dataclass
@@ -173,7 +184,14 @@ class FakeLLM:
               code: str | None = None) -> Error:
         return Error(status, message, retry_after, code)
 
-    def hold(self, then: Reply | Error | None = None) -> Hold:
+    @staticmethod
+    def raw(body: bytes | dict[str, Any] | list[Any] = b"", content_type: str | None = None,
+            status: int = 200) -> Raw:
+        if content_type is None:
+            content_type = "text/html; charset=utf-8" if isinstance(body, bytes) else "application/json"
+        return Raw(body, content_type, status)
+
+    def hold(self, then: Reply | Error | Raw | None = None) -> Hold:
         h = Hold(then or Reply())
         self._holds.append(h)
         return h
@@ -268,7 +286,10 @@ class _Handler(BaseHTTPRequestHandler):
             hold.released.wait(120)
             step = hold.then
         try:
-            if isinstance(step, Error):
+            if isinstance(step, Raw):
+                data = step.body if isinstance(step.body, bytes) else json.dumps(step.body).encode()
+                self._send_bytes(step.status, data, step.content_type)
+            elif isinstance(step, Error):
                 headers = {}
                 if step.retry_after is not None:
                     headers["Retry-After"] = f"{step.retry_after:g}"
@@ -284,10 +305,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None,
               *, trickle: float = 0.0) -> bool:
-        data = json.dumps(body).encode()
+        return self._send_bytes(status, json.dumps(body).encode(), "application/json", headers,
+                                trickle=trickle)
+
+    def _send_bytes(self, status: int, data: bytes, content_type: str,
+                    headers: dict[str, str] | None = None, *, trickle: float = 0.0) -> bool:
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
