@@ -367,10 +367,15 @@ async def test_an_unreachable_server_is_retryable(tmp_path, provider):
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("answer,reason", [("   \n ", "empty draft"),
+                                           ("\u200b\u2800\ufeff\n\u200b", "only invisible characters"),
                                            ("x" * 20_001, "20,001 characters"),
-                                           ("Dear Al", "cut off")])
+                                           ("Dear Al", "cut off"),
+                                           ("ECHO", "data block or a boundary line"),
+                                           ("<<<END EMAIL>>>", "data block or a boundary line")])
 async def test_an_unusable_answer_is_a_definite_error(tmp_path, fake, provider, answer, reason):
-    fake.script(fake.reply(answer, finish="length" if reason == "cut off" else "stop"))
+    echo = answer == "ECHO"  # the model parrots the request's data, boundaries and all
+    fake.script(fake.reply(None if echo else answer, echo=echo,
+                           finish="length" if reason == "cut off" else "stop"))
     d = make(tmp_path, provider, fake)
     try:
         with pytest.raises(DrafterError) as err:

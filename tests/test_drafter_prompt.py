@@ -92,3 +92,48 @@ def test_check_output_refuses_unusable_answers(text, error):
 def test_check_output_keeps_the_text_stripped():
     assert prompt.check_output("\r\n Hi,\r\nthanks \n") == "Hi,\nthanks"
 
+
+
+ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"
+
+
+@pytest.mark.parametrize("text", [
+    "\u200b\u200b", "\ufeff", "\u2800", "\u2800\u2800\n\u2800", "\x00\x00", "\u3164",
+    ZERO_WIDTH + " \n\t\x07" + "\u2800\u00ad\u202e",
+])
+def test_check_output_refuses_an_answer_that_shows_nothing(text):
+    """A card of invisible characters looks blank and could be approved and sent."""
+    with pytest.raises(DrafterError, match="empty draft"):
+        prompt.check_output(text)
+
+
+@pytest.mark.parametrize("text", [
+    "<<<END EMAIL 3f9c0a1b2d4e5f60>>>",
+    "<<<EMAIL 3f9c0a1b2d4e5f60>>>\n<<<END EMAIL 3f9c0a1b2d4e5f60>>>",
+    "Sure!\n<<< END EMAIL >>>",
+    "Here is the previous one:\n<<<PREVIOUS DRAFT n0nce>>>\nHi",
+])
+def test_check_output_refuses_boundary_lines(text):
+    with pytest.raises(DrafterError, match="boundary line"):
+        prompt.check_output(text)
+
+
+def test_check_output_refuses_the_data_block_echoed_back():
+    p = build(Message(from_addr="alice@customer.example", subject="Order", body="Where is it?"))
+    with pytest.raises(DrafterError, match="data block"):
+        prompt.check_output(p.user, nonce=p.nonce)
+    # Without its boundary lines, still recognisable by its code or its label.
+    inner = p.user.split("\n", 2)[2]
+    with pytest.raises(DrafterError, match="data block"):
+        prompt.check_output(inner.replace("<<<END EMAIL", "END"), nonce=p.nonce)
+    with pytest.raises(DrafterError, match="data block"):
+        prompt.check_output(p.user.replace("<<<", "").replace(p.nonce, ""), nonce=p.nonce)
+
+
+def test_check_output_keeps_real_text_with_format_characters_and_drops_control_characters():
+    hebrew = "\u200fשלום, ההזמנה נשלחה."  # a right-to-left mark belongs to the text
+    family = "Thanks! \U0001F468\u200d\U0001F469\u200d\U0001F467"  # emoji joined by ZWJ
+    assert prompt.check_output(hebrew) == hebrew
+    assert prompt.check_output(family) == family
+    assert prompt.check_output("Hi\x00 Alice,\x1b\n\tthanks") == "Hi Alice,\n\tthanks"
+    assert prompt.check_output("Costs <<< less than before", nonce="n0nce") == "Costs <<< less than before"

@@ -371,6 +371,8 @@ class Answer:
     tokens_in: int
     tokens_out: int
     model: str
+    #: Why the provider withheld or stopped the answer (content filter, refusal).
+    refused: str = ""
 
 
 class LLMDrafter:
@@ -433,7 +435,8 @@ class LLMDrafter:
             self.opts, lambda: self._call(client, p, self.opts.max_output_tokens),
             self._classify, budget=self._budget)
         try:
-            body = _prompt.check_output(answer.text, cut_off=answer.cut_off)
+            body = _prompt.check_output(answer.text, cut_off=answer.cut_off, nonce=p.nonce,
+                                        refused=answer.refused)
         except DrafterError as exc:
             err = DrafterError(f"{self.opts.provider} {self.opts.model}: {exc}")
             # The unusable answer was paid for; the engine may count it (add_tokens).

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,14 +212,41 @@ def build(request: DraftRequest, settings: PromptSettings, prompt_text: str, *,
     return Prompt(system, "\n".join(user_parts), nonce)
 
 
-def check_output(text: str | None, *, cut_off: bool = False, limit: int = MAX_DRAFT_CHARS) -> str:
-    """The model's answer as a draft body, or DrafterError saying why it is unusable."""
-    body = (text or "").replace("\r\n", "\n").strip()
+#: Characters that are letters, symbols or punctuation to Unicode but show nothing.
+_BLANK_GLYPHS = frozenset("\u2800\u3164\u115f\u1160\uffa0")
+#: Control characters other than newline and tab never belong in a reply.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: A boundary line of the request, with or without its code.
+_BOUNDARY = re.compile(r"<{3,}\s*(?:END\s+)?(?:EMAIL|PREVIOUS\s+DRAFT)\b", re.I)
+
+
+def has_visible_text(text: str) -> bool:
+    """True if ``text`` shows anything: a letter, digit, punctuation or symbol, not
+    only spaces, zero-width or format characters (Unicode Cf), control characters or
+    blank-looking glyphs such as the braille blank U+2800. A card of invisible
+    characters looks empty and must not be offered for approval."""
+    return any(unicodedata.category(c)[0] in "LNPS" and c not in _BLANK_GLYPHS for c in text)
+
+
+def check_output(text: str | None, *, cut_off: bool = False, limit: int = MAX_DRAFT_CHARS,
+                 nonce: str | None = None, refused: str = "") -> str:
+    """The model's answer as a draft body, or DrafterError saying why it is unusable.
+    ``nonce``: the request's boundary code; an answer that repeats it (or any boundary
+    line) echoed the request instead of writing a reply. ``refused``: why the provider
+    stopped the answer (content filter, refusal), if it did."""
+    body = _CONTROL.sub("", (text or "").replace("\r\n", "\n")).strip()
+    if refused:
+        raise DrafterError(f"{refused}; no draft was made for this email: answer it by hand, "
+                           f"or Regenerate with an instruction")
     if cut_off:
         raise DrafterError("the model stopped at its output limit, so the draft is cut off; "
                            "raise max_output_tokens for this model")
-    if not body:
-        raise DrafterError("model returned an empty draft")
+    if not has_visible_text(body):
+        raise DrafterError("model returned an empty draft" if not body else
+                           "model returned an empty draft (only invisible characters)")
+    if (nonce and nonce in body) or _BOUNDARY.search(body) or "(data, not instructions)" in body:
+        raise DrafterError("model returned the request's data block or a boundary line "
+                           "(<<<EMAIL ...>>>) instead of a reply; not a usable draft")
     if len(body) > limit:
         raise DrafterError(f"model returned a draft of {len(body):,} characters; the limit is "
                            f"{limit:,}, so it is not a usable reply")

@@ -43,6 +43,7 @@ class Reply:
     delay: float = 0.0  # seconds to wait before answering (a slow model)
     finish: str = "stop"  # openai finish_reason; "length" means cut off
     trickle: float = 0.0  # send the body in small pieces this many seconds apart
+    echo: bool = False  # answer with the request's data (a model parroting its input)
 
 
 @dataclass
@@ -211,6 +212,8 @@ class FakeLLM:
         n = next(self._ids)
         model = req.body.get("model", "fake-model")
         text = r.text if r.text is not None else f"Thank you for your message. (fake draft {n})"
+        if r.echo:
+            text = req.texts()[1]
         if req.api == "anthropic":
             return {
                 "id": f"msg_fake{n}", "type": "message", "role": "assistant", "model": model,
