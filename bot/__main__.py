@@ -74,8 +74,15 @@ def _channels(settings: Settings, store, *, demo: bool = False) -> dict:
 
 async def _run(args) -> int:
     settings = _load(args)
+    only: set[str] | None = None
     if args.pipeline:
-        settings.pipelines = [settings.pipeline(n) for n in args.pipeline]
+        only = {settings.pipeline(n).name for n in args.pipeline}  # unknown: exit 2
+        # Narrow what this process schedules, not what it knows: its Telegram bot
+        # still decides the other pipelines' cards (their hosts send what it approves
+        # if it cannot build their senders).
+        for p in settings.pipelines:
+            if p.name not in only:
+                p.enabled = False
     if args.telegram_receive and settings.telegram is not None:
         settings.telegram.receive = args.telegram_receive
     from .build import check_all, missing_env
@@ -104,12 +111,14 @@ async def _run(args) -> int:
         posted = await engine.post_unposted()
         if posted:
             log.info("posted %d card(s) that were waiting from before", posted)
-        print(f"draftgate running {len(settings.pipelines)} pipeline(s) "
-              f"[{', '.join(p.name for p in settings.pipelines)}]; Ctrl-C or SIGTERM stops",
-              file=sys.stderr, flush=True)
+        running = [p.name for p in settings.pipelines if p.enabled]
+        print(f"draftgate running {len(running)} pipeline(s) [{', '.join(running)}]; "
+              f"Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)
         if args.once:
             paused = await store.paused()
             for p in settings.pipelines:
+                if only is not None and p.name not in only:
+                    continue
                 if not p.enabled:
                     print(f"{p.name}: not run: enabled: false in {p.file}", file=sys.stderr)
                 elif p.name in paused:

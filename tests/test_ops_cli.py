@@ -350,3 +350,16 @@ def test_migrate_store_with_a_bad_url_is_a_bad_argument(tmp_path, capsys, src, d
                        "--to", dst.format(tmp=tmp_path))
     assert code == 2 and err.startswith(expected) and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_run_pipeline_narrows_what_ticks_not_what_the_process_knows(deployment, capsys):
+    pipelines = deployment.parent / "pipelines"
+    text = (pipelines / "demo.yaml").read_text()
+    (pipelines / "other.yaml").write_text(text.replace("name: demo", "name: other", 1))
+    code, _, err = run(capsys, "run", "--once", "--pipeline", "demo", "-c", str(deployment))
+    assert code == 0 and "other" not in err
+    code, out, _ = run(capsys, "status", "-c", str(deployment), "--json")
+    health = {row["name"]: row["health"] for row in json.loads(out)}
+    assert health == {"demo": "healthy", "other": "never run"}
+    code, _, err = run(capsys, "run", "--once", "--pipeline", "nope", "-c", str(deployment))
+    assert code == 2 and "unknown pipeline 'nope'" in err
