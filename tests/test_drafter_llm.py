@@ -387,6 +387,36 @@ async def test_an_unusable_answer_is_a_definite_error(tmp_path, fake, provider, 
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_answer_stopped_by_a_content_filter_is_refused_not_offered_as_a_draft(
+        tmp_path, fake, provider):
+    """The text before the filter cut in is a fragment: it must never reach a card."""
+    fake.script(fake.reply("Dear Alice, about your refund we", finish="content_filter"))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert not isinstance(err.value, (DrafterRetryable, DrafterSetupError))
+    assert ("content filter" if provider == "openai" else "stop_reason refusal") in str(err.value)
+    assert "answer it by hand" in str(err.value)
+    assert "about your refund" not in str(err.value)
+    assert err.value.tokens == 18  # paid for, though unusable
+    assert len(fake.requests) == 1
+
+
+async def test_an_openai_refusal_is_refused_with_the_models_words(tmp_path, fake):
+    fake.script(fake.reply("", refusal="I can't help with that request."))
+    d = make(tmp_path, "openai", fake)
+    try:
+        with pytest.raises(DrafterError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert "the model refused to write this reply: I can't help with that request." in str(err.value)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 async def test_the_regenerate_instruction_is_an_instruction_and_the_old_draft_is_data(
         tmp_path, fake, provider):
     d = make(tmp_path, provider, fake)

@@ -60,10 +60,13 @@ class AnthropicDrafter(LLMDrafter):
         text = "".join(b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
                        and isinstance(b.get("text"), str))
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        return Answer(text=text, cut_off=data.get("stop_reason") == "max_tokens",
+        stop = data.get("stop_reason")
+        return Answer(text=text, cut_off=stop == "max_tokens",
                       tokens_in=token_count(usage.get("input_tokens")),
                       tokens_out=token_count(usage.get("output_tokens")),
-                      model=data.get("model") if isinstance(data.get("model"), str) else "")
+                      model=data.get("model") if isinstance(data.get("model"), str) else "",
+                      refused="the model refused to write this reply (stop_reason refusal)"
+                      if stop == "refusal" else "")
 
     def _classify(self, exc: BaseException) -> Failure | None:
         if isinstance(exc, anthropic.APITimeoutError):

@@ -66,12 +66,21 @@ class OpenAIDrafter(LLMDrafter):
                                              or {"message": "finish_reason error"}))
         message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        refusal = message.get("refusal")
+        if isinstance(refusal, str) and refusal.strip():
+            refused = "the model refused to write this reply: " + " ".join(refusal.split())[:300]
+        elif finish == "content_filter":
+            # What came before the filter cut in is a fragment, never a draft.
+            refused = "the provider's content filter stopped the answer (finish_reason content_filter)"
+        else:
+            refused = ""
         return Answer(
             text=_text(message.get("content")),
             cut_off=finish == "length",
             tokens_in=token_count(usage.get("prompt_tokens")),
             tokens_out=token_count(usage.get("completion_tokens")),
-            model=data.get("model") if isinstance(data.get("model"), str) else "")
+            model=data.get("model") if isinstance(data.get("model"), str) else "",
+            refused=refused)
 
     def _classify(self, exc: BaseException) -> Failure | None:
         if isinstance(exc, openai.APITimeoutError):

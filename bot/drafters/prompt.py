@@ -236,8 +236,7 @@ def check_output(text: str | None, *, cut_off: bool = False, limit: int = MAX_DR
     stopped the answer (content filter, refusal), if it did."""
     body = _CONTROL.sub("", (text or "").replace("\r\n", "\n")).strip()
     if refused:
-        raise DrafterError(f"{refused}; no draft was made for this email: answer it by hand, "
-                           f"or Regenerate with an instruction")
+        raise DrafterError(f"{refused}; no draft was made for this email: answer it by hand")
     if cut_off:
         raise DrafterError("the model stopped at its output limit, so the draft is cut off; "
                            "raise max_output_tokens for this model")

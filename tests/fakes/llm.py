@@ -41,7 +41,9 @@ class Reply:
     tokens_in: int = 11
     tokens_out: int = 7
     delay: float = 0.0  # seconds to wait before answering (a slow model)
-    finish: str = "stop"  # openai finish_reason; "length" means cut off
+    finish: str = "stop"  # openai finish_reason; "length" means cut off, "content_filter"
+    #                       and "refusal" become anthropic's stop_reason "refusal"
+    refusal: str | None = None  # openai: message.refusal
     trickle: float = 0.0  # send the body in small pieces this many seconds apart
     echo: bool = False  # answer with the request's data (a model parroting its input)
 
@@ -218,7 +220,8 @@ class FakeLLM:
             return {
                 "id": f"msg_fake{n}", "type": "message", "role": "assistant", "model": model,
                 "content": [{"type": "text", "text": text}] if text else [],
-                "stop_reason": "max_tokens" if r.finish == "length" else "end_turn",
+                "stop_reason": {"length": "max_tokens", "content_filter": "refusal",
+                                "refusal": "refusal"}.get(r.finish, "end_turn"),
                 "stop_sequence": None,
                 "usage": {"input_tokens": r.tokens_in, "output_tokens": r.tokens_out},
             }
@@ -226,7 +229,7 @@ class FakeLLM:
             "id": f"chatcmpl-fake{n}", "object": "chat.completion", "created": int(time.time()),
             "model": model,
             "choices": [{"index": 0, "finish_reason": r.finish, "logprobs": None,
-                         "message": {"role": "assistant", "content": text, "refusal": None}}],
+                         "message": {"role": "assistant", "content": text, "refusal": r.refusal}}],
             "usage": {"prompt_tokens": r.tokens_in, "completion_tokens": r.tokens_out,
                       "total_tokens": r.tokens_in + r.tokens_out},
         }
