@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from . import scheduler
 from .config import Settings
 from .engine import utc_day
-from .models import (APPROVED, AWAITING, DRAFTING, PENDING_STATUSES, QUEUED, READY, SEND_FAILED,
-                     SEND_UNKNOWN, SENDING, Draft, Run)
+from .models import (APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED,
+                     READY, SEND_FAILED, SEND_UNKNOWN, SENDING, SKIPPED, Draft, Run)
 from .store import ReplayResult, Store, SweepResult
 
 
@@ -43,6 +43,9 @@ class PipelineDetail:
     tokens_today: int
     token_budget: int | None
     by_status: dict[str, int] = field(default_factory=dict)
+    #: The newest items that ended badly or were skipped, for `replay`: item id,
+    #: status, reason (newest first).
+    attention: list[dict] = field(default_factory=list)
 
 
 #: ``PipelineStatus.health`` of a pipeline that owns pending drafts but is not in the
@@ -51,6 +54,8 @@ NOT_CONFIGURED = "not configured"
 _RESTORE = "restore its pipeline file and restart to finish them (or Reject on a card)"
 #: Drafts that something still has to move: queued or being drafted, or pending.
 UNFINISHED_STATUSES = (QUEUED, DRAFTING, *PENDING_STATUSES)
+#: What `status <pipeline>` lists by item id, so an operator can `replay` it.
+ATTENTION_STATUSES = (FAILED, SKIPPED, SEND_FAILED, SEND_UNKNOWN, EXPIRED)
 
 
 def _run_dict(r: Run | None) -> dict | None:
@@ -109,6 +114,9 @@ async def status_one(store: Store, settings: Settings, name: str, now: float | N
         reds = [r for r in finished if r.status == "error"]
         first_red = reds[-1] if reds else None
     counts = await store.count_by_status(name)
+    attention = [{"id": d.id, "item_id": d.item_id, "status": d.status,
+                  "reason": d.error or "", "at": d.updated_at}
+                 for d in await store.recent(name, ATTENTION_STATUSES, limit=limit)]
     return PipelineDetail(
         name=name, schedule=scheduler.describe(p), paused=paused,
         health=_health(paused, runs[0] if runs else None),
@@ -117,7 +125,7 @@ async def status_one(store: Store, settings: Settings, name: str, now: float | N
         pending=sum(counts.get(s, 0) for s in PENDING_STATUSES),
         seen=await store.seen_count(name),
         tokens_today=await store.tokens_used(name, utc_day(now)),
-        token_budget=p.daily_token_budget, by_status=counts)
+        token_budget=p.daily_token_budget, by_status=counts, attention=attention)
 
 
 async def pending(store: Store, settings: Settings) -> list[Draft]:
@@ -205,6 +213,12 @@ def format_status_one(d: PipelineDetail) -> str:
         lines.append(f"first red after it {_when(r['started_at'])}: {r.get('error_text') or ''}")
     budget = f" / {d.token_budget:,}" if d.token_budget else ""
     lines.append(f"pending {d.pending} · seen {d.seen:,} · tokens today {d.tokens_today:,}{budget}")
+    if d.attention:
+        lines.append("recent failed / skipped (replay with the item id):")
+        for a in d.attention:
+            reason = " ".join(a["reason"].split())
+            reason = reason if len(reason) <= 80 else reason[:79] + "…"
+            lines.append(f"  #{a['id']} {a['status']} {a['item_id']}  {reason}".rstrip())
     return "\n".join(lines)
 
 

@@ -55,6 +55,11 @@ def test_one_tick_then_status_pending_replay_and_sweep(deployment, capsys):
     assert code == 0
     assert out.splitlines()[0] == "demo · every 5m · healthy"
     assert "runs ✅ (newest right)" in out and "pending 5 · seen 8" in out
+    # The skipped items are listed with their item ids and reasons, ready for replay.
+    listed = out.split("recent failed / skipped (replay with the item id):\n")[1].splitlines()
+    assert len(listed) == 3 and all(" skipped " in line for line in listed)
+    assert any("<nl-2026-48.support@mailer.outdoor-weekly.example>" in line
+               and "mailing list" in line for line in listed)
 
     code, out, _ = run(capsys, "pending", "-c", str(deployment), "--json")
     pending = json.loads(out)

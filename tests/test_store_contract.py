@@ -481,6 +481,17 @@ class TestStoreContract:
         assert (await store.last_run(P, "error")).id == r2
         assert await store.last_run("nobody") is None
 
+    async def test_recent_lists_the_newest_drafts_in_the_asked_statuses(self, store):
+        await store.admit(P, S, R, _items("s1", "m1", "s2", skip={"s1": "newsletter",
+                                                                  "s2": "no-reply sender"}))
+        await _queued(store, "x1", pipeline="other")
+        skipped = await store.recent(P, ["skipped"])
+        assert [(d.item_id, d.error) for d in skipped] == [("s2", "no-reply sender"),
+                                                           ("s1", "newsletter")]
+        assert [d.item_id for d in await store.recent(P, ["skipped", "queued"], limit=2)] == [
+            "s2", "m1"]
+        assert await store.recent(P, []) == []
+
     async def test_count_by_pipeline_counts_only_the_asked_statuses(self, store):
         await _queued(store, "m1", "m2")
         await _queued(store, "x1", pipeline="other")

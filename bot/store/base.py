@@ -254,6 +254,11 @@ class Store(abc.ABC):
     async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]: ...
 
     @abc.abstractmethod
+    async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
+        """The newest ``limit`` drafts of ``pipeline`` in ``statuses``, newest first (what
+        ``status`` lists with item ids and reasons, for ``replay``)."""
+
+    @abc.abstractmethod
     async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
         """How many drafts each pipeline has in ``statuses`` (pipelines with none are
         left out): finds work owned by pipelines that left the configuration."""

@@ -568,6 +568,11 @@ class PostgresStore(Store):
                 " WHERE ($1::text IS NULL OR pipeline=$1) GROUP BY status", pipeline)
         return {r["status"]: r["n"] for r in rows}
 
+    async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
+        return await self._list(
+            "SELECT * FROM drafts WHERE status = ANY($1::text[]) AND pipeline=$2"
+            " ORDER BY id DESC LIMIT $3", list(dict.fromkeys(statuses)), pipeline, limit)
+
     async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
         async with self._conn() as con:
             rows = await con.fetch(

@@ -601,6 +601,14 @@ class SQLiteStore(Store):
         rows = await self._read(lambda db: _rows(db, sql + " GROUP BY status", params))
         return {r[0]: int(r[1]) for r in rows}
 
+    async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
+        wanted = tuple(dict.fromkeys(statuses))
+        if not wanted:
+            return []
+        where, params = _status_where(wanted, pipeline)
+        return await self._read(lambda db: _drafts(db, where, params,
+                                                   tail=f"ORDER BY id DESC LIMIT {int(limit)}"))
+
     async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
         wanted = list(dict.fromkeys(statuses))
         if not wanted:
