@@ -122,3 +122,48 @@ def test_quote_wraps_and_prefixes_every_line():
     q = template.fields_for(Message(from_addr="a@b.example", body="word " * 40))["quote"]
     assert all(line.startswith("> ") and len(line) <= 72 for line in q.splitlines())
     assert len(q.splitlines()) > 1
+
+
+@pytest.mark.parametrize("text", ["", "   \n\n", "\u200b\n", "\u2800 \u2800"])
+async def test_a_template_without_text_is_a_setup_error_naming_the_file(tmp_path, text):
+    d = _drafter(tmp_path, text)
+    with pytest.raises(DrafterSetupError) as err:
+        await d.draft(DraftRequest("support", ALICE, instruction="shorter"))
+    assert str(err.value).startswith("pipelines/support.yaml: drafter.prompt: the template ")
+    assert str(tmp_path / "t.txt") in str(err.value) and "every reply would be empty" in str(err.value)
+
+
+async def test_a_template_whose_fields_are_empty_for_this_message_fails_only_this_item(tmp_path):
+    d = _drafter(tmp_path, "{slot}\n")  # a slot template used for an email
+    with pytest.raises(DrafterError) as err:
+        await d.draft(DraftRequest("support", ALICE))
+    assert not isinstance(err.value, DrafterSetupError)
+    assert "t.txt gives an empty reply for this message" in str(err.value)
+    slot = Message(kind="slot", slot="2026-11-29T09:00")
+    assert (await d.draft(DraftRequest("support", slot))).body == "2026-11-29T09:00\n"
+
+
+async def test_a_blank_template_puts_no_empty_card_in_front_of_the_operator(tmp_path):
+    """What the operator sees: no card to approve (an empty email could be sent), the
+    item waits in the queue, and one notice names the template file."""
+    from tests.test_drafter_engine import Clock, World, email
+
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / "1.eml").write_bytes(email(1))
+    (tmp_path / "t.txt").write_text("\n")
+    (tmp_path / "draftgate.yaml").write_text(f"store: sqlite:///{tmp_path}/state.db\n")
+    (tmp_path / "pipelines" / "support.yaml").write_text(
+        "name: support\nschedule: 5m\nsource: {type: maildir, path: inbox}\n"
+        "drafter: {model: template, prompt: t.txt}\n"
+        "sender: {type: outbox, path: out, from: 'Shop <support@shop.example>'}\n")
+    w = World(tmp_path / "draftgate.yaml", Clock())
+    try:
+        engine, cards = await w.engine()
+        await engine.tick("support")
+        by_status = await w.store.count_by_status("support")
+    finally:
+        await w.close()
+    assert cards.cards == [] and by_status == {"queued": 1}
+    [note] = cards.notes
+    assert "t.txt has no text" in note

@@ -28,6 +28,7 @@ from pathlib import Path
 from ..config import Checker, ModelConfig, PipelineConfig, Settings
 from ..errors import ConfigError, DrafterError, DrafterSetupError
 from ..models import DraftRequest, DraftResult, Message
+from .prompt import has_visible_text
 
 FIELDS = ("from_name", "first_name", "from_addr", "subject", "date", "excerpt", "quote",
           "slot", "instruction")
@@ -80,6 +81,14 @@ class TemplateDrafter:
         template = await asyncio.to_thread(self._read)
         values = fields_for(request.message, request.instruction)
         body = render(template, values).strip()
+        if not has_visible_text(body):
+            # An empty card could be approved and sent as an empty email.
+            if not has_visible_text(render(template, {})):
+                raise DrafterSetupError(f"{self._where}: the template {self.path} has no text, "
+                                        f"so every reply would be empty; write the reply in it")
+            raise DrafterError(f"{self._where}: the template {self.path} gives an empty reply "
+                               f"for this message (its fields are empty here); put text in the "
+                               f"template around the fields")
         if values["instruction"] and "{instruction}" not in template:
             # Regenerate with an instruction: a template cannot follow it, so it is
             # carried as a visible note for the operator to act on when editing.
