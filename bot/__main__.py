@@ -321,13 +321,18 @@ async def _review(args) -> int:
         # version made here waits in ready; the running draftgate updates that card).
         engine = Engine(settings, store, {"console": console})
         await console.start(engine)
-        waiting = [d for d in await ops.pending(store, settings)
-                   if d.status == "awaiting" and settings.has_pipeline(d.pipeline)]
-        if not waiting:
+        mine = [d for d in await ops.pending(store, settings) if settings.has_pipeline(d.pipeline)]
+        waiting = [d for d in mine if d.status == "awaiting"]
+        # A send that failed or whose outcome is unknown: Retry, as the Telegram card
+        # offers (it asks the other side first whether the reply arrived after all).
+        unsent = [d for d in mine if d.status in ("send_failed", "send_unknown")]
+        if not waiting and not unsent:
             print("nothing awaiting a decision")
         for d in waiting:
             await console.post(d)
             await console.review(d)
+        for d in unsent:
+            await console.review_send(d)
         await engine.stop()
     finally:
         await store.close()
@@ -476,7 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("review", help="decide awaiting drafts in the terminal",
                        description="Show each draft awaiting a decision and approve, edit, "
-                                   "regenerate or reject it from the terminal. A draft that "
+                                   "regenerate or reject it from the terminal; then each "
+                                   "reply whose send failed or is unknown, with Retry. A draft that "
                                    "also has a Telegram card keeps it: a new version made "
                                    "here is put on that card by the running draftgate, and "
                                    "a tap on a card decided here says who decided it.")

@@ -368,3 +368,37 @@ def test_run_pipeline_narrows_what_ticks_not_what_the_process_knows(deployment, 
     assert health == {"demo": "healthy", "other": "never run"}
     code, _, err = run(capsys, "run", "--once", "--pipeline", "nope", "-c", str(deployment))
     assert code == 2 and "unknown pipeline 'nope'" in err
+
+
+def test_review_offers_retry_for_a_failed_send_in_a_terminal_only_setup(deployment, monkeypatch,
+                                                                        capsys):
+    """Without Telegram there is no Retry button: review offers it."""
+    import asyncio
+
+    from bot.approvals import console
+    from bot.config import load_settings
+    from bot.store import create_store
+
+    assert run(capsys, "run", "--once", "-c", str(deployment))[0] == 0
+
+    async def fail_one_send():
+        settings = load_settings(deployment)
+        store = create_store(settings.store)
+        await store.open()
+        try:
+            d = (await store.pending("demo"))[0]
+            await store.approve(d.id, d.version, "anna")
+            await store.begin_send(d.id)
+            await store.mark_send_failed(d.id, "outbox folder was not writable")
+            return d.id
+        finally:
+            await store.close()
+
+    draft_id = asyncio.run(fail_one_send())
+    answers = iter([""] * 4 + ["t"])  # leave the 4 awaiting cards, retry the failed send
+    monkeypatch.setattr(console, "_ask", lambda prompt: next(answers, ""))
+    assert run(capsys, "review", "-c", str(deployment))[0] == 0
+    code, out, _ = run(capsys, "pending", "-c", str(deployment), "--json")
+    assert draft_id not in [p["id"] for p in json.loads(out)]  # sent now
+    [reply] = (deployment.parent / "var" / "demo" / "outbox").glob("*.eml")
+    assert reply.exists()

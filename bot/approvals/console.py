@@ -123,6 +123,25 @@ class ConsoleChannel:
         else:
             self._print("   left pending")
 
+    async def review_send(self, draft: Draft) -> None:
+        """A reply whose send failed or whose outcome is unknown: offer Retry."""
+        assert self._decisions is not None
+        self._print(_RULE)
+        self._print(render(draft))
+        if draft.status == "send_unknown":
+            self._print(f"   ❓ send outcome unknown: {draft.error}. Check the mailbox first: "
+                        "Retry asks again, then sends only if it is not found.")
+        else:
+            self._print(f"   ❌ send failed: {draft.error}. Nothing was sent.")
+        answer = (await asyncio.to_thread(
+            _ask, "   [t] retry the send, Enter = later: ")).strip().lower()
+        if answer in ("t", "retry"):
+            after = await self._decisions.retry_send(draft.id, self.actor)
+            if after is not None:
+                await self.update(after)
+        else:
+            self._print("   left as it is")
+
     async def update(self, draft: Draft) -> None:
         who = draft.decided_by or "?"
         text = {
