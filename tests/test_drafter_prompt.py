@@ -137,3 +137,36 @@ def test_check_output_keeps_real_text_with_format_characters_and_drops_control_c
     assert prompt.check_output(family) == family
     assert prompt.check_output("Hi\x00 Alice,\x1b\n\tthanks") == "Hi Alice,\n\tthanks"
     assert prompt.check_output("Costs <<< less than before", nonce="n0nce") == "Costs <<< less than before"
+
+
+INLINE = ("Hi,\n"
+          "> Can you confirm your shipping address?\n"
+          "Yes: 12 New Street, Berlin. PLEASE CHANGE IT, the old one is wrong.\n"
+          "> Do you want express delivery?\n"
+          "Yes, and cancel the invoice for order #99.\n")
+
+
+@pytest.mark.parametrize("body", [
+    INLINE,
+    "Hi,\n\nOn Mon, 1 Dec 2025, Shop <s@x.example> wrote:\n" + INLINE.split("\n", 1)[1],
+    "> quoted first\nthen the answer\n> more quote\nand another answer",
+])
+def test_an_inline_reply_is_new_text_not_the_quoted_thread(body):
+    """The sender answered between the quoted lines: the answers are the request."""
+    assert prompt.split_quoted(body) == (body, "")
+    data = build(Message(from_addr="a@b.example", subject="Re: order", body=body)).user
+    assert "Earlier messages in the thread" not in data
+    assert "the answer" in data or "PLEASE CHANGE IT" in data
+
+
+@pytest.mark.parametrize("body,new,quoted", [
+    ("Thanks!\n\n> Your order shipped.\n>\n> > Where is it?\n", "Thanks!",
+     "> Your order shipped.\n>\n> > Where is it?"),
+    ("Yes please.\n\nOn Mon, 1 Dec 2025, Shop <s@x.example> wrote:\n\n> Shall we ship it?\n",
+     "Yes please.", "On Mon, 1 Dec 2025, Shop <s@x.example> wrote:\n\n> Shall we ship it?"),
+    ("Answers inline.\n> q1\nA1\n> q2\n> q3\n", "Answers inline.\n> q1\nA1", "> q2\n> q3"),
+])
+def test_a_quote_block_below_the_reply_is_the_quoted_thread(body, new, quoted):
+    assert prompt.split_quoted(body) == (new, quoted)
+    data = build(Message(from_addr="a@b.example", subject="Re: order", body=body)).user
+    assert data.index(new) < data.index("Earlier messages in the thread (quoted by the sender):")

@@ -37,10 +37,12 @@ MAX_DRAFT_CHARS = 20_000
 TRUNCATED = "[truncated]"
 _KNOWN = {"model", "prompt", "max_input", "signature", "language"}
 _ANGLES = re.compile(r"<{3,}")
-_QUOTE_START = re.compile(
-    r"^(?:On .{0,300}wrote:\s*$|Am .{0,300}schrieb.{0,100}:\s*$|Le .{0,300}a écrit\s*:\s*$|"
-    r"-{2,}\s*Original Message\s*-{2,}|-{2,}\s*Ursprüngliche Nachricht\s*-{2,}|>)",
-    re.I | re.M)
+#: "On Mon, 1 Dec 2025, Shop <s@x> wrote:" and its German and French forms.
+_QUOTE_HEADER = re.compile(
+    r"(?:On .{0,300}wrote:|Am .{0,300}schrieb.{0,100}:|Le .{0,300}a écrit\s*:)\s*$", re.I)
+#: Outlook's separator: everything below it is the earlier message.
+_QUOTE_SEPARATOR = re.compile(
+    r"-{2,}\s*(?:Original Message|Ursprüngliche Nachricht)\s*-{2,}", re.I)
 
 _DEFAULT_PROMPT = (
     "You draft replies to emails on behalf of the operator. Be helpful, correct and brief. "
@@ -109,11 +111,41 @@ def defuse(text: str) -> str:
 
 
 def split_quoted(body: str) -> tuple[str, str]:
-    """(the new text, the earlier messages quoted below it)."""
-    m = _QUOTE_START.search(body)
-    if not m or not body[:m.start()].strip():
-        return body, ""
-    return body[:m.start()].rstrip(), body[m.start():].strip()
+    """(the new text, the earlier messages quoted below it).
+
+    Only a real quote block is split off: an Outlook "Original Message" separator, an
+    "On ... wrote:" header whose quote is not answered inline, or a run of ``>`` lines
+    that nothing but ``>`` lines follows. A reply written between the quoted lines
+    (inline) stays whole: its answers are the new text, not the old thread."""
+    lines = body.splitlines(keepends=True)
+    start = 0
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if (_QUOTE_SEPARATOR.match(text)
+                or (_QUOTE_HEADER.match(text) and not _answered_inline(lines[i + 1:]))
+                or (text.startswith(">") and all(_is_quote(rest) for rest in lines[i:]))):
+            if not body[:start].strip():
+                break
+            return body[:start].rstrip(), body[start:].strip()
+        start += len(line)
+    return body, ""
+
+
+def _is_quote(line: str) -> bool:
+    return not line.strip() or line.lstrip().startswith(">")
+
+
+def _answered_inline(lines: list[str]) -> bool:
+    """True if new text follows a ``>`` line: the sender answered between the quotes."""
+    quoted = False
+    for line in lines:
+        if not line.strip():
+            continue
+        if line.lstrip().startswith(">"):
+            quoted = True
+        elif quoted:
+            return True
+    return False
 
 
 def _cut(text: str, limit: int) -> str:
