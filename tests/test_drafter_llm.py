@@ -519,6 +519,36 @@ def test_a_lease_shorter_than_the_calls_worst_case_is_refused(tmp_path, fake, pr
     assert "drafted twice" in str(err.value)
 
 
+SLOW = f"    timeout: 0.5s\n    retries: 2\n    backoff: 10ms\n    api_key_env: {KEY_ENV}\n"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_lease_whose_90_percent_cannot_hold_every_attempt_is_refused(tmp_path, fake, provider):
+    """3 attempts of 0.5 s plus 30 ms backoff need 1.53 s; a 1.6 s lease is longer, but
+    a draft may use only 90% of it (1.44 s), so the third attempt would never be made."""
+    with pytest.raises(ConfigError) as err:
+        make(tmp_path, provider, fake, model=SLOW, lease="1.6s")
+    text = str(err.value)
+    assert "pipelines/support.yaml: lease: 1.6s leaves 1.44s for one draft (90% of the lease" in text
+    assert "lease x 0.9 must be longer than 1.53s" in text and "models.llm.timeout" in text
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_lease_that_validates_gets_every_attempt(tmp_path, fake, provider):
+    holds = [fake.hold() for _ in range(3)]  # no answer until the test is over
+    fake.script(*holds)
+    d = make(tmp_path, provider, fake, model=SLOW, lease="1.9s")  # 90%: 1.71 s > 1.53 s
+    try:
+        with pytest.raises(DrafterRetryable) as err:
+            await d.draft(request())
+    finally:
+        for h in holds:
+            h.release()
+        await d.close()
+    assert "timeout" in str(err.value) and "after 3 attempts" in str(err.value)
+    assert all(h.arrived.is_set() for h in holds) and len(fake.requests) == 3
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_unknown_drafter_options_name_the_pipeline_file(tmp_path, fake, provider):
     with pytest.raises(ConfigError) as err:

@@ -3,9 +3,9 @@ one bounded retry loop around a single SDK call.
 
 The SDKs' own retries are switched off (``max_retries=0``) so that there is exactly
 one place that decides how often and how long we wait. One ``draft()`` never outlives
-its claim: the pipeline's lease must be longer than ``timeout * (retries + 1)`` plus
-the backoff (:func:`model_options` refuses a shorter one at start-up), and no retry
-starts that could not finish within 90% of the lease (a long Retry-After ends the
+its claim: 90% of the pipeline's lease must be longer than ``timeout * (retries + 1)``
+plus the backoff (:func:`model_options` refuses a shorter one at start-up), and no retry
+starts that could not finish within that 90% of the lease (a long Retry-After ends the
 call early as retryable instead). Otherwise a slow but healthy call could lose its
 claim and the item would be drafted twice.
 
@@ -51,6 +51,9 @@ MAX_HOLD = 3600.0
 _MAX_BACKOFF = 30.0
 _KNOWN = {"provider", "base_url", "model", "api_key_env", "temperature", "max_output_tokens",
           "timeout", "retries", "backoff"}
+#: The part of a pipeline's lease one draft() may use; the rest is the margin for
+#: storing the answer. Start-up validation and the retry loop use the same share.
+LEASE_SHARE = 0.9
 #: Used as the API key for local servers (Ollama, llama.cpp...) that want none.
 NO_KEY = "not-needed"
 
@@ -99,7 +102,7 @@ class ModelOptions:
 
     def worst_case(self) -> float:
         """Least time every attempt needs when each one times out (plus the backoff
-        between them); the lease has to be longer than this."""
+        between them); 90% of the lease (:data:`LEASE_SHARE`) has to be longer."""
         waits = sum(min(self.backoff * 2 ** i, _MAX_BACKOFF) for i in range(self.retries))
         return self.timeout * (self.retries + 1) + waits
 
@@ -163,13 +166,16 @@ def model_options(model: ModelConfig, pipeline: PipelineConfig, settings: Settin
     opts = ModelOptions(model.name, model.provider, base_url or default_base_url, name,
                         key_env, temperature, max_out, timeout, retries, backoff)
     worst = opts.worst_case()
-    if pipeline.lease <= worst:
+    usable = pipeline.lease * LEASE_SHARE
+    if usable <= worst:
         raise ConfigError(
-            f"{pipeline.file}: lease: {pipeline.lease:g}s is not longer than one draft can "
-            f"take with {where} (timeout {opts.timeout:g}s x {opts.retries + 1} attempts plus "
-            f"backoff = {worst:g}s); a call that slow would lose its claim and the item would "
-            f"be drafted twice. Set lease to at least {int(worst * 1.5) + 1}s, or lower "
-            f"{where}.timeout or {where}.retries")
+            f"{pipeline.file}: lease: {pipeline.lease:g}s leaves {usable:g}s for one draft "
+            f"(90% of the lease; the rest is kept for storing it), which is not longer than "
+            f"one draft can take with {where} (timeout {opts.timeout:g}s x {opts.retries + 1} "
+            f"attempts plus backoff = {worst:g}s): the last attempts would never be made, and "
+            f"a call that slow would lose its claim and the item would be drafted twice. "
+            f"lease x 0.9 must be longer than {worst:g}s: set lease to at least "
+            f"{int(worst * 1.5) + 1}s, or lower {where}.timeout or {where}.retries")
     return opts
 
 
@@ -403,7 +409,7 @@ class LLMDrafter:
         self.name = f"{self.provider}:{model.name}"
         self.pipeline = pipeline.name
         # Most of the lease, keeping a margin for the store update after the call.
-        self._budget = max(self.opts.timeout, pipeline.lease * 0.9)
+        self._budget = max(self.opts.timeout, pipeline.lease * LEASE_SHARE)
         self._prompt_text: str | None = None
         self._client: Any = None
 
