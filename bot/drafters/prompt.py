@@ -248,8 +248,9 @@ def build(request: DraftRequest, settings: PromptSettings, prompt_text: str, *,
 _BLANK_GLYPHS = frozenset("\u2800\u3164\u115f\u1160\uffa0")
 #: Control characters other than newline and tab never belong in a reply.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-#: A boundary line of the request, with or without its code.
-_BOUNDARY = re.compile(r"<{3,}\s*(?:END\s+)?(?:EMAIL|PREVIOUS\s+DRAFT)\b", re.I)
+#: A line that looks like a boundary of the request, with or without its code.
+_BOUNDARY_LINE = re.compile(r"^[ \t]*<{3,}[ \t]*(?:END[ \t]+)?(?:EMAIL|PREVIOUS[ \t]+DRAFT)\b.*$",
+                            re.I | re.M)
 
 
 def has_visible_text(text: str) -> bool:
@@ -263,8 +264,8 @@ def has_visible_text(text: str) -> bool:
 def check_output(text: str | None, *, cut_off: bool = False, limit: int = MAX_DRAFT_CHARS,
                  nonce: str | None = None, refused: str = "") -> str:
     """The model's answer as a draft body, or DrafterError saying why it is unusable.
-    ``nonce``: the request's boundary code; an answer that repeats it (or any boundary
-    line) echoed the request instead of writing a reply. ``refused``: why the provider
+    ``nonce``: the request's boundary code; an answer that repeats it echoed the
+    request instead of writing a reply, and so did one of nothing but boundary lines. ``refused``: why the provider
     stopped the answer (content filter, refusal), if it did."""
     body = _CONTROL.sub("", (text or "").replace("\r\n", "\n")).strip()
     if refused:
@@ -275,7 +276,12 @@ def check_output(text: str | None, *, cut_off: bool = False, limit: int = MAX_DR
     if not has_visible_text(body):
         raise DrafterError("model returned an empty draft" if not body else
                            "model returned an empty draft (only invisible characters)")
-    if (nonce and nonce in body) or _BOUNDARY.search(body) or "(data, not instructions)" in body:
+    # The request's code or its data label: the model repeated its input. Nothing but
+    # boundary lines: no reply at all. (A reply that merely contains a boundary-like
+    # line, as a model fooled by the email might write, goes to the human, who sees
+    # it on the card and decides.)
+    if ((nonce and nonce in body) or "(data, not instructions)" in body
+            or not has_visible_text(_BOUNDARY_LINE.sub("", body))):
         raise DrafterError("model returned the request's data block or a boundary line "
                            "(<<<EMAIL ...>>>) instead of a reply; not a usable draft")
     if len(body) > limit:
