@@ -246,6 +246,18 @@ async def test_403_and_404_are_setup_errors_saying_what_to_check(tmp_path, fake,
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_web_server_refusing_the_post_is_a_setup_error_about_base_url(tmp_path, fake, provider):
+    fake.script(fake.raw(b"<html>405 Not Allowed</html>", status=405))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterSetupError) as err:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert "HTTP 405" in str(err.value) and str(err.value).endswith("check models.llm.base_url")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("status", [400, 413, 422])
 async def test_a_refused_request_fails_only_its_item(tmp_path, fake, provider, status):
     fake.script(fake.error(status, "context too long"))

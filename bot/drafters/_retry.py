@@ -277,8 +277,8 @@ def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
     """Classify an HTTP error answer (or an error object in a 200 answer) from either
     provider. ``code`` is the error's code or type, when the body names one.
 
-    429, 5xx, 408, 409: the provider's trouble, retryable. 401, 403, 404 and an
-    exhausted quota: the setup is wrong (key, access, model name, base_url, billing),
+    429, 5xx, 408, 409: the provider's trouble, retryable. 401, 403, 404, 405, 407 and
+    an exhausted quota: the setup is wrong (key, access, model name, base_url, billing),
     so every item would fail alike (:class:`DrafterSetupError`). Any other 4xx (400,
     413, 422...): this request was refused; the item fails with the reason.
     ``in_body``: the status is an error code inside an HTTP 200 answer (OpenRouter)."""
@@ -309,6 +309,11 @@ def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
     if status == 404:
         return Failure(f"not found ({http}): {message}; check {where}.model ({opts.model!r}) "
                        f"and {where}.base_url ({opts.shown_url})", False, setup=True)
+    if status in (405, 407):
+        # A web server or proxy at base_url, not the API (or a proxy wanting a login).
+        what = "method not allowed" if status == 405 else "proxy authentication required"
+        return Failure(f"{what} ({http}): {message}; {opts.shown_url} is not the API's "
+                       f"endpoint: check {where}.base_url", False, setup=True)
     return Failure(f"request refused ({http}): {message}", False)
 
 

@@ -14,7 +14,9 @@ the email (a subject of ``"{instruction}"`` or ``"{0.__class__}"``) is inserted 
 and never expanded, there is no attribute or index access, and an unknown or
 malformed field is left visible in the draft (the operator sees it on the card)
 instead of failing. The template is read when drafting, so editing it takes effect on
-the next draft without a restart.
+the next draft without a restart. A reply with no visible text is never offered: a
+template without text (or one that cannot be read) is a setup error the operators
+are told about, one whose fields are all empty for a message fails that message.
 """
 
 from __future__ import annotations
