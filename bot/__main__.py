@@ -410,17 +410,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging on stderr (-vv for debug)")
     parser.add_argument("-c", "--config", dest="config_before", metavar="FILE",
-                        help="deployment file, for commands that take -c (also accepted "
-                             "after the command)")
+                        help="deployment file, for every command except migrate-store (also "
+                             "accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     p = sub.add_parser("run", help="run all pipelines on their schedules until SIGINT/SIGTERM",
                        description="Run every enabled pipeline on its schedule, with the approval "
-                                   "channels, until SIGINT or SIGTERM; then stop cleanly.")
+                                   "channels, until SIGINT or SIGTERM. Stopping cancels a tick in "
+                                   "progress: a draft being written goes back to the queue, a send "
+                                   "cut off mid-call becomes send_unknown and is checked after the "
+                                   "restart (never resent blindly), and the run is recorded as "
+                                   "interrupted.")
     _add_config(p)
     p.add_argument("--pipeline", action="append", metavar="NAME",
-                   help="run only this pipeline (repeatable)")
+                   help="tick only this pipeline in this process (repeatable); its Telegram "
+                        "bot still decides the cards of every pipeline")
     p.add_argument("--once", action="store_true", help="one tick per pipeline, then exit")
     p.add_argument("--telegram-receive", choices=("polling", "webhook", "off"),
                    help="override telegram.receive for this process (several hosts: exactly "
@@ -448,15 +453,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="one line per pipeline, or recent runs of one",
                        description="Without PIPELINE: one line per pipeline. With it: recent "
                                    "runs newest first, last green, first red after it, pending, "
-                                   "seen count and tokens today.")
+                                   "seen count, tokens today, and the newest failed, skipped, "
+                                   "expired and unsent items with their item ids and reasons "
+                                   "(the ids `draftgate replay` takes).")
     _add_config(p)
     p.add_argument("pipeline", nargs="?", help="pipeline name")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_status)
 
     p = sub.add_parser("pending", help="drafts waiting for a decision",
-                       description="Drafts that are ready, awaiting a decision, or whose send "
-                                   "failed or has an unknown outcome.")
+                       description="Drafts not yet posted, awaiting a decision, approved or "
+                                   "being sent, or whose send failed or has an unknown outcome. "
+                                   "--json also gives each draft's item_id.")
     _add_config(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_pending)
@@ -464,35 +472,47 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="send an item back through the pipeline",
                        description="A failed, rejected, skipped or expired item goes back to "
                                    "queued; an item only seen loses its seen mark. Sent items "
-                                   "are refused. Audited.")
+                                   "are refused. Audited. Item ids: `draftgate status PIPELINE` "
+                                   "lists the newest failed and skipped ones; `draftgate pending "
+                                   "--json` shows item_id.")
     _add_config(p)
     p.add_argument("pipeline")
-    p.add_argument("item_id", help="the item id (Message-ID, slot, ...) as shown by status/pending")
+    p.add_argument("item_id", help="the item id (Message-ID, slot, ...) as shown by "
+                                   "`status PIPELINE` or `pending --json`")
     p.set_defaults(func=_replay)
 
     p = sub.add_parser("sweep", help="expire old seen marks, leases, approvals and runs",
-                       description="Delete seen marks older than the TTL (default from "
-                                   "sweep.seen_ttl_days, 90), return expired drafting leases to "
-                                   "the queue, expire stale approvals if configured, prune old "
-                                   "runs. Also runs daily inside `draftgate run`.")
+                       description="Delete seen marks older than the TTL (--days, default "
+                                   "sweep.seen_ttl_days, itself 90 by default), return expired "
+                                   "drafting leases to the queue, expire stale approvals if "
+                                   "sweep.approval_ttl_days is set, prune old runs. Also runs "
+                                   "on sweep.every inside `draftgate run`; that sweep and /sweep "
+                                   "also update the Telegram cards of the approvals they "
+                                   "expire, this command does not.")
     _add_config(p)
-    p.add_argument("--days", type=float, default=None, help="seen-mark TTL in days")
+    p.add_argument("--days", type=float, default=None,
+                   help="seen-mark TTL in days (default: sweep.seen_ttl_days)")
     p.set_defaults(func=_sweep)
 
     p = sub.add_parser("review", help="decide awaiting drafts in the terminal",
                        description="Show each draft awaiting a decision and approve, edit, "
                                    "regenerate or reject it from the terminal; then each "
-                                   "reply whose send failed or is unknown, with Retry. A draft that "
-                                   "also has a Telegram card keeps it: a new version made "
-                                   "here is put on that card by the running draftgate, and "
-                                   "a tap on a card decided here says who decided it.")
+                                   "reply whose send failed or is unknown, with Retry (for an "
+                                   "unknown one it first checks again whether it arrived). A "
+                                   "draft that also has a Telegram card keeps it: a new version "
+                                   "made here is put on that card by the running draftgate; "
+                                   "after Approve or Reject here the card keeps its buttons, and "
+                                   "a tap on it says who decided. There is no operator "
+                                   "allow-list here: whoever can run this with the "
+                                   "configuration decides (audited with their user name).")
     _add_config(p)
     p.set_defaults(func=_review)
 
     p = sub.add_parser("doctor", help="check the store, accounts, models and Telegram",
                        description="Check that the store opens, each Gmail account answers with "
-                                   "the scopes its pipelines need, each model endpoint answers, "
-                                   "and the Telegram bot token works.")
+                                   "the scopes its pipelines need, the endpoint of each model "
+                                   "a pipeline uses answers (models no pipeline uses are not "
+                                   "called), and the Telegram bot token works.")
     _add_config(p)
     p.set_defaults(func=_doctor)
 

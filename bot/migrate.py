@@ -52,7 +52,8 @@ async def migrate_store(src_url: str, dst_url: str, *, force: bool = False,
     path = getattr(src, "path", None)
     if path and path != ":memory:" and not Path(path).exists():
         raise StoreError(f"the source store {path} does not exist; check --from "
-                         "(sqlite:///absolute/path/to/state.db)")
+                         "(sqlite:////absolute/path/to/state.db with four slashes; "
+                         "sqlite:///path is relative to the current directory)")
     dst = create_store(dst_url)
     await src.open()
     try:
@@ -110,7 +111,12 @@ to several hosts. Seen marks, drafts (with their ids, versions and approval mess
 ids), cursors, runs, audit, token usage and pause flags are copied, so after the
 switch nothing is fetched or drafted again and cards already posted still work.
 Stop every `draftgate run` on the old store first. The target must be empty unless
---force is given."""
+--force is given.
+
+migrate-store reads no deployment file (it takes no -c): a SQLite URL with three
+slashes, sqlite:///state.db, is relative to the current directory here, not to the
+deployment file's folder as in `store:`. Give the absolute path with four slashes,
+e.g. --from sqlite:////var/lib/draftgate/state.db."""
 
 
 def add_cli(subparsers) -> argparse.ArgumentParser:
@@ -119,7 +125,8 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
         "migrate-store", help="copy the store to another backend (e.g. SQLite -> PostgreSQL)",
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="src", required=True, metavar="URL",
-                   help="store to copy from, e.g. sqlite:///var/lib/draftgate/state.db")
+                   help="store to copy from, e.g. sqlite:////var/lib/draftgate/state.db (four "
+                        "slashes: an absolute path; three: relative to the current directory)")
     p.add_argument("--to", dest="dst", required=True, metavar="URL",
                    help="store to copy into, e.g. postgresql://draftgate@db.internal/draftgate")
     p.add_argument("--force", action="store_true",

@@ -195,16 +195,24 @@ def add_cli(subparsers) -> None:
     g = kinds.add_parser(
         "gmail", help="run Google's installed-app OAuth flow and write a token file",
         description="Run Google's installed-app OAuth flow for one Gmail account and write "
-                    "the token file (mode 0600) that gmail.accounts.NAME.token_file names.")
+                    "the token file (mode 0600) that gmail.accounts.NAME.token_file names. "
+                    "Recommended: draftgate auth gmail -c draftgate.yaml --account NAME "
+                    "--client-secrets client_secret.json, which asks for the scopes that "
+                    "account's pipelines need and writes token_file where draftgate looks "
+                    "for it (relative to the deployment file's folder), from any directory.")
     g.add_argument("--client-secrets", required=True, metavar="FILE",
                    help="OAuth client JSON (type 'Desktop app') downloaded from Google Cloud")
     g.add_argument("--token", metavar="FILE",
-                   help="token file to write (default: the account's token_file from the config)")
+                   help="token file to write (default: the account's token_file, resolved "
+                        "against the deployment file's folder; a path given here is relative "
+                        "to the current directory)")
     g.add_argument("--account", metavar="NAME",
                    help="gmail.accounts entry; its pipelines decide the scopes requested")
     g.add_argument("--no-browser", action="store_true",
-                   help="print the URL instead of opening a browser (headless server: forward "
-                        "--port with ssh -L first)")
+                   help="print the URL instead of opening a browser. Google still sends the "
+                        "browser back to http://localhost:PORT, which must reach this machine: "
+                        "on a headless server first run `ssh -L PORT:localhost:PORT server` "
+                        "on the computer whose browser opens the URL")
     g.add_argument("--port", type=int, default=8080,
                    help="local port for Google's redirect (default 8080; 0 picks a free one)")
     g.add_argument("--scopes", nargs="+", metavar="SCOPE",
