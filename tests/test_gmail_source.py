@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 
@@ -596,3 +597,189 @@ async def test_mail_arriving_while_history_is_paged_is_not_skipped(world):
     counts = await world.tick()
     assert counts.new == 1
     assert {d.item_id for d in await world.drafts()} == set(ids + during)
+
+
+# -- Gmail's search index lagging behind history --------------------------------------
+
+_FROM_ALICE = '{type: gmail, account: support, query: "in:inbox from:alice@customer.example"}'
+
+
+def _recheck(cursor: str | None) -> list[str]:
+    """The ids the stored cursor keeps to search for again."""
+    return [gid for gid, _ in json.loads(cursor or "{}").get("recheck", [])]
+
+
+def _gmail_log(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "draftgate.sources.gmail"
+            and r.levelno >= logging.INFO]
+
+
+@pytest.fixture
+async def from_alice(tmp_path):
+    w = await GmailWorld(tmp_path, source=_FROM_ALICE).open()
+    try:
+        await _started(w)
+        yield w
+    finally:
+        await w.close()
+
+
+async def test_a_match_the_search_misses_at_first_is_admitted_later_exactly_once(
+        from_alice, caplog):
+    """A message matching from: that Gmail's search does not return yet (its index lags
+    behind history) is not lost when the cursor moves past it: a later tick searches
+    again, admits it once, and then goes back to one call per idle tick."""
+    caplog.set_level(logging.INFO, logger="draftgate.sources.gmail")
+    w = from_alice
+    gid = w.fake.add_message(simple_message(1), search_lag=2)
+    counts = await w.tick()
+    assert counts.new == 0 and await w.drafts() == []
+    cursor = await w.store.get_cursor("support", "gmail:support")
+    assert _recheck(cursor) == [gid]
+    assert json.loads(cursor)["historyId"] == str(w.fake.history_id)  # moved past it
+    assert any("1 of 1 new message(s) not returned by the query" in m and gid in m
+               for m in _gmail_log(caplog))
+    mark = w.fake.mark()
+    assert (await w.tick()).new == 0  # still lagging: searched again, kept
+    assert [c.route for c in w.fake.api_calls(mark)] == ["history.list", "messages.list"]
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == [gid]
+    mark = w.fake.mark()
+    assert (await w.tick()).new == 1  # the index has caught up
+    assert [c.route for c in w.fake.api_calls(mark)] == \
+        ["history.list", "messages.list", "messages.get"]
+    assert [(d.item_id, d.status) for d in await w.drafts()] == [(gid, AWAITING)]
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == []
+    for _ in range(2):
+        mark = w.fake.mark()
+        assert (await w.tick()).new == 0
+        assert [c.route for c in w.fake.api_calls(mark)] == ["history.list"]
+    assert len(await w.drafts()) == 1
+
+
+async def test_a_non_match_is_searched_for_until_the_window_ends_then_dropped_with_a_log(
+        from_alice, caplog):
+    """A message that does not match is never admitted; while young it is searched for
+    again, and once older than the window it is dropped with an INFO line naming it.
+    A match arriving meanwhile is admitted as usual."""
+    caplog.set_level(logging.INFO, logger="draftgate.sources.gmail")
+    w = from_alice
+    bob = w.fake.add_message(simple_message(1, sender="bob@other.example"),
+                             received=time.time() - 120)  # young: within the 15 minutes
+    counts = await w.tick()
+    assert counts.new == 0
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == [bob]
+    assert any("1 of 1 new message(s) not returned by the query" in m and "1 kept" in m
+               for m in _gmail_log(caplog))
+    yes = w.fake.add_message(simple_message(2))
+    assert (await w.tick()).new == 1
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == [bob]
+    source = w.engine.source(w.settings.pipeline("support"))
+    source.recheck_window = 60.0  # bob is now older than the window
+    caplog.clear()
+    mark = w.fake.mark()
+    assert (await w.tick()).new == 0
+    assert [c.route for c in w.fake.api_calls(mark)] == ["history.list", "messages.list"]
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == []
+    (dropped,) = [r for r in caplog.records if r.name == "draftgate.sources.gmail"
+                  and bob in r.getMessage()]
+    assert dropped.levelno == logging.INFO and "dropped" in dropped.getMessage()
+    assert [d.item_id for d in await w.drafts()] == [yes]
+    assert await w.store.find_drafts("support", bob) == []
+    mark = w.fake.mark()
+    await w.tick()
+    assert [c.route for c in w.fake.api_calls(mark)] == ["history.list"]
+
+
+async def test_a_non_match_older_than_the_window_is_dropped_at_once_with_a_log(
+        from_alice, caplog):
+    """A candidate already older than the window when the search misses it is not kept
+    (the index has had the time); the INFO line counts and names it."""
+    caplog.set_level(logging.INFO, logger="draftgate.sources.gmail")
+    w = from_alice
+    old = w.fake.add_message(simple_message(1, sender="bob@other.example"),
+                             received=time.time() - 3600)
+    await w.tick()
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == []
+    assert any("1 older dropped as not matching" in m and old in m
+               for m in _gmail_log(caplog))
+    mark = w.fake.mark()
+    await w.tick()
+    assert [c.route for c in w.fake.api_calls(mark)] == ["history.list"]
+
+
+async def test_a_kept_message_deleted_meanwhile_is_dropped(from_alice, caplog):
+    """A kept id the search then returns but Gmail answers 404 for (deleted meanwhile)
+    is dropped with a log line, and the tick is green."""
+    caplog.set_level(logging.INFO, logger="draftgate.sources.gmail")
+    w = from_alice
+    gid = w.fake.add_message(simple_message(1), search_lag=1)
+    await w.tick()
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == [gid]
+    w.fake.fail("messages.get", 404, message="Requested entity was not found.")
+    counts = await w.tick()
+    run = (await w.store.recent_runs("support", 1))[0]
+    assert run.status == "ok", run.error_text
+    assert counts.new == 0 and await w.drafts() == []
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == []
+    assert any("vanished" in m and gid in m for m in _gmail_log(caplog))
+
+
+async def test_idle_tick_with_a_search_query_is_one_call_once_nothing_is_kept(from_alice):
+    """With a query that needs Gmail's search, an idle tick is one history.list (2 quota
+    units) when nothing is kept to search for again; a kept id costs one messages.list
+    per tick until it is decided, then the idle tick is one call again."""
+    w = from_alice
+    mark = w.fake.mark()
+    await w.tick()
+    assert [c.route for c in w.fake.api_calls(mark)] == ["history.list"]
+    assert w.fake.units(mark) == 2
+    gid = w.fake.add_message(simple_message(1), search_lag=1)
+    await w.tick()
+    mark = w.fake.mark()
+    await w.tick()
+    assert [c.route for c in w.fake.api_calls(mark)] == \
+        ["history.list", "messages.list", "messages.get"]
+    assert [d.item_id for d in await w.drafts()] == [gid]
+    mark = w.fake.mark()
+    await w.tick()
+    assert [c.route for c in w.fake.api_calls(mark)] == ["history.list"]
+    assert w.fake.units(mark) == 2
+
+
+@pytest.mark.parametrize("stored", ["bare", "json", "json+recheck"])
+async def test_older_cursor_formats_keep_working_with_the_recheck(from_alice, stored):
+    """A bare historyId, the JSON cursor without "recheck" and one with unreadable
+    recheck entries all work: a message the search misses is kept in the new cursor
+    and admitted once by a later tick."""
+    w = from_alice
+    hid = str(w.fake.history_id)
+    value = {"bare": hid,
+             "json": json.dumps({"historyId": hid, "synced": time.time(), "first": 1.0}),
+             "json+recheck": json.dumps({"historyId": hid, "synced": time.time(),
+                                         "recheck": [["x", "y"], 5, ["", 1]]})}[stored]
+    await w.store.set_cursor("support", "gmail:support", value)
+    gid = w.fake.add_message(simple_message(1), search_lag=1)
+    assert (await w.tick()).new == 0
+    cursor = json.loads(await w.store.get_cursor("support", "gmail:support"))
+    assert cursor["historyId"] == str(w.fake.history_id) and "synced" in cursor
+    assert _recheck(json.dumps(cursor)) == [gid]
+    assert (await w.tick()).new == 1
+    assert [d.item_id for d in await w.drafts()] == [gid]
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == []
+    assert (await w.tick()).new == 0 and len(await w.drafts()) == 1
+
+
+async def test_ids_kept_to_search_again_survive_a_history_expiry(from_alice):
+    """History expires while an id is kept: the resync's own listing (which may lag
+    too) does not return it, so the next incremental tick still searches for it."""
+    w = from_alice
+    gid = w.fake.add_message(simple_message(1), search_lag=2)
+    await w.tick()
+    w.fake.expire_history()
+    counts = await w.tick()  # resync by query: the search still misses it
+    run = (await w.store.recent_runs("support", 1))[0]
+    assert run.status == "ok", run.error_text
+    assert counts.new == 0
+    assert _recheck(await w.store.get_cursor("support", "gmail:support")) == [gid]
+    assert (await w.tick()).new == 1
+    assert [d.item_id for d in await w.drafts()] == [gid]

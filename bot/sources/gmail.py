@@ -30,6 +30,18 @@ the ids are intersected with a
 on ticks that have candidates). Bodies are fetched as ``format=raw`` with bounded
 concurrency in the account's thread pool and parsed by :func:`bot.mime.parse_email`;
 an unparseable message becomes a skipped item with the reason.
+
+Gmail's search index can lag behind history: a message that just arrived may be
+missing from that ``messages.list`` although it matches. The cursor moves past it, so
+a candidate the search missed is not simply dropped: while it is young (internalDate
+within :data:`RECHECK_WINDOW`) its id and internalDate are kept in the cursor
+(``"recheck": [[id, ms], ...]``, at most :data:`RECHECK_MAX`) and each later tick
+runs the search again for them (the same one call as for new candidates; none when
+the list is empty, so an idle tick stays one ``history.list``). One the search now
+returns is downloaded and admitted; one still missing once it is older than the
+window is dropped with an INFO line naming it (it does not match the query); one
+deleted meanwhile (404) is dropped. Every tick whose candidates do not all match
+logs how many did not, at INFO.
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import filters as _filters
@@ -61,6 +73,16 @@ _PAGE = 500  # Gmail's maximum page size for list and history
 # How far before the last successful sync the history-expired fallback still lists:
 # clock differences between this host and Gmail, and mail stamped before it arrived.
 RESYNC_MARGIN = 600.0
+# How long after it arrived (internalDate) a candidate the query's search did not
+# return is searched for again. Gmail's index usually catches up within seconds and
+# rarely takes minutes; 15 minutes leaves a wide margin while keeping the cost (one
+# messages.list on the ticks that have something to re-check) and the cursor small.
+# Whatever the window and the schedule, a kept id is searched for on at least one
+# later tick before it is dropped.
+RECHECK_WINDOW = 900.0
+# The most ids the cursor keeps to re-check (the oldest go first, logged): about 20 kB
+# of cursor, one page of search results.
+RECHECK_MAX = 500
 
 
 @dataclass
@@ -70,6 +92,8 @@ class _Cursor:
     history_id: str
     synced: float | None = None  # when history_id was current (taken before the call)
     first: float | None = None  # when the first run took its cursor
+    # (gmail id, internalDate in ms): candidates the search has not returned yet
+    recheck: list[tuple[str, int]] = field(default_factory=list)
 
     @classmethod
     def parse(cls, value: str) -> "_Cursor":
@@ -79,7 +103,7 @@ class _Cursor:
         try:
             data = json.loads(value)
             return cls(str(data.get("historyId") or ""), _seconds(data.get("synced")),
-                       _seconds(data.get("first")))
+                       _seconds(data.get("first")), _recheck(data.get("recheck")))
         except (ValueError, AttributeError):
             log.warning("gmail: unreadable stored cursor %r; resyncing by query", value[:80])
             return cls("")  # the fallback (bounded by resync_window) takes it from here
@@ -90,12 +114,30 @@ class _Cursor:
             data["synced"] = self.synced
         if self.first is not None:
             data["first"] = self.first  # unrounded: compared with internalDate in ms
+        if self.recheck:
+            data["recheck"] = [[gid, date] for gid, date in self.recheck]
         return json.dumps(data, separators=(",", ":"))
 
 
 def _seconds(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else None
+
+
+def _recheck(value: Any) -> list[tuple[str, int]]:
+    """The stored ``recheck`` list; entries that are not [id, ms] are left out (logged)."""
+    out: list[tuple[str, int]] = []
+    if value is not None and not isinstance(value, list):
+        log.warning("gmail: unreadable re-check list %r in the stored cursor; left out",
+                    value)
+    for entry in value if isinstance(value, list) else []:
+        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) \
+                and entry[0] and _seconds(entry[1]) is not None:
+            out.append((entry[0], int(entry[1])))
+        else:
+            log.warning("gmail: unreadable re-check entry %r in the stored cursor; left out",
+                        entry)
+    return out
 
 
 class GmailSource:
@@ -119,6 +161,7 @@ class GmailSource:
         if client.address:
             self._own.add(client.address.lower())
         self.page_size = _PAGE
+        self.recheck_window = RECHECK_WINDOW
         self._label_id: str | None = None
         self._not_before = 0.0  # honour a long Retry-After across ticks
 
@@ -265,19 +308,11 @@ class GmailSource:
         items = [item for _, item in results if item is not None]
         return items, [resource for resource, _ in results]
 
-    async def _matching(self, resources: list[dict], label_id: str | None) -> set[str]:
-        """Ids among ``resources`` that match the query: by their labels when the query
-        is only label terms (``in:inbox -category:promotions``), else with one
-        ``messages.list`` bounded to the candidates' dates."""
-        terms = _label_terms(self.query)
-        if terms is not None:
-            need, forbid = terms
-            return {r["id"] for r in resources
-                    if need <= set(r.get("labelIds") or []) and
-                    not forbid & set(r.get("labelIds") or [])}
-        oldest = min(int(r.get("internalDate") or 0) for r in resources) // 1000
-        ids = await self._list_ids(self._q(f"after:{max(0, oldest - 1)}"), label_id)
-        return set(ids)
+    async def _search(self, oldest_ms: int, label_id: str | None) -> set[str]:
+        """Ids Gmail's search returns for the query among mail since ``oldest_ms``
+        (internalDate): one ``messages.list``, more only for a page beyond 500."""
+        return set(await self._list_ids(self._q(f"after:{max(0, oldest_ms // 1000 - 1)}"),
+                                        label_id))
 
     # -- fetch -------------------------------------------------------------------------------
     async def fetch(self, ctx: FetchContext) -> FetchResult:
@@ -325,18 +360,80 @@ class GmailSource:
             token = resp.get("nextPageToken")
             if not token:
                 break
-        cursor = _Cursor(history_id, synced=started, first=stored.first).dump()
-        if not candidates:
-            return FetchResult([], cursor=cursor)
-        new = await ctx.unseen(list(candidates))
+
+        cursor = _Cursor(history_id, synced=started, first=stored.first)
+        if not candidates and not stored.recheck:
+            return FetchResult([], cursor=cursor.dump())  # idle: the one history.list
+        items, cursor.recheck = await self._matching(ctx, list(candidates), stored.recheck,
+                                                     label_id)
+        return FetchResult(items, cursor=cursor.dump())
+
+    async def _matching(self, ctx: FetchContext, candidates: list[str],
+                        recheck: list[tuple[str, int]], label_id: str | None
+                        ) -> tuple[list[Item], list[tuple[str, int]]]:
+        """The items among ``candidates`` (new in history) and ``recheck`` (kept by
+        earlier ticks) that match the query, and what to keep searching for: by their
+        labels when the query is only label terms (``in:inbox -category:promotions``),
+        else with one ``messages.list`` bounded to their dates."""
+        listed = set(candidates)
+        # Kept ids admitted meanwhile (a resync) need nothing more; one that history
+        # lists again is a candidate like the others.
+        pending = {i: d for i, d in recheck if i not in listed}
+        new = await ctx.unseen(candidates + list(pending))
         ids = [i for i in candidates if i in new]
-        if not ids:
-            return FetchResult([], cursor=cursor)
-        items, resources = await self._fetch_items(ids, ctx)
-        if items:
-            matching = await self._matching(resources, label_id)
-            items = [it for it in items if it.item_id in matching]
-        return FetchResult(items, cursor=cursor)
+        pending = {i: d for i, d in pending.items() if i in new}
+        terms = _label_terms(self.query)
+        if terms is not None:
+            ids += list(pending)  # kept under an earlier query: labels decide now
+            pending = {}
+        if not ids and not pending:
+            return [], []
+        items, resources = await self._fetch_items(ids, ctx) if ids else ([], [])
+        if terms is not None:
+            need, forbid = terms
+            found = {str(r.get("id")) for r in resources
+                     if need <= set(r.get("labelIds") or []) and
+                     not forbid & set(r.get("labelIds") or [])}
+            missed = [it.item_id for it in items if it.item_id not in found]
+            if missed:
+                log.info("gmail %s: %d of %d new message(s) do not match the query %r: %s",
+                         self.account, len(missed), len(items), self.query,
+                         ", ".join(missed))
+            return [it for it in items if it.item_id in found], []
+        if not items and not pending:
+            return [], []  # nothing that is work (sent, drafts, spam): no search
+        dates = {str(r.get("id")): int(r.get("internalDate") or 0) for r in resources}
+        found = await self._search(
+            min([dates[it.item_id] for it in items] + list(pending.values())), label_id)
+        cutoff = (time.time() - self.recheck_window) * 1000  # after the search answered
+        missed = [it.item_id for it in items if it.item_id not in found]
+        keep = [(gid, dates[gid]) for gid in missed if dates[gid] >= cutoff]
+        if missed:
+            log.info("gmail %s: %d of %d new message(s) not returned by the query %r: "
+                     "%d kept to search for again until %s after arrival (Gmail's search "
+                     "can lag behind), %d older dropped as not matching: %s",
+                     self.account, len(missed), len(items), self.query, len(keep),
+                     _minutes(self.recheck_window), len(missed) - len(keep),
+                     ", ".join(missed))
+        items = [it for it in items if it.item_id in found]
+        late = [gid for gid in pending if gid in found]
+        if late:  # the index has caught up; one deleted meanwhile (404) is logged and gone
+            log.info("gmail %s: %d message(s) the search had missed now match: %s",
+                     self.account, len(late), ", ".join(late))
+            items += (await self._fetch_items(late, ctx))[0]
+        expired = [gid for gid, d in pending.items() if gid not in found and d < cutoff]
+        if expired:
+            log.info("gmail %s: dropped %s: still not returned by the query %r %s after "
+                     "arrival, so not a match", self.account, ", ".join(expired), self.query,
+                     _minutes(self.recheck_window))
+        keep += [(gid, d) for gid, d in pending.items() if gid not in found and d >= cutoff]
+        keep.sort(key=lambda e: e[1])
+        if len(keep) > RECHECK_MAX:
+            over, keep = keep[:-RECHECK_MAX], keep[-RECHECK_MAX:]
+            log.warning("gmail %s: more than %d messages to search for again; dropped the "
+                        "oldest, not returned by the query %r: %s", self.account,
+                        RECHECK_MAX, self.query, ", ".join(gid for gid, _ in over))
+        return items, keep
 
     async def _first_run(self, ctx: FetchContext) -> FetchResult:
         label_id = await self._label()
@@ -372,15 +469,19 @@ class GmailSource:
             since = max(since, stored.first)
         # after: counts whole seconds; the first run's bound is applied exactly below.
         after = max(0, int(since) - 1)
-        ids = await self._list_ids(self._q(f"after:{after} -in:sent -in:drafts"), label_id)
-        new = await ctx.unseen(ids)
-        ids = [i for i in ids if i in new]
+        listed = await self._list_ids(self._q(f"after:{after} -in:sent -in:drafts"), label_id)
+        new = await ctx.unseen(listed)
+        ids = [i for i in listed if i in new]
         items, resources = await self._fetch_items(ids, ctx)
         if stored.first is not None:  # in the box at install time: never drafted
             old = {r.get("id") for r in resources
                    if int(r.get("internalDate") or 0) < stored.first * 1000}
             items = [it for it in items if it.item_id not in old]
-        cursor = _Cursor(history_id, synced=started, first=stored.first).dump()
+        # Ids kept to search for again and not listed now go on being searched for by
+        # the ticks after this one (the listing here may lag behind too).
+        returned = set(listed)
+        keep = [(gid, d) for gid, d in stored.recheck if gid not in returned]
+        cursor = _Cursor(history_id, synced=started, first=stored.first, recheck=keep).dump()
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(since))
         return FetchResult(items, cursor=cursor,
                            note=f"history expired: resynced by query since {when}, "
@@ -408,6 +509,10 @@ def _label_terms(query: str) -> tuple[set[str], set[str]] | None:
             return None
         (forbid if neg else need).add(label)
     return need, forbid
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g}s"
 
 
 def _padded(data: str) -> str:

@@ -12,6 +12,9 @@ its quota units, and can be told to misbehave:
 * ``latency``: seconds added to every call (the bench uses 0.1).
 * ``hold(route, skip=0)``: the next call of that route (after ``skip`` more) waits
   until the returned event is set; ``reached(route)`` is set when it arrives.
+* ``add_message(..., search_lag=N)``: the message is in history and ``messages.get``
+  at once, but the first N ``messages.list`` searches do not return it (Gmail's search
+  index lagging behind).
 
 Routes are names from Gmail's quota table: ``getProfile``, ``messages.list``,
 ``messages.get``, ``messages.send``, ``messages.modify``, ``history.list``,
@@ -78,6 +81,7 @@ class StoredMessage:
     internal_date: int  # ms
     history_id: int
     message_id: str = ""  # the RFC Message-ID header, for rfc822msgid:
+    search_lag: int = 0  # messages.list searches still to come that do not return it
 
 
 @dataclass
@@ -166,11 +170,15 @@ class FakeGmail:
         return format(self._next_id, "x")
 
     def add_message(self, raw: bytes, labels: tuple[str, ...] | list[str] = ("INBOX", "UNREAD"),
-                    thread_id: str | None = None, received: float | None = None) -> str:
+                    thread_id: str | None = None, received: float | None = None,
+                    search_lag: int = 0) -> str:
         """Deliver ``raw`` to the mailbox; returns its Gmail id. ``received`` (epoch
-        seconds) backdates its internalDate, as for mail imported or moved back in."""
+        seconds) backdates its internalDate, as for mail imported or moved back in.
+        ``search_lag``: the next N ``messages.list`` calls leave it out (index lag)."""
         with self.lock:
-            return self._add(raw, list(labels), thread_id, received)
+            mid = self._add(raw, list(labels), thread_id, received)
+            self.messages[mid].search_lag = max(0, search_lag)
+            return mid
 
     def _add(self, raw: bytes, labels: list[str], thread_id: str | None,
              received: float | None = None) -> str:
@@ -443,8 +451,11 @@ class FakeGmail:
         labels = q.get("labelIds", [])
         include_spam = q.get("includeSpamTrash", ["false"])[0] == "true"
         with self.lock:
+            lagging = {m.id for m in self.messages.values() if m.search_lag > 0}
+            for mid in lagging:  # each search counts, whatever it asks for
+                self.messages[mid].search_lag -= 1
             found = [m for m in self.messages.values()
-                     if all(lbl in m.labels for lbl in labels)
+                     if m.id not in lagging and all(lbl in m.labels for lbl in labels)
                      and self._matches(m, query + (" in:anywhere" if include_spam else ""))]
         found.sort(key=lambda m: (m.internal_date, m.id), reverse=True)
         return 200, _page(found, q, "messages",
