@@ -128,7 +128,9 @@ async def _run(args) -> int:
                     await engine.tick(p.name)
         else:
             await engine.run_forever(stop)
-        print("draftgate stopping: finishing in-flight transitions", file=sys.stderr, flush=True)
+        print("draftgate stopping: ticks in progress are interrupted; a draft being written "
+              "goes back to the queue and an interrupted send is checked at the next start",
+              file=sys.stderr, flush=True)
     finally:
         if engine is not None:
             await engine.stop()

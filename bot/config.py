@@ -408,7 +408,8 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
     if store and store.startswith("sqlite:///") and not store.startswith("sqlite:////"):
         rel = store[len("sqlite:///"):]
         if rel and rel != ":memory:":
-            store = "sqlite:///" + str(base / rel)
+            # ~ means the home folder, as in every other path of the configuration.
+            store = "sqlite:///" + str(base / Path(rel).expanduser())
     if known_scheme:
         # The store's own parser (no I/O), so a URL it would refuse later is reported
         # here, with the file and key, instead of by every command that opens it.

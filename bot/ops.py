@@ -15,7 +15,7 @@ from . import scheduler
 from .config import Settings
 from .engine import utc_day
 from .models import (APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED,
-                     READY, SEND_FAILED, SEND_UNKNOWN, SENDING, SKIPPED, Draft, Run)
+                     READY, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SKIPPED, Draft, Run)
 from .store import ReplayResult, Store, SweepResult
 
 
@@ -55,7 +55,7 @@ _RESTORE = "restore its pipeline file and restart to finish them (or Reject on a
 #: Drafts that something still has to move: queued or being drafted, or pending.
 UNFINISHED_STATUSES = (QUEUED, DRAFTING, *PENDING_STATUSES)
 #: What `status <pipeline>` lists by item id, so an operator can `replay` it.
-ATTENTION_STATUSES = (FAILED, SKIPPED, SEND_FAILED, SEND_UNKNOWN, EXPIRED)
+ATTENTION_STATUSES = (FAILED, SKIPPED, REJECTED, SEND_FAILED, SEND_UNKNOWN, EXPIRED)
 
 
 def _run_dict(r: Run | None) -> dict | None:
@@ -214,7 +214,7 @@ def format_status_one(d: PipelineDetail) -> str:
     budget = f" / {d.token_budget:,}" if d.token_budget else ""
     lines.append(f"pending {d.pending} · seen {d.seen:,} · tokens today {d.tokens_today:,}{budget}")
     if d.attention:
-        lines.append("recent failed / skipped (replay with the item id):")
+        lines.append("recent failed / skipped / rejected (replay with the item id):")
         for a in d.attention:
             reason = " ".join(a["reason"].split())
             reason = reason if len(reason) <= 80 else reason[:79] + "…"

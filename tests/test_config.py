@@ -383,3 +383,16 @@ def test_a_model_no_pipeline_uses_is_checked_too(tmp_path, capsys):
     assert "draftgate.yaml: models.spare.tmeout: unknown key; did you mean 'timeout'?" in err
     assert "draftgate.yaml: models.local.base_url: unknown key" in err
     assert "sk-123" not in err and "<unused>" not in err and "Traceback" not in err
+
+
+def test_a_tilde_in_a_relative_sqlite_store_means_the_home_folder(tmp_path, monkeypatch):
+    from bot.config import load_settings
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "p.yaml").write_text(
+        "name: p\nschedule: 5m\nsource: {type: maildir, path: inbox}\n"
+        "sender: {type: outbox, path: out}\n")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: sqlite:///~/draftgate/state.db\npipelines: pipelines/*.yaml\n")
+    assert load_settings(cfg).store == f"sqlite:///{tmp_path}/home/draftgate/state.db"

@@ -56,7 +56,8 @@ def test_one_tick_then_status_pending_replay_and_sweep(deployment, capsys):
     assert out.splitlines()[0] == "demo · every 5m · healthy"
     assert "runs ✅ (newest right)" in out and "pending 5 · seen 8" in out
     # The skipped items are listed with their item ids and reasons, ready for replay.
-    listed = out.split("recent failed / skipped (replay with the item id):\n")[1].splitlines()
+    listed = out.split("recent failed / skipped / rejected (replay with the item id):\n")[1]
+    listed = listed.splitlines()
     assert len(listed) == 3 and all(" skipped " in line for line in listed)
     assert any("<nl-2026-48.support@mailer.outdoor-weekly.example>" in line
                and "mailing list" in line for line in listed)
@@ -345,7 +346,7 @@ def test_config_and_verbose_options_work_before_and_after_the_command(deployment
 
 @pytest.mark.parametrize("src, dst, expected", [
     ("sqlite://", "sqlite:///{tmp}/new.db", "migrate-store: --from: bad SQLite store URL "
-                                           "'sqlite://': expected sqlite:///path/to/state.db"),
+                                           "'sqlite://': expected sqlite:////absolute/path"),
     ("sqlite:///{tmp}/old.db", "mysql://h/db", "migrate-store: --to: unknown store URL "
                                               "'mysql://h/db'; expected sqlite:///path or "
                                               "postgresql://..."),

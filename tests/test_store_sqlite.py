@@ -55,7 +55,7 @@ async def test_relative_url_is_resolved_against_the_working_directory(tmp_path, 
 @pytest.mark.parametrize("url", ["sqlite://host/x.db", "sqlite:///", "sqlite:///x.db?mode=ro",
                                  "postgres-ish:///x.db"])
 def test_bad_urls_say_what_is_expected(url):
-    with pytest.raises(StoreError, match="sqlite:///path"):
+    with pytest.raises(StoreError, match="sqlite:////absolute/path"):
         SQLiteStore(url)
 
 

@@ -167,3 +167,13 @@ async def test_a_blank_template_puts_no_empty_card_in_front_of_the_operator(tmp_
     assert cards.cards == [] and by_status == {"queued": 1}
     [note] = cards.notes
     assert "t.txt has no text" in note
+
+
+def test_model_drafter_keys_and_typos_are_refused_for_the_template_drafter(tmp_path):
+    """max_input: 10 used to pass validate and do nothing; a typo went unnoticed."""
+    with pytest.raises(ConfigError) as err:
+        template.create(MODEL, _pipeline(tmp_path, prompt="t.txt", max_input=10,
+                                         signatur="Kind regards"), _settings(tmp_path))
+    text = str(err.value)
+    assert "pipelines/support.yaml: drafter.max_input: has no effect with the template" in text
+    assert "pipelines/support.yaml: drafter.signatur: unknown key" in text

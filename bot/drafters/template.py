@@ -118,6 +118,13 @@ def create(model: ModelConfig, pipeline: PipelineConfig, settings: Settings) -> 
     mck = Checker(settings.file, errors)
     mck.unknown(model.options, {"provider"}, f"models.{model.name}")
     ck = Checker(pipeline.file, errors)
+    for key in sorted(set(pipeline.drafter) & {"max_input", "signature", "language"}):
+        ck.error(f"drafter.{key}", "has no effect with the template drafter (it fills the "
+                                   "template file and calls no model); remove it, or use a "
+                                   "model drafter")
+    ck.unknown({k: v for k, v in pipeline.drafter.items()
+                if k not in ("max_input", "signature", "language")}, {"model", "prompt"},
+               "drafter")
     prompt = ck.get(pipeline.drafter, "prompt", "drafter", str, default=None)
     if prompt is None and not errors:
         ck.error("drafter.prompt", "missing; the template drafter needs a template file, e.g. "

@@ -56,16 +56,16 @@ _SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
 
 def _path_from_url(url: str) -> str:
     if not url.startswith("sqlite://"):
-        raise StoreError(f"not a SQLite store URL: {url!r}; expected sqlite:///path/to/state.db")
+        raise StoreError(f"not a SQLite store URL: {url!r}; expected sqlite:////absolute/path/state.db or sqlite:///relative/path.db")
     rest = url[len("sqlite://"):]
     if not rest.startswith("/") or "?" in rest:
         raise StoreError(
-            f"bad SQLite store URL {url!r}: expected sqlite:///path/to/state.db "
-            "(three slashes, then the path; no host, no ?options)")
+            f"bad SQLite store URL {url!r}: expected sqlite:////absolute/path/state.db "
+            "(sqlite:// then the path: four slashes for an absolute one; no host, no ?options)")
     path = rest[1:]
     if not path:
         raise StoreError(f"bad SQLite store URL {url!r}: the database path is empty; "
-                         "expected sqlite:///path/to/state.db")
+                         "expected sqlite:////absolute/path/state.db")
     if path == ":memory:":
         return path
     return str(Path(path).expanduser().absolute())
@@ -191,7 +191,7 @@ def _run_migrations(db: sqlite3.Connection, path: str) -> int:
 
 
 class SQLiteStore(Store):
-    """The embedded store: ``SQLiteStore("sqlite:///var/lib/draftgate/state.db")``."""
+    """The embedded store: ``SQLiteStore("sqlite:////var/lib/draftgate/state.db")``."""
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 5000, retry_for: float = 60.0):
         self.url = url
