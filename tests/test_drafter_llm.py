@@ -246,6 +246,23 @@ async def test_403_and_404_are_setup_errors_saying_what_to_check(tmp_path, fake,
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_403_for_flagged_input_fails_only_that_email(tmp_path, fake, provider):
+    """OpenRouter answers 403 when a moderated model flags the input: one email's
+    problem, so it fails that item (visible, replayable), not the whole pipeline."""
+    fake.script(fake.error(403, "Your chosen model requires moderation and your input "
+                                "was flagged for 'harassment'"))
+    d = make(tmp_path, provider, fake)
+    try:
+        with pytest.raises(DrafterError) as refused:
+            await d.draft(request())
+    finally:
+        await d.close()
+    assert not isinstance(refused.value, (DrafterSetupError, DrafterRetryable))
+    assert "refused this email's content (HTTP 403)" in str(refused.value)
+    assert "flagged" in str(refused.value)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_web_server_refusing_the_post_is_a_setup_error_about_base_url(tmp_path, fake, provider):
     fake.script(fake.raw(b"<html>405 Not Allowed</html>", status=405))
     d = make(tmp_path, provider, fake)

@@ -177,3 +177,23 @@ def test_a_quote_block_below_the_reply_is_the_quoted_thread(body, new, quoted):
     assert prompt.split_quoted(body) == (new, quoted)
     data = build(Message(from_addr="a@b.example", subject="Re: order", body=body)).user
     assert data.index(new) < data.index("Earlier messages in the thread (quoted by the sender):")
+
+
+@pytest.mark.parametrize("body, new", [
+    ("Hi, any update on my order?\n\nOn Mon, 1 Dec 2025, Shop <s@shop.example> wrote:\n"
+     "> We shipped it.\n> Regards\n\n-- \nThis email and any attachments are confidential.\n",
+     "Hi, any update on my order?"),
+    ("Thanks, that fixed it.\n\nOn Tue, Bob wrote:\n> try restarting\n\n"
+     "_______________________________________________\nusers mailing list\n",
+     "Thanks, that fixed it."),
+    ("Yes please.\n\n> Shall we refund?\n\nBest,\nAlice\n", "Yes please."),
+])
+def test_a_footer_after_the_quote_does_not_make_the_old_thread_new_text(body, new):
+    """A signature, list footer or sign-off after the quoted thread is not an answer
+    written between the quotes: the thread is still labelled as the earlier messages."""
+    assert prompt.split_quoted(body)[0] == new
+
+
+def test_answers_between_the_quotes_stay_the_new_text():
+    body = "On Mon, Shop wrote:\n> Which size?\nM please\n> Colour?\nBlue\n"
+    assert prompt.split_quoted(body) == (body, "")

@@ -300,6 +300,11 @@ def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
                 f"the server wants an API key: set {where}.api_key_env to the name of an "
                 f"environment variable that holds it")
         return Failure(f"not authorised ({http}): {message}; {hint}", False, setup=True)
+    if status == 403 and _about_the_content(message):
+        # OpenRouter and moderated endpoints answer 403 when this input was flagged:
+        # that is about one email, not the setup; only this item fails.
+        return Failure(f"the provider refused this email's content ({http}): {message}",
+                       False)
     if status == 403:
         hint = (f"check that the API key in environment variable {key_env} may use model "
                 f"{opts.model!r} ({where}.api_key_env, {where}.model)" if key_env else
@@ -469,3 +474,13 @@ class LLMDrafter:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+
+_CONTENT_WORDS = ("moderation", "flagged", "content policy", "content_policy", "guardrail",
+                  "safety", "refus", "violat")
+
+
+def _about_the_content(message: str) -> bool:
+    """Does a 403's message blame the input (moderation) rather than the key?"""
+    text = (message or "").lower()
+    return any(word in text for word in _CONTENT_WORDS)

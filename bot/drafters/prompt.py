@@ -123,7 +123,7 @@ def split_quoted(body: str) -> tuple[str, str]:
         text = line.strip()
         if (_QUOTE_SEPARATOR.match(text)
                 or (_QUOTE_HEADER.match(text) and not _answered_inline(lines[i + 1:]))
-                or (text.startswith(">") and all(_is_quote(rest) for rest in lines[i:]))):
+                or (text.startswith(">") and not _answered_inline(lines[i:]))):
             if not body[:start].strip():
                 break
             return body[:start].rstrip(), body[start:].strip()
@@ -135,17 +135,32 @@ def _is_quote(line: str) -> bool:
     return not line.strip() or line.lstrip().startswith(">")
 
 
+#: A line that starts what follows a quote as a footer, not an answer: a signature
+#: delimiter, a rule, a sign-off, a mobile or list footer, a legal disclaimer.
+_TRAILER = re.compile(
+    r"^(--\s*$|_{5,}|-{5,}|={5,}|sent from my |get outlook|to unsubscribe|unsubscribe:|"
+    r"(best|best regards|kind regards|regards|cheers|thanks|thank you|sincerely)[,.!]?$|"
+    r"this (e-?mail|message)\b.*\b(confidential|intended)|confidential)", re.IGNORECASE)
+
+
 def _answered_inline(lines: list[str]) -> bool:
-    """True if new text follows a ``>`` line: the sender answered between the quotes."""
-    quoted = False
+    """True if the sender wrote between the quoted lines: text that another ``>`` line
+    follows, or text after the last quote that is not a footer (a signature, a list
+    or legal footer, a sign-off): that is an answer, not the end of the old thread."""
+    quoted = pending = False
     for line in lines:
-        if not line.strip():
+        text = line.strip()
+        if not text:
             continue
-        if line.lstrip().startswith(">"):
+        if text.startswith(">"):
+            if pending:
+                return True
             quoted = True
-        elif quoted:
-            return True
-    return False
+        elif quoted and not pending:
+            if _TRAILER.match(text):
+                return False
+            pending = True
+    return pending
 
 
 def _cut(text: str, limit: int) -> str:
