@@ -94,6 +94,13 @@ class Checker:
             return default
         value = data[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, str) and str not in kinds and (int in kinds or float in kinds):
+            # A quoted number ("8443") is still the number the user meant.
+            text = value.strip().replace("_", "")
+            if re.fullmatch(r"[+-]?\d+", text) and int in kinds:
+                value = int(text)
+            elif float in kinds and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", text):
+                value = float(text)
         ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             ok = True
@@ -137,11 +144,12 @@ class Checker:
             return default if default is not self._MISSING else None
         return value
 
-    def url(self, data: dict, key: str, path: str, default: Any = _MISSING) -> Any:
+    def url(self, data: dict, key: str, path: str, default: Any = _MISSING, *,
+            credentials_ok: bool = False) -> Any:
         """An http:// or https:// URL with a host (and, if given, a valid port)."""
         value = self.get(data, key, path, str, default=default)
         if isinstance(value, str):
-            problem = url_problem(value)
+            problem = url_problem(value, credentials_ok=credentials_ok)
             if problem:
                 self.error(f"{path}.{key}" if path else key, problem)
                 return default if default is not self._MISSING else None
@@ -165,11 +173,15 @@ _ENV_EXAMPLES = {"token_env": "TELEGRAM_BOT_TOKEN", "api_key_env": "OPENAI_API_K
                  "secret_env": "WEBHOOK_SECRET"}
 
 
-def url_problem(value: str) -> str | None:
-    """Why ``value`` is not a usable http(s) URL, or None."""
+def url_problem(value: str, *, credentials_ok: bool = False) -> str | None:
+    """Why ``value`` is not a usable http(s) URL, or None. The URL is shown with any
+    credentials in it hidden. ``credentials_ok``: a user and password in it are fine
+    (a self-hosted Bot API behind a proxy that wants a login)."""
     import urllib.parse
 
-    expected = f"expected an http:// or https:// URL, got {value!r}"
+    from .redact import redact_url
+
+    expected = f"expected an http:// or https:// URL, got {redact_url(value, keep_user=False)!r}"
     try:
         parts = urllib.parse.urlsplit(value)
         port = parts.port
@@ -181,7 +193,7 @@ def url_problem(value: str) -> str | None:
         return f"{expected} (it contains a space; write %20)"
     if port == 0:
         return f"{expected} (port 0)"
-    if parts.username or parts.password:
+    if (parts.username or parts.password) and not credentials_ok:
         return "do not put credentials in the URL; name an environment variable instead"
     return None
 
@@ -410,6 +422,12 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
         if rel and rel != ":memory:":
             # ~ means the home folder, as in every other path of the configuration.
             store = "sqlite:///" + str(base / Path(rel).expanduser())
+            literal = base / rel
+            if rel.startswith("~") and literal.exists() and not Path(rel).expanduser().exists():
+                ck.error("store", f"the store is at {literal} (a folder named ~, made by an "
+                                  f"earlier draftgate) but {rel} now means "
+                                  f"{Path(rel).expanduser()}: move the file there, or write "
+                                  f"sqlite:////{str(literal).lstrip('/')}")
     if known_scheme:
         # The store's own parser (no I/O), so a URL it would refuse later is reported
         # here, with the file and key, instead of by every command that opens it.
@@ -486,11 +504,20 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
                 ck.error(where, f"{pat}: file not found (looked for {full})")
         matched = [m for m in sorted(glob.glob(full)) if not os.path.isdir(m)]
         if not matched and glob.has_magic(pat):
-            ck.error(where, f"no pipeline files match {pat} (in {base})")
+            # A glob may well match nothing (*.yml beside *.yaml); a folder that does
+            # not exist is a typo (pipelnes/*.yaml) and is named.
+            folder = full
+            while glob.has_magic(folder):
+                folder = os.path.dirname(folder)
+            if not os.path.isdir(folder):
+                ck.error(where, f"no pipeline files match {pat}: folder {folder} not found")
         for m in matched:
             if Path(m).resolve() not in taken:
                 taken.add(Path(m).resolve())
                 files.append(Path(m))
+    if patterns and not files and not errors:
+        ck.error("pipelines", "no pipeline files match "
+                 + ", ".join(pat for _, pat in patterns) + f" (in {base})")
     seen_names: dict[str, str] = {}
     for f in files:
         rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
@@ -557,8 +584,9 @@ def _telegram(ck: Checker, t: dict) -> TelegramConfig:
     if "token" in t:
         ck.error("telegram.token", "never put the token in YAML; set token_env to the name "
                                    "of an environment variable that holds it")
-    cfg.base_url = ck.url(t, "base_url", "telegram", default=cfg.base_url)
-    cfg.base_file_url = ck.url(t, "base_file_url", "telegram", default=cfg.base_file_url)
+    cfg.base_url = ck.url(t, "base_url", "telegram", default=cfg.base_url, credentials_ok=True)
+    cfg.base_file_url = ck.url(t, "base_file_url", "telegram", default=cfg.base_file_url,
+                               credentials_ok=True)
     ops = ck.get(t, "operators", "telegram", list)
     for i, op in enumerate(ops or []):
         if isinstance(op, bool) or not isinstance(op, int):
@@ -683,9 +711,11 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     if recipe is not None and "|" in str(recipe):
         ck.error("recipe", "must not contain '|'")
     budget = ck.get(data, "daily_token_budget", "", int, default=None)
-    if budget is not None and budget < 1:
-        ck.error("daily_token_budget", f"expected a whole number of tokens of at least 1, got "
-                                       f"{budget}; leave it out for no budget")
+    if budget == 0:
+        budget = None  # 0 means no budget, as leaving it out does
+    elif budget is not None and budget < 1:
+        ck.error("daily_token_budget", f"expected a whole number of tokens (0 or left out: "
+                                       f"no budget), got {budget}")
     catchup = data.get("catchup", "latest")
     catchup_max = 24
     if isinstance(catchup, dict):

@@ -240,8 +240,21 @@ def test_every_pipeline_pattern_that_matches_nothing_is_reported(tmp_path):
     cfg.write_text(cfg.read_text().replace(
         "pipelines: pipelines/*.yaml", "pipelines: [pipelines/a.yaml, pipelnes/*.yaml, b.yaml]"))
     assert errors_of(cfg) == [
-        f"{cfg}: pipelines[1]: no pipeline files match pipelnes/*.yaml (in {tmp_path})",
+        f"{cfg}: pipelines[1]: no pipeline files match pipelnes/*.yaml: folder "
+        f"{tmp_path}/pipelnes not found",
         f"{cfg}: pipelines[2]: b.yaml: file not found (looked for {tmp_path}/b.yaml)"]
+    # A glob in a folder that exists may match nothing (*.yml beside *.yaml)...
+    cfg.write_text(cfg.read_text().replace(
+        "pipelines: [pipelines/a.yaml, pipelnes/*.yaml, b.yaml]",
+        "pipelines: [pipelines/*.yaml, pipelines/*.yml]"))
+    assert [p.name for p in load_settings(cfg).pipelines] == ["a"]
+    # ... but not every pattern at once.
+    cfg.write_text(cfg.read_text().replace(
+        "pipelines: [pipelines/*.yaml, pipelines/*.yml]", "pipelines: [pipelines/*.yml]"))
+    assert errors_of(cfg) == [f"{cfg}: pipelines: no pipeline files match pipelines/*.yml "
+                              f"(in {tmp_path})"]
+    cfg.write_text(cfg.read_text().replace("pipelines: [pipelines/*.yml]",
+                                           "pipelines: [pipelines/a.yaml, pipelnes/*.yaml, b.yaml]"))
     cfg.write_text(cfg.read_text().replace(
         "pipelines: [pipelines/a.yaml, pipelnes/*.yaml, b.yaml]", "pipelines: []"))
     assert errors_of(cfg) == [f"{cfg}: pipelines: expected at least one pipeline file or "
@@ -316,7 +329,7 @@ def test_a_prompt_must_be_a_file_found_where_the_drafter_reads_it(tmp_path, monk
 
 @pytest.mark.parametrize("line, expected", [
     ("daily_token_budget: -5", "pipelines/a.yaml: daily_token_budget: expected a whole number "
-                               "of tokens of at least 1, got -5"),
+                               "of tokens (0 or left out: no budget), got -5"),
     ("catchup: {policy: all, max: -1}", "pipelines/a.yaml: catchup.max: expected a whole "
                                         "number of slots of at least 1, got -1"),
 ])
@@ -396,3 +409,38 @@ def test_a_tilde_in_a_relative_sqlite_store_means_the_home_folder(tmp_path, monk
     cfg = tmp_path / "draftgate.yaml"
     cfg.write_text("store: sqlite:///~/draftgate/state.db\npipelines: pipelines/*.yaml\n")
     assert load_settings(cfg).store == f"sqlite:///{tmp_path}/home/draftgate/state.db"
+
+
+def test_quoted_numbers_a_zero_budget_and_a_proxy_login_in_the_bot_api_url_are_accepted(tmp_path):
+    """Valid before the stricter checks, still valid: port: "8443", budget 0 (none), and
+    a self-hosted Bot API behind a proxy that wants a login."""
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "daily_token_budget: 0\n"
+                                                             'max_attempts: "4"\n'})
+    settings = load_settings(cfg)
+    [p] = settings.pipelines
+    assert p.daily_token_budget is None and p.max_attempts == 4
+    cfg.write_text(cfg.read_text() + "telegram:\n  token_env: TG_TOKEN\n  operators: [1]\n"
+                   "  approvals_chat: 1\n  base_url: https://user:pw@botapi.example/bot\n")
+    assert load_settings(cfg).telegram.base_url == "https://user:pw@botapi.example/bot"
+
+
+def test_a_bad_url_is_reported_without_the_credentials_in_it(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")})
+    cfg.write_text(cfg.read_text() + "telegram:\n  token_env: TG_TOKEN\n  operators: [1]\n"
+                   "  approvals_chat: 1\n  base_url: https://user:S3CRETPW@host:99999/bot\n")
+    [err] = errors_of(cfg)
+    assert "telegram.base_url" in err and "S3CRETPW" not in err
+
+
+def test_a_store_left_in_a_folder_named_tilde_is_not_silently_replaced(tmp_path, monkeypatch):
+    """Before ~ was expanded, sqlite:///~/dg/state.db lived in <config dir>/~/dg: an
+    upgrade must not start an empty store elsewhere (maildir mail drafted again)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")})
+    cfg.write_text(cfg.read_text().replace(f"store: sqlite:///{tmp_path}/s.db",
+                                           "store: sqlite:///~/dg/state.db"))
+    assert "sqlite:///~/dg/state.db" in cfg.read_text()
+    (tmp_path / "~" / "dg").mkdir(parents=True)
+    (tmp_path / "~" / "dg" / "state.db").write_bytes(b"")
+    [err] = errors_of(cfg)
+    assert f"the store is at {tmp_path}/~/dg/state.db" in err and "move the file there" in err

@@ -783,3 +783,15 @@ async def test_ids_kept_to_search_again_survive_a_history_expiry(from_alice):
     assert _recheck(await w.store.get_cursor("support", "gmail:support")) == [gid]
     assert (await w.tick()).new == 1
     assert [d.item_id for d in await w.drafts()] == [gid]
+
+
+async def test_a_kept_message_dated_in_the_future_still_leaves_the_recheck_list(from_alice):
+    """Imported mail dated five years ahead used to be kept (one extra search per
+    tick) until that date; its arrival now counts as the moment it was seen."""
+    w = from_alice
+    before = time.time() * 1000
+    gid = w.fake.add_message(simple_message(1, sender="bob@other.example"),
+                             received=time.time() + 5 * 365 * 86400)
+    await w.tick()
+    [(kept, arrival)] = json.loads(await w.store.get_cursor("support", "gmail:support"))["recheck"]
+    assert kept == gid and before <= arrival <= time.time() * 1000

@@ -118,12 +118,10 @@ def create(model: ModelConfig, pipeline: PipelineConfig, settings: Settings) -> 
     mck = Checker(settings.file, errors)
     mck.unknown(model.options, {"provider"}, f"models.{model.name}")
     ck = Checker(pipeline.file, errors)
-    for key in sorted(set(pipeline.drafter) & {"max_input", "signature", "language"}):
-        ck.error(f"drafter.{key}", "has no effect with the template drafter (it fills the "
-                                   "template file and calls no model); remove it, or use a "
-                                   "model drafter")
-    ck.unknown({k: v for k, v in pipeline.drafter.items()
-                if k not in ("max_input", "signature", "language")}, {"model", "prompt"},
+    # max_input, signature and language are for model drafters; they are allowed here
+    # (switching a pipeline to `model: template` for a test must not break it) and do
+    # nothing. Anything else is a typo.
+    ck.unknown(pipeline.drafter, {"model", "prompt", "max_input", "signature", "language"},
                "drafter")
     prompt = ck.get(pipeline.drafter, "prompt", "drafter", str, default=None)
     if prompt is None and not errors:

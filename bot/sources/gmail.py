@@ -402,7 +402,11 @@ class GmailSource:
             return [it for it in items if it.item_id in found], []
         if not items and not pending:
             return [], []  # nothing that is work (sent, drafts, spam): no search
-        dates = {str(r.get("id")): int(r.get("internalDate") or 0) for r in resources}
+        # An arrival "in the future" (imported mail dated by its header, a clock ahead)
+        # counts as now, so the recheck window still ends.
+        now_ms = int(time.time() * 1000)
+        dates = {str(r.get("id")): min(int(r.get("internalDate") or 0), now_ms)
+                 for r in resources}
         found = await self._search(
             min([dates[it.item_id] for it in items] + list(pending.values())), label_id)
         cutoff = (time.time() - self.recheck_window) * 1000  # after the search answered
