@@ -78,8 +78,8 @@ async def _run(args) -> int:
     if args.pipeline:
         only = {settings.pipeline(n).name for n in args.pipeline}  # unknown: exit 2
         # Narrow what this process schedules, not what it knows: its Telegram bot
-        # still decides the other pipelines' cards (their hosts send what it approves
-        # if it cannot build their senders).
+        # still decides the other pipelines' cards, and sends and drafts for them
+        # (so it needs their secrets too, checked below).
         for p in settings.pipelines:
             if p.name not in only:
                 p.enabled = False
@@ -93,7 +93,8 @@ async def _run(args) -> int:
         raise ConfigError(problems)
     # Checked now rather than at the first tick, where every new item would fail
     # while status still said healthy.
-    problems = missing_env(settings, [p for p in settings.pipelines if p.enabled])
+    receiving = settings.telegram is not None and settings.telegram.receive != "off"
+    problems = missing_env(settings, [p for p in settings.pipelines if p.enabled or receiving])
     if problems:
         raise ConfigError(problems)
     store = await _open_store(settings)
@@ -332,9 +333,10 @@ async def _review(args) -> int:
             print("nothing awaiting a decision")
         for d in waiting:
             await console.post(d)
-            await console.review(d)
+            await console.ask(console.review, d)
         for d in unsent:
-            await console.review_send(d)
+            await console.ask(console.review_send, d)
+        await engine.wait_idle()  # a regenerated draft is shown and asked about now
         await engine.stop()
     finally:
         await store.close()

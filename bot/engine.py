@@ -90,6 +90,7 @@ class Engine:
         self._model_trouble: set[str] = set()
         self._draft_not_before: dict[str, float] = {}
         self._lock_lost: dict[str, asyncio.Event] = {}  # set when a held lease is lost
+        self._checking: set[int] = set()  # unknown sends a _check_later task will check
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
@@ -235,8 +236,10 @@ class Engine:
         while True:
             await asyncio.sleep(self.lock_ttl / 3)
             try:
-                ok: bool | None = await self.store.try_lock(name, self.holder, self.lock_ttl,
-                                                            now=self.clock())
+                # Bounded: a hung store connection must count as a failed renewal.
+                ok: bool | None = await asyncio.wait_for(
+                    self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock()),
+                    timeout=self.lock_ttl / 3)
             except Exception as exc:
                 ok = None
                 log.warning("%s: renewing the lock failed: %s", name, describe_error(exc))
@@ -646,6 +649,7 @@ class Engine:
             if not isinstance(exc, SendUnknown):
                 log.exception("%s #%d: unexpected error while sending", p.name, d.id)
             after = await self.store.mark_send_unknown(d.id, reason)
+            self._checking.add(d.id)  # before the task runs: this tick must leave it
             self._spawn(self._check_later(d.id))
         else:
             after = await self.store.mark_sent(d.id, result.sent_id, now=self.clock())
@@ -655,10 +659,14 @@ class Engine:
         return after
 
     async def _check_later(self, draft_id: int) -> None:
-        await asyncio.sleep(self._send_check_delay)
-        d = await self.store.get_draft(draft_id)
-        if d is not None and d.status == SEND_UNKNOWN:
-            await self._check_one(self.pipeline(d.pipeline), d)
+        self._checking.add(draft_id)
+        try:
+            await asyncio.sleep(self._send_check_delay)
+            d = await self.store.get_draft(draft_id)
+            if d is not None and d.status == SEND_UNKNOWN:
+                await self._check_one(self.pipeline(d.pipeline), d)
+        finally:
+            self._checking.discard(draft_id)
 
     async def _recover_sending(self) -> None:
         """Sends that began over ``send_grace`` ago and never finished (their process
@@ -674,10 +682,11 @@ class Engine:
     async def _check_unknown(self, p: PipelineConfig, counts: RunCounts) -> None:
         await self._recover_sending()
         for d in await self.store.send_unknown(p.name):
-            # A send that just ended unknown is checked by _check_later after a delay;
-            # asked at once, the other side may not show it yet and the operator would
-            # be told "not sent, tap Retry" about a reply that did go out.
-            if time.time() - d.updated_at < self._send_check_delay:
+            # A send that just ended unknown here is checked by _check_later after a
+            # delay; asked at once, the other side may not show it yet and the operator
+            # would be told "not sent, tap Retry" about a reply that did go out. Any
+            # other (recovered after a crash or a restart) is checked now.
+            if d.id in self._checking:
                 continue
             self._still_held(p)
             if await self._check_one(p, d):
@@ -748,6 +757,12 @@ class Engine:
     async def resume(self, name: str, actor: str) -> None:
         self.pipeline(name)
         await self.store.set_paused(name, False, actor)
+
+    async def wait_idle(self) -> None:
+        """Wait for the background work decisions started (a regenerate's drafting, a
+        delayed check of an unknown send) to finish."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def run_now(self, name: str) -> RunCounts:
         return await self.tick(name)

@@ -568,6 +568,19 @@ async def test_retry_tapped_before_the_check_does_not_send_a_reply_that_arrived(
     assert world.sender.calls == 1
 
 
+async def test_a_send_cut_off_by_a_crash_is_checked_on_the_first_tick_after_restart(world):
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    await world.store.approve(d.id, d.version, "anna")
+    await world.store.begin_send(d.id)  # ... and the process died here
+    world.engine.send_grace = 0  # (a restart five minutes later)
+    await world.engine.tick("alpha")
+    assert world.sender.check_calls == 1
+    assert (await world.store.get_draft(d.id)).status == "send_unknown"
+    assert world.channel.retry_offered == [d.id]  # told at once, with Retry
+
+
 async def test_a_definite_send_failure_offers_retry(world):
     world.sources["alpha"].messages = [msg(1)]
     await world.engine.tick("alpha")

@@ -403,3 +403,50 @@ def test_review_offers_retry_for_a_failed_send_in_a_terminal_only_setup(deployme
     assert draft_id not in [p["id"] for p in json.loads(out)]  # sent now
     [reply] = (deployment.parent / "var" / "demo" / "outbox").glob("*.eml")
     assert reply.exists()
+
+
+def test_run_pipeline_on_a_telegram_host_needs_the_secrets_of_every_pipeline(deployment, capsys,
+                                                                              monkeypatch):
+    """Its bot decides every pipeline's cards and sends their replies: a secret only
+    another pipeline needs must not be found missing at the first tap."""
+    monkeypatch.setenv("DG_TG", "123:abc")
+    monkeypatch.delenv("DG_OTHER_SECRET", raising=False)
+    pipelines = deployment.parent / "pipelines"
+    text = (pipelines / "demo.yaml").read_text()
+    start = text.index("sender:")
+    (pipelines / "other.yaml").write_text(
+        text[:start].replace("name: demo", "name: other", 1)
+        + "sender: {type: webhook, url: 'http://127.0.0.1:9/hook', secret_env: DG_OTHER_SECRET}\n")
+    deployment.write_text(deployment.read_text() + "telegram:\n  token_env: DG_TG\n"
+                          "  operators: [1]\n  approvals_chat: 1\n")
+    code, _, err = run(capsys, "run", "--once", "--pipeline", "demo", "-c", str(deployment))
+    assert code == 2 and "DG_OTHER_SECRET" in err
+
+
+def test_in_review_a_regenerated_draft_is_asked_about_after_the_prompt_on_screen(
+        deployment, monkeypatch, capsys):
+    """The new version of a regenerated draft opened a second prompt beside the next
+    draft's, and an answer could go to a card other than the one shown last. Every
+    prompt now comes right after its own card."""
+    import re
+
+    from bot.approvals import console
+
+    assert run(capsys, "run", "--once", "-c", str(deployment))[0] == 0
+    capsys.readouterr()
+    decided: list[str] = []
+
+    def ask(prompt):
+        cards = re.findall(r"📨 demo · (#\d+ v\d+)", capsys.readouterr().out)
+        if prompt.lstrip().startswith("Instruction"):
+            return ""
+        shown = cards[-1] if cards else decided[-1]
+        decided.append(shown)
+        return {"#1 v1": "g", "#2 v1": "a", "#1 v2": "a"}.get(shown, "")
+
+    monkeypatch.setattr(console, "_ask", ask)
+    assert run(capsys, "review", "-c", str(deployment))[0] == 0
+    assert sorted(decided) == sorted(["#1 v1", "#2 v1", "#3 v1", "#4 v1", "#8 v1", "#1 v2"])
+    code, text, _ = run(capsys, "status", "demo", "-c", str(deployment), "--json")
+    assert json.loads(text)["by_status"] == {"awaiting": 3, "sent": 2, "skipped": 3}
+    assert len(list((deployment.parent / "var" / "demo" / "outbox").glob("*.eml"))) == 2

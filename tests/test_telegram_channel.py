@@ -262,6 +262,26 @@ async def test_a_slow_send_gets_its_tap_answered_first_and_the_card_shows_the_ou
     assert len(world.sender.sent) == 1
 
 
+async def test_a_slow_tap_that_then_fails_is_told_in_the_chat(world, fake, caplog):
+    world.answer_within = 0.2
+    await world.restart()
+    d = await world.deliver(1)
+    release = asyncio.Event()
+
+    async def broken_approve(*args):
+        await release.wait()
+        raise RuntimeError("store went away")
+
+    world.engine.approve = broken_approve
+    u = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
+    assert (await fake.answered(u))["text"] == "Working on it; the card shows the outcome."
+    before = len(fake.chat_messages(SUPPORT_CHAT))
+    release.set()
+    [note] = await fake.await_for(lambda: fake.chat_messages(SUPPORT_CHAT)[before:])
+    assert note.text.startswith("⚠️ That tap did not go through")
+    assert note.reply_to == int(d.approval_message_id)
+
+
 async def test_two_taps_in_one_getupdates_batch_send_once(world, fake):
     d = await world.deliver(1)
     with fake.cond:  # both queued before the next getUpdates answers
@@ -590,6 +610,24 @@ async def test_a_second_card_after_a_lost_answer_goes_when_either_is_touched(wor
     assert {m.message_id for m in fake.chat_messages(SUPPORT_CHAT)} == {left.message_id,
                                                                         orphan.message_id}
     assert fake.calls_of("deleteMessage", ok=True)
+
+
+async def test_a_new_versions_card_whose_answer_was_lost_is_adopted_not_deleted(world, fake):
+    """v1's card was deleted; the edit posted v2 as a new card and its answer was lost.
+    A tap on that v2 card makes it the draft's card (it used to be deleted as a
+    duplicate of the dead v1 card)."""
+    d = await world.deliver(1)
+    with fake.cond:
+        fake.messages.pop((SUPPORT_CHAT, int(d.approval_message_id)))
+    fake.lose_reply("sendMessage")
+    await world.engine.edit(d.id, 1, "Second text.", "anna")
+    d2 = await world.draft(d)
+    assert (d2.status, d2.version) == ("ready", 2)
+    [card] = fake.chat_messages(SUPPORT_CHAT)
+    u = fake.tap(ANNA, SUPPORT_CHAT, card.message_id, f"ap:{d.id}:2", "Anna")
+    assert (await fake.answered(u))["text"] == "✅ Sent."
+    assert world.sender.sent == [(d.id, 2, "Second text.")]
+    assert [m.message_id for m in fake.chat_messages(SUPPORT_CHAT)] == [card.message_id]
 
 
 @pytest.mark.parametrize("outage", ["unreachable", "502"])

@@ -13,7 +13,7 @@ import asyncio
 import getpass
 import sys
 import textwrap
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..errors import DraftgateError
 from ..models import Draft
@@ -57,6 +57,7 @@ class ConsoleChannel:
         self._counter = 0
         self._prompt_lock = asyncio.Lock()
         self._reviewer: asyncio.Task | None = None  # the task holding _prompt_lock
+        self._shown_last: tuple[int, int] | None = None  # (draft id, version) printed last
 
     def _print(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -64,9 +65,13 @@ class ConsoleChannel:
     async def start(self, decisions: Decisions) -> None:
         self._decisions = decisions
 
-    async def post(self, draft: Draft) -> PostedRef:
+    def _show(self, draft: Draft) -> None:
         self._print(_RULE)
         self._print(render(draft))
+        self._shown_last = (draft.id, draft.version)
+
+    async def post(self, draft: Draft) -> PostedRef:
+        self._show(draft)
         if draft.approval_message_id:
             return PostedRef("console", draft.approval_message_id)
         self._counter += 1
@@ -82,23 +87,30 @@ class ConsoleChannel:
             await self._decisions.approve(draft.id, draft.version, self.actor)
             return
         if self.interactive:
-            if self._reviewer is not None and self._reviewer is asyncio.current_task():
-                # An edit made during a review posts the new version: review it now,
-                # inside the same prompt (the lock is already ours).
-                await self.review(draft)
-                return
-            async with self._prompt_lock:
-                self._reviewer = asyncio.current_task()
-                try:
-                    await self.review(draft)
-                finally:
-                    self._reviewer = None
+            await self.ask(self.review, draft)
         else:
             self._print("   waiting for a decision: run `draftgate review` in a terminal")
+
+    async def ask(self, prompt: Any, draft: Draft) -> None:
+        """Run ``prompt(draft)`` (review or review_send) as the only prompt on the
+        terminal: a version posted meanwhile by a background regenerate waits for it,
+        so an answer always goes to the card shown last. A new version posted from
+        inside the prompt (an edit) is asked about at once."""
+        if self._reviewer is not None and self._reviewer is asyncio.current_task():
+            await prompt(draft)
+            return
+        async with self._prompt_lock:
+            self._reviewer = asyncio.current_task()
+            try:
+                await prompt(draft)
+            finally:
+                self._reviewer = None
 
     async def review(self, draft: Draft) -> None:
         """Ask the operator what to do with ``draft``."""
         assert self._decisions is not None
+        if self._shown_last != (draft.id, draft.version):
+            self._show(draft)  # another card was printed meanwhile: the prompt is for this one
         answer = (await asyncio.to_thread(
             _ask, "   [a]pprove & send, [e]dit, re[g]enerate, [r]eject, Enter = later: ")).strip().lower()
         if answer in ("a", "approve"):
@@ -126,8 +138,7 @@ class ConsoleChannel:
     async def review_send(self, draft: Draft) -> None:
         """A reply whose send failed or whose outcome is unknown: offer Retry."""
         assert self._decisions is not None
-        self._print(_RULE)
-        self._print(render(draft))
+        self._show(draft)
         if draft.status == "send_unknown":
             self._print(f"   ❓ send outcome unknown: {draft.error}. Check the mailbox first: "
                         "Retry asks again, then sends only if it is not found.")

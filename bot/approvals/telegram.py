@@ -17,6 +17,7 @@ One gate in handler group -1 drops every update whose user is not in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import hashlib
 import html
@@ -372,9 +373,10 @@ class TelegramChannel:
         (a timeout). If the draft is still waiting to be posted, that card becomes its
         card (so no second one is posted); if a second card was posted meanwhile, the
         tapped copy is removed. The tap then acts as on the recorded card."""
-        if draft.approval_message_id is None:
-            if draft.status != READY:
-                return draft
+        if draft.status == READY:
+            # A card of exactly this version exists (the tap came from it) though the
+            # draft still waits to be posted: that card is its card. An older card
+            # recorded for an earlier version does not change that.
             adopted = await self.store.mark_posted(draft.id, draft.version, str(chat_id),
                                                    str(mid))
             if adopted is None:
@@ -382,6 +384,8 @@ class TelegramChannel:
             log.info("#%d: adopted card %s/%s, whose post had looked failed", draft.id,
                      chat_id, mid)
             return adopted
+        if draft.approval_message_id is None:
+            return draft
         ref = _card_ref(draft)
         if ref is None or ref == (chat_id, mid):
             return draft  # its own card, or a record that is not a Telegram card
@@ -497,7 +501,20 @@ class TelegramChannel:
             notice = await asyncio.wait_for(asyncio.shield(task), self._answer_within)
         except asyncio.TimeoutError:
             await self._answer(query, "Working on it; the card shows the outcome.")
-            await task  # errors go to the error handler, which tells the operator
+            try:
+                await task
+            except Exception:
+                # The tap is answered already: say it in the chat, then let the error
+                # handler log it.
+                message = query.message
+                if message is not None:
+                    with contextlib.suppress(TelegramError, ApprovalError):
+                        await self.bot.send_message(
+                            message.chat.id, "⚠️ That tap did not go through (the error is "
+                            "in the bot's log); the card shows where the draft stands.",
+                            reply_to_message_id=message.message_id,
+                            allow_sending_without_reply=True)
+                raise
             return
         except BaseException:
             task.cancel()  # cancelled (shutdown): so is the decision, as without a wait
