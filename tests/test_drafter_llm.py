@@ -349,20 +349,12 @@ async def test_a_missing_or_unreadable_prompt_file_is_a_setup_error_and_its_fix_
 async def test_a_wrong_key_keeps_the_queue_and_tells_the_operators_once(tmp_path, fake):
     """What the operator sees: no item is failed (no /replay for each), one notice that
     names the variable to fix."""
-    from tests.test_drafter_engine import Clock, World, deploy
+    from tests.test_drafter_engine import deploy
 
     fake.default = fake.error(401, "Incorrect API key provided")
     cfg = deploy(tmp_path, fake, emails=4, in_flight=2)
     cfg.write_text(cfg.read_text().replace("    model: m\n", f"    model: m\n    api_key_env: {KEY_ENV}\n"))
-    w = World(cfg, Clock())
-    try:
-        engine, cards = await w.engine()
-        await engine.tick("support")
-        w.clock.t += 300
-        await engine.tick("support")
-        by_status = await w.store.count_by_status("support")
-    finally:
-        await w.close()
+    by_status, cards = await _two_ticks(cfg)
     assert by_status == {"queued": 4}
     [note] = [n for n in cards.notes if "support" in n]
     assert KEY_ENV in note and "HTTP 401" in note and SECRET not in note
@@ -385,12 +377,7 @@ async def test_an_unreachable_server_is_retryable(tmp_path, provider):
         url = gone.openai_url if provider == "openai" else gone.url
     settings = load_settings(write_config(
         tmp_path, provider, url, model="    timeout: 2s\n    retries: 1\n    backoff: 10ms\n"))
-    d = build_drafter(settings.pipelines[0], settings)
-    try:
-        with pytest.raises(DrafterRetryable) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _draft_error(settings, DrafterRetryable)
     assert "cannot connect" in str(err.value)
 
 
@@ -621,12 +608,7 @@ async def test_credentials_in_base_url_never_reach_the_error_text(tmp_path, prov
         url = gone.openai_url if provider == "openai" else gone.url
     settings = load_settings(write_config(
         tmp_path, provider, _with_credentials(url), model="    timeout: 2s\n    retries: 0\n"))
-    d = build_drafter(settings.pipelines[0], settings)
-    try:
-        with pytest.raises(DrafterRetryable) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _draft_error(settings, DrafterRetryable)
     text = str(err.value)
     assert "cannot connect to http://***@127.0.0.1:" in text
     assert "s3cr3tPW" not in text and "proxyuser" not in text
@@ -637,12 +619,7 @@ async def test_a_provider_echoing_the_key_or_the_url_credentials_is_redacted(tmp
     fake.script(fake.error(400, f"bad request from proxyuser:s3cr3tPW with key {SECRET}"))
     url = fake.openai_url if provider == "openai" else fake.url
     settings = load_settings(write_config(tmp_path, provider, _with_credentials(url)))
-    d = build_drafter(settings.pipelines[0], settings)
-    try:
-        with pytest.raises(DrafterError) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _draft_error(settings, DrafterError)
     text = str(err.value)
     assert "bad request from" in text and "with key ***" in text
     assert SECRET not in text and "s3cr3tPW" not in text
@@ -697,12 +674,7 @@ async def test_a_200_that_is_not_the_api_is_a_setup_error_naming_base_url(
     fake.script(fake.raw(body, content_type))
     url = fake.openai_url if provider == "openai" else fake.url
     settings = load_settings(write_config(tmp_path, provider, _with_credentials(url)))
-    d = build_drafter(settings.pipelines[0], settings)
-    try:
-        with pytest.raises(DrafterSetupError) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _draft_error(settings, DrafterSetupError)
     text = str(err.value)
     shown = _with_credentials(url).replace("proxyuser:s3cr3tPW", "***")
     assert f"the server at {shown} did not answer like {API_NAME[provider]}" in text
@@ -715,19 +687,11 @@ async def test_a_web_page_at_base_url_keeps_the_queue_and_tells_the_operators_on
     """What the operator sees: items wait, one notice naming base_url, no traceback."""
     import logging
 
-    from tests.test_drafter_engine import Clock, World, deploy
+    from tests.test_drafter_engine import deploy
 
     caplog.set_level(logging.INFO)
     fake.default = fake.raw(b"<!doctype html><html>Welcome to the portal</html>")
-    w = World(deploy(tmp_path, fake, emails=2, in_flight=1), Clock())
-    try:
-        engine, cards = await w.engine()
-        await engine.tick("support")
-        w.clock.t += 300
-        await engine.tick("support")
-        by_status = await w.store.count_by_status("support")
-    finally:
-        await w.close()
+    by_status, cards = await _two_ticks(deploy(tmp_path, fake, emails=2, in_flight=1))
     assert by_status == {"queued": 2}
     [note] = [n for n in cards.notes if "support" in n]
     assert "did not answer like an OpenAI-compatible API" in note and "models.llm.base_url" in note
@@ -798,3 +762,31 @@ async def test_an_anthropic_error_event_in_a_200_answer_is_classified_by_its_typ
         await d.close()
     assert "invalid x-api-key" in str(err.value) and KEY_ENV in str(err.value)
     assert len(fake.requests) == 4
+
+
+async def _two_ticks(cfg):
+    """Run the support pipeline of ``cfg`` for two ticks five minutes apart through the
+    real engine; return its drafts by status and the recording channel."""
+    from tests.test_drafter_engine import Clock, World
+
+    w = World(cfg, Clock())
+    try:
+        engine, cards = await w.engine()
+        await engine.tick("support")
+        w.clock.t += 300
+        await engine.tick("support")
+        return await w.store.count_by_status("support"), cards
+    finally:
+        await w.close()
+
+
+async def _draft_error(settings, kind):
+    """Draft one request with the settings' first pipeline; the raised ``kind``, as
+    pytest's ExceptionInfo."""
+    d = build_drafter(settings.pipelines[0], settings)
+    try:
+        with pytest.raises(kind) as info:
+            await d.draft(request())
+    finally:
+        await d.close()
+    return info

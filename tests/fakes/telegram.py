@@ -395,22 +395,14 @@ class FakeTelegram:
             else:
                 drop = False
         if drop:
-            req.close_connection = True
-            try:
-                req.connection.shutdown(2)
-            except OSError:
-                pass
+            self._hang_up(req)
             return
         if failure and failure.lose_reply:
             with self.cond:
                 status, payload = self._dispatch(method, params)
                 self.calls.append(Call(method, params, 0, time.time(), payload))
                 self.cond.notify_all()
-            req.close_connection = True
-            try:
-                req.connection.shutdown(2)
-            except OSError:
-                pass
+            self._hang_up(req)
             return
         if failure:
             status, payload = failure.status, {"ok": False, "error_code": failure.status,
@@ -426,6 +418,15 @@ class FakeTelegram:
             self.calls.append(Call(method, params, status, time.time(), payload))
             self.cond.notify_all()
         self._reply(req, status, payload)
+
+    @staticmethod
+    def _hang_up(req: BaseHTTPRequestHandler) -> None:
+        """Close the connection without an answer (what a lost reply looks like)."""
+        req.close_connection = True
+        try:
+            req.connection.shutdown(2)
+        except OSError:
+            pass
 
     def _take_failure(self, method: str) -> _Failure | None:
         queue = self._failures.get(method)
