@@ -75,8 +75,10 @@ def _channels(settings: Settings, store, *, demo: bool = False) -> dict:
 async def _run(args) -> int:
     settings = _load(args)
     only: set[str] | None = None
+    narrowed: list = []  # pipelines enabled in their files that --pipeline leaves out
     if args.pipeline:
         only = {settings.pipeline(n).name for n in args.pipeline}  # unknown: exit 2
+        narrowed = [p for p in settings.pipelines if p.enabled and p.name not in only]
         # Narrow what this process schedules, not what it knows: its Telegram bot
         # still decides the other pipelines' cards, and sends and drafts for them
         # (so it needs their secrets too, checked below).
@@ -94,7 +96,8 @@ async def _run(args) -> int:
     # Checked now rather than at the first tick, where every new item would fail
     # while status still said healthy.
     receiving = settings.telegram is not None and settings.telegram.receive != "off"
-    problems = missing_env(settings, [p for p in settings.pipelines if p.enabled or receiving])
+    problems = missing_env(settings, [p for p in settings.pipelines if p.enabled]
+                           + (narrowed if receiving else []))
     if problems:
         raise ConfigError(problems)
     store = await _open_store(settings)

@@ -38,6 +38,11 @@ from .store import Store
 
 log = logging.getLogger("draftgate.engine")
 
+#: How the error text of a send cut off by a crash (recover_sending) or a shutdown
+#: begins: such a row is checked at once by whoever runs next, unlike a send that has
+#: just ended unknown in a running process (that process checks it after a delay).
+RECOVERED_SEND = "interrupted"
+
 #: Longest a model's Retry-After holds a pipeline's drafting (a larger or endless one
 #: is cut to this, so drafting is never stopped for good by one answer).
 MAX_MODEL_HOLD = 3600.0
@@ -682,12 +687,15 @@ class Engine:
     async def _check_unknown(self, p: PipelineConfig, counts: RunCounts) -> None:
         await self._recover_sending()
         for d in await self.store.send_unknown(p.name):
-            # A send that just ended unknown here is checked by _check_later after a
-            # delay; asked at once, the other side may not show it yet and the operator
-            # would be told "not sent, tap Retry" about a reply that did go out. Any
-            # other (recovered after a crash or a restart) is checked now.
-            if d.id in self._checking:
-                continue
+            # A send that just ended unknown (here or in another process) is checked
+            # by that process's _check_later after a delay; asked at once, the other
+            # side may not show it yet and the operator would be told "not sent, tap
+            # Retry" about a reply that did go out. One recovered after a crash or a
+            # restart is checked now.
+            if d.id in self._checking or (
+                    time.time() - d.updated_at < self._send_check_delay
+                    and not (d.error or "").startswith(RECOVERED_SEND)):
+                continue  # (another process's fresh unknown send: its own check runs)
             self._still_held(p)
             if await self._check_one(p, d):
                 counts.sent += 1

@@ -262,6 +262,17 @@ async def test_a_403_for_flagged_input_fails_only_that_email(tmp_path, fake, pro
     assert "flagged" in str(refused.value)
 
 
+@pytest.mark.parametrize("message", [
+    "Your access was terminated due to violation of our policies",
+    "model not allowed: violates terms of your organization's guardrail policy",
+])
+def test_a_403_about_access_stays_a_setup_error_even_with_policy_words(message):
+    from bot.drafters._retry import _about_the_content
+
+    assert not _about_the_content(message)
+    assert _about_the_content("Your chosen model requires moderation and your input was flagged")
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_web_server_refusing_the_post_is_a_setup_error_about_base_url(tmp_path, fake, provider):
     fake.script(fake.raw(b"<html>405 Not Allowed</html>", status=405))

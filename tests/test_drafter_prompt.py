@@ -197,3 +197,16 @@ def test_a_footer_after_the_quote_does_not_make_the_old_thread_new_text(body, ne
 def test_answers_between_the_quotes_stay_the_new_text():
     body = "On Mon, Shop wrote:\n> Which size?\nM please\n> Colour?\nBlue\n"
     assert prompt.split_quoted(body) == (body, "")
+
+
+@pytest.mark.parametrize("body", [
+    "Hi Shop,\n\nOn Mon, Shop wrote:\n> Which size would you like instead?\n\nThanks!\n"
+    "XL please, the L was too small.\n",
+    "Hi,\n\n> Shall we send a replacement?\nThanks!\n> Which size?\nXL\n",
+    "See below.\n\n> What is your order number?\n\n----------\nOrder 12345, shipped to Berlin.\n",
+    "Hi,\n\n> We sent size L.\n\nThanks, but the size is wrong.\n",
+])
+def test_an_answer_after_the_quote_is_not_mistaken_for_a_footer(body):
+    """A sign-off followed by a real sentence, answers between quote runs, text after a
+    dash rule: the customer's answer stays the new text."""
+    assert prompt.split_quoted(body) == (body, "")

@@ -581,6 +581,27 @@ async def test_a_send_cut_off_by_a_crash_is_checked_on_the_first_tick_after_rest
     assert world.channel.retry_offered == [d.id]  # told at once, with Retry
 
 
+async def test_another_process_leaves_a_fresh_unknown_send_to_the_one_that_made_it(world, config):
+    """Host A's send just ended unknown (it was delivered; Gmail's search may not show
+    it yet). Host B's tick must not check it at once and tell the operator 'not in
+    Sent, tap Retry': A checks it after its delay."""
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    host_b_sender = RecordingSender()
+    host_b = Engine(load_settings(config), world.store, {"console": RecordingChannel()},
+                    clock=world.clock, sources=world.sources,
+                    drafters={"alpha": world.drafter}, senders={"alpha": host_b_sender})
+    world.sender.delivered_on_unknown = True
+    world.sender.script = [SendUnknown("connection reset")]
+    await world.engine.approve(d.id, d.version, "anna")
+    await host_b.drain("alpha")
+    assert host_b_sender.check_calls == 0
+    await asyncio.gather(*list(world.engine._tasks))  # A's own delayed check
+    assert (await world.store.get_draft(d.id)).status == "sent"
+    assert world.channel.retry_offered == []
+
+
 async def test_a_definite_send_failure_offers_retry(world):
     world.sources["alpha"].messages = [msg(1)]
     await world.engine.tick("alpha")

@@ -450,3 +450,79 @@ def test_in_review_a_regenerated_draft_is_asked_about_after_the_prompt_on_screen
     code, text, _ = run(capsys, "status", "demo", "-c", str(deployment), "--json")
     assert json.loads(text)["by_status"] == {"awaiting": 3, "sent": 2, "skipped": 3}
     assert len(list((deployment.parent / "var" / "demo" / "outbox").glob("*.eml"))) == 2
+
+
+def test_a_pipeline_disabled_in_its_file_needs_no_secrets_to_start(deployment, capsys, monkeypatch):
+    """enabled: false keeps a pipeline configured but not run: its missing secret must
+    not stop the daemon (only pipelines left out by --pipeline need theirs)."""
+    monkeypatch.setenv("DG_TG", "123:abc")
+    monkeypatch.delenv("DG_OLD_SECRET", raising=False)
+    pipelines = deployment.parent / "pipelines"
+    text = (pipelines / "demo.yaml").read_text()
+    (pipelines / "old.yaml").write_text(
+        text[:text.index("sender:")].replace("name: demo", "name: old", 1) + "enabled: false\n"
+        + "sender: {type: webhook, url: 'http://127.0.0.1:9/hook', secret_env: DG_OLD_SECRET}\n")
+    # A bot that receives (polling), at an address where nothing answers: run --once
+    # ticks without it.
+    deployment.write_text(deployment.read_text() + "telegram:\n  token_env: DG_TG\n"
+                          "  operators: [1]\n  approvals_chat: 1\n"
+                          "  base_url: http://127.0.0.1:9/bot\n")
+    code, _, err = run(capsys, "run", "--once", "-c", str(deployment))
+    assert "DG_OLD_SECRET" not in err
+    assert code == 0 and "old: not run: enabled: false" in err
+
+
+def test_a_card_posted_while_another_prompt_waits_is_shown_with_its_own_prompt(monkeypatch):
+    """A regenerated card printed under the next card's open prompt made an answer
+    meant for one card go to the other: it is printed when its own prompt comes."""
+    import asyncio
+    import io
+
+    from bot.approvals import console
+    from bot.approvals.console import ConsoleChannel
+    from bot.models import Draft, Message
+
+    def draft(n, v):
+        return Draft(id=n, key=f"k{n}", pipeline="demo", scope="s", item_id=f"i{n}",
+                     recipe="v1", status="awaiting", message=Message(subject=f"S{n}"),
+                     version=v, body=f"body {n} v{v}")
+
+    out = io.StringIO()
+    asked: list[str] = []
+
+    async def scenario():
+        ch = ConsoleChannel(interactive=True, out=out)
+        release = asyncio.Event()
+
+        class Decisions:
+            async def approve(self, *a):
+                return None
+
+        await ch.start(Decisions())
+
+        def ask(prompt):
+            cards = [line for line in out.getvalue().splitlines() if line.startswith("📨")]
+            asked.append(cards[-1])
+            return ""
+
+        monkeypatch.setattr(console, "_ask", ask)
+
+        taken = asyncio.Event()
+
+        async def first_prompt():
+            async def hold(d):
+                taken.set()
+                await release.wait()
+                await ch.review(d)
+            await ch.ask(hold, draft(2, 1))
+
+        holder = asyncio.create_task(first_prompt())
+        await taken.wait()  # #2's prompt is on the terminal
+        await ch.post(draft(1, 2))  # a regenerate finished meanwhile
+        assert "#1 v2" not in out.getvalue()
+        waiting = asyncio.create_task(ch.ask(ch.review, draft(1, 2)))
+        release.set()
+        await asyncio.gather(holder, waiting)
+
+    asyncio.run(scenario())
+    assert asked == ["📨 demo · #2 v1", "📨 demo · #1 v2"]

@@ -71,7 +71,10 @@ class ConsoleChannel:
         self._shown_last = (draft.id, draft.version)
 
     async def post(self, draft: Draft) -> PostedRef:
-        self._show(draft)
+        if not (self._prompt_lock.locked() and self._reviewer is not asyncio.current_task()):
+            # While another card's prompt waits for an answer, printing this card would
+            # put it last on the screen above that prompt; its own prompt prints it.
+            self._show(draft)
         if draft.approval_message_id:
             return PostedRef("console", draft.approval_message_id)
         self._counter += 1

@@ -476,11 +476,16 @@ class LLMDrafter:
             await client.close()
 
 
-_CONTENT_WORDS = ("moderation", "flagged", "content policy", "content_policy", "guardrail",
-                  "safety", "refus", "violat")
+_CONTENT_WORDS = ("flagged", "moderation", "content policy", "content_policy", "input was")
+#: Words of an access decision about the key, account or model: a setup error even
+#: when content words appear too.
+_ACCESS_WORDS = ("terminated", "allowlist", "allow list", "not allowed", "organization",
+                 "account", "api key", "suspended", "banned")
 
 
 def _about_the_content(message: str) -> bool:
-    """Does a 403's message blame the input (moderation) rather than the key?"""
+    """Does a 403's message blame this input (moderation flagged it) rather than the
+    key, account or model?"""
     text = (message or "").lower()
-    return any(word in text for word in _CONTENT_WORDS)
+    return (any(word in text for word in _CONTENT_WORDS)
+            and not any(word in text for word in _ACCESS_WORDS))

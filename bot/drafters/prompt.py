@@ -135,32 +135,44 @@ def _is_quote(line: str) -> bool:
     return not line.strip() or line.lstrip().startswith(">")
 
 
-#: A line that starts what follows a quote as a footer, not an answer: a signature
-#: delimiter, a rule, a sign-off, a mobile or list footer, a legal disclaimer.
-_TRAILER = re.compile(
-    r"^(--\s*$|_{5,}|-{5,}|={5,}|sent from my |get outlook|to unsubscribe|unsubscribe:|"
-    r"(best|best regards|kind regards|regards|cheers|thanks|thank you|sincerely)[,.!]?$|"
+#: What follows a quote and is a footer, not an answer: a signature delimiter, a
+#: mailing-list rule, a mobile, list or legal footer.
+_FOOTER = re.compile(
+    r"^(--\s*$|_{5,}$|sent from my |get outlook|to unsubscribe|unsubscribe:|"
     r"this (e-?mail|message)\b.*\b(confidential|intended)|confidential)", re.IGNORECASE)
+#: A sign-off; a footer only when nothing but a name follows it.
+_SIGN_OFF = re.compile(r"^(best|best regards|kind regards|regards|cheers|thanks|thank you|"
+                       r"many thanks|sincerely|br)[,.!]?$", re.IGNORECASE)
 
 
 def _answered_inline(lines: list[str]) -> bool:
     """True if the sender wrote between the quoted lines: text that another ``>`` line
     follows, or text after the last quote that is not a footer (a signature, a list
-    or legal footer, a sign-off): that is an answer, not the end of the old thread."""
-    quoted = pending = False
+    or legal footer, a sign-off with only a name after it): that is an answer, not
+    the end of the old thread."""
+    quoted = False
+    tail: list[str] = []  # the non-quote lines after the latest quote run
     for line in lines:
         text = line.strip()
         if not text:
             continue
         if text.startswith(">"):
-            if pending:
+            if tail:
                 return True
             quoted = True
-        elif quoted and not pending:
-            if _TRAILER.match(text):
-                return False
-            pending = True
-    return pending
+        elif quoted:
+            tail.append(text)
+    return bool(tail) and not _is_footer(tail)
+
+
+def _is_footer(tail: list[str]) -> bool:
+    if _FOOTER.match(tail[0]):
+        return True
+    if _SIGN_OFF.match(tail[0]):
+        names = tail[1:]
+        return len(names) <= 2 and all(len(n.split()) <= 4 and n[-1] not in ".?!:"
+                                       for n in names)
+    return False
 
 
 def _cut(text: str, limit: int) -> str:
