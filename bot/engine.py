@@ -132,14 +132,15 @@ class Engine:
     def pipeline(self, name: str) -> PipelineConfig:
         return self.settings.pipeline(name)
 
-    async def _require_configured(self, draft_id: int) -> None:
-        """Refuse to act on a draft whose pipeline left the configuration: it could be
+    async def _require_configured(self, draft_id: int) -> Draft | None:
+        """The draft, refusing one whose pipeline left the configuration: it could be
         approved but never sent (no sender), a silent dead end. Reject still works."""
         d = await self.store.get_draft(draft_id)
         if d is not None and not self.settings.has_pipeline(d.pipeline):
             raise ConfigError(
                 f"Pipeline {d.pipeline!r} is not configured any more: restore its YAML file "
                 "and restart to act on this draft (Reject still works).")
+        return d
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -358,13 +359,18 @@ class Engine:
         await self._check_unknown(p, counts)
 
     # -- drafting -------------------------------------------------------------------
-    async def _budget_left(self, p: PipelineConfig) -> bool:
+    async def _budget_spent(self, p: PipelineConfig) -> int | None:
+        """Today's tokens if the pipeline's daily budget is spent, else None."""
         if not p.daily_token_budget:
+            return None
+        used = await self.store.tokens_used(p.name, utc_day(self.clock()))
+        return used if used >= p.daily_token_budget else None
+
+    async def _budget_left(self, p: PipelineConfig) -> bool:
+        used = await self._budget_spent(p)
+        if used is None:
             return True
         day = utc_day(self.clock())
-        used = await self.store.tokens_used(p.name, day)
-        if used < p.daily_token_budget:
-            return True
         await self._notify_once(
             f"budget|{p.name}|{day}",
             f"⏸ {p.name}: daily token budget spent ({used:,} of {p.daily_token_budget:,} "
@@ -372,21 +378,16 @@ class Engine:
             f"daily_token_budget in {p.file} to continue today.")
         return False
 
-    async def _refuse_if_drafting_waits(self, draft_id: int) -> None:
+    async def _refuse_if_drafting_waits(self, d: Draft) -> None:
         """A Regenerate that nothing would act on soon is refused with the reason, and
         the card stays as it is (otherwise it would sit at 'Regenerating…')."""
-        d = await self.store.get_draft(draft_id)
-        if d is None:
-            return
         p = self.pipeline(d.pipeline)
-        if p.daily_token_budget:
-            day = utc_day(self.clock())
-            used = await self.store.tokens_used(p.name, day)
-            if used >= p.daily_token_budget:
-                raise BudgetExhausted(
-                    f"Not regenerated: {p.name}'s daily token budget is spent ({used:,} of "
-                    f"{p.daily_token_budget:,}). Try tomorrow (UTC), or raise "
-                    f"daily_token_budget in {p.file}.")
+        used = await self._budget_spent(p)
+        if used is not None:
+            raise BudgetExhausted(
+                f"Not regenerated: {p.name}'s daily token budget is spent ({used:,} of "
+                f"{p.daily_token_budget:,}). Try tomorrow (UTC), or raise "
+                f"daily_token_budget in {p.file}.")
         wait = self._draft_not_before.get(p.name, 0.0) - self.clock()
         if wait > 0:
             raise DrafterRetryable(f"Not regenerated: the model asked to wait; try again in "
@@ -589,8 +590,9 @@ class Engine:
 
     async def regenerate(self, draft_id: int, version: int, actor: str,
                          instruction: str = "") -> Draft | None:
-        await self._require_configured(draft_id)
-        await self._refuse_if_drafting_waits(draft_id)
+        d = await self._require_configured(draft_id)
+        if d is not None:
+            await self._refuse_if_drafting_waits(d)
         d = await self.store.regenerate(draft_id, version, actor, instruction, now=self.clock())
         if d is not None:
             self._spawn(self.drain(d.pipeline))
@@ -603,8 +605,7 @@ class Engine:
         return d
 
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
-        await self._require_configured(draft_id)
-        d = await self.store.get_draft(draft_id)
+        d = await self._require_configured(draft_id)
         if d is not None and d.status == SEND_UNKNOWN:
             # Ask once more before sending again: a reply that did arrive meanwhile
             # must not go out twice because Retry was tapped before the check ran.
@@ -613,12 +614,9 @@ class Engine:
             except Exception as exc:  # cannot tell: the operator chose to send again
                 log.info("#%d: check before Retry failed: %s", d.id, describe_error(exc))
                 found = None
-            if found:
-                after = await self.store.mark_sent(d.id, found, now=self.clock())
-                if after is not None:
-                    log.info("#%d: Retry found the reply already sent (%s)", d.id, found)
-                    await self._update_card(after)
-                    return after
+            if found and (after := await self._found_sent(d, found)) is not None:
+                log.info("#%d: Retry found the reply already sent (%s)", d.id, found)
+                return after
         d = await self.store.retry_send(draft_id, actor, now=self.clock())
         if d is None:
             return None
@@ -659,6 +657,13 @@ class Engine:
         else:
             after = await self.store.mark_sent(d.id, result.sent_id, now=self.clock())
             log.info("%s #%d sent (%s)", p.name, d.id, result.sent_id)
+        if after is not None:
+            await self._update_card(after)
+        return after
+
+    async def _found_sent(self, d: Draft, sent_id: str) -> Draft | None:
+        """The other side has the reply: mark it sent and show it on the card."""
+        after = await self.store.mark_sent(d.id, sent_id, now=self.clock())
         if after is not None:
             await self._update_card(after)
         return after
@@ -715,11 +720,7 @@ class Engine:
             log.warning("%s #%d: checking the send failed: %s", p.name, d.id, describe_error(exc))
             return False
         if found:
-            after = await self.store.mark_sent(d.id, found, now=self.clock())
-            if after is not None:
-                await self._update_card(after)
-                return True
-            return False
+            return await self._found_sent(d, found) is not None
         await self._notify_once(
             _unknown_episode(d),
             f"❓ {p.name} #{d.id}: the send timed out or failed midway ({d.error}) and the "
