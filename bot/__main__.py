@@ -49,10 +49,16 @@ def _load(args) -> Settings:
     return load_settings(args.config)
 
 
-async def _open_store(settings: Settings):
+def _store(settings: Settings):
+    """The configured store, to use as ``async with _store(settings) as store:`` (opened
+    on entry, closed on exit)."""
     from .store import create_store
 
-    store = create_store(settings.store)
+    return create_store(settings.store)
+
+
+async def _open_store(settings: Settings):
+    store = _store(settings)
     await store.open()
     return store
 
@@ -171,8 +177,7 @@ async def _demo(args) -> int:
     print(f" config: {settings.file}")
     print(f" store:  {settings.store}")
     print("=" * 72)
-    store = await _open_store(settings)
-    try:
+    async with _store(settings) as store:
         engine = Engine(settings, store, _channels(settings, store, demo=True))
         await engine.start()
         for label in ("first tick: fetch, filter, admit, draft, approve, send",
@@ -205,8 +210,6 @@ async def _demo(args) -> int:
             print()
             print(ops.format_status_one(await ops.status_one(store, settings, p.name)))
         await engine.stop()
-    finally:
-        await store.close()
     print("\nRun ./scripts/demo again: nothing is drafted or sent twice. "
           "Start over with ./scripts/demo --fresh.")
     return 0
@@ -242,8 +245,7 @@ async def _validate(args) -> int:
 
 async def _status(args) -> int:
     settings = _load(args)
-    store = await _open_store(settings)
-    try:
+    async with _store(settings) as store:
         if args.pipeline:
             detail = await ops.status_one(store, settings, args.pipeline)
             print(json.dumps(asdict(detail), indent=2) if args.json else ops.format_status_one(detail))
@@ -251,15 +253,12 @@ async def _status(args) -> int:
             items = await ops.status_all(store, settings)
             print(json.dumps([asdict(i) for i in items], indent=2) if args.json
                   else ops.format_status_all(items))
-    finally:
-        await store.close()
     return 0
 
 
 async def _pending(args) -> int:
     settings = _load(args)
-    store = await _open_store(settings)
-    try:
+    async with _store(settings) as store:
         drafts = await ops.pending(store, settings)
         if args.json:
             print(json.dumps([{"id": d.id, "key": d.key, "pipeline": d.pipeline,
@@ -271,8 +270,6 @@ async def _pending(args) -> int:
                               for d in drafts], indent=2))
         else:
             print(ops.format_pending(drafts, settings))
-    finally:
-        await store.close()
     return 0
 
 
@@ -293,24 +290,18 @@ async def _replay(args) -> int:
     _text_argument("pipeline", args.pipeline)
     _text_argument("item_id", args.item_id)
     settings = _load(args)
-    store = await _open_store(settings)
-    try:
+    async with _store(settings) as store:
         result = await ops.replay(store, args.pipeline, args.item_id, _actor(), settings)
         print(ops.format_replay(args.pipeline, args.item_id, result))
         return 0 if result.outcome in ("requeued", "unseen") else 1
-    finally:
-        await store.close()
 
 
 async def _sweep(args) -> int:
     settings = _load(args)
     if args.days is not None and args.days < 0:
         raise ConfigError("--days: expected a number of days >= 0")
-    store = await _open_store(settings)
-    try:
+    async with _store(settings) as store:
         print(ops.format_sweep(await ops.sweep(store, settings, days=args.days)))
-    finally:
-        await store.close()
     return 0
 
 
@@ -320,8 +311,7 @@ async def _review(args) -> int:
     from .engine import Engine
 
     settings = _load(args)
-    store = await _open_store(settings)
-    try:
+    async with _store(settings) as store:
         console = ConsoleChannel(interactive=True)
         # Only the console: a Telegram pipeline's draft keeps its Telegram card (a new
         # version made here waits in ready; the running draftgate updates that card).
@@ -341,8 +331,6 @@ async def _review(args) -> int:
             await console.ask(console.review_send, d)
         await engine.wait_idle()  # a regenerated draft is shown and asked about now
         await engine.stop()
-    finally:
-        await store.close()
     return 0
 
 
