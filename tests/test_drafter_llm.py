@@ -110,12 +110,7 @@ async def test_429_then_success_gives_one_draft_after_honouring_retry_after(tmp_
 async def test_a_retry_after_beyond_the_cap_returns_the_item_to_the_queue_at_once(tmp_path, fake, provider):
     """Sitting out a 5-minute rate limit would hold the claim; the queue retries later."""
     fake.script(fake.error(429, "quota", retry_after=300))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterRetryable) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, provider, fake), DrafterRetryable)
     assert err.value.retry_after == 300 and "429" in str(err.value)
     assert len(fake.requests) == 1
 
@@ -134,12 +129,7 @@ def test_retry_after_is_finite_and_at_most_an_hour(value, seconds):
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_retry_after_of_a_year_holds_the_item_for_an_hour_at_most(tmp_path, fake, provider):
     fake.script(fake.error(429, "come back next year", retry_after=365 * 86400))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterRetryable) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, provider, fake), DrafterRetryable)
     assert err.value.retry_after == 3600 and "retry after 3600s" in str(err.value)
     assert len(fake.requests) == 1
 
@@ -158,12 +148,7 @@ async def test_an_infinite_retry_after_is_ignored_like_a_missing_one(tmp_path, f
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_500_on_every_attempt_is_retryable_with_the_providers_reason(tmp_path, fake, provider):
     fake.script(*[fake.error(500, "upstream exploded", retry_after=0.01)] * 3)
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterRetryable) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, provider, fake), DrafterRetryable)
     assert "HTTP 500" in str(err.value) and "upstream exploded" in str(err.value)
     assert "3 attempts" in str(err.value)
     assert len(fake.requests) == 3  # retries: 2, and the SDK's own retries are off
@@ -214,12 +199,7 @@ async def test_a_slow_answer_within_the_timeout_is_a_draft(tmp_path, fake, provi
 async def test_401_is_a_setup_error_naming_the_env_var_but_never_the_key(tmp_path, fake, provider):
     """A wrong key fails every item alike: the setup is wrong, not the item."""
     fake.script(fake.error(401, "invalid x-api-key"))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterSetupError) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, provider, fake), DrafterSetupError)
     text = str(err.value)
     assert KEY_ENV in text and "models.llm.api_key_env" in text and "HTTP 401" in text
     assert SECRET not in text
@@ -251,12 +231,7 @@ async def test_a_403_for_flagged_input_fails_only_that_email(tmp_path, fake, pro
     problem, so it fails that item (visible, replayable), not the whole pipeline."""
     fake.script(fake.error(403, "Your chosen model requires moderation and your input "
                                 "was flagged for 'harassment'"))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterError) as refused:
-            await d.draft(request())
-    finally:
-        await d.close()
+    refused = await _raised(make(tmp_path, provider, fake), DrafterError)
     assert not isinstance(refused.value, (DrafterSetupError, DrafterRetryable))
     assert "refused this email's content (HTTP 403)" in str(refused.value)
     assert "flagged" in str(refused.value)
@@ -276,12 +251,7 @@ def test_a_403_about_access_stays_a_setup_error_even_with_policy_words(message):
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_web_server_refusing_the_post_is_a_setup_error_about_base_url(tmp_path, fake, provider):
     fake.script(fake.raw(b"<html>405 Not Allowed</html>", status=405))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterSetupError) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, provider, fake), DrafterSetupError)
     assert "HTTP 405" in str(err.value) and str(err.value).endswith("check models.llm.base_url")
 
 
@@ -289,12 +259,7 @@ async def test_a_web_server_refusing_the_post_is_a_setup_error_about_base_url(tm
 @pytest.mark.parametrize("status", [400, 413, 422])
 async def test_a_refused_request_fails_only_its_item(tmp_path, fake, provider, status):
     fake.script(fake.error(status, "context too long"))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterError) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, provider, fake), DrafterError)
     assert not isinstance(err.value, (DrafterRetryable, DrafterSetupError))
     assert f"HTTP {status}" in str(err.value) and "context too long" in str(err.value)
     assert len(fake.requests) == 1
@@ -403,12 +368,7 @@ async def test_an_unusable_answer_is_a_definite_error(tmp_path, fake, provider, 
     echo = answer == "ECHO"  # the model parrots the request's data, boundaries and all
     fake.script(fake.reply(None if echo else answer, echo=echo,
                            finish="length" if reason == "cut off" else "stop"))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterError) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, provider, fake), DrafterError)
     assert not isinstance(err.value, DrafterRetryable) and reason in str(err.value)
     assert err.value.tokens == 18  # paid for, though unusable
 
@@ -418,12 +378,7 @@ async def test_an_answer_stopped_by_a_content_filter_is_refused_not_offered_as_a
         tmp_path, fake, provider):
     """The text before the filter cut in is a fragment: it must never reach a card."""
     fake.script(fake.reply("Dear Alice, about your refund we", finish="content_filter"))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterError) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, provider, fake), DrafterError)
     assert not isinstance(err.value, (DrafterRetryable, DrafterSetupError))
     assert ("content filter" if provider == "openai" else "stop_reason refusal") in str(err.value)
     assert "answer it by hand" in str(err.value)
@@ -434,12 +389,7 @@ async def test_an_answer_stopped_by_a_content_filter_is_refused_not_offered_as_a
 
 async def test_an_openai_refusal_is_refused_with_the_models_words(tmp_path, fake):
     fake.script(fake.reply("", refusal="I can't help with that request."))
-    d = make(tmp_path, "openai", fake)
-    try:
-        with pytest.raises(DrafterError) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, "openai", fake), DrafterError)
     assert "the model refused to write this reply: I can't help with that request." in str(err.value)
 
 
@@ -735,12 +685,7 @@ async def test_an_error_object_in_a_200_answer_is_retried_like_its_http_status(t
 ])
 async def test_an_error_object_in_a_200_answer_is_classified_by_its_code(tmp_path, fake, code, error, says):
     fake.default = fake.raw(_openai_error_200(code))
-    d = make(tmp_path, "openai", fake)
-    try:
-        with pytest.raises(DrafterError) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, "openai", fake), DrafterError)
     assert type(err.value) is error and says in str(err.value)
     assert len(fake.requests) == (3 if error is DrafterRetryable else 1)
 
@@ -749,12 +694,7 @@ async def test_a_choice_that_finished_with_an_error_is_classified_by_its_code(tm
     choice = {"index": 0, "finish_reason": "error", "message": {"role": "assistant", "content": ""},
               "error": {"code": 503, "message": "upstream overloaded"}}
     fake.default = fake.raw({"id": "gen-2", "model": "m", "choices": [choice]})
-    d = make(tmp_path, "openai", fake)
-    try:
-        with pytest.raises(DrafterRetryable) as err:
-            await d.draft(request())
-    finally:
-        await d.close()
+    err = await _raised(make(tmp_path, "openai", fake), DrafterRetryable)
     assert "error 503 in an HTTP 200 answer" in str(err.value) and "upstream overloaded" in str(err.value)
     assert len(fake.requests) == 3
 
@@ -791,13 +731,17 @@ async def _two_ticks(cfg):
         await w.close()
 
 
-async def _draft_error(settings, kind):
-    """Draft one request with the settings' first pipeline; the raised ``kind``, as
+async def _raised(d, kind):
+    """Draft one request with drafter ``d`` (closed after); the raised ``kind``, as
     pytest's ExceptionInfo."""
-    d = build_drafter(settings.pipelines[0], settings)
     try:
         with pytest.raises(kind) as info:
             await d.draft(request())
     finally:
         await d.close()
     return info
+
+
+async def _draft_error(settings, kind):
+    """``_raised`` with the drafter of the settings' first pipeline."""
+    return await _raised(build_drafter(settings.pipelines[0], settings), kind)
