@@ -99,20 +99,10 @@ async def test_history_404_falls_back_to_query_and_admits_each_new_message_once(
     before = [world.fake.add_message(simple_message(n)) for n in range(3)]
     await world.tick()
     assert len(await world.drafts()) == 3
-    during: list[str] = []
     new = [world.fake.add_message(simple_message(n)) for n in range(10, 14)]
     world.fake.expire_history()
-    release = world.fake.hold("messages.list")
-
-    def arrive_during_listing():
-        world.fake.reached("messages.list").wait(10)
-        during.append(world.fake.add_message(simple_message(99)))
-        release.set()
-
-    helper = threading.Thread(target=arrive_during_listing)
-    helper.start()
-    counts = await world.tick()
-    helper.join(10)
+    counts, during = await _tick_with_mail_arriving(world, "messages.list",
+                                                    world.fake.hold("messages.list"))
     routes = [c.route for c in world.fake.api_calls()]
     assert routes.count("history.list") >= 2 and "getProfile" in routes
     run = (await world.store.recent_runs("support", 1))[0]
@@ -580,17 +570,7 @@ async def test_mail_arriving_while_history_is_paged_is_not_skipped(world):
     snapshot = world.fake.history_id
     mark = world.fake.mark()
     second = world.fake.hold("history.list", skip=1)  # page 2 waits for the new mail
-    during: list[str] = []
-
-    def arrive_between_pages():
-        world.fake.reached("history.list").wait(10)
-        during.append(world.fake.add_message(simple_message(99)))
-        second.set()
-
-    helper = threading.Thread(target=arrive_between_pages)
-    helper.start()
-    counts = await world.tick()
-    helper.join(10)
+    counts, during = await _tick_with_mail_arriving(world, "history.list", second)
     assert counts.new == 20
     assert [c.query.get("pageToken") for c in world.fake.api_calls(mark)
             if c.route == "history.list"][:2] == [None, [f"7@{snapshot}"]]
@@ -795,3 +775,21 @@ async def test_a_kept_message_dated_in_the_future_still_leaves_the_recheck_list(
     await w.tick()
     [(kept, arrival)] = json.loads(await w.store.get_cursor("support", "gmail:support"))["recheck"]
     assert kept == gid and before <= arrival <= time.time() * 1000
+
+
+async def _tick_with_mail_arriving(world, route: str, held) -> tuple:
+    """Run a tick during which one new message arrives: once a ``route`` call has
+    reached the fake (and waits on ``held``), the message is added, then ``held`` is
+    released. Returns the tick's counts and [the new message's id]."""
+    during: list[str] = []
+
+    def arrive():
+        world.fake.reached(route).wait(10)
+        during.append(world.fake.add_message(simple_message(99)))
+        held.set()
+
+    helper = threading.Thread(target=arrive)
+    helper.start()
+    counts = await world.tick()
+    helper.join(10)
+    return counts, during
