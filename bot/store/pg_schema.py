@@ -116,4 +116,15 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        2,
+        "card_stale, send_holder, pipeline holds",
+        """
+        ALTER TABLE drafts ADD COLUMN card_stale INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX drafts_card_stale ON drafts (card_stale) WHERE card_stale = 1;
+        ALTER TABLE drafts ADD COLUMN send_holder TEXT;
+        ALTER TABLE pipeline_flags ADD COLUMN hold_reason TEXT;
+        ALTER TABLE pipeline_flags ADD COLUMN hold_until DOUBLE PRECISION;
+        """,
+    ),
 ]

@@ -105,8 +105,23 @@ _V1 = [
     )""",
 ]
 
+# Version 2: what the hardening needs to remember across processes.
+_V2 = [
+    # 1 while the approval card may not show the draft's state (its last edit failed);
+    # a later tick or the next start re-renders it until an edit succeeds.
+    "ALTER TABLE drafts ADD COLUMN card_stale INTEGER NOT NULL DEFAULT 0",
+    "CREATE INDEX drafts_card_stale ON drafts (card_stale) WHERE card_stale = 1",
+    # The process (host, boot, pid) that moved a draft to `sending`, so a crashed
+    # sender is recognised at once on its own host and by its lapsed heartbeat elsewhere.
+    "ALTER TABLE drafts ADD COLUMN send_holder TEXT",
+    # Why a pipeline's drafting is held (setup error, Retry-After, spent budget) and
+    # until when, so `status` in another process tells the truth.
+    "ALTER TABLE pipeline_flags ADD COLUMN hold_reason TEXT",
+    "ALTER TABLE pipeline_flags ADD COLUMN hold_until REAL",
+]
+
 #: Each entry is the list of statements of one migration, in order.
-MIGRATIONS: list[list[str]] = [_V1]
+MIGRATIONS: list[list[str]] = [_V1, _V2]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)
