@@ -164,6 +164,8 @@ class Draft:
     tokens_out: int = 0
     created_at: float = 0.0
     updated_at: float = 0.0
+    card_stale: bool = False  # the card's last edit failed; re-render it
+    send_holder: str | None = None  # process that moved it to `sending`
 
 
 @dataclass

@@ -145,6 +145,7 @@ def _draft(row: asyncpg.Record) -> Draft:
         decided_by=row["decided_by"], decided_at=row["decided_at"], sent_id=row["sent_id"],
         error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
         created_at=row["created_at"], updated_at=row["updated_at"],
+        card_stale=bool(row["card_stale"]), send_holder=row["send_holder"],
     )
 
 

@@ -48,7 +48,7 @@ _DRAFT_COLUMNS = (
     "id", "key", "pipeline", "scope", "item_id", "recipe", "status", "payload", "attempt",
     "lease_until", "fence", "body", "version", "instruction", "approval_chat",
     "approval_message_id", "decided_by", "decided_at", "sent_id", "error", "tokens_in",
-    "tokens_out", "created_at", "updated_at",
+    "tokens_out", "created_at", "updated_at", "card_stale", "send_holder",
 )
 _COLS = ", ".join(_DRAFT_COLUMNS)
 _SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
@@ -129,6 +129,7 @@ def _draft(row: sqlite3.Row) -> Draft:
         decided_by=row["decided_by"], decided_at=row["decided_at"], sent_id=row["sent_id"],
         error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
         created_at=row["created_at"], updated_at=row["updated_at"],
+        card_stale=bool(row["card_stale"]), send_holder=row["send_holder"],
     )
 
 
