@@ -346,3 +346,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def lock_holder(self, name: str) -> str | None:
         """Who holds the named lock (expired or not), or None."""
+
+    # -- cards that need re-rendering ---------------------------------------------------
+    @abc.abstractmethod
+    async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
+        """Remember (or forget) that the draft's card shows an old state because its
+        last edit failed; the channel re-renders such cards until an edit succeeds."""
+
+    @abc.abstractmethod
+    async def stale_cards(self, limit: int = 50) -> list[Draft]:
+        """Drafts whose card is marked stale, oldest id first."""

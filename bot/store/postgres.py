@@ -785,6 +785,15 @@ class PostgresStore(Store):
                 "SELECT setval('draft_fence_seq', GREATEST((SELECT max(fence) FROM drafts), 1),"
                 " coalesce((SELECT max(fence) FROM drafts), 0) > 0)")
 
+    async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
+        # updated_at stays: it measures the draft's state (expiry, send grace), not its card.
+        async with self._conn() as con:
+            await con.execute("UPDATE drafts SET card_stale=$2 WHERE id=$1", draft_id, int(stale))
+
+    async def stale_cards(self, limit: int = 50) -> list[Draft]:
+        return await self._list("SELECT * FROM drafts WHERE card_stale = 1 ORDER BY id LIMIT $1",
+                                limit)
+
 
 async def _requeue_expired(con, pipeline: str | None, max_attempts: int,
                            t: float) -> tuple[int, int]:

@@ -764,6 +764,15 @@ class SQLiteStore(Store):
             db, "SELECT holder FROM locks WHERE name = ?", (name,)))
         return rows[0][0] if rows else None
 
+    async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
+        # updated_at stays: it measures the draft's state (expiry, send grace), not its card.
+        await self._write(lambda db: _exec(
+            db, "UPDATE drafts SET card_stale = ? WHERE id = ?", (int(stale), draft_id)))
+
+    async def stale_cards(self, limit: int = 50) -> list[Draft]:
+        return await self._read(lambda db: _drafts(db, "card_stale = 1", (),
+                                                   f"ORDER BY id LIMIT {int(limit)}"))
+
 
 
 def _seen_among(db: sqlite3.Connection, pipeline: str, scope: str, ids: list[str]) -> set[str]:
