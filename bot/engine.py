@@ -148,6 +148,7 @@ class Engine:
         await self._recover_sending()
         for ch in {id(c): c for c in self.channels.values()}.values():
             await ch.start(self)
+        await self._resync_cards()
 
     async def stop(self) -> None:
         """Let in-flight work finish its current transition, then close stages."""
@@ -182,6 +183,7 @@ class Engine:
         if scheduled_for is None:
             scheduled_for = scheduler.last_due(p, self.clock())
         counts = RunCounts()
+        await self._resync_cards()
         async with self._pipeline_lock(p) as held:
             if held:
                 await self._tick_locked(p, scheduled_for, counts)
@@ -486,8 +488,9 @@ class Engine:
                 counts.failed += 1
                 if after.approval_message_id:  # a regenerate that failed: say so on the card
                     await self._update_card(after)
+                # The channel offers the replay (a button, or the command to type).
                 await self.notify(f"⚠️ {p.name} #{d.id}: drafting failed after {after.attempt} "
-                                  f"attempt(s): {reason}. `/replay {p.name} {d.item_id}` retries it.")
+                                  f"attempt(s): {reason}.", retry_draft=after)
             if retryable:  # a 429, 5xx, timeout or crash: the model may be in trouble
                 self._model_trouble.add(p.name)
                 wait = getattr(exc, "retry_after", None)
@@ -732,6 +735,14 @@ class Engine:
             await self.channel(self.pipeline(d.pipeline)).update(d)
         except Exception as exc:
             log.warning("%s #%d: could not update the card: %s", d.pipeline, d.id, describe_error(exc))
+
+    async def _resync_cards(self) -> None:
+        """Cards whose last update failed are re-rendered until one succeeds."""
+        for ch in {id(c): c for c in self.channels.values()}.values():
+            try:
+                await ch.resync_cards()
+            except Exception as exc:
+                log.warning("re-rendering stale cards failed: %s", describe_error(exc))
 
     async def _notify_once(self, tag: str, text: str, *, retry_draft: Draft | None = None) -> None:
         """Notify once per ``tag`` across restarts and hosts: the audit log remembers

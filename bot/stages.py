@@ -87,7 +87,13 @@ class ApprovalChannel(Protocol):
         ...
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
-        """Tell the operators something (ops chat). ``retry_draft``: offer Retry."""
+        """Tell the operators something (ops chat). ``retry_draft``: the draft it is
+        about; offer what moves it on (Retry send, or Replay for a failed one)."""
+        ...
+
+    async def resync_cards(self) -> None:
+        """Re-render cards whose last update failed (called at start and every tick).
+        A channel that keeps no cards does nothing."""
         ...
 
     async def stop(self) -> None: ...

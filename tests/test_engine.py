@@ -131,6 +131,9 @@ class RecordingChannel:
     async def update(self, draft):
         self.updates.append((draft.id, draft.status))
 
+    async def resync_cards(self):
+        pass
+
     async def notify(self, text, *, retry_draft=None):
         self.notes.append(text)
         if retry_draft is not None:
@@ -276,7 +279,8 @@ async def test_retryable_drafting_errors_requeue_then_fail_with_the_reason(world
     await world.engine.tick("alpha")  # attempt 2 of max_attempts 2 fails -> failed
     [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
     assert d.status == "failed" and "500 upstream" in d.error
-    assert any("drafting failed" in n and "/replay alpha" in n for n in world.channel.notes)
+    assert any("drafting failed" in n for n in world.channel.notes)
+    assert world.channel.retry_offered == [d.id]  # the channel offers the replay
     assert world.channel.posts == []
 
 

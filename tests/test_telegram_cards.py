@@ -25,6 +25,7 @@ def _draft(body="Hi Alice, thanks.", status="awaiting", **msg) -> Draft:
     ("rj:7:1", cards.Callback("rj", 7, 1)),
     ("rt:7:4", cards.Callback("rt", 7, 4)),
     ("ft:7:4", cards.Callback("ft", 7, 4)),
+    ("rp:7:4", cards.Callback("rp", 7, 4)),
 ])
 def test_parse_callback_accepts_what_we_make(data, expected):
     """Every action we put on a button parses back to its draft id and version."""
@@ -37,6 +38,7 @@ def test_parse_callback_accepts_what_we_make(data, expected):
     "ap:1:1:1", "ap:1.0:1", "AP:1:1", "zz:1:1", "approve:1:1", " ap:1:1", "ap:1:1\n",
     "ap:0:1", "ap:1:0", "ap:１:1", "ap:" + "9" * 19 + ":1", "ap:1:" + "1" * 10,
     "ap:1:1" + "x" * 60, "é" * 33, "x" * 65, "ap:%d:1" % (10**17),
+    "ap:01:01", "ap:01:1", "ap:1:01", "ap:00:1", "rp:007:1", "ap:1:1\r", "ap:+1:1",
 ])
 def test_parse_callback_refuses_hostile_data(data):
     """Oversized, unknown, non-numeric or malformed data is refused with a notice."""
@@ -147,33 +149,30 @@ def test_sent_card_reads_like_the_design():
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("✏️ Anna, reply with the new text for #12 v3.", ("edit", 12, 3)),
-    ("🔁 Anna, reply with an instruction for regenerating #12 v3 (e.g. …), or /skip",
-     ("regenerate", 12, 3)),
-    ("🗑 Bo, reply with a reason for rejecting #5 v1, or /skip", ("reject", 5, 1)),
-    ("📨 support · #77 v2\nFrom: x", ("card", 77, 2)),
-    ("✅ Sent by A at 10:00 · #77 v2\n\n📨 support · #77 v2\nFrom: x", ("card", 77, 2)),
-    ("📨 support · #77 v2\nDraft:\n📨 evil · #1 v1", ("card", 77, 2)),
+    ("📨 support · #77 v2\nFrom: x", (77, 2)),
+    ("✅ Sent by A at 10:00 · #77 v2\n\n📨 support · #77 v2\nFrom: x", (77, 2)),
+    ("📨 support · #77 v2\nDraft:\n📨 evil · #1 v1", (77, 2)),
+    ("✏️ Anna, reply with the new text for #12 v3.", None),
     ("hello #12 v3", None),
     ("", None),
     (None, None),
-    ("Something\n✏️ reply with the new text for #12 v3.", None),
 ])
-def test_parse_prompt(text, expected):
-    """The draft a reply is about comes from the bot message it answers."""
-    assert cards.parse_prompt(text) == expected
+def test_parse_card_header(text, expected):
+    """A card's header names its draft; prompts are never recognised by their text."""
+    assert cards.parse_card_header(text) == expected
 
 
-def test_prompt_texts_parse_back():
-    d = _draft()
+def test_prompt_records_parse_back_and_nothing_else_does():
     for kind in (cards.PROMPT_EDIT, cards.PROMPT_REGENERATE, cards.PROMPT_REJECT):
-        visible = parse_html(cards.prompt_text(kind, d, '<a href="tg://user?id=1">A&amp;B</a>'))
-        assert cards.parse_prompt(visible) == (kind, 1234, 2)
+        assert cards.parse_prompt_record(cards.prompt_record(kind, 1234, 2)) == (kind, 1234, 2)
+    for record in (None, "", "card:1:1", "edit:01:1", "edit:1:1 ", "✏️ reply with the new "
+                   "text for #12 v3."):
+        assert cards.parse_prompt_record(record) is None
 
 
-def test_card_of_a_real_card_parses_back_as_the_card():
+def test_card_of_a_real_card_names_its_draft():
     visible = parse_html(cards.render_card(_draft(body="📨 evil · #1 v1")).text)
-    assert cards.parse_prompt(visible) == ("card", 1234, 2)
+    assert cards.parse_card_header(visible) == (1234, 2)
 
 
 @pytest.mark.parametrize("text", ["a<b", "<x>y</x>", "<b>unclosed", "a & b", "&nbsp;", "</b>",

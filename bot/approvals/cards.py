@@ -26,8 +26,11 @@ MAX_CALLBACK_BYTES = 64
 CUT_MARKER = "\n\n✂️ … (cut; tap 📄 Full text for the whole draft as a file)"
 
 APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT = "ap", "ed", "rg", "rj", "rt", "ft"
-ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT)
-_CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[0-9]{1,18}):(?P<version>[0-9]{1,9})")
+REPLAY = "rp"  # on a failure notice: the same operation as /replay
+ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY)
+# Canonical numbers only (no leading zeros): data we did not make byte for byte is refused.
+_CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[1-9][0-9]{0,17}):"
+                       r"(?P<version>[1-9][0-9]{0,8})")
 
 # Budgets, in escaped UTF-16 units, so the draft always keeps most of the card.
 _FIELD = {"name": 120, "addr": 160, "subject": 300, "date": 60, "excerpt": 600, "error": 400,
@@ -65,7 +68,8 @@ def callback_data(action: str, draft_id: int, version: int) -> str:
 
 def parse_callback(data: str | None) -> Callback:
     """``"ap:1234:2"`` -> Callback. Raises :class:`BadCallback` with a short notice for
-    anything else (missing, oversized, unknown action, non-numeric parts)."""
+    anything else (missing, oversized, unknown action, non-numeric or non-canonical
+    parts such as ``ap:01:1``: only what :func:`callback_data` writes is accepted)."""
     if not data:
         raise BadCallback("This button has no data; use the latest card.")
     if len(data.encode("utf-8", "replace")) > MAX_CALLBACK_BYTES:
@@ -75,10 +79,10 @@ def parse_callback(data: str | None) -> Callback:
         raise BadCallback("This button is not one of ours.")
     if m["action"] not in ACTIONS:
         raise BadCallback("Unknown action; use the latest card.")
-    draft_id, version = int(m["id"]), int(m["version"])
-    if draft_id < 1 or version < 1:
+    cb = Callback(m["action"], int(m["id"]), int(m["version"]))
+    if callback_data(cb.action, cb.draft_id, cb.version) != data:
         raise BadCallback("This button is not one of ours.")
-    return Callback(m["action"], draft_id, version)
+    return cb
 
 
 # -- text helpers -----------------------------------------------------------------------------
@@ -252,19 +256,17 @@ def full_text(draft: Draft) -> str:
     return "\n".join(parts)
 
 
-# -- prompts (ForceReply) ------------------------------------------------------------------
-# The draft id and version live in the prompt's own text, so a reply still finds its
-# draft after a restart, with no state kept in memory.
+# -- prompts (ForceReply) and replies to cards ---------------------------------------------
+# A prompt is recognised by its message id, which the channel records in the store when
+# it sends the prompt (so a reply still finds its draft after a restart). Its text is
+# never trusted: a notice can quote outside text that reads like a prompt.
 
 PROMPT_EDIT, PROMPT_REGENERATE, PROMPT_REJECT, PROMPT_CARD = "edit", "regenerate", "reject", "card"
-_PROMPTS = [
-    (PROMPT_EDIT, re.compile(r"reply with the new text for #(\d{1,18}) v(\d{1,9})\b")),
-    (PROMPT_REGENERATE, re.compile(r"reply with an instruction for regenerating #(\d{1,18}) "
-                                   r"v(\d{1,9})\b")),
-    (PROMPT_REJECT, re.compile(r"reply with a reason for rejecting #(\d{1,18}) v(\d{1,9})\b")),
-]
+PROMPT_KINDS = (PROMPT_EDIT, PROMPT_REGENERATE, PROMPT_REJECT)
+_PROMPT_RECORD = re.compile(r"(edit|regenerate|reject):([1-9][0-9]{0,17}):([1-9][0-9]{0,8})")
 # A card's header line; the first match wins, so text quoted further down the card
-# (the email excerpt, the draft) can never stand in for it.
+# (the email excerpt, the draft) can never stand in for it. It only names a candidate:
+# the channel then checks that the message is that draft's recorded card.
 _CARD_HEADER = re.compile(r"^📨 [^\n]* · #(\d{1,18}) v(\d{1,9})$", re.M)
 
 
@@ -281,17 +283,20 @@ def prompt_text(kind: str, draft: Draft, who: str) -> str:
     raise ValueError(kind)
 
 
-def parse_prompt(text: str | None) -> tuple[str, int, int] | None:
-    """The (kind, draft id, version) a reply is about, from the text of the bot
-    message it replies to: a prompt, or the card itself (kind ``card`` = edit)."""
-    if not text:
-        return None
-    first = text.split("\n", 1)[0]
-    for kind, rx in _PROMPTS:
-        m = rx.search(first)
-        if m:
-            return kind, int(m.group(1)), int(m.group(2))
-    m = _CARD_HEADER.search(text)
-    if m:
-        return PROMPT_CARD, int(m.group(1)), int(m.group(2))
-    return None
+def prompt_record(kind: str, draft_id: int, version: int) -> str:
+    """What the store keeps for a prompt message (see :func:`parse_prompt_record`)."""
+    if kind not in PROMPT_KINDS:
+        raise ValueError(kind)
+    return f"{kind}:{draft_id}:{version}"
+
+
+def parse_prompt_record(record: str | None) -> tuple[str, int, int] | None:
+    """(kind, draft id, version) from a stored prompt record; None if it is not one."""
+    m = _PROMPT_RECORD.fullmatch(record or "")
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def parse_card_header(text: str | None) -> tuple[int, int] | None:
+    """(draft id, version) a card's text names in its header line, or None."""
+    m = _CARD_HEADER.search(text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None

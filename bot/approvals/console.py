@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import shlex
 import sys
 import textwrap
 from typing import Any, TextIO
 
 from ..errors import DraftgateError
-from ..models import Draft
+from ..models import REPLAYABLE_STATUSES, Draft
 from ..stages import Decisions, PostedRef
 
 _RULE = "─" * 64
@@ -167,7 +168,14 @@ class ConsoleChannel:
         self._print("   " + text)
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
+        if retry_draft is not None and retry_draft.status in REPLAYABLE_STATUSES:
+            text += (f" Replay it with: draftgate replay {shlex.quote(retry_draft.pipeline)} "
+                     f"{shlex.quote(retry_draft.item_id)}")
         self._print(f"🔔 {text}")
+
+    async def resync_cards(self) -> None:
+        """Nothing to re-render: a printed card cannot be changed."""
+        return None
 
     async def stop(self) -> None:
         return None

@@ -5,9 +5,12 @@ Runs python-telegram-bot inside the engine's event loop (``initialize``/``start`
 
 * tap a card's buttons (``ap|ed|rg|rj|rt|ft:<id>:<version>``); every decision goes to
   the engine, whose store transitions are compare-and-set, so a double tap, two
-  operators or a replayed update send at most one email;
-* reply to an Edit / Regenerate / Reject prompt (or to the card) with text; the prompt
-  carries the draft id and version in its own text, so this survives restarts;
+  operators or a replayed update send at most one email. A tap acts only on the draft
+  whose card (or notice) was tapped: data that is not on the tapped message is refused;
+* tap Retry send / Replay under a notice in the ops chat (``rt``, ``rp``);
+* reply to an Edit / Regenerate / Reject prompt (or to the card) with text; each
+  prompt's message id is recorded in the store (audit), so this survives restarts and
+  no other message, whatever its text, can pass for a prompt;
 * ``/status /pending /replay /sweep /pause /resume /run /help``.
 
 One gate in handler group -1 drops every update whose user is not in
@@ -24,6 +27,7 @@ import html
 import io
 import json
 import logging
+import re
 from typing import Any
 
 from telegram import (BotCommand, ForceReply, InlineKeyboardButton, InlineKeyboardMarkup,
@@ -37,8 +41,8 @@ from telegram.ext import (AIORateLimiter, Application, ApplicationBuilder,
 from .. import ops
 from ..config import Settings, TelegramConfig, env_secret
 from ..errors import ApprovalError, ConfigError, DrafterError, DraftgateError
-from ..models import (AWAITING, READY, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENT,
-                      TERMINAL_STATUSES, Draft)
+from ..models import (AWAITING, READY, REJECTED, REPLAYABLE_STATUSES, SEND_FAILED,
+                      SEND_UNKNOWN, SENT, TERMINAL_STATUSES, Draft)
 from ..stages import Decisions, PostedRef
 from . import cards
 
@@ -146,6 +150,28 @@ def _plain(text: str) -> str:
         if used > budget:
             break
     return text[:end] + "\n… (cut)"
+
+
+def _notice_html(text: str) -> str:
+    """A notice as Telegram HTML: escaped and cut to fit, with `code` spans shown as
+    code rather than as literal backticks."""
+    body, _ = cards.clip(text, _PLAIN_LIMIT, ellipsis="\n… (cut)")
+    return _CODE_SPAN.sub(r"<code>\1</code>", body)
+
+
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def _buttons_of(message: Any) -> set[str]:
+    """The callback data on ``message``'s inline keyboard (as Telegram reports it)."""
+    markup = getattr(message, "reply_markup", None)
+    rows = getattr(markup, "inline_keyboard", None) or ()
+    return {b.callback_data for row in rows for b in row if isinstance(b.callback_data, str)}
+
+
+def _prompt_key(chat_id: int, message_id: int) -> str:
+    """The audit key under which a prompt message's draft and version are recorded."""
+    return f"prompt|{chat_id}|{message_id}"
 
 
 def _card_ref(draft: Draft) -> tuple[int, int] | None:
@@ -372,7 +398,9 @@ class TelegramChannel:
         That card exists because Telegram delivered a sendMessage whose answer was lost
         (a timeout). If the draft is still waiting to be posted, that card becomes its
         card (so no second one is posted); if a second card was posted meanwhile, the
-        tapped copy is removed. The tap then acts as on the recorded card."""
+        tapped copy is removed. The tap then acts as on the recorded card. (``_tap``
+        checked that the message carries this tap's data and names this draft and
+        version in its header: it is a copy of this draft's card, never another's.)"""
         if draft.status == READY:
             # A card of exactly this version exists (the tap came from it) though the
             # draft still waits to be posted: that card is its card. An older card
@@ -438,36 +466,65 @@ class TelegramChannel:
 
     async def update(self, draft: Draft) -> None:
         """Re-render a card from the draft's current state in the store, so edits that
-        arrive out of order still end on the latest state."""
+        arrive out of order still end on the latest state. A failed edit marks the card
+        stale in the store; :meth:`resync_cards` tries again on every tick."""
+        await self._sync(draft)
+
+    async def _sync(self, draft: Draft) -> bool:
+        """:meth:`update`; False if the edit failed (the card is then marked stale)."""
         async with self._lock(draft.id):
             fresh = await self.store.get_draft(draft.id) or draft
             ref = _card_ref(fresh)
-            if ref is None:
-                return
-            card = cards.render_status(fresh)
-            chat, mid = ref
-            try:
-                await self._edit(chat, mid, card.text, _markup(card))
-            except (TelegramError, ApprovalError) as exc:
-                log.warning("could not update the card of #%d: %s", draft.id, exc)
-            if fresh.status in TERMINAL_STATUSES:
+            ok = True
+            if ref is not None:
+                card = cards.render_status(fresh)
+                chat, mid = ref
+                try:
+                    await self._edit(chat, mid, card.text, _markup(card))
+                except BadRequest as exc:
+                    text = str(exc).lower()
+                    # A card that is gone cannot be put right by trying again.
+                    if "not found" not in text and "can't be edited" not in text:
+                        ok = False
+                    log.warning("could not update the card of #%d: %s", draft.id, exc)
+                except (TelegramError, ApprovalError) as exc:  # flood wait, network, 5xx
+                    ok = False
+                    log.warning("could not update the card of #%d (tried again on the next "
+                                "tick): %s", draft.id, exc)
+            if fresh.card_stale == ok:  # the flag changes: stale now, or put right
+                try:
+                    await self.store.mark_card_stale(fresh.id, not ok)
+                except Exception as exc:
+                    log.warning("could not record the card state of #%d: %s", draft.id, exc)
+            if ok and fresh.status in TERMINAL_STATUSES:
                 # Nothing moves this card any more; keep memory flat over months.
                 self._card_locks.pop(draft.id, None)
+            return ok
+
+    async def resync_cards(self) -> None:
+        """Re-render cards whose last edit failed (a long flood wait, a network error),
+        so a decided draft does not keep its buttons. Called by the engine at start and
+        on every tick; stops at the first failure, since Telegram is still in trouble."""
+        if not self._connected:
+            return
+        for d in await self.store.stale_cards(limit=50):
+            if not await self._sync(d):
+                return
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
-        """Plain-text message to the ops chat; a Retry button for ``retry_draft``."""
+        """A message to the ops chat. ``retry_draft`` is the draft the notice is about;
+        a button moves it on: Retry send for a send that failed or whose outcome is
+        unknown, Replay (as /replay) for a failed, rejected, skipped or expired draft."""
         chat = self._ops_chat
         if chat is None:
             log.warning("no telegram.ops_chat or approvals_chat; not sent: %s", text)
             return
         markup = None
-        if retry_draft is not None:
-            data = cards.callback_data(cards.RETRY, retry_draft.id, retry_draft.version)
-            markup = InlineKeyboardMarkup([[InlineKeyboardButton(
-                f"🔁 Retry send #{retry_draft.id}", callback_data=data)]])
+        if retry_draft is not None and (button := _notice_button(retry_draft)) is not None:
+            markup = InlineKeyboardMarkup([[button]])
         try:
-            await self.bot.send_message(chat, _plain(text), reply_markup=markup,
-                                        link_preview_options=_NO_PREVIEW)
+            await self.bot.send_message(chat, _notice_html(text), parse_mode=ParseMode.HTML,
+                                        reply_markup=markup, link_preview_options=_NO_PREVIEW)
         except TelegramError as exc:
             raise ApprovalError(f"could not notify the ops chat: {exc}") from exc
 
@@ -528,7 +585,7 @@ class TelegramChannel:
         allowed = {self._chats.get(draft.pipeline)}
         if (ref := _card_ref(draft)) is not None:
             allowed.add(ref[0])
-        if action == cards.RETRY:
+        if action in (cards.RETRY, cards.REPLAY):  # also from a notice in the ops chat
             allowed.add(self._ops_chat)
         allowed.discard(None)
         return chat_id in allowed
@@ -545,14 +602,39 @@ class TelegramChannel:
         if draft is None or not self._chat_allowed(draft, chat_id, cb.action):
             # Same answer for both, so a tap cannot probe which ids exist elsewhere.
             return "This button does not belong to a draft of this chat."
+        mid = message.message_id if message is not None else None
+        on_card = _card_ref(draft) == (chat_id, mid)
+        if not on_card and not self._ours(query, cb):
+            # A client can send any data. Data that is not on the tapped message (e.g.
+            # another draft's id on this card) must not act, nor make this card look
+            # like a lost copy of that draft's card and get it deleted.
+            log.info("ignored callback data from user %s: not on message %s/%s",
+                     query.from_user.id, chat_id, mid)
+            return "This button does not belong to this message; use the draft's own card."
         if cb.version != draft.version:
+            if cb.action == cards.REPLAY:
+                return f"Already replayed: #{draft.id} is v{draft.version} now ({draft.status})."
             return f"Old version (v{cb.version}); the card now shows v{draft.version}."
-        if message is not None and chat_id is not None and cb.action != cards.RETRY:
-            draft = await self._reconcile(draft, chat_id, message.message_id)
+        if not on_card and cb.action not in (cards.RETRY, cards.REPLAY):
+            draft = await self._reconcile(draft, chat_id, mid)
         try:
             return await self._decide(query, cb, draft, chat_id)
         except ConfigError as exc:  # the draft's pipeline left the configuration
             return str(exc)
+
+    @staticmethod
+    def _ours(query: Any, cb: cards.Callback) -> bool:
+        """Is the tapped message (not the draft's recorded card) one we made for this
+        draft: a notice carrying this button, or a card of this draft and version whose
+        post looked failed? Telegram reports the message's keyboard itself, so forged
+        data is not on it; a card must also name this draft in its header."""
+        message = query.message
+        if message is None or query.data not in _buttons_of(message):
+            return False
+        if cb.action in (cards.RETRY, cards.REPLAY):
+            return True
+        return cards.parse_card_header(getattr(message, "text", None)) == (cb.draft_id,
+                                                                            cb.version)
 
     async def _decide(self, query: Any, cb: cards.Callback, draft: Draft,
                       chat_id: int | None) -> str:
@@ -577,11 +659,16 @@ class TelegramChannel:
                     cards.REJECT: cards.PROMPT_REJECT}[cb.action]
             who = f'<a href="tg://user?id={query.from_user.id}">' \
                   f'{html.escape(query.from_user.first_name, quote=False)}</a>'
-            await self.bot.send_message(
+            prompt = await self.bot.send_message(
                 chat_id, cards.prompt_text(kind, draft, who), parse_mode=ParseMode.HTML,
                 reply_markup=ForceReply(selective=True),
                 reply_to_message_id=message.message_id if message is not None else None,
                 allow_sending_without_reply=True)
+            # The prompt is known by its message id from now on (and after a restart);
+            # its text is never read back.
+            await self.store.audit(actor, "prompt", draft_key=_prompt_key(chat_id,
+                                                                          prompt.message_id),
+                                   detail=cards.prompt_record(kind, draft.id, draft.version))
             return {cards.EDIT: "Reply to the prompt with the new text.",
                     cards.REGENERATE: "Reply with an instruction, or /skip.",
                     cards.REJECT: "Reply with a reason, or /skip."}[cb.action]
@@ -593,6 +680,18 @@ class TelegramChannel:
                 return _already(await self.store.get_draft(draft.id) or draft)
             await self.update(after)
             return {SENT: "✅ Sent."}.get(after.status, f"Retried: {after.status}.")
+        if cb.action == cards.REPLAY:
+            if draft.status not in REPLAYABLE_STATUSES:
+                return _already(draft)
+            result = await ops.replay(self.store, draft.pipeline, draft.item_id, actor,
+                                      settings=self.settings)
+            if result.outcome != "requeued":
+                return ops.format_replay(draft.pipeline, draft.item_id, result)
+            if message is not None:  # its job is done: the button goes
+                with contextlib.suppress(TelegramError):
+                    await self.bot.edit_message_reply_markup(chat_id, message.message_id,
+                                                             reply_markup=None)
+            return f"♻️ #{draft.id} is back in the queue; the next tick drafts it."
         if cb.action == cards.FULL_TEXT:
             content = cards.full_text(draft).encode("utf-8")
             await self.bot.send_document(
@@ -610,8 +709,11 @@ class TelegramChannel:
         target = msg.reply_to_message if msg is not None else None
         if target is None or target.from_user is None or target.from_user.id != context.bot.id:
             return None
-        parsed = cards.parse_prompt(target.text)
+        parsed = await self._prompt_of(msg.chat_id, target)
         if parsed is None:
+            await msg.reply_text(do_quote=True, text="Nothing changed: that message is not a "
+                                 "draft's card or prompt. Tap ✏️ Edit on the card to change "
+                                 "a draft.")
             return None
         kind, draft_id, version = parsed
         draft = await self.store.get_draft(draft_id)
@@ -628,6 +730,22 @@ class TelegramChannel:
             return None
         return kind, draft
 
+    async def _prompt_of(self, chat_id: int, target: Any) -> tuple[str, int, int] | None:
+        """(kind, draft id, version) of the bot message replied to: a prompt recorded
+        when it was sent, or a draft's recorded card (kind ``card`` = edit). What a
+        message says is not enough: a notice can quote outside text that looks alike."""
+        entries = await self.store.audit_log(draft_key=_prompt_key(chat_id, target.message_id),
+                                             limit=1)
+        if entries and (parsed := cards.parse_prompt_record(entries[0].detail)) is not None:
+            return parsed
+        named = cards.parse_card_header(target.text)
+        if named is None:
+            return None
+        draft = await self.store.get_draft(named[0])
+        if draft is None or _card_ref(draft) != (chat_id, target.message_id):
+            return None
+        return cards.PROMPT_CARD, named[0], named[1]
+
     async def _on_reply(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         """A reply to an Edit/Regenerate/Reject prompt, or to a card (= new text)."""
         found = await self._target(update, context)
@@ -640,8 +758,11 @@ class TelegramChannel:
         """/skip as the answer to a Regenerate or Reject prompt."""
         found = await self._target(update, context)
         if found is None:
-            await update.effective_message.reply_text(
-                do_quote=True, text="Send /skip as a reply to a Regenerate or Reject prompt.")
+            target = update.effective_message.reply_to_message
+            if target is None or target.from_user is None or \
+                    target.from_user.id != context.bot.id:  # else _target has answered
+                await update.effective_message.reply_text(
+                    do_quote=True, text="Send /skip as a reply to a Regenerate or Reject prompt.")
             return
         kind, draft = found
         if kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD):
@@ -831,6 +952,17 @@ class TelegramChannel:
                                                            f"details are in the bot's log."))
         except TelegramError:
             log.warning("could not tell the operator about the error")
+
+
+def _notice_button(draft: Draft) -> InlineKeyboardButton | None:
+    """The button under a notice about ``draft``, by what can move it on."""
+    if draft.status in (SEND_FAILED, SEND_UNKNOWN):
+        data = cards.callback_data(cards.RETRY, draft.id, draft.version)
+        return InlineKeyboardButton(f"🔁 Retry send #{draft.id}", callback_data=data)
+    if draft.status in REPLAYABLE_STATUSES:
+        data = cards.callback_data(cards.REPLAY, draft.id, draft.version)
+        return InlineKeyboardButton(f"♻️ Replay #{draft.id}", callback_data=data)
+    return None
 
 
 def _card_link(draft: Draft) -> str | None:
