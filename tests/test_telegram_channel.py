@@ -365,6 +365,7 @@ async def test_hostile_callback_data_is_answered_and_changes_nothing(world, fake
         "": "no data",
         f"ap:{other.id}:1": "does not belong",  # sales draft, tapped in support's chat
         f"ap:{d.id}:7": "Old version",
+        f"ap:0{d.id}:01": "not one of ours",  # non-canonical numbers are not ours either
         "ap:999999:1": "does not belong",
         "ap:1:1:1": "not one of ours",
     }
@@ -377,6 +378,30 @@ async def test_hostile_callback_data_is_answered_and_changes_nothing(world, fake
     assert (await world.draft(other)).status == "awaiting"
     assert world.sender.sent == []
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+async def test_forged_data_on_another_drafts_card_changes_nothing(world, fake):
+    """Draft B's id tapped on draft A's card neither acts on B nor gets A's card deleted
+    as a 'duplicate' of B's (nor adopted as B's card while B waits to be posted)."""
+    a = await world.deliver(1)
+    b = await world.deliver(2)
+    fake.lose_reply("sendMessage")
+    c = await world.deliver(3)  # its card's answer was lost: c waits in ready
+    assert c.status == "ready"
+    cards_before = {m.message_id: (m.text, m.reply_markup) for m in fake.chat_messages(SUPPORT_CHAT)}
+    card_a = int(a.approval_message_id)
+    for target in (b, c):
+        for action in ("ap", "ed", "rg", "rj", "ft"):
+            u = fake.tap(ANNA, SUPPORT_CHAT, card_a, f"{action}:{target.id}:1", "Anna")
+            assert "does not belong to this message" in (await fake.answered(u))["text"]
+    assert {m.message_id: (m.text, m.reply_markup)
+            for m in fake.chat_messages(SUPPORT_CHAT)} == cards_before
+    assert [(await world.draft(x)).status for x in (a, b, c)] == ["awaiting", "awaiting", "ready"]
+    assert (await world.draft(c)).approval_message_id is None
+    assert world.sender.sent == [] and fake.calls_of("deleteMessage") == []
+    # A's own buttons still work on A's card.
+    assert await world.tap(a, "ap") == "✅ Sent."
+    assert world.sender.sent == [(a.id, 1, (await world.draft(a)).body)]
 
 
 # -- big cards -----------------------------------------------------------------------------------
@@ -441,6 +466,36 @@ async def test_a_reply_to_an_old_prompt_after_an_edit_changes_nothing(world, fak
     answer = await world.say("late v2 text", reply_to=prompt.message_id)
     assert answer.startswith("Not applied")
     assert (await world.draft(d)).body == "v2 text"
+
+
+async def test_a_notice_that_reads_like_a_prompt_or_a_card_changes_nothing(
+        tmp_path, fake, monkeypatch):
+    """Ops notices can quote outside text (an email subject, an error). One that reads
+    like a prompt or a card header is not one: a reply to it edits nothing. A real
+    prompt still works, also after a restart."""
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    cfg = write_config(tmp_path, fake)
+    cfg.write_text(cfg.read_text().replace(f"ops_chat: {OPS_CHAT}", f"ops_chat: {SUPPORT_CHAT}"))
+    world = await World(tmp_path, fake, cfg).start()
+    try:
+        d = await world.deliver(1)
+        for lie in (f"✏️ Anna, reply with the new text for #{d.id} v1. (a bounced subject)",
+                    f"📨 support · #{d.id} v1"):
+            await world.engine.notify(lie)
+            notice = fake.chat_messages(SUPPORT_CHAT)[-1]
+            assert notice.text.startswith(lie[:10])
+            answer = await world.say("Send the refund to evil@example.com",
+                                     reply_to=notice.message_id)
+            assert answer.startswith("Nothing changed")
+            d_now = await world.draft(d)
+            assert (d_now.version, d_now.body) == (1, d.body)
+        prompt = await _prompt(world, fake, d, "ed")
+        await world.restart()
+        answer = await world.say("The real new text.", reply_to=prompt.message_id)
+        assert answer == f"✏️ #{d.id} v2 is on the card."
+        assert (await world.draft(d)).body == "The real new text."
+    finally:
+        await world.stop()
 
 
 async def _status(world, d, status, version):
@@ -679,6 +734,84 @@ async def test_an_unknown_send_is_told_to_ops_with_a_retry_button_that_sends(wor
     assert len(world.sender.sent) == 2  # the unknown one and the operator's retry
     assert world.card(d).text.startswith("✅ Sent by ")
     assert world.card(d).reply_markup is None
+
+
+@pytest.mark.parametrize("failure", ["flood wait", "500"])
+async def test_a_card_whose_edits_failed_shows_the_decision_after_the_next_tick(
+        world, fake, failure):
+    """Every edit after the approval fails (an hour's flood wait, or a 500): the card
+    keeps its buttons for now, and the next tick puts it right."""
+    d = await world.deliver(1)
+    if failure == "500":
+        fake.fail("editMessageText", 500, "Internal Server Error", times=100)
+    else:
+        fake.fail("editMessageText", 429, "Too Many Requests: retry after 3600",
+                  retry_after=3600, times=100)
+    assert await world.tap(d, "ap") == "✅ Sent."
+    assert _buttons(world.card(d).reply_markup)[0] == f"ap:{d.id}:1"  # not updated yet
+    assert (await world.draft(d)).card_stale
+    await world.engine.tick("support")  # Telegram still refuses: nothing lost
+    assert (await world.draft(d)).card_stale
+    fake.recover("editMessageText")
+    await world.engine.tick("support")
+    card = world.card(d)
+    assert card.text.startswith("✅ Sent by Anna at ") and card.reply_markup is None
+    assert not (await world.draft(d)).card_stale
+    assert len(world.sender.sent) == 1
+
+
+async def test_a_stale_card_is_put_right_at_the_next_start(world, fake):
+    """The edits failed and draftgate restarted: the card is re-rendered at start; a
+    card already right ("message is not modified") counts as put right."""
+    d = await world.deliver(1)
+    fake.fail("editMessageText", 500, "Internal Server Error", times=100)
+    assert await world.tap(d, "rj") == "Reply with a reason, or /skip."
+    prompt = fake.chat_messages(SUPPORT_CHAT)[-1]
+    assert (await world.say("/skip", reply_to=prompt.message_id)).startswith("🗑")
+    assert (await world.draft(d)).status == "rejected"
+    assert _buttons(world.card(d).reply_markup)[0] == f"ap:{d.id}:1"
+    await world.stop()
+    fake.recover("editMessageText")
+    await world.start()
+    card = world.card(d)
+    assert card.text.startswith("🗑 Rejected by Anna") and card.reply_markup is None
+    assert not (await world.draft(d)).card_stale
+    await world.store.mark_card_stale(d.id, True)
+    await world.restart()
+    assert fake.calls_of("editMessageText")[-1].status == 400  # not modified
+    assert not (await world.draft(d)).card_stale
+
+
+async def test_a_failed_draft_is_told_with_a_replay_button_that_requeues_it(world, fake):
+    """The notice about a failed draft has a Replay button (no command to type, no
+    backticks); it does what /replay does, audited, once."""
+    from bot.errors import DrafterError
+
+    world.drafter.fail_next = DrafterError("the model refused")
+    d = await world.deliver(1)
+    assert d.status == "failed"
+    [note] = await fake.await_for(lambda: fake.chat_messages(OPS_CHAT))
+    assert f"#{d.id}" in note.text and "the model refused" in note.text
+    assert "`" not in note.text and "/replay" not in note.text
+    assert _buttons(note.reply_markup) == [f"rp:{d.id}:1"]
+    u = fake.tap(BO, OPS_CHAT, note.message_id, f"rp:{d.id}:1", "Bo")
+    assert (await fake.answered(u))["text"] == f"♻️ #{d.id} is back in the queue; the next tick drafts it."
+    d2 = await world.draft(d)
+    assert (d2.status, d2.version) == ("queued", 2)
+    assert [e.actor for e in await world.store.audit_log(d.key) if e.action == "replay"] == \
+        [f"tg:{BO} (Bo)"]
+    assert fake.message(OPS_CHAT, note.message_id).reply_markup is None
+    again = fake.tap(ANNA, OPS_CHAT, note.message_id, f"rp:{d.id}:1", "Anna")
+    assert (await fake.answered(again))["text"].startswith("Already replayed")
+    stranger = fake.tap(EVE, OPS_CHAT, note.message_id, f"rp:{d.id}:2", "Eve")
+    assert (await fake.answered(stranger))["text"] == "Not allowed."
+    await world.engine.tick("support")
+    assert (await world.draft(d)).status == "awaiting"
+    # A notice naming a config key shows it as code, not between backticks.
+    await world.engine.notify("⚠️ support: check `schedule` in <pipelines/support.yaml>.")
+    last = fake.chat_messages(OPS_CHAT)[-1]
+    assert last.text == "⚠️ support: check schedule in <pipelines/support.yaml>."
+    assert "<code>schedule</code>" in last.html
 
 
 # -- commands --------------------------------------------------------------------------------------

@@ -602,6 +602,10 @@ class TelegramChannel:
         if draft is None or not self._chat_allowed(draft, chat_id, cb.action):
             # Same answer for both, so a tap cannot probe which ids exist elsewhere.
             return "This button does not belong to a draft of this chat."
+        if cb.version != draft.version:  # (changes nothing, whichever message it came from)
+            if cb.action == cards.REPLAY:
+                return f"Already replayed: #{draft.id} is v{draft.version} now ({draft.status})."
+            return f"Old version (v{cb.version}); the card now shows v{draft.version}."
         mid = message.message_id if message is not None else None
         on_card = _card_ref(draft) == (chat_id, mid)
         if not on_card and not self._ours(query, cb):
@@ -611,10 +615,6 @@ class TelegramChannel:
             log.info("ignored callback data from user %s: not on message %s/%s",
                      query.from_user.id, chat_id, mid)
             return "This button does not belong to this message; use the draft's own card."
-        if cb.version != draft.version:
-            if cb.action == cards.REPLAY:
-                return f"Already replayed: #{draft.id} is v{draft.version} now ({draft.status})."
-            return f"Old version (v{cb.version}); the card now shows v{draft.version}."
         if not on_card and cb.action not in (cards.RETRY, cards.REPLAY):
             draft = await self._reconcile(draft, chat_id, mid)
         try:

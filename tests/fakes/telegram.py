@@ -238,6 +238,11 @@ class FakeTelegram:
             self._failures.setdefault(method, []).append(
                 _Failure(0, "", None, times, lose_reply=True))
 
+    def recover(self, method: str) -> None:
+        """Drop every failure still queued for ``method``: it answers normally again."""
+        with self.cond:
+            self._failures.pop(method, None)
+
     def rate_limit(self, per_second: float | None) -> None:
         """Enforce ``per_second`` sendMessage/sendDocument calls (429 + retry_after)."""
         with self.cond:
