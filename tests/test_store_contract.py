@@ -644,6 +644,26 @@ class TestStoreContract:
         await store.unlock("tick:support", "host-a:17:x")
         assert await store.lock_holder("tick:support") is None
 
+    # -- stale cards -------------------------------------------------------------------------
+
+    async def test_a_stale_card_mark_is_kept_until_cleared_and_leaves_the_draft_alone(self, store):
+        """mark_card_stale sets and clears the flag; stale_cards lists only marked drafts,
+        oldest first; the draft's state and updated_at do not change."""
+        a = await _awaiting(store, "m1")
+        b = await _awaiting(store, "m2")
+        assert await store.stale_cards() == []
+        await store.mark_card_stale(b.id, True)
+        await store.mark_card_stale(a.id, True)
+        stale = await store.stale_cards()
+        assert [d.id for d in stale] == [a.id, b.id] and all(d.card_stale for d in stale)
+        assert [d.id for d in await store.stale_cards(limit=1)] == [a.id]
+        after = await store.get_draft(a.id)
+        assert (after.status, after.version, after.updated_at) == (a.status, a.version,
+                                                                   a.updated_at)
+        await store.mark_card_stale(a.id, False)
+        assert [d.id for d in await store.stale_cards()] == [b.id]
+        assert not (await store.get_draft(a.id)).card_stale
+
     # -- many processes ----------------------------------------------------------------------
 
     @pytest.mark.slow
