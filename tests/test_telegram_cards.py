@@ -181,3 +181,27 @@ def test_fake_rejects_html_telegram_rejects(text):
     """The fake is as strict as Telegram, so a passing card test means a valid card."""
     with pytest.raises(ParseError):
         parse_html(text)
+
+
+@pytest.mark.parametrize("status, button", [
+    ("send_failed", ("🔁 Retry send #1234", "rt:1234:2")),
+    ("send_unknown", ("🔁 Retry send #1234", "rt:1234:2")),
+    ("failed", ("♻️ Replay #1234", "rp:1234:2")),
+    ("skipped", ("♻️ Replay #1234", "rp:1234:2")),
+    ("rejected", ("♻️ Replay #1234", "rp:1234:2")),
+    ("expired", ("♻️ Replay #1234", "rp:1234:2")),
+    ("awaiting", None),
+    ("sent", None),
+])
+def test_a_notice_offers_what_moves_its_draft_on(status, button):
+    assert cards.notice_button(_draft(status=status)) == button
+
+
+def test_a_notice_shows_code_not_backticks_and_escapes_the_rest():
+    text = "Check `schedule` in <a.yaml> & `x<y`; a lone ` stays"
+    out = cards.notice_html(text)
+    assert out == ("Check <code>schedule</code> in &lt;a.yaml&gt; &amp; <code>x&lt;y</code>; "
+                   "a lone ` stays")
+    assert parse_html(out) == "Check schedule in <a.yaml> & x<y; a lone ` stays"
+    huge = cards.notice_html("`a` " + "<" * 5000)
+    assert cards.units(parse_html(huge)) <= cards.MAX_TEXT

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..models import (APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, QUEUED, READY,
-                      REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, Draft)
+                      REJECTED, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT,
+                      Draft)
 
 MAX_TEXT = 4096  # Telegram's limit for one message
 MAX_CALLBACK_BYTES = 64
@@ -244,6 +245,25 @@ def render_status(draft: Draft) -> Card:
     if draft.status in (SEND_FAILED, SEND_UNKNOWN):
         buttons = [[("🔁 Retry send", callback_data(RETRY, draft.id, draft.version))]]
     return Card(text, buttons, cut)
+
+
+def notice_button(draft: Draft) -> Button | None:
+    """The button under an ops notice about ``draft``: what can move it on."""
+    if draft.status in (SEND_FAILED, SEND_UNKNOWN):
+        return f"🔁 Retry send #{draft.id}", callback_data(RETRY, draft.id, draft.version)
+    if draft.status in REPLAYABLE_STATUSES:
+        return f"♻️ Replay #{draft.id}", callback_data(REPLAY, draft.id, draft.version)
+    return None
+
+
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def notice_html(text: str, budget: int = MAX_TEXT - 96) -> str:
+    """An ops notice as Telegram HTML: escaped and cut to fit, with `code` spans shown
+    as code rather than between literal backticks."""
+    body, _ = clip(text, budget, ellipsis="\n… (cut)")
+    return _CODE_SPAN.sub(r"<code>\1</code>", body)
 
 
 def full_text(draft: Draft) -> str:

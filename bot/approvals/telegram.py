@@ -27,7 +27,6 @@ import html
 import io
 import json
 import logging
-import re
 from typing import Any
 
 from telegram import (BotCommand, ForceReply, InlineKeyboardButton, InlineKeyboardMarkup,
@@ -150,16 +149,6 @@ def _plain(text: str) -> str:
         if used > budget:
             break
     return text[:end] + "\n… (cut)"
-
-
-def _notice_html(text: str) -> str:
-    """A notice as Telegram HTML: escaped and cut to fit, with `code` spans shown as
-    code rather than as literal backticks."""
-    body, _ = cards.clip(text, _PLAIN_LIMIT, ellipsis="\n… (cut)")
-    return _CODE_SPAN.sub(r"<code>\1</code>", body)
-
-
-_CODE_SPAN = re.compile(r"`([^`\n]+)`")
 
 
 def _buttons_of(message: Any) -> set[str]:
@@ -520,10 +509,11 @@ class TelegramChannel:
             log.warning("no telegram.ops_chat or approvals_chat; not sent: %s", text)
             return
         markup = None
-        if retry_draft is not None and (button := _notice_button(retry_draft)) is not None:
-            markup = InlineKeyboardMarkup([[button]])
+        if retry_draft is not None and (button := cards.notice_button(retry_draft)) is not None:
+            markup = InlineKeyboardMarkup([[InlineKeyboardButton(button[0],
+                                                                 callback_data=button[1])]])
         try:
-            await self.bot.send_message(chat, _notice_html(text), parse_mode=ParseMode.HTML,
+            await self.bot.send_message(chat, cards.notice_html(text), parse_mode=ParseMode.HTML,
                                         reply_markup=markup, link_preview_options=_NO_PREVIEW)
         except TelegramError as exc:
             raise ApprovalError(f"could not notify the ops chat: {exc}") from exc
@@ -952,17 +942,6 @@ class TelegramChannel:
                                                            f"details are in the bot's log."))
         except TelegramError:
             log.warning("could not tell the operator about the error")
-
-
-def _notice_button(draft: Draft) -> InlineKeyboardButton | None:
-    """The button under a notice about ``draft``, by what can move it on."""
-    if draft.status in (SEND_FAILED, SEND_UNKNOWN):
-        data = cards.callback_data(cards.RETRY, draft.id, draft.version)
-        return InlineKeyboardButton(f"🔁 Retry send #{draft.id}", callback_data=data)
-    if draft.status in REPLAYABLE_STATUSES:
-        data = cards.callback_data(cards.REPLAY, draft.id, draft.version)
-        return InlineKeyboardButton(f"♻️ Replay #{draft.id}", callback_data=data)
-    return None
 
 
 def _card_link(draft: Draft) -> str | None:
