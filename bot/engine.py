@@ -35,6 +35,7 @@ from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftReques
                      draft_key)
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store
+from .redact import scrub
 
 log = logging.getLogger("draftgate.engine")
 
@@ -56,7 +57,7 @@ def describe_error(exc: BaseException) -> str:
         text = "timed out"
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split())[:500] or type(exc).__name__
+    return " ".join(scrub(text).split())[:500] or type(exc).__name__  # scrubbed before cut
 
 
 def utc_day(t: float) -> str:
@@ -749,6 +750,7 @@ class Engine:
         await self.notify(text, retry_draft=retry_draft)
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
+        text = scrub(text)  # notices quote errors, which may quote an answer with a secret
         ch = self.ops_channel()
         log.info("notify: %s", text)
         if ch is None:
