@@ -38,12 +38,18 @@ def _actor() -> str:
 
 def _setup_logging(verbose: int) -> None:
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
+    # httpx logs every request URL at INFO; with the token hidden it is still noise.
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "telegram.ext.Updater",
+                  "googleapiclient.discovery_cache"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if logging.getLogger().handlers:
+        return  # embedded (e.g. in a test runner): its logging is not ours to change
     # Every line, third-party loggers' too, passes the redaction layer: registered
     # secrets and credentials hidden, control and bidi characters escaped.
     formatter = redact.LogFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
-    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.basicConfig(level=level, handlers=[handler])
     logging.captureWarnings(True)
     # A traceback that escapes main() or a thread is written through it too.
     sys.excepthook = lambda *ei: print(formatter.formatException(ei), file=sys.stderr)
@@ -55,10 +61,6 @@ def _setup_logging(verbose: int) -> None:
                 exc_info=(a.exc_type, a.exc_value, a.exc_traceback))
 
     threading.excepthook = thread_failed
-    # httpx logs every request URL at INFO; with the token hidden it is still noise.
-    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "telegram.ext.Updater",
-                  "googleapiclient.discovery_cache"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _say(text: str) -> str:

@@ -742,7 +742,7 @@ class Engine:
             try:
                 if await self.store.audit_log(draft_key=key, limit=1):
                     return
-                await self.store.audit("draftgate", "notice", draft_key=key, detail=text[:300],
+                await self.store.audit("draftgate", "notice", draft_key=key, detail=scrub(text)[:300],
                                        now=self.clock())
             except Exception as exc:
                 log.warning("could not record a notice (%s); sending it anyway",

@@ -229,8 +229,12 @@ class LogFormatter(logging.Formatter):
     and escaped; the formatter's own line breaks (a traceback's) stay."""
 
     def format(self, record: logging.LogRecord) -> str:
+        try:
+            message = record.getMessage()
+        except Exception:  # (logging's own report of this would print the args raw)
+            message = f"{record.msg} [log arguments that do not fit: {record.args!r}]"
         shadow = logging.makeLogRecord(record.__dict__)
-        shadow.msg, shadow.args = _clean(record.getMessage()), None
+        shadow.msg, shadow.args = _clean(message), None
         shadow.exc_info = shadow.exc_text = shadow.stack_info = None
         text = super().format(shadow)
         if record.exc_info:

@@ -301,3 +301,29 @@ def test_a_card_never_shows_a_secret_from_a_stored_error():
                   body="Hi", version=1, error="answered 400: Bearer hook-secret-on-a-card-123")
     text = cards.render_status(draft).text
     assert "hook-secret-on-a-card" not in text and "[redacted DG_RD_CARD]" in text
+
+
+async def test_the_console_card_shows_a_strangers_escape_codes_escaped():
+    """`draftgate review` prints the email's subject and the draft: a subject that
+    would clear the screen or reverse the line is shown as escapes instead."""
+    from bot.approvals.console import ConsoleChannel
+
+    out = io.StringIO()
+    item = "<o@x>"
+    draft = Draft(id=4, key=draft_key("support", "maildir", item, "v1"), pipeline="support",
+                  scope="maildir", item_id=item, recipe="v1", status="awaiting",
+                  message=Message(message_id=item, from_addr="a@x", reply_to="a@x",
+                                  subject="Refund\x1b[2J\u202ednuof"),
+                  body="Hi,\nsee you.", version=1)
+    await ConsoleChannel(out=out, interactive=False).post(draft)
+    text = out.getvalue()
+    assert "\x1b" not in text and "\u202e" not in text
+    assert "Refund\\x1b[2J\\u202ednuof" in text and "Hi,\nsee you." in text
+
+
+def test_a_log_call_whose_arguments_do_not_fit_is_still_scrubbed():
+    """logging's own report of a bad call prints the arguments raw; the layer writes
+    the line itself instead."""
+    redact.register("mismatched-secret-value-9", "DG_RD_ARGS")
+    text = _formatted("httpx", "request %s to %s", "mismatched-secret-value-9")
+    assert "mismatched-secret" not in text and "[redacted DG_RD_ARGS]" in text
