@@ -144,6 +144,9 @@ def register_secrets(settings: Settings) -> None:
     if t is not None:
         env(t.token_env)
         env(t.webhook.get("secret_env"))
+    for model in settings.models.values():  # unused ones too: their keys are in the env
+        if isinstance(model.options, dict):
+            env(model.options.get("api_key_env"))
     for p in settings.pipelines:
         if p.sender.get("type") == "webhook":
             env(p.sender.get("secret_env"))

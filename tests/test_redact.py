@@ -327,3 +327,25 @@ def test_a_log_call_whose_arguments_do_not_fit_is_still_scrubbed():
     redact.register("mismatched-secret-value-9", "DG_RD_ARGS")
     text = _formatted("httpx", "request %s to %s", "mismatched-secret-value-9")
     assert "mismatched-secret" not in text and "[redacted DG_RD_ARGS]" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_auth_gmail_vv_shows_neither_the_client_secret_nor_the_tokens(tmp_path):
+    """oauthlib logs the token request's body and the answer at debug level: with
+    `-vv` neither the OAuth client secret nor the new access and refresh tokens show."""
+    import json
+
+    from tests.test_gmail_auth import _run_flow
+
+    client_secret = "GOCSPX-SECRET-client-FFFF"
+    with FakeGmail() as gmail:
+        secrets = tmp_path / "client_secret.json"
+        secrets.write_text(json.dumps({"installed": {
+            "client_id": "cid", "client_secret": client_secret, "auth_uri": gmail.url + "auth",
+            "token_uri": gmail.token_uri, "redirect_uris": ["http://localhost"]}}))
+        code, out, err = _run_flow(gmail, secrets, tmp_path / "t.json", "-vv")
+        issued = tuple(t for t in gmail.valid_tokens if t.startswith("fake-access-token-"))
+    assert code == 0, err
+    assert "DEBUG" in err  # the debug lines were written
+    assert _leaks(out + err, (client_secret, "fake-refresh-token") + issued) == [], err
