@@ -206,7 +206,7 @@ async def _demo(args) -> int:
     print(" draftgate DEMO: SQLite store, sample inbox, offline template drafter.")
     print(" Approvals are AUTOMATIC in demo mode and labelled so on every card.")
     print(f" config: {settings.file}")
-    print(f" store:  {settings.store}")
+    print(f" store:  {_say(settings.store)}")
     print("=" * 72)
     async with _store(settings) as store:
         engine = Engine(settings, store, _channels(settings, store, demo=True))
