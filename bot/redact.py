@@ -14,6 +14,11 @@ Two jobs, one module, so that every outgoing text passes the same rules:
   visible escapes, so no log line can carry a terminal escape or forge another line.
   :class:`LogFormatter` applies both to every log record, third-party loggers
   included (PTB, httpx, googleapiclient...), and keeps tracebacks readable.
+
+Where text leaves, and passes here: the log handler (``__main__._setup_logging``);
+``engine.describe_error`` and ``Engine.notify``; the stores' writes of error texts and
+audit details; ``cards.status_line``; Telegram's plain messages (``_plain``); the
+console channel; the CLI's error and ``doctor`` output. A new way out should too.
 """
 
 from __future__ import annotations
@@ -108,14 +113,6 @@ def _known_pattern() -> re.Pattern | None:
             _known = re.compile("|".join(re.escape(s) for s in
                                          sorted(_secrets, key=len, reverse=True)))
         return _known
-
-
-def _forget_all() -> None:
-    """Tests only: start from an empty registry."""
-    global _known
-    with _lock:
-        _secrets.clear()
-        _known = None
 
 
 # -- credentials no registry knows ---------------------------------------------------------------
