@@ -16,10 +16,11 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from . import ops
+from . import ops, redact
 from .config import Settings, load_settings
 from .errors import ConfigError, DraftgateError
 
@@ -37,16 +38,43 @@ def _actor() -> str:
 
 def _setup_logging(verbose: int) -> None:
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every request URL, and a Telegram URL contains the bot token.
+    # httpx logs every request URL at INFO; with the token hidden it is still noise.
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "telegram.ext.Updater",
                   "googleapiclient.discovery_cache"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if logging.getLogger().handlers:
+        return  # embedded (e.g. in a test runner): its logging is not ours to change
+    # Every line, third-party loggers' too, passes the redaction layer: registered
+    # secrets and credentials hidden, control and bidi characters escaped.
+    formatter = redact.LogFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    logging.basicConfig(level=level, handlers=[handler])
+    logging.captureWarnings(True)
+    # A traceback that escapes main() or a thread is written through it too.
+    sys.excepthook = lambda *ei: print(formatter.formatException(ei), file=sys.stderr)
+
+    def thread_failed(a: threading.ExceptHookArgs) -> None:
+        if a.exc_type is not SystemExit:
+            logging.getLogger("draftgate").error(
+                "thread %s failed", a.thread.name if a.thread else "?",
+                exc_info=(a.exc_type, a.exc_value, a.exc_traceback))
+
+    threading.excepthook = thread_failed
+
+
+def _say(text: str) -> str:
+    """Text for the terminal that may quote an outside answer (an error, a check's
+    detail): without secrets and without terminal escapes."""
+    return redact.escape_controls(redact.scrub(text), keep_newlines=True)
 
 
 def _load(args) -> Settings:
-    return load_settings(args.config)
+    from .build import register_secrets
+
+    settings = load_settings(args.config)
+    register_secrets(settings)  # before any stage, or library, can log one
+    return settings
 
 
 def _store(settings: Settings):
@@ -152,6 +180,9 @@ async def _run(args) -> int:
 
 async def _demo(args) -> int:
     settings = load_settings(args.config or DEMO_CONFIG)
+    from .build import register_secrets
+
+    register_secrets(settings)
     # Demo mode approves every draft by itself: it must never reach a real recipient.
     real = [f"{p.file}: sender.type is {p.sender.get('type')!r}" for p in settings.pipelines
             if p.sender.get("type") != "outbox"]
@@ -175,7 +206,7 @@ async def _demo(args) -> int:
     print(" draftgate DEMO: SQLite store, sample inbox, offline template drafter.")
     print(" Approvals are AUTOMATIC in demo mode and labelled so on every card.")
     print(f" config: {settings.file}")
-    print(f" store:  {settings.store}")
+    print(f" store:  {_say(settings.store)}")
     print("=" * 72)
     async with _store(settings) as store:
         engine = Engine(settings, store, _channels(settings, store, demo=True))
@@ -358,7 +389,7 @@ async def _doctor(args) -> int:
     results.extend(await _doctor_models(settings))
     width = max(len(n) for n, _, _ in results)
     for name, ok, detail in results:
-        print(f"{'✅' if ok else '❌'} {name:<{width}}  {detail}")
+        print(f"{'✅' if ok else '❌'} {name:<{width}}  {_say(str(detail))}")
     return 0 if all(ok for _, ok, _ in results) else 1
 
 
@@ -564,10 +595,10 @@ def main(argv: list[str] | None = None) -> int:
         print("configuration error:" if len(exc.errors) == 1 else
               f"configuration errors ({len(exc.errors)}):", file=sys.stderr)
         for e in exc.errors:
-            print(f"  {e}", file=sys.stderr)
+            print(f"  {_say(str(e))}", file=sys.stderr)
         return 2
     except DraftgateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_say(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

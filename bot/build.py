@@ -122,3 +122,54 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
                 out.append(f"{settings.file}: telegram.{key}: environment variable {var} is "
                            f"not set; export it with {what}")
     return out
+
+
+def register_secrets(settings: Settings) -> None:
+    """Give :mod:`bot.redact` every secret value this deployment can use, before
+    anything runs: the Telegram token and webhook secret, each model's API key and
+    the credentials in its base_url, each webhook sender's secret, and each Gmail
+    account's OAuth tokens and client secret. Unset variables and unreadable token
+    files are skipped (the stages report them when they need them)."""
+    import json
+    import os
+    from urllib.parse import urlsplit
+
+    from . import redact
+
+    def env(var: object) -> None:
+        if var:
+            redact.register(os.environ.get(str(var), ""), str(var))
+
+    t = settings.telegram
+    if t is not None:
+        env(t.token_env)
+        env(t.webhook.get("secret_env"))
+    for model in settings.models.values():  # unused ones too: their keys are in the env
+        if isinstance(model.options, dict):
+            env(model.options.get("api_key_env"))
+    for p in settings.pipelines:
+        if p.sender.get("type") == "webhook":
+            env(p.sender.get("secret_env"))
+        try:
+            opts = getattr(build_drafter(p, settings), "opts", None)
+        except Exception:  # a bad model entry: check_all reports it
+            continue
+        if opts is None:  # the template drafter
+            continue
+        env(opts.api_key_env)
+        try:
+            url = urlsplit(opts.base_url or "")
+            redact.register(url.password, f"{opts.where}.base_url password")
+            if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
+                redact.register(url.username, f"{opts.where}.base_url user")
+        except ValueError:
+            pass
+    # The store URL's password is not registered: it shows only inside that URL, which
+    # scrub() hides anyway, and a weak one ("postgres") would garble every line.
+    for name, account in settings.gmail_accounts.items():
+        try:
+            path = settings.resolve(os.path.expanduser(str(account.get("token_file") or "")))
+            info = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError):
+            continue
+        redact.register_oauth(info, f"gmail {name}")

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import yaml
 
 from .errors import ConfigError
+from .redact import register as redact_register
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _CLOCK = re.compile(r"^\s*\d{1,2}:\d{2}(:\d{2})?\s*$")  # 9:00, 09:30:00
@@ -763,6 +764,7 @@ def _chat_id(value: Any) -> int | None:
 def env_secret(var: str, what: str) -> str:
     """Read a secret from the environment; the error names the variable, never a value."""
     value = os.environ.get(var, "")
+    redact_register(value, var)  # so that no log line, error or notice can show it
     if not value:
         raise ConfigError(f"{what}: environment variable {var} is not set; export it "
                           f"(for example in the service's EnvironmentFile)")

@@ -35,6 +35,7 @@ from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftReques
                      draft_key)
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store
+from .redact import scrub
 
 log = logging.getLogger("draftgate.engine")
 
@@ -56,7 +57,7 @@ def describe_error(exc: BaseException) -> str:
         text = "timed out"
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split())[:500] or type(exc).__name__
+    return " ".join(scrub(text).split())[:500] or type(exc).__name__  # scrubbed before cut
 
 
 def utc_day(t: float) -> str:
@@ -752,7 +753,7 @@ class Engine:
             try:
                 if await self.store.audit_log(draft_key=key, limit=1):
                     return
-                await self.store.audit("draftgate", "notice", draft_key=key, detail=text[:300],
+                await self.store.audit("draftgate", "notice", draft_key=key, detail=scrub(text)[:300],
                                        now=self.clock())
             except Exception as exc:
                 log.warning("could not record a notice (%s); sending it anyway",
@@ -760,6 +761,7 @@ class Engine:
         await self.notify(text, retry_draft=retry_draft)
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
+        text = scrub(text)  # notices quote errors, which may quote an answer with a secret
         ch = self.ops_channel()
         log.info("notify: %s", text)
         if ch is None:

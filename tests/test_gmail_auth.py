@@ -157,10 +157,10 @@ def test_auth_gmail_cli_reports_a_partial_grant(tmp_path, fake):
     assert json.loads(token.read_text())["scopes"] == [auth.SCOPE_READONLY]
 
 
-def _run_flow(fake, secrets, token):
+def _run_flow(fake, secrets, token, *options: str):
     env = dict(os.environ, OAUTHLIB_INSECURE_TRANSPORT="1", PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "auth", "gmail", "--client-secrets",
+        [sys.executable, "-m", "bot", *options, "auth", "gmail", "--client-secrets",
          str(secrets), "--token", str(token), "--no-browser", "--port", "0",
          "--scopes", "readonly", "send", "--timeout", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from ..models import (APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, QUEUED, READY,
                       REJECTED, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT,
                       Draft)
+from ..redact import scrub
 
 MAX_TEXT = 4096  # Telegram's limit for one message
 MAX_CALLBACK_BYTES = 64
@@ -204,7 +205,7 @@ def status_line(draft: Draft) -> str | None:
     while it waits for a decision."""
     who = clip(actor_name(draft.decided_by), _FIELD["name"])[0]
     at = hhmm(draft.decided_at)
-    error = clip(_one_line(draft.error or ""), _FIELD["error"])[0]
+    error = clip(_one_line(scrub(draft.error or "")), _FIELD["error"])[0]
     s, t = draft.status, tag(draft)
     if s == AWAITING:
         return None

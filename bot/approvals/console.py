@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from ..errors import DraftgateError
 from ..models import REPLAYABLE_STATUSES, Draft
+from ..redact import escape_controls, scrub
 from ..stages import Decisions, PostedRef
 
 _RULE = "─" * 64
@@ -61,7 +62,8 @@ class ConsoleChannel:
         self._shown_last: tuple[int, int] | None = None  # (draft id, version) printed last
 
     def _print(self, text: str = "") -> None:
-        print(text, file=self.out, flush=True)
+        # Cards quote strangers (email, model): no terminal escape may reach the screen.
+        print(escape_controls(scrub(text), keep_newlines=True), file=self.out, flush=True)
 
     async def start(self, decisions: Decisions) -> None:
         self._decisions = decisions

@@ -43,6 +43,7 @@ from ..errors import ApprovalError, ConfigError, DrafterError, DraftgateError
 from ..models import (AWAITING, READY, REJECTED, REPLAYABLE_STATUSES, SEND_FAILED,
                       SEND_UNKNOWN, SENT, TERMINAL_STATUSES, Draft)
 from ..stages import Decisions, PostedRef
+from ..redact import scrub
 from . import cards
 
 log = logging.getLogger("draftgate.telegram")
@@ -141,6 +142,7 @@ def _fingerprint(text: str, markup: InlineKeyboardMarkup | None) -> bytes:
 
 def _plain(text: str) -> str:
     """``text`` cut to fit a plain message, counted as Telegram counts (UTF-16 units)."""
+    text = scrub(text)  # notices and error replies quote errors: no secret leaves in one
     if cards.units(text) <= _PLAIN_LIMIT:
         return text
     budget, used, end = _PLAIN_LIMIT - 20, 0, 0

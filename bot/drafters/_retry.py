@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from ..config import Checker, ModelConfig, PipelineConfig, Settings, parse_duration
 from ..errors import ConfigError, DrafterError, DrafterRetryable, DrafterSetupError
 from ..models import DraftRequest, DraftResult
-from ..redact import redact_url
+from ..redact import redact_url, register
 from . import prompt as _prompt
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class ModelOptions:
         if not self.api_key_env:
             return NO_KEY
         value = os.environ.get(self.api_key_env, "")
+        register(value, self.api_key_env)  # hidden wherever it might be echoed
         if not value:
             raise DrafterSetupError(
                 f"{self.where}: environment variable {self.api_key_env} is not set; export it "

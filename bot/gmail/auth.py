@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .. import redact
 from ..errors import AuthError, ConfigError
 
 SCOPE_READONLY = "https://www.googleapis.com/auth/gmail.readonly"
@@ -152,6 +153,7 @@ def load_credentials(path: str | os.PathLike, account: str,
     except (OSError, ValueError) as exc:
         raise auth_error(account, path, f"token file {path} is unreadable "
                                         f"({type(exc).__name__})", config_file) from None
+    redact.register_oauth(info, f"gmail {account}")  # hidden in every log line and error
     if not isinstance(info, dict) or not (info.get("token") or info.get("refresh_token")):
         raise auth_error(account, path, f"token file {path} holds no token", config_file)
     expiry = info.get("expiry")
@@ -306,6 +308,8 @@ def run_cli(args, out=None) -> int:
         print(f"error: {args.client_secrets} is not an OAuth client secrets file: {detail}; "
               f"{download}", file=sys.stderr)
         return 2
+    # oauthlib logs the token request's body (with the client secret) at DEBUG.
+    redact.register_oauth(flow.client_config, "OAuth client")
     print("Requesting scopes: " + ", ".join(s.rsplit("/", 1)[-1] for s in scopes), file=out)
     prompt = ("Open this URL in a browser and approve access:\n{url}\n"
               if args.no_browser else
@@ -319,7 +323,8 @@ def run_cli(args, out=None) -> int:
             authorization_prompt_message=prompt, timeout_seconds=args.timeout,
             success_message="draftgate is authorised; you can close this tab.")
     except Exception as exc:  # oauthlib/requests errors: show the kind, never a token
-        print(f"error: authorisation failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: authorisation failed: {type(exc).__name__}: {redact.scrub(str(exc))}",
+              file=sys.stderr)
         return 1
     if creds is None or not getattr(creds, "refresh_token", None):
         print("error: Google returned no refresh token; remove draftgate's access at "

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import httplib2
 
+from .. import redact
 from ..errors import AuthError, SourceError
 from . import auth
 
@@ -292,6 +293,7 @@ class GmailClient:
 
     def _save_locked(self) -> None:
         if self._creds is not None and self._creds.token != self._saved_token:
+            redact.register(self._creds.token, f"gmail {self.name} token")  # a new one
             auth.write_token(self.token_file, self._creds.to_json())
             self._saved_token = self._creds.token
             self._loaded_stamp = self._file_stamp()

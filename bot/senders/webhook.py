@@ -38,6 +38,7 @@ import httpx
 from ..config import Checker, PipelineConfig, Settings, parse_duration, url_problem
 from ..errors import ConfigError, SendFailed, SendUnknown
 from ..models import Draft, SendResult
+from .. import redact
 from ..reply import reply_message_id, reply_subject
 
 _OPTIONS = {"type", "url", "secret_env", "timeout", "status_url"}
@@ -82,6 +83,7 @@ class WebhookSender:
         self.status_url = status_url
         self.timeout = timeout
         self._secret_env = secret_env
+        self._secret = ""  # read at the first send
         self._where = where
         self._client: httpx.AsyncClient | None = None
 
@@ -92,6 +94,7 @@ class WebhookSender:
                 # Read at first use (like the model API keys), so `validate` works on a
                 # machine without the secrets; the error names the variable only.
                 secret = os.environ.get(self._secret_env, "").strip()
+                redact.register(secret, self._secret_env)
                 if not secret:
                     raise SendFailed(f"{self._where}.secret_env: environment variable "
                                      f"{self._secret_env} is not set; export it with the "
@@ -103,6 +106,7 @@ class WebhookSender:
                                      f"non-ASCII letter); export the token alone. Nothing "
                                      f"was sent.")
                 headers["Authorization"] = f"Bearer {secret}"
+                self._secret = secret
             # retries=0: a POST whose answer was lost must not be sent again by the
             # transport; deciding that is the operator's job (send_unknown).
             self._client = httpx.AsyncClient(
@@ -143,7 +147,7 @@ class WebhookSender:
         status = response.status_code
         if 200 <= status < 300:
             return SendResult(sent_id=_answer_id(response) or draft.key)
-        what = f"webhook {_host(self.url)} answered {status}: {_excerpt(response)}"
+        what = f"webhook {_host(self.url)} answered {status}: {self._excerpt(response)}"
         if status in (408, 429) or status >= 500:
             raise SendUnknown(what + " (it may have been received)")
         raise SendFailed(what)
@@ -167,7 +171,17 @@ class WebhookSender:
         if response.status_code == 404:
             return None
         raise SendUnknown(f"webhook status {_host(self.status_url)} answered "
-                          f"{response.status_code}: {_excerpt(response)}")
+                          f"{response.status_code}: {self._excerpt(response)}")
+
+    def _excerpt(self, response: httpx.Response) -> str:
+        """The start of the receiver's answer, for the card and the log: its body only
+        (never its headers), without our secret should the receiver echo the request's
+        Authorization header. Hidden before the cut, so no part of it survives."""
+        text = response.text
+        if self._secret:  # whatever its length (the registry skips very short ones)
+            text = text.replace(self._secret, f"[redacted {self._secret_env}]")
+        text = " ".join(redact.scrub(text).split())
+        return (text[:200] + "…") if len(text) > 200 else (text or "(empty body)")
 
     async def close(self) -> None:
         if self._client is not None:
@@ -184,11 +198,6 @@ def _answer_id(response: httpx.Response) -> str | None:
             and not isinstance(data.get("id"), bool):
         return str(data["id"])[:200] or None
     return None
-
-
-def _excerpt(response: httpx.Response) -> str:
-    text = " ".join(response.text.split())
-    return (text[:200] + "…") if len(text) > 200 else (text or "(empty body)")
 
 
 def _describe(exc: Exception) -> str:

@@ -34,7 +34,7 @@ from ..models import (
     REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED,
     AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
 )
-from ..redact import redact_url
+from ..redact import redact_url, scrub
 from ._copy import key_columns as _check_table
 from .base import (AdmitResult, ReplayResult, Store, SweepResult, replay_refusal,
                    replay_without_draft)
@@ -392,7 +392,7 @@ class PostgresStore(Store):
             " status = CASE WHEN $4 AND attempt + 1 < $5 THEN $6 ELSE $7 END,"
             " attempt=attempt+1, error=$3, lease_until=NULL, updated_at=$8"
             " WHERE id=$1 AND fence=$2 AND status=$9 RETURNING *",
-            draft_id, fence, _clean(error), retryable, max_attempts, QUEUED, FAILED, _now(now), DRAFTING)
+            draft_id, fence, _clean(scrub(error)), retryable, max_attempts, QUEUED, FAILED, _now(now), DRAFTING)
 
     async def release(self, draft_id: int, fence: int) -> bool:
         async with self._conn() as con:
@@ -526,13 +526,13 @@ class PostgresStore(Store):
         return await self._one(
             "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
             " WHERE id=$1 AND status=$5 RETURNING *",
-            draft_id, SEND_FAILED, _clean(reason), time.time(), SENDING)
+            draft_id, SEND_FAILED, _clean(scrub(reason)), time.time(), SENDING)
 
     async def mark_send_unknown(self, draft_id: int, reason: str) -> Draft | None:
         return await self._one(
             "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
             " WHERE id=$1 AND status=$5 RETURNING *",
-            draft_id, SEND_UNKNOWN, _clean(reason), time.time(), SENDING)
+            draft_id, SEND_UNKNOWN, _clean(scrub(reason)), time.time(), SENDING)
 
     async def retry_send(self, draft_id: int, actor: str, now: float | None = None
                          ) -> Draft | None:
@@ -600,7 +600,7 @@ class PostgresStore(Store):
         async with self._conn() as con:
             await con.execute(
                 "UPDATE pipeline_runs SET ended_at=$2, status=$3, counts=$4, error_text=$5"
-                " WHERE id=$1", run_id, _now(now), status, json.dumps(counts), error_text)
+                " WHERE id=$1", run_id, _now(now), status, json.dumps(counts), scrub(error_text))
 
     async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
         async with self._conn() as con:
@@ -624,7 +624,7 @@ class PostgresStore(Store):
         await con.execute(
             "INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail)"
             " VALUES ($1, $2, $3, $4, $5, $6)",
-            t, actor, action, draft_key, sha256_text(text) if text is not None else None, _clean(detail))
+            t, actor, action, draft_key, sha256_text(text) if text is not None else None, _clean(scrub(detail)))
 
     async def audit(self, actor: str, action: str, draft_key: str | None = None,
                     text: str | None = None, detail: str | None = None,

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import aiosqlite
 
+from ..redact import scrub
 from ..errors import StoreError
 from ..models import (
     APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED, READY,
@@ -150,7 +151,7 @@ def _audit(db: sqlite3.Connection, now: float, actor: str, action: str,
            key: str | None, text: str | None, detail: str | None) -> None:
     _exec(db, "INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail) "
               "VALUES (?, ?, ?, ?, ?, ?)",
-          (now, actor, action, key, sha256_text(text) if text is not None else None, detail))
+          (now, actor, action, key, sha256_text(text) if text is not None else None, scrub(detail)))
 
 
 def _add_tokens(db: sqlite3.Connection, pipeline: str, tokens: int, now: float) -> None:
@@ -412,6 +413,7 @@ class SQLiteStore(Store):
         now = _now(now)
         where = "id = ? AND status = ? AND fence = ?"
         params = (draft_id, DRAFTING, fence)
+        error = scrub(error)  # error texts are shown on cards and in /status
 
         def tx(db: sqlite3.Connection) -> Draft | None:
             if retryable:
@@ -546,13 +548,13 @@ class SQLiteStore(Store):
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
         now = time.time()
         return await self._write(lambda db: _cas(
-            db, "status = ?, error = ?, updated_at = ?", (SEND_FAILED, reason, now),
+            db, "status = ?, error = ?, updated_at = ?", (SEND_FAILED, scrub(reason), now),
             "id = ? AND status = ?", (draft_id, SENDING)))
 
     async def mark_send_unknown(self, draft_id: int, reason: str) -> Draft | None:
         now = time.time()
         return await self._write(lambda db: _cas(
-            db, "status = ?, error = ?, updated_at = ?", (SEND_UNKNOWN, reason, now),
+            db, "status = ?, error = ?, updated_at = ?", (SEND_UNKNOWN, scrub(reason), now),
             "id = ? AND status = ?", (draft_id, SENDING)))
 
     async def retry_send(self, draft_id: int, actor: str,
@@ -639,7 +641,7 @@ class SQLiteStore(Store):
         now = _now(now)
         await self._write(lambda db: _exec(
             db, "UPDATE pipeline_runs SET ended_at = ?, status = ?, counts = ?, error_text = ? "
-                "WHERE id = ?", (now, status, json.dumps(dict(counts)), error_text, run_id)))
+                "WHERE id = ?", (now, status, json.dumps(dict(counts)), scrub(error_text), run_id)))
 
     async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
         rows = await self._read(lambda db: _rows(

@@ -12,6 +12,8 @@ It records every request and answers POSTs according to ``mode``::
         hook.mode = "reset"     # read the whole request, then reset the connection (RST)
         hook.mode = "hang"      # read the whole request, answer only after release()
         hook.mode = "redirect"  # 307 to /elsewhere
+        hook.mode = "echo"      # hook.echo_status (default 500) with the request's
+                                # headers echoed in the body, Authorization included
 
 ``hook.received`` is set whenever a request has been fully read (before the answer),
 so a test can wait for it instead of sleeping. ``GET /status?key=...`` answers 200
@@ -45,6 +47,7 @@ class Request:
 class FakeWebhook:
     def __init__(self) -> None:
         self.mode = "ok"
+        self.echo_status = 500
         self.requests: list[Request] = []
         self.accepted: dict[str, str] = {}  # draft key -> id
         self.received = threading.Event()
@@ -122,6 +125,10 @@ class FakeWebhook:
                     self._answer(500, {"error": "database unavailable"})
                 elif mode == "busy":
                     self._answer(429, {"error": "slow down"}, {"Retry-After": "30"})
+                elif mode == "echo":  # a receiver that quotes the request in its error
+                    auth = req.headers.get("Authorization", "(none)")
+                    self._answer(fake.echo_status, {"error": f"rejected Authorization: {auth}",
+                                                    "request_headers": req.headers})
                 elif mode == "redirect":
                     self._answer(307, {}, {"Location": "/elsewhere"})
                 elif mode == "drop":
