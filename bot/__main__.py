@@ -476,9 +476,9 @@ async def _doctor(args) -> int:
     try:
         async with _existing_store(settings) as store:
             problems = await store.check()
-        results.append(("store", not problems, "; ".join(problems) + (
-            f"; restore it from a backup or point `store:` elsewhere" if problems
-            else settings.store.split("@")[-1])))
+        detail = ("; ".join(problems) + "; restore it from a backup or point `store:` "
+                  "elsewhere") if problems else settings.store.split("@")[-1]
+        results.append(("store", not problems, detail))
     except DraftgateError as exc:
         results.append(("store", False, str(exc)))
     for module in ("bot.gmail.doctor", "bot.approvals.telegram"):
@@ -555,7 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "progress: a draft being written goes back to the queue, a send "
                                    "cut off mid-call becomes send_unknown and is checked after the "
                                    "restart (never resent blindly), and the run is recorded as "
-                                   "interrupted.")
+                                   "stopped (not a failure). A console approval prompt holds "
+                                   "its pipeline's ticks until it is answered.")
     _add_config(p)
     p.add_argument("--pipeline", action="append", metavar="NAME",
                    help="tick only this pipeline in this process (repeatable); its Telegram "
