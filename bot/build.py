@@ -62,7 +62,7 @@ def _check_unused_models(settings: Settings) -> list[str]:
     """``models:`` entries no pipeline names are checked too (an ``api_key:`` in YAML is
     refused wherever it is written). The drafter checks a model together with a
     pipeline, so a stand-in pipeline is used and only the model's own errors kept."""
-    used = {p.drafter.get("model", "template") for p in settings.pipelines}
+    used = {str(p.drafter.get("model", "template")) for p in settings.pipelines}
     errors: list[str] = []
     for name, model in settings.models.items():
         if name in used:

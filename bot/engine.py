@@ -524,7 +524,7 @@ class Engine:
                 return False
             return True
         self._model_trouble.discard(p.name)
-        await self._unhold(p)
+        await self._hold(p, None)  # drafting works (again)
         body = (result.body or "").strip()
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
                                                tokens_out=result.tokens_out, now=self.clock())
@@ -540,23 +540,17 @@ class Engine:
             await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
         return True
 
-    async def _hold(self, p: PipelineConfig, reason: str, until: float | None = None) -> None:
-        """Record in the store why drafting of ``p`` is held, so `status` in any
-        process shows it (cleared by the next draft that succeeds)."""
-        self._not_held.discard(p.name)
+    async def _hold(self, p: PipelineConfig, reason: str | None, until: float | None = None) -> None:
+        """Record in the store why drafting of ``p`` is held (``None``: it is not), so
+        `status` in any process shows it. "Not held" is written once per process."""
+        if reason is None and p.name in self._not_held:
+            return
         try:
             await self.store.set_hold(p.name, reason, until)
         except Exception as exc:
             log.warning("%s: could not record the drafting hold: %s", p.name, describe_error(exc))
-
-    async def _unhold(self, p: PipelineConfig) -> None:
-        if p.name in self._not_held:
             return
-        try:
-            await self.store.set_hold(p.name, None)
-            self._not_held.add(p.name)
-        except Exception as exc:
-            log.warning("%s: could not clear the drafting hold: %s", p.name, describe_error(exc))
+        (self._not_held.add if reason is None else self._not_held.discard)(p.name)
 
     # -- approval -------------------------------------------------------------------
     async def _post_ready(self, p: PipelineConfig, counts: RunCounts) -> None:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from . import scheduler
-from .config import Settings
+from .config import PipelineConfig, Settings
 from .engine import utc_day
 from .models import (APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED,
                      READY, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SKIPPED, Draft, Run)
@@ -27,7 +27,7 @@ class PipelineStatus:
     last_run: dict | None
     pending: int  # awaiting a decision or a send (not configured: every unfinished draft)
     #: healthy | failing | held | backlog | paused | never run | running | stopped |
-    #: not configured (see HEALTH for what each means)
+    #: not configured (README "Status" says what each means)
     health: str
     queued: int = 0  # waiting to be drafted (queued) or being drafted (drafting)
     hold: dict | None = None  # {"reason", "until"}: why drafting is held, if it is
@@ -74,19 +74,6 @@ def _run_dict(r: Run | None) -> dict | None:
     return d
 
 
-#: What each ``health`` means (README "Status" documents the same).
-HEALTH = {
-    "healthy": "the last tick succeeded and nothing waits longer than it should",
-    "failing": "the last tick failed, or every draft of it failed",
-    "held": "drafting is held (a setup error, a model's Retry-After, a spent budget)",
-    "backlog": "items have waited to be drafted for two ticks or more",
-    "paused": "paused by an operator (/resume starts it again)",
-    "never run": "no tick has run yet",
-    "running": "its first tick is running",
-    "stopped": "its only tick was cut off by a deliberate stop (Ctrl-C, SIGTERM)",
-}
-
-
 def _hold(holds: dict, name: str, now: float) -> dict | None:
     reason, until = holds.get(name, (None, None))
     if reason is None or (until is not None and until <= now):
@@ -94,7 +81,7 @@ def _hold(holds: dict, name: str, now: float) -> dict | None:
     return {"reason": reason, "until": until}
 
 
-def _assess(p, paused: bool, runs: list[Run], hold: dict | None, waiting: list[Draft],
+def _assess(p: PipelineConfig, paused: bool, runs: list[Run], hold: dict | None, waiting: list[Draft],
             now: float) -> tuple[str, str]:
     """(health, what is wrong and what to do) of a configured pipeline."""
     if paused:
@@ -123,11 +110,11 @@ def _assess(p, paused: bool, runs: list[Run], hold: dict | None, waiting: list[D
     return "healthy", ""
 
 
-async def _health(store: Store, p, paused: bool, runs: list[Run], holds: dict,
-                  now: float) -> tuple[str, str, dict | None, list[Draft]]:
+async def _health(store: Store, p: PipelineConfig, paused: bool, runs: list[Run],
+                  holds: dict, now: float) -> tuple[str, str, dict | None]:
+    """(health, problem, hold in force) of a configured pipeline."""
     hold = _hold(holds, p.name, now)
-    waiting = await store.waiting(p.name)
-    return (*_assess(p, paused, runs, hold, waiting, now), hold, waiting)
+    return (*_assess(p, paused, runs, hold, await store.waiting(p.name), now), hold)
 
 
 async def status_all(store: Store, settings: Settings, now: float | None = None) -> list[PipelineStatus]:
@@ -139,7 +126,7 @@ async def status_all(store: Store, settings: Settings, now: float | None = None)
         # Enough runs to look past stopped ones to the last that finished.
         runs = await store.recent_runs(p.name, limit=10)
         counts = await store.count_by_status(p.name)
-        health, problem, hold, _ = await _health(store, p, p.name in paused, runs, holds, now)
+        health, problem, hold = await _health(store, p, p.name in paused, runs, holds, now)
         out.append(PipelineStatus(
             name=p.name, schedule=scheduler.describe(p), paused=p.name in paused,
             last_run=_run_dict(runs[0] if runs else None),
@@ -175,7 +162,7 @@ async def status_one(store: Store, settings: Settings, name: str, now: float | N
         reds = [r for r in finished if r.status == "error"]
         first_red = reds[-1] if reds else None
     counts = await store.count_by_status(name)
-    health, problem, hold, _ = await _health(store, p, paused, runs, await store.holds(), now)
+    health, problem, hold = await _health(store, p, paused, runs, await store.holds(), now)
     attention = [{"id": d.id, "item_id": d.item_id, "status": d.status,
                   "reason": d.error or "", "at": d.updated_at}
                  for d in await store.recent(name, ATTENTION_STATUSES, limit=limit)]
@@ -199,12 +186,9 @@ async def pending(store: Store, settings: Settings) -> list[Draft]:
 async def holds(store: Store, now: float | None = None) -> dict[str, str]:
     """Pipeline -> why its drafting is held, for holds in force now."""
     now = time.time() if now is None else now
-    out = {}
-    for name, (reason, until) in (await store.holds()).items():
-        hold = _hold({name: (reason, until)}, name, now)
-        if hold is not None:
-            out[name] = reason + (f" (until {_when(until)})" if until else "")
-    return out
+    found = await store.holds()
+    return {name: h["reason"] + (f" (until {_when(h['until'])})" if h["until"] else "")
+            for name in found if (h := _hold(found, name, now)) is not None}
 
 
 async def replay(store: Store, pipeline: str, item_id: str, actor: str,

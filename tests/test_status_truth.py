@@ -427,3 +427,20 @@ def test_demo_refuses_an_outbox_it_did_not_create(deployment, capsys):
     assert code == 2 and f"outbox {relay} exists and was not created by the demo" in err
     assert list(relay.iterdir()) == []
     assert not (deployment.parent / "state.db").exists()
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("model: template ", "model: [template] ", "drafter.model: expected a string"),
+    ("  type: outbox ", "  type: {a: 1} ", "sender.type: expected one of outbox"),
+    ("prompt: demo/templates/reply.txt", "prompt: 5", "drafter.prompt: expected a string"),
+])
+def test_validate_goes_on_past_a_broken_stage_without_a_traceback(deployment, capsys, old, new,
+                                                                   expected):
+    """The stages of a pipeline with errors are still checked, but one whose own type
+    or model is broken is not built (it would crash instead of reporting)."""
+    pipeline = deployment.parent / "pipelines" / "demo.yaml"
+    text = pipeline.read_text()
+    assert old in text
+    pipeline.write_text(text.replace(old, new).replace("schedule: 5m", "schedul: 5m"))
+    code, _, err = run(capsys, "validate", "-c", str(deployment))
+    assert code == 2 and expected in err and "schedul: unknown key" in err
