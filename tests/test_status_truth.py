@@ -170,9 +170,10 @@ def test_a_tick_whose_every_draft_failed_is_failing(deployment, capsys):
     assert row["health"] == "failing" and "every draft of the last tick failed" in row["problem"]
 
 
-def test_a_stop_during_a_tick_is_shown_as_stopped_not_red_and_notifies_nobody(tmp_path, capsys):
+def test_a_stop_during_a_tick_is_shown_as_stopped_not_red_and_notifies_nobody(tmp_path, capsys,
+                                                                               monkeypatch):
     """SIGTERM while the model is answering: the run is ⏹ stopped; the pipeline does
-    not turn red, and no "failed" notice is printed."""
+    not turn red, no "failed" notice is printed, and the next tick is no "green again"."""
     with FakeLLM() as fake:
         held = fake.hold()
         fake.script(held)
@@ -201,6 +202,15 @@ def test_a_stop_during_a_tick_is_shown_as_stopped_not_red_and_notifies_nobody(tm
     code, text, _ = run(capsys, "status", "demo", "-c", str(cfg))
     assert "runs ⏹ (newest right)" in text and "stopped: draftgate was stopped" in text
     assert "first red" not in text
+
+    monkeypatch.setenv("DG_STATUS_KEY", "k")
+    with FakeLLM() as fake:
+        cfg.write_text(cfg.read_text().replace(cfg.read_text().split("base_url: ")[1]
+                                               .split("\n")[0], fake.openai_url))
+        code, out, err = run(capsys, "run", "--once", "-c", str(cfg))
+    assert code == 0, err
+    assert "green again" not in out + err and "❌" not in out
+    assert _status(capsys, cfg)["demo"]["health"] == "healthy"
 
 
 # -- issue 11 item 4: no traceback, nothing created by accident -------------------------
