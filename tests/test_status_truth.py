@@ -178,6 +178,7 @@ def test_a_stop_during_a_tick_is_shown_as_stopped_not_red_and_notifies_nobody(tm
         held = fake.hold()
         fake.script(held)
         cfg = _deployment(tmp_path, _model(fake.openai_url, timeout="120s"))
+        cfg.write_text("max_in_flight: 1\n" + cfg.read_text())  # only the held call
         env = dict(os.environ, DG_STATUS_KEY="k")
         proc = subprocess.Popen([sys.executable, "-m", "bot", "run", "-c", str(cfg)],
                                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
