@@ -186,8 +186,12 @@ async def _terminal(fn: Any, *args: Any) -> str:
     answer: asyncio.Future = loop.create_future()
 
     def settle(result: Any, exc: BaseException | None) -> None:
-        if not answer.done():
-            answer.set_exception(exc) if exc is not None else answer.set_result(result)
+        if answer.done():  # cancelled by a stop
+            return
+        if exc is not None:
+            answer.set_exception(exc)
+        else:
+            answer.set_result(result)
 
     def read() -> None:
         try:
