@@ -91,6 +91,24 @@ async def _open_store(settings: Settings):
     return store
 
 
+@contextlib.asynccontextmanager
+async def _existing_store(settings: Settings):
+    """The configured store for a command that only reads or changes what is there: a
+    store that does not exist is reported (a typo in `store:` must not look like
+    "never run") and nothing is created."""
+    from .store import StoreMissing
+
+    store = _store(settings)
+    try:
+        await store.open(create=False)
+    except StoreMissing as exc:
+        raise StoreMissing(f"{exc} (`store:` in {settings.file})") from None
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
 def _channels(settings: Settings, store, *, demo: bool = False) -> dict:
     from .approvals.console import ConsoleChannel
 
@@ -150,22 +168,11 @@ async def _run(args) -> int:
         if posted:
             log.info("posted %d card(s) that were waiting from before", posted)
         running = [p.name for p in settings.pipelines if p.enabled]
+        if args.once:
+            return await _run_once(settings, store, engine, only)
         print(f"draftgate running {len(running)} pipeline(s) [{', '.join(running)}]; "
               f"Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)
-        if args.once:
-            paused = await store.paused()
-            for p in settings.pipelines:
-                if only is not None and p.name not in only:
-                    continue
-                if not p.enabled:
-                    print(f"{p.name}: not run: enabled: false in {p.file}", file=sys.stderr)
-                elif p.name in paused:
-                    print(f"{p.name}: not run: paused (/resume {p.name} in Telegram schedules "
-                          f"it again)", file=sys.stderr)
-                else:
-                    await engine.tick(p.name)
-        else:
-            await engine.run_forever(stop)
+        await engine.run_forever(stop)
         print("draftgate stopping: ticks in progress are interrupted; a draft being written "
               "goes back to the queue and an interrupted send is checked at the next start",
               file=sys.stderr, flush=True)
@@ -176,10 +183,86 @@ async def _run(args) -> int:
     return 0
 
 
+async def _run_once(settings: Settings, store, engine, only: set[str] | None) -> int:
+    """One tick of each pipeline; 1 when a tick failed, so a cron job or CI notices."""
+    paused = await store.paused()
+    failed: list[str] = []
+    for p in settings.pipelines:
+        if only is not None and p.name not in only:
+            continue
+        if not p.enabled:
+            print(f"{p.name}: not run: enabled: false in {p.file}", file=sys.stderr)
+        elif p.name in paused:
+            print(f"{p.name}: not run: paused (/resume {p.name} in Telegram schedules "
+                  f"it again)", file=sys.stderr)
+        else:
+            await engine.tick(p.name)
+            last = (await store.recent_runs(p.name, limit=1) or [None])[0]
+            if last is None or last.status != "ok":
+                why = "the tick did not run" if last is None else (
+                    last.error_text or f"its run is {last.status} (another process holds it)")
+                failed.append(f"{p.name}: {why}")
+    for line in failed:
+        print(f"tick failed: {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 # -- demo ----------------------------------------------------------------------------------
 
+def _demo_config() -> Path:
+    """The bundled demo's file: beside the package in a checkout, or in the current
+    folder (a checkout) when draftgate was installed with `pip install .`."""
+    for folder in (REPO, Path.cwd()):
+        if (folder / DEMO_CONFIG.name).is_file():
+            return folder / DEMO_CONFIG.name
+    raise ConfigError(f"{DEMO_CONFIG.name} not found beside the installed package nor in "
+                      f"{Path.cwd()}: run `draftgate demo` in the draftgate checkout, or pass "
+                      f"-c FILE")
+
+
+#: Marks a store (audit row) and an outbox (file) as the demo's own: `demo -c FILE`
+#: auto-approves only into state that the demo itself created.
+DEMO_MARK = "demo|own-state"
+DEMO_OUTBOX_MARK = ".draftgate-demo"
+
+
+async def _foreign_demo_state(settings: Settings) -> list[str]:
+    """What `demo -c FILE` would auto-approve into that the demo did not create: an
+    existing store or outbox folder of a real deployment, which may feed a mail relay."""
+    from .store import StoreMissing
+
+    found = []
+    try:
+        async with _existing_store(settings) as store:
+            if not await store.audit_log(draft_key=DEMO_MARK, limit=1):
+                found.append(f"store {settings.store.split('@')[-1]} exists and was not "
+                             f"created by the demo")
+    except StoreMissing:
+        pass  # a new store: the demo creates it and marks it as its own
+    for p in settings.pipelines:
+        folder = settings.resolve(str(p.sender.get("path", "")))
+        if folder.exists() and not (folder / DEMO_OUTBOX_MARK).exists():
+            found.append(f"{p.file}: outbox {folder} exists and was not created by the demo")
+    return found
+
+
+def _confirm(question: str) -> bool:
+    try:
+        terminal = sys.stdin.isatty()
+    except (AttributeError, ValueError, OSError):  # closed or replaced stdin
+        terminal = False
+    if not terminal:
+        return False  # CI, cron, a pipe: nobody to ask, so no
+    try:
+        return input(question).strip().lower() == "yes"
+    except EOFError:
+        return False
+
+
 async def _demo(args) -> int:
-    settings = load_settings(args.config or DEMO_CONFIG)
+    bundled = _demo_config()
+    own = args.config is None or Path(args.config).resolve() == bundled.resolve()
+    settings = load_settings(bundled if own else args.config)
     from .build import register_secrets
 
     register_secrets(settings)
@@ -195,44 +278,69 @@ async def _demo(args) -> int:
     from .engine import Engine
 
     if args.fresh:
-        if args.config and Path(args.config).resolve() != DEMO_CONFIG.resolve():
+        if not own:
             raise ConfigError("--fresh resets only the bundled demo (its var/demo folder); "
                               "to start your own configuration over, delete its store file")
-        state = REPO / "var" / "demo"
+        state = bundled.parent / "var" / "demo"
         if state.exists():
             shutil.rmtree(state)
             print(f"(--fresh: removed {state})")
+    if not own and (foreign := await _foreign_demo_state(settings)):
+        question = ("demo would approve every draft by itself into:\n  " + "\n  ".join(foreign)
+                    + "\nType yes to go on anyway: ")
+        if not _confirm(question):
+            raise ConfigError(["demo auto-approves, so with -c it writes only into a store and "
+                               "outbox it created itself; use `draftgate run` (a human "
+                               "approves), or point store: and sender.path at new places:"]
+                              + foreign)
+    models = sorted({settings.models[p.drafter.get("model", "template")].provider
+                     for p in settings.pipelines})
+    drafter = ("offline template drafter" if models == ["template"]
+               else f"drafter: {', '.join(models)} (calls the model)")
     print("=" * 72)
-    print(" draftgate DEMO: SQLite store, sample inbox, offline template drafter.")
+    print(f" draftgate DEMO: SQLite store, sample inbox, {drafter}." if own else
+          f" draftgate DEMO with {settings.file}: {drafter}.")
     print(" Approvals are AUTOMATIC in demo mode and labelled so on every card.")
     print(f" config: {settings.file}")
     print(f" store:  {_say(settings.store)}")
     print("=" * 72)
+    folders = [settings.resolve(str(p.sender.get("path", ""))) for p in settings.pipelines]
+    before = {f: set(f.glob("*.eml")) if f.exists() else set() for f in folders}
     async with _store(settings) as store:
+        if not await store.audit_log(draft_key=DEMO_MARK, limit=1):
+            await store.audit("draftgate", "demo", draft_key=DEMO_MARK,
+                              detail="store created by draftgate demo")
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / DEMO_OUTBOX_MARK).touch()
         engine = Engine(settings, store, _channels(settings, store, demo=True))
         await engine.start()
-        for label in ("first tick: fetch, filter, admit, draft, approve, send",
-                      "second tick: the same inbox again; nothing is new"):
+        for n in (1, 2):
             for p in settings.pipelines:
-                print(f"\n▶ {p.name}: {label}")
-                counts = await engine.tick(p.name)
-                c = counts.to_dict()
+                seen = await store.seen_count(p.name)
+                what = (f"{seen} item(s) already seen" if seen else
+                        "fetch, filter, admit, draft, approve, send")
+                print(f"\n▶ {p.name}: tick {n}: {what}")
+                c = (await engine.tick(p.name)).to_dict()
                 print(f"  fetched {c['fetched']} · new {c['new']} · skipped {c['skipped']} · "
                       f"drafted {c['drafted']} · cards {c['posted']} · sent {c['sent']} · "
                       f"failed {c['failed']}")
-        out = [p.sender.get("path") for p in settings.pipelines if p.sender.get("type") == "outbox"]
-        for o in out:
-            folder = settings.resolve(o)
-            files = sorted(folder.glob("*.eml")) if folder.exists() else []
-            print(f"\noutbox {folder}: {len(files)} repl{'y' if len(files) == 1 else 'ies'} written")
-            for f in files[:12]:
+                if not (c["new"] or c["drafted"] or c["sent"]):
+                    print(f"  nothing new: found {await store.seen_count(p.name)} already "
+                          f"seen; nothing drafted, nothing written")
+        for folder in folders:
+            files = sorted(folder.glob("*.eml"))
+            new = [f for f in files if f not in before[folder]]
+            print(f"\noutbox {folder}: {len(new)} repl{'y' if len(new) == 1 else 'ies'} "
+                  f"written by this run ({len(files)} in the folder)")
+            for f in new[:12]:
                 print(f"  {f.name}")
-            if files:
+            if new:
                 import email
                 import email.policy
 
-                first = email.message_from_bytes(files[0].read_bytes(), policy=email.policy.default)
-                print(f"\n  headers of {files[0].name}:")
+                first = email.message_from_bytes(new[0].read_bytes(), policy=email.policy.default)
+                print(f"\n  headers of {new[0].name}:")
                 for h in ("From", "To", "Subject", "Message-ID", "In-Reply-To", "References"):
                     print(f"    {h}: {first.get(h, '')}")
         print("\n" + "=" * 72 + "\n status\n" + "=" * 72)
@@ -250,10 +358,15 @@ async def _demo(args) -> int:
 
 async def _validate(args) -> int:
     from .build import check_all, missing_env
+    from .config import collect_settings
 
-    settings = _load(args)
-    problems = check_all(settings)
-    if problems:
+    # Every problem in one pass: the stages of pipelines with errors of their own are
+    # checked too, so fixing one typo does not reveal the next.
+    settings, problems = collect_settings(args.config)
+    if settings is not None:
+        problems += [e for e in check_all(settings) + _not_folders(settings)
+                     if e not in problems]
+    if problems or settings is None:
         raise ConfigError(problems)
     print(f"{settings.file}: OK, {len(settings.pipelines)} pipeline(s)")
     from . import scheduler
@@ -267,16 +380,35 @@ async def _validate(args) -> int:
     # Secrets may well live only on the machine that runs draftgate: a notice, not an
     # error, so validate stays usable anywhere; `run` refuses to start without them.
     unset = missing_env(settings, [p for p in settings.pipelines if p.enabled])
+    unset += _not_folders(settings, missing=True)
     if unset:
-        print(f"not set here ({len(unset)}; `draftgate run` needs them):")
+        print(f"not set or not found here ({len(unset)}; `draftgate run` needs them):")
         for line in unset:
             print(f"  {line}")
     return 0
 
 
+def _not_folders(settings: Settings, *, missing: bool = False) -> list[str]:
+    """Maildir sources whose path is a file (an error), or with ``missing``, whose
+    folder is not there (a notice, like an unset secret: the mail may live only on the
+    machine that runs draftgate). Either way `run` would fail every tick."""
+    out = []
+    for p in settings.pipelines:
+        path = p.source.get("path")
+        if p.source.get("type") != "maildir" or not isinstance(path, str) or not p.enabled:
+            continue
+        found = p.path(path)
+        if missing and not found.exists():
+            out.append(f"{p.file}: source.path: folder not found: {path} (looked for {found})")
+        elif not missing and found.exists() and not found.is_dir():
+            out.append(f"{p.file}: source.path: {path} is a file ({found}); expected the "
+                       f"folder of .eml files or the Maildir")
+    return out
+
+
 async def _status(args) -> int:
     settings = _load(args)
-    async with _store(settings) as store:
+    async with _existing_store(settings) as store:
         if args.pipeline:
             detail = await ops.status_one(store, settings, args.pipeline)
             print(json.dumps(asdict(detail), indent=2) if args.json else ops.format_status_one(detail))
@@ -289,18 +421,22 @@ async def _status(args) -> int:
 
 async def _pending(args) -> int:
     settings = _load(args)
-    async with _store(settings) as store:
+    async with _existing_store(settings) as store:
         drafts = await ops.pending(store, settings)
+        holds = await ops.holds(store)
         if args.json:
             print(json.dumps([{"id": d.id, "key": d.key, "pipeline": d.pipeline,
                                "item_id": d.item_id, "status": d.status, "version": d.version,
                                "from": d.message.from_addr, "subject": d.message.subject,
                                "card": [d.approval_chat, d.approval_message_id],
                                "created_at": d.created_at,
-                               "configured": settings.has_pipeline(d.pipeline)}
+                               "configured": settings.has_pipeline(d.pipeline),
+                               "held": holds.get(d.pipeline) if d.status == "queued" else None}
                               for d in drafts], indent=2))
         else:
             print(ops.format_pending(drafts, settings))
+            for name, reason in sorted(holds.items()):
+                print(f"⚠ {name}: drafting held: {reason}")
     return 0
 
 
@@ -321,7 +457,7 @@ async def _replay(args) -> int:
     _text_argument("pipeline", args.pipeline)
     _text_argument("item_id", args.item_id)
     settings = _load(args)
-    async with _store(settings) as store:
+    async with _existing_store(settings) as store:
         result = await ops.replay(store, args.pipeline, args.item_id, _actor(), settings)
         print(ops.format_replay(args.pipeline, args.item_id, result))
         return 0 if result.outcome in ("requeued", "unseen") else 1
@@ -331,7 +467,7 @@ async def _sweep(args) -> int:
     settings = _load(args)
     if args.days is not None and args.days < 0:
         raise ConfigError("--days: expected a number of days >= 0")
-    async with _store(settings) as store:
+    async with _existing_store(settings) as store:
         print(ops.format_sweep(await ops.sweep(store, settings, days=args.days)))
     return 0
 
@@ -342,7 +478,7 @@ async def _review(args) -> int:
     from .engine import Engine
 
     settings = _load(args)
-    async with _store(settings) as store:
+    async with _existing_store(settings) as store:
         console = ConsoleChannel(interactive=True)
         # Only the console: a Telegram pipeline's draft keeps its Telegram card (a new
         # version made here waits in ready; the running draftgate updates that card).
@@ -369,10 +505,12 @@ async def _doctor(args) -> int:
     settings = _load(args)
     results: list[tuple[str, bool, str]] = []
     try:
-        store = await _open_store(settings)
-        await store.close()
-        results.append(("store", True, settings.store.split("@")[-1]))
-    except Exception as exc:
+        async with _existing_store(settings) as store:
+            problems = await store.check()
+        detail = ("; ".join(problems) + "; restore it from a backup or point `store:` "
+                  "elsewhere") if problems else settings.store.split("@")[-1]
+        results.append(("store", not problems, detail))
+    except DraftgateError as exc:
         results.append(("store", False, str(exc)))
     for module in ("bot.gmail.doctor", "bot.approvals.telegram"):
         try:
@@ -435,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Docs: README.md. Start with ./scripts/demo.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging on stderr (-vv for debug)")
+    parser.add_argument("--version", action="version", version=f"draftgate {_version()}")
     parser.add_argument("-c", "--config", dest="config_before", metavar="FILE",
                         help="deployment file, for every command except migrate-store (also "
                              "accepted after the command)")
@@ -447,7 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "progress: a draft being written goes back to the queue, a send "
                                    "cut off mid-call becomes send_unknown and is checked after the "
                                    "restart (never resent blindly), and the run is recorded as "
-                                   "interrupted.")
+                                   "stopped (not a failure). A console approval prompt holds "
+                                   "its pipeline's ticks until it is answered.")
     _add_config(p)
     p.add_argument("--pipeline", action="append", metavar="NAME",
                    help="tick only this pipeline in this process (repeatable); its Telegram "
@@ -463,12 +603,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "demo/inbox (SQLite, template drafter, DEMO auto-approval, "
                                    "replies written to var/demo/outbox), then print status. "
                                    "With -c FILE, demo runs another configuration only if "
-                                   "every pipeline's sender is outbox: demo approves by "
-                                   "itself, so it never sends anything anywhere.")
+                                   "every pipeline's sender is outbox and its store and "
+                                   "outbox folders are new or were made by the demo: demo "
+                                   "approves by itself, so it never writes into a real "
+                                   "deployment's state. Logs only warnings (-v for more).")
     _add_config(p, default=None)
     p.add_argument("--fresh", action="store_true",
                    help="delete the bundled demo's state (var/demo) first")
-    p.set_defaults(func=_demo, verbose_default=1)
+    p.set_defaults(func=_demo)
 
     p = sub.add_parser("validate", help="check the configuration; print every error",
                        description="Load and check the deployment file and every pipeline "
@@ -555,6 +697,19 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("-v", "--verbose", dest="verbose_after", action="count",
                                  default=0, help="more logging on stderr (-vv for debug)")
     return parser
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("draftgate")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        import tomllib
+
+        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
+            return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+        return "unknown"
 
 
 def _leaf_parsers(sub) -> list[argparse.ArgumentParser]:

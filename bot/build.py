@@ -42,7 +42,14 @@ def check_all(settings: Settings) -> list[str]:
     errors: list[str] = _check_telegram(settings)
     for p in settings.pipelines:
         check_options(Checker(p.file, errors), p.filters)
-        for build in (build_source, build_drafter, build_sender):
+        # A stage whose type is missing or unknown was reported by the loader (which
+        # `validate` lets run on, so one pass lists every problem): nothing to build.
+        known = (str(p.source.get("type")) in _SOURCES,
+                 str(p.drafter.get("model", "template")) in settings.models,
+                 str(p.sender.get("type")) in _SENDERS)
+        for build, ok in zip((build_source, build_drafter, build_sender), known):
+            if not ok:
+                continue
             try:
                 build(p, settings)
             except ConfigError as exc:
@@ -55,7 +62,7 @@ def _check_unused_models(settings: Settings) -> list[str]:
     """``models:`` entries no pipeline names are checked too (an ``api_key:`` in YAML is
     refused wherever it is written). The drafter checks a model together with a
     pipeline, so a stand-in pipeline is used and only the model's own errors kept."""
-    used = {p.drafter.get("model", "template") for p in settings.pipelines}
+    used = {str(p.drafter.get("model", "template")) for p in settings.pipelines}
     errors: list[str] = []
     for name, model in settings.models.items():
         if name in used:

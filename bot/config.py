@@ -405,13 +405,24 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
                   ) -> Settings:
     """Read and validate the deployment file and every pipeline file it names.
     Raises ConfigError listing every problem."""
+    settings, errors = collect_settings(config_file, only_pipelines=only_pipelines)
+    if errors or settings is None:
+        raise ConfigError(errors)
+    return settings
+
+
+def collect_settings(config_file: str | os.PathLike, *,
+                     only_pipelines: list[str] | None = None) -> tuple[Settings | None, list[str]]:
+    """The settings as far as they could be read, and every problem found: what
+    ``validate`` needs to go on checking the stages of pipelines that have errors of
+    their own. ``None`` when the deployment file itself cannot be read."""
     path = Path(config_file)
     base = path.parent.resolve()
     errors: list[str] = []
     ck = Checker(str(config_file), errors)
     raw = _load_yaml(path, ck)
     if errors:
-        raise ConfigError(errors)
+        return None, errors
     data = ck.mapping(raw, "")
     ck.unknown(data, _TOP_KEYS, "")
     store = ck.get(data, "store", "", str, default="sqlite:///draftgate.db")
@@ -534,9 +545,7 @@ def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] |
             continue
         seen_names[p.name] = rel
         settings.pipelines.append(p)
-    if errors:
-        raise ConfigError(errors)
-    return settings
+    return settings, errors
 
 
 _GMAIL_ACCOUNT_KEYS = ("token_file", "address", "api_endpoint", "timeout", "backoff",
@@ -636,9 +645,15 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     name = ck.get(data, "name", "", str)
     if name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         ck.error("name", f"expected letters, digits, '-', '_' or '.', got {name!r}")
-    schedule = ck.get(data, "schedule", "", (str, int), default="5m")
+    schedule = ck.get(data, "schedule", "", (str, int, float), default="5m")
     interval = cron = None
-    if isinstance(schedule, int) or (isinstance(schedule, str) and _DURATION.match(schedule)):
+    bare = _DURATION.match(str(schedule))
+    if bare and not bare.group(2):
+        # `schedule: 5` meant five minutes as often as five seconds: make it explicit.
+        ck.error("schedule", f"{bare.group(1)} has no unit; write {bare.group(1)}m for every "
+                             f"{bare.group(1)} minutes or {bare.group(1)}s for seconds")
+        schedule = "5m"
+    if isinstance(schedule, str) and _DURATION.match(schedule):
         interval = parse_duration(schedule)
         if interval < 1:
             ck.error("schedule", "expected an interval of at least 1s")

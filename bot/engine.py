@@ -48,6 +48,10 @@ RECOVERED_SEND = "interrupted"
 #: is cut to this, so drafting is never stopped for good by one answer).
 MAX_MODEL_HOLD = 3600.0
 
+#: The status and error text of a run cut off by a deliberate stop (Ctrl-C, SIGTERM).
+STOPPED = "stopped"
+STOPPED_TEXT = "stopped: draftgate was stopped during this tick (Ctrl-C or SIGTERM)"
+
 
 def describe_error(exc: BaseException) -> str:
     """A one-line error text for runs, cards and notifications."""
@@ -95,6 +99,9 @@ class Engine:
         # one attempt per tick instead of one per queued item.
         self._model_trouble: set[str] = set()
         self._draft_not_before: dict[str, float] = {}
+        # Pipelines known to have no drafting hold recorded in the store (see _hold),
+        # so a working pipeline does not write "no hold" after every draft.
+        self._not_held: set[str] = set()
         self._lock_lost: dict[str, asyncio.Event] = {}  # set when a held lease is lost
         self._checking: set[int] = set()  # unknown sends a _check_later task will check
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -291,16 +298,18 @@ class Engine:
                 error = error or describe_error(exc)
                 log.warning("%s: %s", p.name, error, exc_info=not isinstance(exc, DraftgateError))
         except asyncio.CancelledError:
-            # Stopped mid-tick: close the run row instead of leaving it "running".
+            # Stopped mid-tick (Ctrl-C, SIGTERM): close the run row instead of leaving
+            # it "running". A deliberate stop is no failure: recorded as stopped, not
+            # red, and nobody is notified.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.store.end_run(
-                    run_id, "error", counts.to_dict(), "interrupted: draftgate stopped",
-                    now=self.clock()))
+                    run_id, STOPPED, counts.to_dict(), STOPPED_TEXT, now=self.clock()))
             raise
         status = "error" if error else "ok"
         try:
-            recent = await self.store.recent_runs(p.name, limit=2)
-            previous = recent[1] if len(recent) > 1 else None
+            recent = await self.store.recent_runs(p.name, limit=10)
+            # The colour before this run: stopped runs in between change nothing.
+            previous = next((r for r in recent[1:] if r.status in ("ok", "error")), None)
             await self.store.end_run(run_id, status, counts.to_dict(), error, now=self.clock())
         except Exception as exc:
             log.error("%s: could not record the run: %s", p.name, describe_error(exc))
@@ -374,6 +383,10 @@ class Engine:
         if used is None:
             return True
         day = utc_day(self.clock())
+        midnight = (int(self.clock() // 86400) + 1) * 86400.0
+        await self._hold(p, f"daily token budget spent ({used:,} of {p.daily_token_budget:,} "
+                            f"tokens); drafting resumes at 00:00 UTC, or raise "
+                            f"daily_token_budget in {p.file}", until=midnight)
         await self._notify_once(
             f"budget|{p.name}|{day}",
             f"⏸ {p.name}: daily token budget spent ({used:,} of {p.daily_token_budget:,} "
@@ -454,6 +467,7 @@ class Engine:
             result = await asyncio.wait_for(self.drafter(p).draft(request), timeout=p.lease * 0.9)
         except BudgetExhausted as exc:
             await self.store.release(d.id, d.fence)
+            await self._hold(p, describe_error(exc))
             await self.notify(f"⏸ {p.name}: {exc}")
             return False
         except DrafterSetupError as exc:
@@ -462,6 +476,9 @@ class Engine:
             # with one item; the operators hear of it once a day.
             await self.store.release(d.id, d.fence)
             self._model_trouble.add(p.name)
+            await self._hold(p, f"setup error: {describe_error(exc)}; fix it (then restart "
+                                f"draftgate if you changed the configuration or an "
+                                f"environment variable)")
             await self._notify_once(
                 f"setup|{p.name}|{utc_day(self.clock())}",
                 f"⚠️ {p.name}: drafting is stopped: {describe_error(exc)}. Items wait in the "
@@ -498,14 +515,20 @@ class Engine:
                 if isinstance(exc, DrafterRetryable) and wait is not None and wait > 0:
                     wait = min(wait, MAX_MODEL_HOLD)  # inf too; nan is not > 0
                     self._draft_not_before[p.name] = self.clock() + wait
+                    await self._hold(p, f"the model asked to wait ({reason}); drafting "
+                                        f"resumes by itself", until=self.clock() + wait)
                     if wait > 300:
                         await self._notify_once(
                             f"hold|{p.name}|{utc_day(self.clock())}",
                             f"⏸ {p.name}: the model asked to wait {wait / 60:.0f} min "
                             f"({reason}); items stay queued and drafting resumes then.")
+                else:
+                    await self._hold(p, f"the model is failing ({reason}); one item per "
+                                        f"tick is tried until a draft succeeds")
                 return False
             return True
         self._model_trouble.discard(p.name)
+        await self._hold(p, None)  # drafting works (again)
         body = (result.body or "").strip()
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
                                                tokens_out=result.tokens_out, now=self.clock())
@@ -520,6 +543,18 @@ class Engine:
         if p.mark_seen == "on_success":
             await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
         return True
+
+    async def _hold(self, p: PipelineConfig, reason: str | None, until: float | None = None) -> None:
+        """Record in the store why drafting of ``p`` is held (``None``: it is not), so
+        `status` in any process shows it. "Not held" is written once per process."""
+        if reason is None and p.name in self._not_held:
+            return
+        try:
+            await self.store.set_hold(p.name, reason, until)
+        except Exception as exc:
+            log.warning("%s: could not record the drafting hold: %s", p.name, describe_error(exc))
+            return
+        (self._not_held.add if reason is None else self._not_held.discard)(p.name)
 
     # -- approval -------------------------------------------------------------------
     async def _post_ready(self, p: PipelineConfig, counts: RunCounts) -> None:
@@ -763,7 +798,8 @@ class Engine:
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
         text = scrub(text)  # notices quote errors, which may quote an answer with a secret
         ch = self.ops_channel()
-        log.info("notify: %s", text)
+        if getattr(ch, "name", None) != "console":  # a console prints it: not twice
+            log.info("notify: %s", text)
         if ch is None:
             return
         try:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from . import scheduler
-from .config import Settings
+from .config import PipelineConfig, Settings
 from .engine import utc_day
 from .models import (APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED,
                      READY, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SKIPPED, Draft, Run)
@@ -26,7 +26,12 @@ class PipelineStatus:
     paused: bool
     last_run: dict | None
     pending: int  # awaiting a decision or a send (not configured: every unfinished draft)
-    health: str  # healthy | failing | paused | never run | running | not configured
+    #: healthy | failing | held | backlog | paused | never run | running | stopped |
+    #: not configured (README "Status" says what each means)
+    health: str
+    queued: int = 0  # waiting to be drafted (queued) or being drafted (drafting)
+    hold: dict | None = None  # {"reason", "until"}: why drafting is held, if it is
+    problem: str = ""  # what is wrong and what to do, when health is not healthy
 
 
 @dataclass
@@ -35,6 +40,7 @@ class PipelineDetail:
     schedule: str
     paused: bool
     health: str
+    problem: str
     runs: list[dict]  # newest first
     last_green: dict | None
     first_red_after_green: dict | None
@@ -46,6 +52,8 @@ class PipelineDetail:
     #: The newest items that ended badly or were skipped, for `replay`: item id,
     #: status, reason (newest first).
     attention: list[dict] = field(default_factory=list)
+    queued: int = 0  # queued or being drafted
+    hold: dict | None = None
 
 
 #: ``PipelineStatus.health`` of a pipeline that owns pending drafts but is not in the
@@ -66,25 +74,65 @@ def _run_dict(r: Run | None) -> dict | None:
     return d
 
 
-def _health(paused: bool, last: Run | None) -> str:
+def _hold(holds: dict, name: str, now: float) -> dict | None:
+    reason, until = holds.get(name, (None, None))
+    if reason is None or (until is not None and until <= now):
+        return None  # a Retry-After or a day's budget that has run out holds nothing
+    return {"reason": reason, "until": until}
+
+
+def _assess(p: PipelineConfig, paused: bool, runs: list[Run], hold: dict | None, waiting: list[Draft],
+            now: float) -> tuple[str, str]:
+    """(health, what is wrong and what to do) of a configured pipeline."""
     if paused:
-        return "paused"
-    if last is None:
-        return "never run"
-    return {"ok": "healthy", "error": "failing", "running": "running"}.get(last.status, last.status)
+        return "paused", f"paused; /resume {p.name} in Telegram schedules it again"
+    if hold is not None:
+        until = f" (until {_when(hold['until'])})" if hold["until"] else ""
+        return "held", f"drafting held{until}: {hold['reason']}"
+    done = next((r for r in runs if r.status in ("ok", "error")), None)
+    if done is not None and done.status == "error":
+        return "failing", done.error_text or "the last tick failed"
+    if done is not None and done.counts.get("failed") and not done.counts.get("drafted"):
+        return "failing", (f"every draft of the last tick failed ({done.counts['failed']}); "
+                           f"`status {p.name}` lists them, `replay` retries one")
+    if waiting:
+        since = min(d.updated_at for d in waiting)
+        # Two scheduled ticks (and a minute for the tick itself) have passed since.
+        if scheduler.next_due(p, scheduler.next_due(p, since)) + 60 <= now:
+            return "backlog", (f"{len(waiting)} item(s) waiting to be drafted since "
+                               f"{_when(since)}; is `draftgate run` running? Its log says "
+                               f"why drafting stalls")
+    if done is None:
+        if not runs:
+            return "never run", ""
+        return ("stopped", "stopped before its first tick ended") if runs[0].status == "stopped" \
+            else (runs[0].status, "")
+    return "healthy", ""
+
+
+async def _health(store: Store, p: PipelineConfig, paused: bool, runs: list[Run],
+                  holds: dict, now: float) -> tuple[str, str, dict | None]:
+    """(health, problem, hold in force) of a configured pipeline."""
+    hold = _hold(holds, p.name, now)
+    return (*_assess(p, paused, runs, hold, await store.waiting(p.name), now), hold)
 
 
 async def status_all(store: Store, settings: Settings, now: float | None = None) -> list[PipelineStatus]:
+    now = time.time() if now is None else now
     paused = await store.paused()
+    holds = await store.holds()
     out = []
     for p in settings.pipelines:
-        runs = await store.recent_runs(p.name, limit=1)
-        last = runs[0] if runs else None
+        # Enough runs to look past stopped ones to the last that finished.
+        runs = await store.recent_runs(p.name, limit=10)
         counts = await store.count_by_status(p.name)
+        health, problem, hold = await _health(store, p, p.name in paused, runs, holds, now)
         out.append(PipelineStatus(
             name=p.name, schedule=scheduler.describe(p), paused=p.name in paused,
-            last_run=_run_dict(last), pending=sum(counts.get(s, 0) for s in PENDING_STATUSES),
-            health=_health(p.name in paused, last)))
+            last_run=_run_dict(runs[0] if runs else None),
+            pending=sum(counts.get(s, 0) for s in PENDING_STATUSES),
+            health=health, queued=counts.get(QUEUED, 0) + counts.get(DRAFTING, 0),
+            hold=hold, problem=problem))
     # A pipeline removed from (or renamed in) the configuration may still own drafts
     # that wait for a decision or a send: show it, so they are not silently stranded.
     unfinished = await store.count_by_pipeline(UNFINISHED_STATUSES)
@@ -114,12 +162,13 @@ async def status_one(store: Store, settings: Settings, name: str, now: float | N
         reds = [r for r in finished if r.status == "error"]
         first_red = reds[-1] if reds else None
     counts = await store.count_by_status(name)
+    health, problem, hold = await _health(store, p, paused, runs, await store.holds(), now)
     attention = [{"id": d.id, "item_id": d.item_id, "status": d.status,
                   "reason": d.error or "", "at": d.updated_at}
                  for d in await store.recent(name, ATTENTION_STATUSES, limit=limit)]
     return PipelineDetail(
-        name=name, schedule=scheduler.describe(p), paused=paused,
-        health=_health(paused, runs[0] if runs else None),
+        name=name, schedule=scheduler.describe(p), paused=paused, health=health,
+        problem=problem, queued=counts.get(QUEUED, 0) + counts.get(DRAFTING, 0), hold=hold,
         runs=[_run_dict(r) for r in runs], last_green=_run_dict(last_green),
         first_red_after_green=_run_dict(first_red),
         pending=sum(counts.get(s, 0) for s in PENDING_STATUSES),
@@ -129,9 +178,17 @@ async def status_one(store: Store, settings: Settings, name: str, now: float | N
 
 
 async def pending(store: Store, settings: Settings) -> list[Draft]:
-    """Every draft waiting for a decision or a send, also those of a pipeline that is
-    no longer configured (``format_pending`` says so next to them)."""
-    return await store.pending()
+    """Every unfinished draft: waiting to be drafted, for a decision or for a send, also
+    those of a pipeline that is no longer configured (``format_pending`` says so)."""
+    return await store.waiting(limit=1000) + await store.pending()
+
+
+async def holds(store: Store, now: float | None = None) -> dict[str, str]:
+    """Pipeline -> why its drafting is held, for holds in force now."""
+    now = time.time() if now is None else now
+    found = await store.holds()
+    return {name: h["reason"] + (f" (until {_when(h['until'])})" if h["until"] else "")
+            for name in found if (h := _hold(found, name, now)) is not None}
 
 
 async def replay(store: Store, pipeline: str, item_id: str, actor: str,
@@ -152,7 +209,7 @@ async def sweep(store: Store, settings: Settings, days: float | None = None,
 
 # -- formatting ----------------------------------------------------------------------------
 
-_ICON = {"ok": "✅", "error": "❌", "running": "⏳"}
+_ICON = {"ok": "✅", "error": "❌", "running": "⏳", "stopped": "⏹"}
 
 
 def _hhmm(t: float | None) -> str:
@@ -186,18 +243,23 @@ def format_status_all(items: list[PipelineStatus]) -> str:
             lines.append(f"{s.name:<{width}}  ⏸ paused  pending {s.pending}")
             continue
         r = s.last_run
+        queued = f"  queued {s.queued}" if s.queued else ""
+        tail = f"  {s.problem}" if s.problem else ""
         if r is None:
-            lines.append(f"{s.name:<{width}}  · never run  {s.schedule}  pending {s.pending}")
+            lines.append(f"{s.name:<{width}}  · never run  {s.schedule}  pending {s.pending}"
+                         f"{queued}{tail}")
             continue
-        icon = _ICON.get(r["status"], "?")
-        tail = f"  {r['error_text']}" if r["status"] == "error" and r.get("error_text") else ""
+        icon = {"failing": "❌", "held": "⚠", "backlog": "⚠"}.get(s.health) \
+            or _ICON.get(r["status"], "?")
         lines.append(f"{s.name:<{width}}  {icon} {_hhmm(r['started_at'])}  {s.schedule}  "
-                     f"pending {s.pending}{tail}")
+                     f"pending {s.pending}{queued}{tail}")
     return "\n".join(lines)
 
 
 def format_status_one(d: PipelineDetail) -> str:
     lines = [f"{d.name} · {d.schedule} · {d.health}"]
+    if d.problem:
+        lines.append(f"⚠ {d.problem}")
     if d.runs:
         strip = "".join(_ICON.get(r["status"], "?") for r in reversed(d.runs))
         lines.append(f"runs {strip} (newest right)")
@@ -212,7 +274,8 @@ def format_status_one(d: PipelineDetail) -> str:
         r = d.first_red_after_green
         lines.append(f"first red after it {_when(r['started_at'])}: {r.get('error_text') or ''}")
     budget = f" / {d.token_budget:,}" if d.token_budget else ""
-    lines.append(f"pending {d.pending} · seen {d.seen:,} · tokens today {d.tokens_today:,}{budget}")
+    lines.append(f"pending {d.pending} · queued {d.queued} · seen {d.seen:,} · tokens today "
+                 f"{d.tokens_today:,}{budget}")
     if d.attention:
         lines.append("recent failed / skipped / rejected (replay with the item id):")
         for a in d.attention:
@@ -238,7 +301,8 @@ def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str
             continue
         who = d.message.from_addr or d.message.slot
         subj = d.message.subject or "(no subject)"
-        state = {READY: "not posted yet", AWAITING: "awaiting decision",
+        state = {QUEUED: "queued for drafting", DRAFTING: "being drafted",
+                 READY: "not posted yet", AWAITING: "awaiting decision",
                  APPROVED: "approved, sending", SENDING: "sending",
                  SEND_FAILED: "send failed, Retry offered",
                  SEND_UNKNOWN: "send outcome unknown, being checked"}.get(d.status, d.status)
@@ -248,14 +312,15 @@ def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str
 
 
 def format_replay(pipeline: str, item_id: str, r: ReplayResult) -> str:
+    prefix = f"{pipeline} {item_id}: "
     if len(item_id) > 200:  # echo a long id shortened, so the outcome stays readable
         item_id = item_id[:100] + "…" + item_id[-20:]
     if r.outcome == "requeued":
         return f"{pipeline} {item_id}: back in the queue; it will be drafted on the next tick"
     if r.outcome == "unseen":
         return f"{pipeline} {item_id}: seen mark removed; the next fetch takes it again"
-    if r.outcome == "refused":
-        return f"{pipeline} {item_id}: refused: {r.detail}"
+    if r.outcome == "refused":  # the store's detail starts with "pipeline item_id: " too
+        return f"{pipeline} {item_id}: refused: {r.detail.removeprefix(prefix)}"
     return f"{pipeline} {item_id}: not found (no seen mark and no draft for this item id)"
 
 

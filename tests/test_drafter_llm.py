@@ -535,6 +535,18 @@ def test_unknown_drafter_options_name_the_pipeline_file(tmp_path, fake, provider
     assert "pipelines/support.yaml: drafter.max_input: expected at least 200" in text
 
 
+def _make_store(tmp: Path) -> None:
+    import asyncio
+
+    from bot.store import create_store
+
+    async def make() -> None:
+        async with create_store(f"sqlite:///{tmp}/state.db"):
+            pass
+
+    asyncio.run(make())
+
+
 def test_doctor_checks_the_model_endpoint_with_one_minimal_request(tmp_path, fake, capsys):
     """`draftgate doctor`: ok for a healthy endpoint; a 401 names the variable, not the key."""
     import logging
@@ -542,6 +554,7 @@ def test_doctor_checks_the_model_endpoint_with_one_minimal_request(tmp_path, fak
     from bot.__main__ import main
 
     cfg = write_config(tmp_path, "openai", fake.openai_url)
+    _make_store(tmp_path)  # doctor checks a store; it never creates one
     handlers = logging.root.handlers[:]
     try:
         assert main(["doctor", "-c", str(cfg)]) == 0
@@ -592,6 +605,7 @@ def test_doctor_hides_credentials_in_the_base_url(tmp_path, fake, capsys):
     from bot.__main__ import main
 
     cfg = write_config(tmp_path, "openai", _with_credentials(fake.openai_url))
+    _make_store(tmp_path)
     handlers = logging.root.handlers[:]
     try:
         assert main(["doctor", "-c", str(cfg)]) == 0

@@ -689,3 +689,49 @@ class TestStoreContract:
         won = [k for r in results for k in r["won"]]
         assert sorted(won) == sorted(keys)  # every key exactly once
         assert await store.count_by_status(P) == {"drafting": 250}
+
+
+# -- truthful status: holds, the queue, integrity, opening without creating ------------------
+
+async def test_a_hold_is_kept_until_cleared_and_other_pipelines_are_untouched(store):
+    await store.set_paused("other", True, "anna")
+    await store.set_hold(P, "setup error: 401", None)
+    await store.set_hold("other", "budget spent", T0 + DAY)
+    assert await store.holds() == {P: ("setup error: 401", None),
+                                   "other": ("budget spent", T0 + DAY)}
+    assert await store.paused() == {"other"}  # a hold is not a pause, nor the reverse
+    await store.set_hold("other", None, T0)
+    assert await store.holds() == {P: ("setup error: 401", None)}
+    assert await store.paused() == {"other"}
+
+
+async def test_waiting_lists_queued_and_drafting_oldest_first(store):
+    keys = await _queued(store, "m1", "m2", "m3")
+    await _queued(store, "x1", pipeline="other")
+    claimed = await store.claim_key(keys[1], 600, now=T0)
+    assert [(d.item_id, d.status) for d in await store.waiting(P)] == [
+        ("m1", "queued"), ("m2", "drafting"), ("m3", "queued")]
+    assert [d.id for d in await store.waiting(P, limit=1)] == [claimed.id - 1]
+    assert len(await store.waiting()) == 4
+
+
+async def test_a_healthy_store_passes_its_check(store):
+    await _queued(store, "m1")
+    assert await store.check() == []
+
+
+async def test_opening_a_store_that_does_not_exist_without_create_creates_nothing(store_url,
+                                                                                  tmp_path):
+    from bot.store import StoreMissing
+
+    if store_url.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path}/sub/missing.db"
+    else:
+        import re
+
+        url = re.sub(r"schema=[^&]+", "schema=dg_never_made", store_url)
+    s = create_store(url)
+    with pytest.raises(StoreMissing, match="nothing was created"):
+        await s.open(create=False)
+    await s.close()
+    assert not (tmp_path / "sub").exists()

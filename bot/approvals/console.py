@@ -5,6 +5,10 @@ Interactive (a terminal on stdin): each card is shown and the operator answers
 pending. Demo mode (``auto_approve=True``) approves every card at once and says so
 on every card, so it is never mistaken for a real approval. With no terminal and no
 demo mode, cards are printed and wait; ``draftgate review`` decides them later.
+
+Inside ``draftgate run`` a prompt is part of its pipeline's tick: that pipeline's next
+ticks wait until the prompt is answered (other pipelines go on). A stop (Ctrl-C,
+SIGTERM) ends the wait at once; the undecided draft stays awaiting.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import getpass
 import shlex
 import sys
 import textwrap
+import threading
 from typing import Any, TextIO
 
 from ..errors import DraftgateError
@@ -117,26 +122,26 @@ class ConsoleChannel:
         assert self._decisions is not None
         if self._shown_last != (draft.id, draft.version):
             self._show(draft)  # another card was printed meanwhile: the prompt is for this one
-        answer = (await asyncio.to_thread(
+        answer = (await _terminal(
             _ask, "   [a]pprove & send, [e]dit, re[g]enerate, [r]eject, Enter = later: ")).strip().lower()
         if answer in ("a", "approve"):
             await self._decisions.approve(draft.id, draft.version, self.actor)
         elif answer in ("e", "edit"):
             self._print("   New text; end with a line containing only '.':")
-            body = await asyncio.to_thread(_read_block)
+            body = await _terminal(_read_block)
             after = await self._decisions.edit(draft.id, draft.version, body, self.actor)
             if after is not None and after.status == "ready":
                 self._print(f"   v{after.version} saved; the running draftgate puts it on "
                             "the card (Telegram), where it waits for a decision")
         elif answer in ("g", "regenerate"):
-            instruction = await asyncio.to_thread(_ask, "   Instruction for the model (optional): ")
+            instruction = await _terminal(_ask, "   Instruction for the model (optional): ")
             try:
                 await self._decisions.regenerate(draft.id, draft.version, self.actor,
                                                  instruction.strip())
             except DraftgateError as exc:  # budget spent, model hold, pipeline gone
                 self._print(f"   {exc}")
         elif answer in ("r", "reject"):
-            reason = await asyncio.to_thread(_ask, "   Reason (optional): ")
+            reason = await _terminal(_ask, "   Reason (optional): ")
             await self._decisions.reject(draft.id, draft.version, self.actor, reason.strip())
         else:
             self._print("   left pending")
@@ -150,7 +155,7 @@ class ConsoleChannel:
                         "Retry asks again, then sends only if it is not found.")
         else:
             self._print(f"   ❌ send failed: {draft.error}. Nothing was sent.")
-        answer = (await asyncio.to_thread(
+        answer = (await _terminal(
             _ask, "   [t] retry the send, Enter = later: ")).strip().lower()
         if answer in ("t", "retry"):
             after = await self._decisions.retry_send(draft.id, self.actor)
@@ -181,6 +186,35 @@ class ConsoleChannel:
 
     async def stop(self) -> None:
         return None
+
+
+async def _terminal(fn: Any, *args: Any) -> str:
+    """``fn(*args)``, a blocking terminal read, in a daemon thread. A stop (Ctrl-C,
+    SIGTERM) cancels the wait and the process exits at once: with asyncio.to_thread the
+    executor's thread, still blocked in input(), would keep it alive until Enter."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if answer.done():  # cancelled by a stop
+            return
+        if exc is not None:
+            answer.set_exception(exc)
+        else:
+            answer.set_result(result)
+
+    def read() -> None:
+        try:
+            result, exc = fn(*args), None
+        except BaseException as e:  # handed to the awaiting task
+            result, exc = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, exc)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for this answer any more
+
+    threading.Thread(target=read, name="console-prompt", daemon=True).start()
+    return await answer
 
 
 def _ask(prompt: str) -> str:

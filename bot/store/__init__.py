@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import AdmitResult, ReplayResult, Store, SweepResult
+from .base import AdmitResult, ReplayResult, Store, StoreMissing, SweepResult
 
 
 def create_store(url: str) -> Store:
@@ -18,4 +18,4 @@ def create_store(url: str) -> Store:
     raise ValueError(f"unknown store URL {url!r}; expected sqlite:///path or postgresql://...")
 
 
-__all__ = ["create_store", "Store", "AdmitResult", "ReplayResult", "SweepResult"]
+__all__ = ["create_store", "Store", "StoreMissing", "AdmitResult", "ReplayResult", "SweepResult"]

@@ -20,7 +20,12 @@ import abc
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from ..errors import StoreError
 from ..models import REPLAYABLE_STATUSES, SENT, AuditEntry, Draft, Item, Run
+
+
+class StoreMissing(StoreError):
+    """``open(create=False)`` found no store where the URL points; nothing was created."""
 
 
 @dataclass
@@ -79,8 +84,10 @@ class Store(abc.ABC):
 
     # -- lifecycle ---------------------------------------------------------------
     @abc.abstractmethod
-    async def open(self) -> None:
-        """Connect and run pending numbered migrations."""
+    async def open(self, *, create: bool = True) -> None:
+        """Connect and run pending numbered migrations. With ``create=False`` (read-only
+        commands) a store that does not exist yet raises :class:`StoreMissing` and
+        nothing (no file, folder, schema or table) is created."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...
@@ -356,3 +363,22 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def stale_cards(self, limit: int = 50) -> list[Draft]:
         """Drafts whose card is marked stale, oldest id first."""
+
+    # -- truthful status (holds, the queue, integrity) -------------------------------------
+    @abc.abstractmethod
+    async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
+        """Record why the pipeline's drafting is held (a setup error, a model's
+        Retry-After, a spent budget) and until when (None: until drafting works again);
+        ``reason=None`` clears it. Kept in the store so ``status`` in any process sees it."""
+
+    @abc.abstractmethod
+    async def holds(self) -> dict[str, tuple[str, float | None]]:
+        """Every recorded hold: pipeline -> (reason, until or None)."""
+
+    @abc.abstractmethod
+    async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
+        """Drafts not drafted yet (``queued`` or ``drafting``), oldest first."""
+
+    @abc.abstractmethod
+    async def check(self) -> list[str]:
+        """Read every table (SQLite: ``PRAGMA quick_check``); the problems found, or []."""

@@ -35,8 +35,9 @@ from ..models import (
     AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
 )
 from ..redact import redact_url, scrub
+from ._copy import COPY_TABLES
 from ._copy import key_columns as _check_table
-from .base import (AdmitResult, ReplayResult, Store, SweepResult, replay_refusal,
+from .base import (AdmitResult, ReplayResult, Store, StoreMissing, SweepResult, replay_refusal,
                    replay_without_draft)
 from .pg_schema import MIGRATIONS
 
@@ -167,7 +168,7 @@ class PostgresStore(Store):
         self._pool: asyncpg.Pool | None = None
 
     # -- lifecycle ---------------------------------------------------------------
-    async def open(self) -> None:
+    async def open(self, *, create: bool = True) -> None:
         if self._pool is not None:
             return
         try:
@@ -180,6 +181,13 @@ class PostgresStore(Store):
                 "store URL (postgresql://user@host:port/db) and that the server is running "
                 "and accepts this user") from e
         try:
+            if not create and await con.fetchval(
+                    "SELECT to_regclass(quote_ident($1) || '.schema_migrations')",
+                    self._schema) is None:
+                raise StoreMissing(
+                    f"no draftgate store in schema {self._schema!r} of "
+                    f"{redact_url(self._dsn)}: nothing has run with this configuration yet, "
+                    "or `store:` names the wrong database or schema; nothing was created")
             await self._migrate(con)
         except asyncpg.InsufficientPrivilegeError as e:
             raise StoreError(
@@ -793,6 +801,37 @@ class PostgresStore(Store):
     async def stale_cards(self, limit: int = 50) -> list[Draft]:
         return await self._list("SELECT * FROM drafts WHERE card_stale = 1 ORDER BY id LIMIT $1",
                                 limit)
+
+    # -- truthful status -------------------------------------------------------------------
+    async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
+        async with self._conn() as con:
+            await con.execute(
+                "INSERT INTO pipeline_flags (pipeline, paused, updated_at, hold_reason,"
+                " hold_until) VALUES ($1, 0, $2, $3, $4) ON CONFLICT (pipeline) DO UPDATE SET"
+                " hold_reason=EXCLUDED.hold_reason, hold_until=EXCLUDED.hold_until",
+                pipeline, time.time(), reason, until if reason is not None else None)
+
+    async def holds(self) -> dict[str, tuple[str, float | None]]:
+        async with self._conn() as con:
+            rows = await con.fetch("SELECT pipeline, hold_reason, hold_until FROM pipeline_flags"
+                                   " WHERE hold_reason IS NOT NULL")
+        return {r["pipeline"]: (r["hold_reason"], r["hold_until"]) for r in rows}
+
+    async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
+        return await self._list(
+            "SELECT * FROM drafts WHERE status = ANY($1::text[])"
+            " AND ($2::text IS NULL OR pipeline=$2) ORDER BY id LIMIT $3",
+            [QUEUED, DRAFTING], pipeline, limit)
+
+    async def check(self) -> list[str]:
+        problems = []
+        for table in (*COPY_TABLES, "locks", "schema_migrations"):
+            try:
+                async with self._conn() as con:
+                    await con.fetchval(f"SELECT count(*) FROM {table}")
+            except StoreError as exc:
+                problems.append(f"table {table}: {exc}")
+        return problems
 
 
 async def _requeue_expired(con, pipeline: str | None, max_attempts: int,

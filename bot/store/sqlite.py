@@ -37,7 +37,7 @@ from ..models import (
     REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED, AuditEntry,
     Draft, Item, Message, Run, draft_key, sha256_text,
 )
-from .base import (AdmitResult, ReplayResult, Store, SweepResult, replay_refusal,
+from .base import (AdmitResult, ReplayResult, Store, StoreMissing, SweepResult, replay_refusal,
                    replay_without_draft)
 from .schema import LATEST, MIGRATIONS
 
@@ -243,10 +243,14 @@ class SQLiteStore(Store):
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, *, create: bool = True) -> None:
         """Connect, set the connection pragmas, run pending numbered migrations."""
         if self._conn is not None:
             return
+        if self.path != ":memory:" and not create and not Path(self.path).exists():
+            raise StoreMissing(
+                f"no store at {self.path}: nothing has run with this configuration yet, or "
+                "`store:` names the wrong file; nothing was created")
         if self.path != ":memory:":
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -254,9 +258,14 @@ class SQLiteStore(Store):
                 raise StoreError(
                     f"cannot create the directory of SQLite store {self.path}: {exc}; "
                     "check `store:` in draftgate.yaml and the directory permissions") from exc
+        conn = aiosqlite.connect(self.path, isolation_level=None)
         try:
-            conn = await aiosqlite.connect(self.path, isolation_level=None)
+            await conn
         except sqlite3.Error as exc:
+            # aiosqlite queues its worker thread's stop without waiting for it; left
+            # alone, the thread reports to a closed event loop later (a traceback at
+            # exit). Wait for it here, while the loop runs.
+            await asyncio.to_thread(conn._thread.join, 5)
             raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
         if not callable(getattr(conn, "_execute", None)):
             await conn.close()
@@ -774,6 +783,34 @@ class SQLiteStore(Store):
     async def stale_cards(self, limit: int = 50) -> list[Draft]:
         return await self._read(lambda db: _drafts(db, "card_stale = 1", (),
                                                    f"ORDER BY id LIMIT {int(limit)}"))
+
+    # -- truthful status -------------------------------------------------------------------
+
+    async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
+        await self._write(lambda db: _exec(
+            db, "INSERT INTO pipeline_flags (pipeline, paused, updated_at, hold_reason, "
+                "hold_until) VALUES (?, 0, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
+                "hold_reason = excluded.hold_reason, hold_until = excluded.hold_until",
+            (pipeline, time.time(), reason, until if reason is not None else None)))
+
+    async def holds(self) -> dict[str, tuple[str, float | None]]:
+        rows = await self._read(lambda db: _rows(
+            db, "SELECT pipeline, hold_reason, hold_until FROM pipeline_flags "
+                "WHERE hold_reason IS NOT NULL"))
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
+        where, params = _status_where((QUEUED, DRAFTING), pipeline)
+        return await self._read(lambda db: _drafts(db, where, params,
+                                                   tail=f"ORDER BY id LIMIT {int(limit)}"))
+
+    async def check(self) -> list[str]:
+        try:
+            rows = await self._read(lambda db: _rows(db, "PRAGMA quick_check"))
+        except StoreError as exc:
+            return [str(exc)]
+        found = [str(r[0]) for r in rows]
+        return [] if found == ["ok"] else [f"SQLite store {self.path}: {f}" for f in found[:5]]
 
 
 
