@@ -209,10 +209,11 @@ def _address_list(value: str) -> list[str]:
 #
 # HTML in mail is untrusted input, so it is not given to html.parser, which scans an
 # unclosed tag again from its start whenever more input arrives (``"<a " * 20000``,
-# 60 kB, took 55 s; 1.5 MB would take hours). One regular expression, whose every
-# repetition is possessive or atomic, finds the markup: no backtracking, so each
-# character is looked at a bounded number of times whatever the markup, and the whole
-# document is cut in one ``re.split`` (no Python step per tag). It follows the
+# 60 kB, took 55 s; 1.5 MB would take hours). One regular expression finds the markup;
+# its repetitions are possessive or atomic, and its two lazy scans (for the end of a
+# comment and of a script) test a short fixed tail at each step: no backtracking, so
+# each character is looked at a bounded number of times whatever the markup, and the whole
+# document is cut in one ``re.split``, not in a Python loop over tokens. It follows the
 # browser's rules where they change what a reader sees: a quote opens a value only
 # after ``=``, so ``>`` inside a quoted value does not end the tag; a comment ends at
 # the first ``-->`` (``<!-->`` too) or runs to the end; ``<!...>``, ``<?...>`` and
