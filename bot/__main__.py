@@ -124,6 +124,53 @@ def _channels(settings: Settings, store, *, demo: bool = False) -> dict:
 
 # -- run -----------------------------------------------------------------------------------
 
+#: Seconds from SIGINT/SIGTERM until the process exits, even if a worker thread is stuck.
+STOP_GRACE = 10.0
+
+
+class _Stopper:
+    """Makes a stop request end the process within :data:`STOP_GRACE` seconds.
+
+    A Gmail read that never answers, or any call running through ``asyncio.to_thread``
+    or a thread pool, cannot be cancelled: the orderly stop waits for it (closing the
+    Gmail client), ``asyncio.run`` waits for the default executor, and the interpreter
+    joins every pool thread at exit. So once a stop is asked for, a daemon timer ends
+    the process after the grace with ``os._exit``. That is safe for the same reason a
+    SIGKILL is: every state change is a committed store transaction; an abandoned read
+    or parse has admitted nothing, so its mail is fetched again; a drafting claim is
+    released by the orderly stop or expires, so the item is drafted again; and a send
+    is recorded as ``sending`` before the call, so the next start checks it instead of
+    sending again."""
+
+    def __init__(self) -> None:
+        self.code = 1  # until _run has finished its orderly stop: it did not finish
+        self._timer: threading.Timer | None = None
+
+    def request(self, stop: asyncio.Event) -> None:
+        stop.set()
+        if self._timer is None:
+            self._timer = threading.Timer(STOP_GRACE, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self) -> None:
+        busy = sorted(t.name for t in threading.enumerate()
+                      if t is not threading.main_thread() and not t.daemon and t.is_alive())
+        log.warning("%gs after the stop signal, %s; exiting without waiting any longer "
+                    "(still busy: %s). Nothing committed is lost: interrupted work is done "
+                    "again at the next start", STOP_GRACE,
+                    "the stop is done but worker threads are still busy" if self.code == 0
+                    else "the stop has not finished", ", ".join(busy) or "none")
+        logging.shutdown()  # flushes the handlers; os._exit skips every exit handler
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(self.code)
+
+
+_stopper = _Stopper()
+
+
 async def _run(args) -> int:
     settings = _load(args)
     only: set[str] | None = None
@@ -162,7 +209,7 @@ async def _run(args) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, _stopper.request, stop)
         await engine.start()
         posted = await engine.post_unposted()
         if posted:
@@ -180,6 +227,7 @@ async def _run(args) -> int:
         if engine is not None:
             await engine.stop()
         await store.close()
+    _stopper.code = 0
     return 0
 
 

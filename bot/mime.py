@@ -4,7 +4,8 @@ sources (Gmail is fetched in ``raw`` format and parsed here).
 Never raises for a merely ugly message: bad or unknown charsets are decoded with
 replacement, undeclared 8-bit text is tried as UTF-8 then Windows-1252, HTML-only mail
 is turned into text, a missing Subject, Date or Message-ID is left empty, attachments
-are listed by name and never decoded. Only a message with no usable sender raises
+are listed by name and never decoded. Only a message with no usable sender, or one
+whose parsing takes more than :data:`PARSE_CPU_LIMIT` seconds of CPU time, raises
 :class:`UnparseableMessage`; the source records it as ``skipped`` with that reason.
 
 Every string that leaves this module is clean: no CR/LF in header values (a Subject
@@ -19,11 +20,12 @@ import email
 import email.header
 import email.policy
 import email.utils
+import functools
 import hashlib
 import html
 import re
+import time
 from email.message import EmailMessage, Message as _RawMessage
-from html.parser import HTMLParser
 
 from .models import Message
 
@@ -50,6 +52,30 @@ _CHARSET_ALIASES = {"utf8": "utf-8", "ks_c_5601-1987": "cp949", "gb2312": "gb180
 
 class UnparseableMessage(ValueError):
     """No usable sender: nobody to reply to. The text is the skip reason."""
+
+
+#: Seconds of CPU time one message may take to parse. A normal message takes well
+#: under one; a message that takes more is skipped with the reason rather than
+#: holding up the rest of the tick. CPU time, not wall time: a busy machine does not
+#: make a normal message look pathological.
+PARSE_CPU_LIMIT = 5.0
+
+
+class ParseTooSlow(UnparseableMessage):
+    """Parsing used up :data:`PARSE_CPU_LIMIT`. The text is the skip reason."""
+
+
+class _Deadline:
+    """The CPU time this thread may still spend on one message."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._until = time.thread_time() + seconds
+
+    def check(self, doing: str) -> None:
+        if time.thread_time() > self._until:
+            raise ParseTooSlow(f"parsing took more than {self.seconds:g}s of CPU time "
+                               f"({doing}); skipped so that the other mail goes on")
 
 
 def stable_id(raw: bytes) -> str:
@@ -180,57 +206,86 @@ def _address_list(value: str) -> list[str]:
 
 
 # -- HTML --------------------------------------------------------------------------------
+#
+# HTML in mail is untrusted input, so it is not given to html.parser, which scans an
+# unclosed tag again from its start whenever more input arrives (``"<a " * 20000``,
+# 60 kB, took 55 s; 1.5 MB would take hours). One regular expression finds the markup;
+# its repetitions are possessive or atomic, and its two lazy scans (for the end of a
+# comment and of a script) test a short fixed tail at each step: no backtracking, so
+# each character is looked at a bounded number of times whatever the markup, and the whole
+# document is cut in one ``re.split``, not in a Python loop over tokens. It follows the
+# browser's rules where they change what a reader sees: a quote opens a value only
+# after ``=``, so ``>`` inside a quoted value does not end the tag; a comment ends at
+# the first ``-->`` (``<!-->`` too) or runs to the end; ``<!...>``, ``<?...>`` and
+# ``</ ...>`` are comments up to the next ``>``; the contents of script, style, title
+# and the like are never text; a tag still open at the end of the document is dropped
+# with what follows it, and a "<" that opens nothing (a < b) is text.
+
+_RAW_NAMES = "script|style|title|iframe|noembed|noframes"  # contents: not text
+_BLOCK = ("p div br tr li h1 h2 h3 h4 h5 h6 blockquote table hr ul ol dl dt dd pre section "
+          "article header footer address form fieldset center main nav aside figure "
+          "figcaption caption").split()
+# What a tag adds to the text: a line break for a block, a space for a table cell.
+_TAG_TEXT = {**{name: "\n" for name in _BLOCK}, "td": " ", "th": " "}
+_TAG_TEXT.update({name.upper(): text for name, text in _TAG_TEXT.items()})
+# Attributes up to the tag's ">": anything but "=" and ">", or "=" and a value (a
+# quoted one may hold ">"; an unclosed quote runs to the end of the document).
+_ATTRS = r"""(?>[^>=]++|=\s*+(?>"[^"]*+"?|'[^']*+'?|[^\s>]*+))*+"""
+_MARKUP = re.compile(
+    r"<(?:"
+    # 1: a raw-text element's name; its contents up to its end tag go with it
+    rf"((?i:{_RAW_NAMES}))(?=[\s/>]){_ATTRS}(?:>(?:.*?(?=</(?i:\1)[\s/>])|.*+))?"
+    rf"|/?([A-Za-z][^\s/>]*+){_ATTRS}>?"  # 2: any other tag's name
+    r"|!--(?>-?>|.*?--!?>|.*+)"  # a comment
+    r"|[!?/][^>]*+>?)",  # <!DOCTYPE>, <![if mso]>, <?xml?>, </ x>, </>
+    re.S)
+# html.unescape's own pattern; split on it so that a reference costs a cache lookup,
+# not a Python call ("&a" * 750000 took 0.6 s through html.unescape).
+_CHARREF = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")
+#: Characters of markup read from one HTML part at most (about a third of a second
+#: whatever the markup). The text of a part cut there ends with a line saying so.
+MAX_HTML = 2_000_000
 
 
-class _TextFromHTML(HTMLParser):
-    _BLOCK = {"p", "div", "br", "tr", "li", "h1", "h2", "h3", "h4", "h5", "h6",
-              "blockquote", "table", "hr"}
-    _HIDDEN = {"script", "style", "head", "title"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self._skip = 0
-
-    def handle_starttag(self, tag, attrs):
-        if tag in self._HIDDEN:
-            self._skip += 1
-        elif tag in self._BLOCK:
-            self.parts.append("\n")
-
-    def handle_startendtag(self, tag, attrs):
-        if tag in self._BLOCK:
-            self.parts.append("\n")
-
-    def handle_endtag(self, tag):
-        if tag in self._HIDDEN:
-            self._skip = max(0, self._skip - 1)
-        elif tag in self._BLOCK:
-            self.parts.append("\n")
-
-    def handle_data(self, data):
-        if not self._skip:
-            self.parts.append(data)
+def _tag_text(name: str | None) -> str:
+    # Not cached: tag names are the sender's, of any length and number.
+    if name is None:
+        return ""
+    text = _TAG_TEXT.get(name)
+    return text if text is not None else _TAG_TEXT.get(name.lower(), "")
 
 
-def html_to_text(markup: str, limit: int | None = None) -> str:
-    """Readable plain text from an HTML body (scripts, styles and head dropped).
-    With ``limit``, stops parsing once that many characters of text exist, so a huge
-    HTML mail costs no more than a small one."""
-    parser = _TextFromHTML()
-    try:
-        for start in range(0, len(markup), 65536):
-            parser.feed(markup[start:start + 65536])
-            if limit is not None and sum(map(len, parser.parts)) > limit + 4096:
-                break
-        else:
-            parser.close()
-        text = "".join(parser.parts)
-    except Exception:
-        text = html.unescape(re.sub(r"<[^>]+>", " ", markup))
-    text = re.sub(r"[ \t\xa0]+", " ", text)
-    text = re.sub(r" *\n *", "\n", text)
-    return re.sub(r"\n{3,}", "\n\n", text).strip()
+@functools.lru_cache(maxsize=2048)
+def _charref(ref: str) -> str:
+    return html.unescape("&" + ref)
+
+
+def _unescape(text: str) -> str:
+    if "&" not in text:
+        return text
+    parts = _CHARREF.split(text)
+    parts[1::2] = map(_charref, parts[1::2])
+    return "".join(parts)
+
+
+def html_to_text(markup: str, *, cut: bool = False) -> str:
+    """Readable plain text from an HTML body: block elements start new lines, table
+    cells are kept apart, entities are decoded, scripts, styles, titles and comments
+    are dropped. Time is linear in the input whatever the markup, and at most
+    :data:`MAX_HTML` characters of it are read; when the markup was cut (there, or
+    before: ``cut``), the text ends with a line saying so."""
+    if len(markup) > MAX_HTML:
+        markup, cut = markup[:MAX_HTML], True
+    parts = _MARKUP.split(markup)  # text, raw-text name, tag name, text, ...
+    del parts[1::3]
+    parts[1::2] = map(_tag_text, parts[1::2])
+    text = _unescape("".join(parts))
+    text = re.sub(r"[ \t\xa0]+", " ", text)  # runs of spaces first, so the next is linear
+    text = re.sub(r" ?\n ?", "\n", text)
+    text = re.sub(r"\n{3,}", "\n\n", text).strip()
+    if cut:
+        text += f"\n\n[HTML cut: only the first {len(markup):,} characters of markup were read]"
+    return text
 
 
 # -- body --------------------------------------------------------------------------------
@@ -288,15 +343,17 @@ def _content_type(part: _RawMessage) -> str:
         return "text/plain"
 
 
-def _body(msg: _RawMessage, max_body: int) -> tuple[str, bool, list[str]]:
+def _body(msg: _RawMessage, max_body: int, deadline: _Deadline
+          ) -> tuple[str, bool, list[str]]:
     plain: list[str] = []
-    htmls: list[str] = []
+    htmls: list[tuple[str, bool]] = []
     attachments: list[str] = []
     cut_any = False
     # Bytes decoded per part: enough for max_body characters in any charset, and for
     # HTML whose markup is much longer than its text.
     byte_limit = max(max_body, 1) * 8 + 1024
     for part in _parts(msg):
+        deadline.check("reading its parts")
         ctype = _content_type(part)
         disposition = str(part.get("Content-Disposition", "") or "").lower()
         filename = _filename(part)
@@ -308,16 +365,19 @@ def _body(msg: _RawMessage, max_body: int) -> tuple[str, bool, list[str]]:
             plain.append(text)
             cut_any |= cut
         elif ctype == "text/html":
-            text, cut = _decode_part(part, byte_limit)
-            htmls.append(text)
+            text, cut = _decode_part(part, min(byte_limit, MAX_HTML))
+            htmls.append((text, cut))
             cut_any |= cut
         else:  # text/calendar, text/csv...: listed, not read
             attachments.append(filename or ctype)
     body = "\n\n".join(t for t in (_clean(p, multiline=True).strip() for p in plain) if t)
     if not body and htmls:
         # HTML-only mail, or an empty text/plain alternative beside the real HTML.
-        body = "\n\n".join(t for t in (html_to_text(_clean(h, multiline=True), max_body)
-                                       for h in htmls) if t)
+        texts = []
+        for markup, cut in htmls:
+            texts.append(html_to_text(_clean(markup, multiline=True), cut=cut))
+            deadline.check("turning HTML into text")
+        body = "\n\n".join(t for t in texts if t)
     return body, cut_any, attachments[:_MAX_LIST]
 
 
@@ -345,19 +405,23 @@ def item_id(raw: bytes) -> str:
 # -- entry point -------------------------------------------------------------------------
 
 
-def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str = "") -> Message:
+def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str = "",
+                cpu_limit: float | None = None) -> Message:
     """Parse one message. ``body`` is cut to ``max_body`` characters
     (``body_truncated`` says so); ``size`` is the raw size in bytes.
 
-    Raises only :class:`UnparseableMessage`, when neither From nor Reply-To holds a
-    usable address.
+    Raises only :class:`UnparseableMessage`: when neither From nor Reply-To holds a
+    usable address, or (:class:`ParseTooSlow`) when parsing takes more than
+    ``cpu_limit`` seconds of CPU time (default :data:`PARSE_CPU_LIMIT`).
     """
+    deadline = _Deadline(PARSE_CPU_LIMIT if cpu_limit is None else cpu_limit)
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogateescape")
     try:
         msg = email.message_from_bytes(bytes(raw), policy=email.policy.compat32)
     except Exception as exc:  # compat32 is very tolerant; this is defence in depth
         raise UnparseableMessage(f"not an email message: {type(exc).__name__}") from exc
+    deadline.check("reading its MIME structure")
     h = _Headers(msg)
     from_raw = h.raw("From")
     from_name, from_addr = _address(from_raw)
@@ -377,7 +441,9 @@ def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str 
             date = ""
 
     try:
-        body, cut, attachments = _body(msg, max_body)
+        body, cut, attachments = _body(msg, max_body, deadline)
+    except ParseTooSlow:
+        raise
     except Exception:  # a structure the email package chokes on: keep the headers
         body, cut, attachments = "", True, []
     truncated = cut or len(body) > max_body
@@ -410,4 +476,4 @@ def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str 
 
 
 __all__ = ["parse_email", "html_to_text", "stable_id", "item_id", "message_id_of", "UnparseableMessage", "EmailMessage",
-           "DEFAULT_MAX_BODY"]
+           "DEFAULT_MAX_BODY", "MAX_HTML", "PARSE_CPU_LIMIT", "ParseTooSlow"]

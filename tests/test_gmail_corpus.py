@@ -118,3 +118,18 @@ async def test_reply_to_a_hostile_subject_adds_no_header(world):
     assert "\n" not in m["Subject"] and m["Subject"].startswith("Re: Hi")
     assert [a.addr_spec for a in m["To"].addresses] == ["bob@customer.example"]
     assert b"\r\nBcc:" not in raw
+
+
+async def test_an_html_bomb_holds_up_no_other_mail(world):
+    """1.5 MB of unclosed tags used to keep a pool thread parsing for hours: the tick
+    never ended and nothing was admitted. Both messages are drafted in one tick."""
+    await world.tick()
+    bomb = world.fake.add_message((H + "Subject: bomb\r\nMessage-ID: <bomb@x>\r\n"
+                                   "Content-Type: text/html\r\n\r\n<p>Hi</p>").encode()
+                                  + b"<a " * 500_000)
+    plain = world.fake.add_message(CORPUS["plain"])
+    await world.tick()
+    assert (await world.store.recent_runs("support", 1))[0].status == "ok"
+    for gid, body in ((bomb, "Hi"), (plain, "Hello")):
+        (d,) = await world.store.find_drafts("support", gid)
+        assert (d.status, d.message.body) == (AWAITING, body)

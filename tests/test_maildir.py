@@ -282,3 +282,62 @@ async def test_the_id_of_a_big_file_without_message_id_is_its_hash_read_in_piece
     (inbox / "big.eml").write_bytes(raw)
     [item] = (await _source(tmp_path).fetch(_Seen().ctx())).items
     assert item.item_id == mime.stable_id(raw)
+
+
+def _deployment(tmp_path: Path) -> Path:
+    """draftgate.yaml and one maildir pipeline over tmp_path/inbox: template drafts,
+    console cards, an outbox sender."""
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "reply.txt").write_text("Hi {first_name},\n\nthanks for writing.\n")
+    (tmp_path / "pipelines" / "support.yaml").write_text(
+        "name: support\nschedule: 5m\nsource: {type: maildir, path: inbox}\n"
+        "drafter: {model: template, prompt: reply.txt}\napproval: {channel: console}\n"
+        "sender: {type: outbox, path: out, from: 'Shop <support@shop.example>'}\n")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text(f"store: sqlite:///{tmp_path}/state.db\npipelines: pipelines/*.yaml\n")
+    return cfg
+
+
+HTML_BOMB = (b"From: Mallory <mallory@customer.example>\r\nMessage-ID: <bomb@customer.example>\r\n"
+             b"Subject: hello\r\nContent-Type: text/html\r\n\r\n<p>Hello</p>" + b"<a " * 500_000)
+
+
+def test_an_html_bomb_next_to_a_normal_mail_holds_nothing_up(tmp_path, capsys):
+    """1.5 MB of unclosed tags used to take html.parser hours, in the thread that
+    parses every new file of the tick: the other mail waited and nothing was admitted.
+    Now both are drafted in the same tick."""
+    from bot.__main__ import main
+    from tests._proc import sqlite_rows
+
+    inbox = tmp_path / "inbox"
+    _copy(["latin1.eml"], inbox)
+    (inbox / "bomb.eml").write_bytes(HTML_BOMB)
+    assert main(["run", "--once", "-c", str(_deployment(tmp_path))]) == 0
+    rows = sqlite_rows(tmp_path / "state.db",
+                       "SELECT item_id, status FROM drafts ORDER BY item_id")
+    assert rows == [("<bomb@customer.example>", "awaiting"),
+                    ("<latin1-1@cliente.example>", "awaiting")]
+
+
+def test_a_message_too_slow_to_parse_is_skipped_with_the_reason_in_status(
+        tmp_path, capsys, monkeypatch):
+    """No markup is that slow any more, so the limit is lowered to nothing: every
+    message is over it, each is skipped with the reason, the tick itself is fine."""
+    from bot.__main__ import main
+    from tests._proc import sqlite_rows
+
+    monkeypatch.setattr(mime, "PARSE_CPU_LIMIT", 0.0)
+    inbox = tmp_path / "inbox"
+    _copy(["latin1.eml"], inbox)
+    (inbox / "bomb.eml").write_bytes(HTML_BOMB)
+    cfg = str(_deployment(tmp_path))
+    assert main(["run", "--once", "-c", cfg]) == 0
+    reason = re.compile(r"unparseable: parsing took more than 0s of CPU time \(.+\); skipped "
+                        r"so that the other mail goes on")
+    rows = sqlite_rows(tmp_path / "state.db", "SELECT status, error FROM drafts")
+    assert len(rows) == 2 and all(s == "skipped" and reason.fullmatch(e) for s, e in rows), rows
+    capsys.readouterr()
+    assert main(["status", "support", "-c", cfg]) == 0
+    out = capsys.readouterr().out
+    assert "healthy" in out.splitlines()[0] and "skipped 2" in out, out
+    assert out.count("skipped <") == 2 and "unparseable: parsing took more than 0s of CPU" in out

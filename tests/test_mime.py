@@ -148,6 +148,90 @@ def test_html_to_text_drops_scripts_and_keeps_paragraphs():
     assert text == "a\n\nc&d"
 
 
+HTML_HEAD = b"From: a@b.example\r\nContent-Type: text/html; charset=utf-8\r\n\r\n"
+# Markup that html.parser needed quadratic time for (the first four), and more shapes
+# a hostile or broken mailer can send; each is repeated to 1.5 MB.
+BOMBS = {
+    "unclosed tags": "<a ",
+    "unclosed quoted attributes": '<a href="',
+    "unclosed single-quoted attributes": "<img alt='x ",
+    "end tags": "</",
+    "unclosed comments": "<!--",
+    "nested comments": "<!-- <!-- ",
+    "closed nested comments": "<!-- <!-- -->",
+    "unquoted attributes": "<a b=",
+    "named end tags": "</a ",
+    "bogus comments": "<!",
+    "processing instructions": "<?",
+    "empty end tags": "</>",
+    "unclosed script": "<script>",
+    "unclosed style": "<style>x",
+    "script elements": "<script></script>",
+    "tiny tags": "<b>",
+    "paragraphs": "<p>x</p>",
+    "entity-like text": "&a",
+    "numeric entities": "&#1;",
+    "lone brackets": "<<",
+}
+
+
+@pytest.mark.parametrize("shape", BOMBS.values(), ids=BOMBS)
+def test_html_bombs_turn_into_text_in_linear_time(shape):
+    """1.5 MB of hostile markup costs a fraction of a second whatever its shape
+    (html.parser took 55 s for 60 kB of "<a ", hours for 1.5 MB), and the text before
+    it is kept."""
+    markup = "<p>Where is my order?</p>" + shape * (1_500_000 // len(shape))
+    # CPU time of this thread: the work done, whatever else the machine is doing.
+    start = time.thread_time()
+    text = html_to_text(markup)
+    spent = time.thread_time() - start
+    assert spent < 1.0, f"{spent:.2f}s of CPU time for {len(markup):,} characters"
+    assert text.startswith("Where is my order?")
+    # The same in a message, as the sources read it.
+    assert parse_email(HTML_HEAD + markup.encode()).body.startswith("Where is my order?")
+
+
+def test_html_beyond_what_is_read_is_cut_and_the_text_says_so():
+    from bot import mime
+
+    markup = "<p>Hi, where is my order?</p>" + "<span></span>" * 200_000
+    assert len(markup) > mime.MAX_HTML
+    assert html_to_text(markup) == (f"Hi, where is my order?\n\n[HTML cut: only the first "
+                                    f"{mime.MAX_HTML:,} characters of markup were read]")
+    # A part longer than parse_email decodes (8 bytes per character of max_body).
+    m = parse_email(HTML_HEAD + markup.encode(), max_body=1000)
+    assert m.body == ("Hi, where is my order?\n\n[HTML cut: only the first 9,024 characters "
+                      "of markup were read]")
+    assert m.body_truncated
+
+
+def test_a_message_that_takes_too_long_to_parse_is_unparseable_with_the_reason():
+    raw = HTML_HEAD + b"<p>Hi</p>" * 100_000
+    with pytest.raises(UnparseableMessage, match=r"^parsing took more than 0s of CPU time "
+                                                 r"\(.+\); skipped so that the other mail "
+                                                 r"goes on$"):
+        parse_email(raw, cpu_limit=0)
+    assert parse_email(raw).body.startswith("Hi\n\nHi")
+
+
+def test_html_keeps_what_a_reader_sees():
+    """Quotes open a value only after "=", comments end at the first "-->", the
+    contents of script, style and title are never text, block elements and table
+    cells keep words apart, entities are decoded."""
+    cases = [
+        ('<a title="x>y" href=\'a"b\'>link</a> <b class=x"y>bold</b>', "link bold"),
+        ("<!--[if mso]><p>MSO only</p><![endif]--><![if !mso]>all<![endif]>", "all"),
+        ("a<!-->b<!--->c<!-- x <!-- y -->d", "abcd"),
+        ("<TITLE>t</TITLE><SCRIPT>if (a<b) x()</SCRIPT >a < b &lt;c&gt; &copy; &#8364;",
+         "a < b <c> \u00a9 \u20ac"),
+        ("<table><tr><td>a</td><td>b</td></tr></table><ul><li>x</li></ul>", "a b\n\nx"),
+    ]
+    for markup, text in cases:
+        assert html_to_text(markup) == text, markup
+    # A tag still open at the end hides the rest, as it did in the sender's mail client.
+    assert html_to_text("kept <a href='never closed>lost") == "kept"
+
+
 def test_mangled_messages_never_raise_anything_else():
     """Random byte damage to every corpus file: parse_email either returns a Message
     or raises UnparseableMessage, never anything else."""

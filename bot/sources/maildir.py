@@ -8,8 +8,9 @@ what mbsync or offlineimap write).
 Read-only: files are never moved, renamed or flagged, so another mail client can own
 the folder. The item id is the Message-ID (a hash of the file's bytes when it has
 none), so a message moved from ``new/`` to ``cur/`` keeps its id. Only messages the
-store has not seen are parsed; a file that cannot be parsed becomes a skipped item
-with the reason, and the tick goes on. File I/O runs off the event loop.
+store has not seen are parsed; a file that cannot be parsed (or whose parsing takes
+more than :data:`bot.mime.PARSE_CPU_LIMIT` of CPU time) becomes a skipped item with
+the reason, and the tick goes on. File I/O runs off the event loop.
 
 ``max_age`` (optional) keeps a first run on an old mailbox from drafting years of
 mail: a message whose Date (or, without one, file time) is older than that, measured
@@ -23,6 +24,7 @@ import asyncio
 import email.parser
 import email.policy
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,6 +35,8 @@ from ..config import Checker, PipelineConfig, Settings, parse_duration, parse_si
 from ..filters import too_big
 from ..errors import ConfigError, SourceError
 from ..models import FetchResult, Item, Message
+
+log = logging.getLogger("draftgate.sources.maildir")
 
 _OPTIONS = {"type", "path", "max_body", "max_age"}
 _HEAD_BYTES = 65536  # enough for the header block of nearly every message
@@ -190,8 +194,11 @@ class MaildirSource:
             return _skipped(item_id, f, f"cannot read {f.name}: {exc.strerror or exc}")
         try:
             message = mime.parse_email(raw, max_body=self.max_body, source_id=f.name)
-        except mime.UnparseableMessage as exc:
+        except mime.UnparseableMessage as exc:  # no sender, or too slow to parse
             return _skipped(item_id, f, f"unparseable: {exc}", size=len(raw))
+        except Exception as exc:  # never let one message stop the tick
+            log.exception("maildir %s: parse failed for %s", self.folder, f.name)
+            return _skipped(item_id, f, f"unparseable ({type(exc).__name__})", size=len(raw))
         return Item(item_id, message)
 
 
