@@ -118,12 +118,13 @@ def split_quoted(body: str) -> tuple[str, str]:
     that nothing but ``>`` lines follows. A reply written between the quoted lines
     (inline) stays whole: its answers are the new text, not the old thread."""
     lines = body.splitlines(keepends=True)
+    answered_from = _answered_inline(lines)
     start = 0
     for i, line in enumerate(lines):
         text = line.strip()
         if (_QUOTE_SEPARATOR.match(text)
-                or (_QUOTE_HEADER.match(text) and not _answered_inline(lines[i + 1:]))
-                or (text.startswith(">") and not _answered_inline(lines[i:]))):
+                or (_QUOTE_HEADER.match(text) and not answered_from(i + 1))
+                or (text.startswith(">") and not answered_from(i))):
             if not body[:start].strip():
                 break
             return body[:start].rstrip(), body[start:].strip()
@@ -145,24 +146,33 @@ _SIGN_OFF = re.compile(r"^(best|best regards|kind regards|regards|cheers|thanks|
                        r"many thanks|sincerely|br)[,.!]?$", re.IGNORECASE)
 
 
-def _answered_inline(lines: list[str]) -> bool:
-    """True if the sender wrote between the quoted lines: text that another ``>`` line
-    follows, or text after the last quote that is not a footer (a signature, a list
-    or legal footer, a sign-off with only a name after it): that is an answer, not
-    the end of the old thread."""
-    quoted = False
-    tail: list[str] = []  # the non-quote lines after the latest quote run
-    for line in lines:
-        text = line.strip()
-        if not text:
-            continue
-        if text.startswith(">"):
-            if tail:
-                return True
-            quoted = True
-        elif quoted:
-            tail.append(text)
-    return bool(tail) and not _is_footer(tail)
+def _answered_inline(lines: list[str]):
+    """``answered_from(i)``: True if the sender wrote between the quoted lines of
+    ``lines[i:]``: text that another ``>`` line follows, or text after the last quote
+    that is not a footer (a signature, a list or legal footer, a sign-off with only a
+    name after it): that is an answer, not the end of the old thread.
+
+    Computed once for every start in one pass, so a body of alternating quote and text
+    lines costs linear time, not quadratic (a hostile email must not stall a tick)."""
+    kinds = ["" if not ln.strip() else (">" if ln.strip().startswith(">") else "t")
+             for ln in lines]
+    last_quote = max((i for i, k in enumerate(kinds) if k == ">"), default=-1)
+    # The last text line before the last quote: any quote before it is answered inline.
+    text_before_last_quote = max((i for i, k in enumerate(kinds[:max(last_quote, 0)])
+                                  if k == "t"), default=-1)
+    tail = [lines[i].strip() for i in range(last_quote + 1, len(lines)) if kinds[i] == "t"]
+    tail_answers = bool(tail) and last_quote >= 0 and not _is_footer(tail)
+    next_quote = [-1] * (len(lines) + 1)
+    for i in range(len(lines) - 1, -1, -1):
+        next_quote[i] = i if kinds[i] == ">" else next_quote[i + 1]
+
+    def answered_from(start: int) -> bool:
+        q = next_quote[min(start, len(lines))]
+        if q < 0:
+            return False
+        return text_before_last_quote > q or tail_answers
+
+    return answered_from
 
 
 def _is_footer(tail: list[str]) -> bool:
