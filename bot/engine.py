@@ -31,10 +31,10 @@ from .config import PipelineConfig, Settings
 from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
                      DrafterRetryable, DrafterSetupError, DraftgateError, SendFailed,
                      SendUnknown, StoreError)
-from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts,
-                     draft_key)
+from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, FetchResult,
+                     RunCounts, draft_key)
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
-from .store import Store
+from .store import AdmitResult, Store
 
 log = logging.getLogger("draftgate.engine")
 
@@ -46,6 +46,10 @@ RECOVERED_SEND = "interrupted"
 #: Longest a model's Retry-After holds a pipeline's drafting (a larger or endless one
 #: is cut to this, so drafting is never stopped for good by one answer).
 MAX_MODEL_HOLD = 3600.0
+
+#: New items stored per admit transaction: short writes, and a store error in one
+#: batch is narrowed down item by item without retrying the whole fetch.
+ADMIT_BATCH = 50
 
 
 def describe_error(exc: BaseException) -> str:
@@ -96,6 +100,9 @@ class Engine:
         self._draft_not_before: dict[str, float] = {}
         self._lock_lost: dict[str, asyncio.Event] = {}  # set when a held lease is lost
         self._checking: set[int] = set()  # unknown sends a _check_later task will check
+        # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
+        # once instead of waiting for the next slot, in bounded steps.
+        self._backlog: set[str] = set()
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
@@ -321,26 +328,93 @@ class Engine:
         progress = None
         if self._progress is not None:
             progress = functools.partial(self._progress, f"{p.name} backfill")
-        ctx = FetchContext(p.name, source.scope, scheduled_for, cursor, unseen, progress)
+        ctx = FetchContext(p.name, source.scope, scheduled_for, cursor, unseen, progress,
+                           limit=p.max_per_tick)
         result = await source.fetch(ctx)
         counts.fetched = len(result.items)
         own = _own_addresses(p, self.settings)
         for item in result.items:
             if item.skip_reason is None:
                 item.skip_reason = _filters.skip_reason(item.message, p.filters, own_addresses=own)
-        self._still_held(p)
-        admitted = await self.store.admit(
-            p.name, source.scope, p.recipe, result.items, cursor=result.cursor,
-            mark_seen=p.mark_seen == "at_fetch", now=self.clock())
-        counts.new = len(admitted.new)
-        counts.skipped = len(admitted.skipped)
-        skipped_now = set(admitted.skipped)
-        for item in result.items:
-            if item.skip_reason and draft_key(p.name, source.scope, item.item_id, p.recipe) in skipped_now:
-                log.info("%s: skipped %s: %s", p.name, item.item_id, item.skip_reason)
-        if admitted.new or admitted.skipped:
+        refused = await self._admit(p, source.scope, result, counts)
+        if refused:
+            # Left unseen and the cursor not moved past them: the next tick fetches them
+            # again (a full disk frees up; a store that keeps refusing keeps the run red).
+            raise StoreError(
+                f"{len(refused)} new item(s) could not be stored and are fetched again next "
+                f"tick: " + "; ".join(f"{i}: {e}" for i, e in refused[:3])
+                + (f"; and {len(refused) - 3} more" if len(refused) > 3 else ""))
+        if result.more:
+            self._backlog.add(p.name)
+            log.info("%s: %d new item(s) taken (max_per_tick %d); more wait at the source "
+                     "for the next tick", p.name, counts.fetched, p.max_per_tick)
+        else:
+            self._backlog.discard(p.name)
+
+    async def _admit(self, p: PipelineConfig, scope: str, result: FetchResult,
+                     counts: RunCounts) -> list[tuple[str, str]]:
+        """Admit ``result`` in batches of :data:`ADMIT_BATCH` (short transactions; a
+        big fetch is not one big write). A batch the store refuses is admitted item by
+        item, so one item it cannot take (too big, a full disk) does not stop the
+        others; those are returned as (item id, error), not admitted. The cursor is
+        stored with the last batch, and only if every item was admitted: a crash or a
+        refusal before then re-lists from the old cursor, and the seen marks keep what
+        was admitted from being admitted twice."""
+        refused: list[tuple[str, str]] = []
+        items = result.items
+        batches = [items[i:i + ADMIT_BATCH] for i in range(0, len(items), ADMIT_BATCH)] or [[]]
+        seen = 0
+        for n, batch in enumerate(batches):
+            self._still_held(p)
+            cursor = result.cursor if n == len(batches) - 1 and not refused else None
+            try:
+                results = [await self._admit_batch(p, scope, batch, cursor)]
+            except Exception as exc:
+                if len(batch) <= 1:
+                    raise
+                log.warning("%s: storing %d new item(s) at once failed (%s); storing them "
+                            "one by one", p.name, len(batch), describe_error(exc))
+                results, failures = [], 0
+                for item in batch:
+                    self._still_held(p)
+                    try:
+                        results.append(await self._admit_batch(p, scope, [item], None))
+                        failures = 0
+                    except Exception as one:
+                        failures += 1
+                        if failures >= 3 and not results:
+                            raise  # the store takes nothing: it is down, not one item
+                        refused.append((item.item_id, describe_error(one)))
+                        log.warning("%s: could not store %s: %s", p.name, item.item_id,
+                                    describe_error(one))
+                if cursor is not None and not refused:
+                    results.append(await self._admit_batch(p, scope, [], cursor))
+            reasons = {draft_key(p.name, scope, it.item_id, p.recipe): it for it in batch}
+            for admitted in results:
+                counts.new += len(admitted.new)
+                counts.skipped += len(admitted.skipped)
+                seen += admitted.already_seen
+                for key in admitted.skipped:
+                    it = reasons.get(key)
+                    if it is not None:
+                        log.info("%s: skipped %s: %s", p.name, it.item_id, it.skip_reason)
+                if admitted.skipped and p.mark_seen == "on_success":
+                    # Skipped is final: seen now, or a source would list it on every
+                    # tick and, at max_per_tick of them, never get past them.
+                    await self.store.mark_seen(p.name, scope, [
+                        reasons[k].item_id for k in admitted.skipped if k in reasons],
+                        now=self.clock())
+        if counts.new or counts.skipped:
             log.info("%s: fetched %d, admitted %d new, %d skipped, %d seen before",
-                     p.name, counts.fetched, counts.new, counts.skipped, admitted.already_seen)
+                     p.name, counts.fetched, counts.new, counts.skipped, seen)
+        return refused
+
+    async def _admit_batch(self, p: PipelineConfig, scope: str, items: list,
+                           cursor: str | None):
+        if not items and cursor is None:
+            return AdmitResult()
+        return await self.store.admit(p.name, scope, p.recipe, items, cursor=cursor,
+                                      mark_seen=p.mark_seen == "at_fetch", now=self.clock())
 
     async def drain(self, name: str) -> RunCounts:
         """Draft what is queued, post what is ready, send what is approved (skipped
@@ -412,12 +486,14 @@ class Engine:
             return
         workers = 1 if p.name in self._model_trouble else max(1, self.settings.max_in_flight)
         stop = asyncio.Event()
+        channel_down = asyncio.Event()
 
         async def worker() -> None:
             while not stop.is_set():
                 if not await self._budget_left(p):
                     stop.set()
                     return
+                drafted: list[Draft] = []
                 async with self._in_flight:
                     if stop.is_set() or self._lost(p):
                         stop.set()
@@ -426,8 +502,15 @@ class Engine:
                     if not claimed:
                         stop.set()
                         return
-                    if not await self._draft_one(p, claimed[0], counts):
+                    if not await self._draft_one(p, claimed[0], counts, drafted.append):
                         stop.set()
+                # Its card goes out now, not after the whole queue is drafted. Through
+                # the outbox all the same: the row is `ready` until posted, so a crash
+                # here leaves it to post_unposted / the next tick.
+                for d in drafted:
+                    if not channel_down.is_set() and not self._lost(p):
+                        if not await self._post_counted(p, d, counts):
+                            channel_down.set()  # the rest wait in ready for _post_ready
 
         tasks = [asyncio.create_task(worker()) for _ in range(workers)]
         try:
@@ -441,8 +524,10 @@ class Engine:
             raise
         self._still_held(p)
 
-    async def _draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> bool:
-        """Draft one claimed item; False when the model is in trouble (stop claiming)."""
+    async def _draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts,
+                         ready: Callable[[Draft], None] | None = None) -> bool:
+        """Draft one claimed item; False when the model is in trouble (stop claiming).
+        ``ready`` gets the stored draft (status ``ready``) when one was made."""
         request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
                                previous_body=d.body, draft_key=d.key)
         try:
@@ -484,6 +569,8 @@ class Engine:
                                                 max_attempts=p.max_attempts, now=self.clock())
             if after is not None and after.status == FAILED:
                 counts.failed += 1
+                if p.mark_seen == "on_success":  # final, like skipped (see _admit)
+                    await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
                 if after.approval_message_id:  # a regenerate that failed: say so on the card
                     await self._update_card(after)
                 await self.notify(f"⚠️ {p.name} #{d.id}: drafting failed after {after.attempt} "
@@ -515,6 +602,8 @@ class Engine:
         counts.drafted += 1
         if p.mark_seen == "on_success":
             await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
+        if ready is not None:
+            ready(stored)
         return True
 
     # -- approval -------------------------------------------------------------------
@@ -524,14 +613,20 @@ class Engine:
             waiting = await self.store.unposted(p.name, limit=batch)
             for d in waiting:
                 self._still_held(p)
-                posted = await self._post_one(p, d)
-                if posted is None:
+                if not await self._post_counted(p, d, counts):
                     return  # the channel is unreachable: the rest wait in ready
-                counts.posted += 1
-                if posted.status == "sent":  # a channel that decides at once (demo mode)
-                    counts.sent += 1
             if len(waiting) < batch:
                 return
+
+    async def _post_counted(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> bool:
+        """Post ``d``'s card and count it; False if the channel is unreachable."""
+        posted = await self._post_one(p, d)
+        if posted is None:
+            return False
+        counts.posted += 1
+        if posted.status == "sent":  # a channel that decides at once (demo mode)
+            counts.sent += 1
+        return True
 
     async def _post_one(self, p: PipelineConfig, d: Draft) -> Draft | None:
         """Post (or re-render) the card of a ready draft; the draft afterwards, or
@@ -595,8 +690,23 @@ class Engine:
             await self._refuse_if_drafting_waits(d)
         d = await self.store.regenerate(draft_id, version, actor, instruction, now=self.clock())
         if d is not None:
-            self._spawn(self.drain(d.pipeline))
+            self._spawn(self._redraft(d))
         return d
+
+    async def _redraft(self, d: Draft) -> None:
+        """Draft a regenerated version at once, on its own: an operator's decision does
+        not wait for the pipeline's lock or behind a tick's bulk drafting (nor for a
+        drafting slot: it is one call more than max_in_flight, for a moment). The
+        claim is the same fenced CAS as a tick's, so exactly one of them drafts it: if
+        a tick's worker claimed it first, that worker drafts and posts it."""
+        p = self.pipeline(d.pipeline)
+        claimed = await self.store.claim_key(d.key, p.lease, now=self.clock())
+        if claimed is None:
+            return
+        drafted: list[Draft] = []
+        await self._draft_one(p, claimed, RunCounts(), drafted.append)
+        for ready in drafted:  # a card that cannot be updated now waits in ready
+            await self._post_one(p, ready)
 
     async def reject(self, draft_id: int, version: int, actor: str, reason: str = "") -> Draft | None:
         d = await self.store.reject(draft_id, version, actor, reason, now=self.clock())
