@@ -319,6 +319,7 @@ class Engine:
 
     async def _fetch_and_admit(self, p: PipelineConfig, scheduled_for: float,
                                counts: RunCounts) -> None:
+        self._backlog.discard(p.name)  # set again below only if this fetch stops short
         source = self.source(p)
         cursor = await self.store.get_cursor(p.name, source.scope)
 
@@ -348,8 +349,6 @@ class Engine:
             self._backlog.add(p.name)
             log.info("%s: %d new item(s) taken (max_per_tick %d); more wait at the source "
                      "for the next tick", p.name, counts.fetched, p.max_per_tick)
-        else:
-            self._backlog.discard(p.name)
 
     async def _admit(self, p: PipelineConfig, scope: str, result: FetchResult,
                      counts: RunCounts) -> list[tuple[str, str]]:
@@ -954,13 +953,18 @@ class Engine:
             try:
                 if p.name in await self.store.paused():
                     log.debug("%s is paused", p.name)
+                    self._backlog.discard(p.name)
                 else:
                     await self.tick(p.name, scheduled_for=slot)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("%s: tick crashed", p.name)
-            due = scheduler.next_due(p, max(slot, self.clock()))
+                self._backlog.discard(p.name)
+            # More new items wait at the source (max_per_tick): the next bounded tick
+            # runs now rather than at the next slot, so a flood drains steadily.
+            due = self.clock() if p.name in self._backlog else \
+                scheduler.next_due(p, max(slot, self.clock()))
 
     async def _sweep_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
