@@ -2,9 +2,15 @@
 
 A tick::
 
-    fetch -> filter -> admit (one transaction) -> claim/draft/finish (bounded in flight)
-          -> post ready cards -> send approved drafts -> check unknown sends
-    and one pipeline_runs row with the counts and the error, if any.
+    fetch (at most max_per_tick new items) -> filter -> admit (batches of ADMIT_BATCH,
+          each one transaction) -> claim/draft/finish (bounded in flight), each card
+          posted as its draft is stored -> post cards still ready -> send approved
+          drafts -> check unknown sends
+    and one pipeline_runs row with the counts and the error, if any. When the source
+    had more than max_per_tick, the pipeline's loop runs the next tick at once.
+
+Operator decisions do not wait for ticks: Approve sends at once, and a Regenerate's
+new version is drafted at once by its own fenced claim (see _redraft).
 
 The engine never holds a store transaction across a network call: every store method
 is its own short transaction, and drafting, posting and sending happen between them.
@@ -32,7 +38,7 @@ from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
                      DrafterRetryable, DrafterSetupError, DraftgateError, SendFailed,
                      SendUnknown, StoreError)
 from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, FetchResult,
-                     RunCounts, draft_key)
+                     Item, RunCounts, draft_key)
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import AdmitResult, Store
 
@@ -103,6 +109,7 @@ class Engine:
         # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
         # once instead of waiting for the next slot, in bounded steps.
         self._backlog: set[str] = set()
+        self._posting: set[int] = set()  # drafts whose card a task is posting now
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
@@ -369,23 +376,14 @@ class Engine:
             try:
                 results = [await self._admit_batch(p, scope, batch, cursor)]
             except Exception as exc:
-                if len(batch) <= 1:
-                    raise
+                if not batch:
+                    raise  # only the cursor: nothing to narrow down
+                if len(batch) == 1:
+                    refused.append((batch[0].item_id, describe_error(exc)))
+                    continue
                 log.warning("%s: storing %d new item(s) at once failed (%s); storing them "
                             "one by one", p.name, len(batch), describe_error(exc))
-                results, failures = [], 0
-                for item in batch:
-                    self._still_held(p)
-                    try:
-                        results.append(await self._admit_batch(p, scope, [item], None))
-                        failures = 0
-                    except Exception as one:
-                        failures += 1
-                        if failures >= 3 and not results:
-                            raise  # the store takes nothing: it is down, not one item
-                        refused.append((item.item_id, describe_error(one)))
-                        log.warning("%s: could not store %s: %s", p.name, item.item_id,
-                                    describe_error(one))
+                results = await self._admit_one_by_one(p, scope, batch, refused)
                 if cursor is not None and not refused:
                     results.append(await self._admit_batch(p, scope, [], cursor))
             reasons = {draft_key(p.name, scope, it.item_id, p.recipe): it for it in batch}
@@ -408,8 +406,29 @@ class Engine:
                      p.name, counts.fetched, counts.new, counts.skipped, seen)
         return refused
 
-    async def _admit_batch(self, p: PipelineConfig, scope: str, items: list,
-                           cursor: str | None):
+    async def _admit_one_by_one(self, p: PipelineConfig, scope: str, batch: list[Item],
+                                refused: list[tuple[str, str]]) -> list[AdmitResult]:
+        """Each item of ``batch`` in its own transaction; the ones refused are added to
+        ``refused``. Three refusals in a row with none taken: the store is down, not
+        one item, so the error is raised instead of trying the rest one by one."""
+        results: list[AdmitResult] = []
+        failures = 0
+        for item in batch:
+            self._still_held(p)
+            try:
+                results.append(await self._admit_batch(p, scope, [item], None))
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                if failures >= 3 and not results:
+                    raise
+                refused.append((item.item_id, describe_error(exc)))
+                log.warning("%s: could not store %s: %s", p.name, item.item_id,
+                            describe_error(exc))
+        return results
+
+    async def _admit_batch(self, p: PipelineConfig, scope: str, items: list[Item],
+                           cursor: str | None) -> AdmitResult:
         if not items and cursor is None:
             return AdmitResult()
         return await self.store.admit(p.name, scope, p.recipe, items, cursor=cursor,
@@ -426,8 +445,8 @@ class Engine:
         return counts
 
     async def _drain(self, p: PipelineConfig, counts: RunCounts) -> None:
-        await self._draft_queued(p, counts)
-        await self._post_ready(p, counts)
+        if await self._draft_queued(p, counts):  # False: a post failed; one try per tick
+            await self._post_ready(p, counts)
         await self._send_approved(p, counts)
         await self._check_unknown(p, counts)
 
@@ -466,7 +485,9 @@ class Engine:
             raise DrafterRetryable(f"Not regenerated: the model asked to wait; try again in "
                                    f"{max(1, round(wait / 60))} min.")
 
-    async def _draft_queued(self, p: PipelineConfig, counts: RunCounts) -> None:
+    async def _draft_queued(self, p: PipelineConfig, counts: RunCounts) -> bool:
+        """Draft what is queued, posting each card as its draft is stored. False if
+        the approval channel was unreachable for one of them (the rest wait in ready)."""
         # A lease left by a crashed or hung worker goes back to the queue here, on
         # every tick, rather than waiting for the daily sweep.
         try:
@@ -482,7 +503,7 @@ class Engine:
         wait = self._draft_not_before.get(p.name, 0.0) - self.clock()
         if wait > 0:
             log.info("%s: the model asked to wait; drafting resumes in %.0fs", p.name, wait)
-            return
+            return True
         workers = 1 if p.name in self._model_trouble else max(1, self.settings.max_in_flight)
         stop = asyncio.Event()
         channel_down = asyncio.Event()
@@ -522,6 +543,7 @@ class Engine:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         self._still_held(p)
+        return not channel_down.is_set()
 
     async def _draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts,
                          ready: Callable[[Draft], None] | None = None) -> bool:
@@ -619,6 +641,8 @@ class Engine:
 
     async def _post_counted(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> bool:
         """Post ``d``'s card and count it; False if the channel is unreachable."""
+        if d.id in self._posting:
+            return True  # a Regenerate or an Edit is posting it right now
         posted = await self._post_one(p, d)
         if posted is None:
             return False
@@ -629,7 +653,18 @@ class Engine:
 
     async def _post_one(self, p: PipelineConfig, d: Draft) -> Draft | None:
         """Post (or re-render) the card of a ready draft; the draft afterwards, or
-        None if the channel is unreachable (the draft waits in ready)."""
+        None if the channel is unreachable (the draft waits in ready). A draft whose
+        card this process is posting already (a Regenerate's own drafting next to a
+        tick's posting) is left to that post: one post per card, not two."""
+        if d.id in self._posting:
+            return d
+        self._posting.add(d.id)
+        try:
+            return await self._post_unguarded(p, d)
+        finally:
+            self._posting.discard(d.id)
+
+    async def _post_unguarded(self, p: PipelineConfig, d: Draft) -> Draft | None:
         try:
             channel = self.channel(p)
             ref = await channel.post(d)

@@ -31,6 +31,13 @@ on ticks that have candidates). Bodies are fetched as ``format=raw`` with bounde
 concurrency in the account's thread pool and parsed by :func:`bot.mime.parse_email`;
 an unparseable message becomes a skipped item with the reason.
 
+At most ``ctx.limit`` (the pipeline's ``max_per_tick``) unseen ids are downloaded per
+tick, oldest first. The ids found but not taken (new in history, listed for a backfill
+or a resync) are kept in the cursor as ``"backlog": [[id, kind], ...]`` (see
+:data:`_KINDS`); the next tick takes them before anything history adds after them.
+So the historyId always moves on, nothing found is skipped, and memory and the
+cursor hold ids, never bodies, for what waits.
+
 Gmail's search index can lag behind history: a message that just arrived may be
 missing from that ``messages.list`` although it matches. The cursor moves past it, so
 a candidate the search missed is not simply dropped: while it is young (internalDate
