@@ -2,7 +2,7 @@
 
 A tick::
 
-    fetch (at most max_per_tick new items) -> filter -> admit (batches of ADMIT_BATCH,
+    fetch (at most max_per_tick new items) -> filter -> admit (bot.admit: batches,
           each one transaction) -> claim/draft/finish (bounded in flight), each card
           posted as its draft is stored -> post cards still ready -> send approved
           drafts -> check unknown sends
@@ -32,15 +32,15 @@ from typing import Callable
 
 from . import filters as _filters
 from . import scheduler
+from .admit import admit_fetched
 from .build import build_drafter, build_sender, build_source
 from .config import PipelineConfig, Settings
 from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
                      DrafterRetryable, DrafterSetupError, DraftgateError, SendFailed,
                      SendUnknown, StoreError)
-from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, FetchResult,
-                     Item, RunCounts, draft_key)
+from .models import AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
-from .store import AdmitResult, Store
+from .store import Store
 
 log = logging.getLogger("draftgate.engine")
 
@@ -52,10 +52,6 @@ RECOVERED_SEND = "interrupted"
 #: Longest a model's Retry-After holds a pipeline's drafting (a larger or endless one
 #: is cut to this, so drafting is never stopped for good by one answer).
 MAX_MODEL_HOLD = 3600.0
-
-#: New items stored per admit transaction: short writes, and a store error in one
-#: batch is narrowed down item by item without retrying the whole fetch.
-ADMIT_BATCH = 50
 
 
 def describe_error(exc: BaseException) -> str:
@@ -344,7 +340,8 @@ class Engine:
         for item in result.items:
             if item.skip_reason is None:
                 item.skip_reason = _filters.skip_reason(item.message, p.filters, own_addresses=own)
-        refused = await self._admit(p, source.scope, result, counts)
+        refused = await admit_fetched(self.store, p, source.scope, result, counts,
+                                      check=lambda: self._still_held(p), clock=self.clock)
         if refused:
             # Left unseen and the cursor not moved past them: the next tick fetches them
             # again (a full disk frees up; a store that keeps refusing keeps the run red).
@@ -356,83 +353,6 @@ class Engine:
             self._backlog.add(p.name)
             log.info("%s: %d new item(s) taken (max_per_tick %d); more wait at the source "
                      "for the next tick", p.name, counts.fetched, p.max_per_tick)
-
-    async def _admit(self, p: PipelineConfig, scope: str, result: FetchResult,
-                     counts: RunCounts) -> list[tuple[str, str]]:
-        """Admit ``result`` in batches of :data:`ADMIT_BATCH` (short transactions; a
-        big fetch is not one big write). A batch the store refuses is admitted item by
-        item, so one item it cannot take (too big, a full disk) does not stop the
-        others; those are returned as (item id, error), not admitted. The cursor is
-        stored with the last batch, and only if every item was admitted: a crash or a
-        refusal before then re-lists from the old cursor, and the seen marks keep what
-        was admitted from being admitted twice."""
-        refused: list[tuple[str, str]] = []
-        items = result.items
-        batches = [items[i:i + ADMIT_BATCH] for i in range(0, len(items), ADMIT_BATCH)] or [[]]
-        seen = 0
-        for n, batch in enumerate(batches):
-            self._still_held(p)
-            cursor = result.cursor if n == len(batches) - 1 and not refused else None
-            try:
-                results = [await self._admit_batch(p, scope, batch, cursor)]
-            except Exception as exc:
-                if not batch:
-                    raise  # only the cursor: nothing to narrow down
-                if len(batch) == 1:
-                    refused.append((batch[0].item_id, describe_error(exc)))
-                    continue
-                log.warning("%s: storing %d new item(s) at once failed (%s); storing them "
-                            "one by one", p.name, len(batch), describe_error(exc))
-                results = await self._admit_one_by_one(p, scope, batch, refused)
-                if cursor is not None and not refused:
-                    results.append(await self._admit_batch(p, scope, [], cursor))
-            reasons = {draft_key(p.name, scope, it.item_id, p.recipe): it for it in batch}
-            for admitted in results:
-                counts.new += len(admitted.new)
-                counts.skipped += len(admitted.skipped)
-                seen += admitted.already_seen
-                for key in admitted.skipped:
-                    it = reasons.get(key)
-                    if it is not None:
-                        log.info("%s: skipped %s: %s", p.name, it.item_id, it.skip_reason)
-                if admitted.skipped and p.mark_seen == "on_success":
-                    # Skipped is final: seen now, or a source would list it on every
-                    # tick and, at max_per_tick of them, never get past them.
-                    await self.store.mark_seen(p.name, scope, [
-                        reasons[k].item_id for k in admitted.skipped if k in reasons],
-                        now=self.clock())
-        if counts.new or counts.skipped:
-            log.info("%s: fetched %d, admitted %d new, %d skipped, %d seen before",
-                     p.name, counts.fetched, counts.new, counts.skipped, seen)
-        return refused
-
-    async def _admit_one_by_one(self, p: PipelineConfig, scope: str, batch: list[Item],
-                                refused: list[tuple[str, str]]) -> list[AdmitResult]:
-        """Each item of ``batch`` in its own transaction; the ones refused are added to
-        ``refused``. Three refusals in a row with none taken: the store is down, not
-        one item, so the error is raised instead of trying the rest one by one."""
-        results: list[AdmitResult] = []
-        failures = 0
-        for item in batch:
-            self._still_held(p)
-            try:
-                results.append(await self._admit_batch(p, scope, [item], None))
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                if failures >= 3 and not results:
-                    raise
-                refused.append((item.item_id, describe_error(exc)))
-                log.warning("%s: could not store %s: %s", p.name, item.item_id,
-                            describe_error(exc))
-        return results
-
-    async def _admit_batch(self, p: PipelineConfig, scope: str, items: list[Item],
-                           cursor: str | None) -> AdmitResult:
-        if not items and cursor is None:
-            return AdmitResult()
-        return await self.store.admit(p.name, scope, p.recipe, items, cursor=cursor,
-                                      mark_seen=p.mark_seen == "at_fetch", now=self.clock())
 
     async def drain(self, name: str) -> RunCounts:
         """Draft what is queued, post what is ready, send what is approved (skipped

@@ -313,3 +313,22 @@ def test_max_per_tick_must_be_a_positive_whole_number(tmp_path, value, problem):
     with pytest.raises(ConfigError) as err:
         load_settings(cfg)
     assert f"pipelines/support.yaml: max_per_tick: {problem}" in str(err.value)
+
+
+async def test_the_loop_runs_the_next_tick_at_once_while_mail_waits_at_the_source(
+        tmp_path, make_world):
+    """Running for real (schedule 5m): 120 mails with max_per_tick: 50 are all drafted
+    and posted in three ticks back to back, not one tick per 5 minutes."""
+    w = await make_world(deploy(tmp_path, emails=120, extra="max_per_tick: 50\n"))
+    stop = asyncio.Event()
+    loop = asyncio.create_task(w.engine.run_forever(stop))
+    try:
+        async with asyncio.timeout(100):
+            while len(w.cards.posts) < 120:
+                w.cards.posted.clear()
+                await w.cards.posted.wait()
+    finally:
+        stop.set()
+        await loop
+    runs = await w.store.recent_runs("support", limit=10)
+    assert [r.counts["new"] for r in reversed(runs)][:3] == [50, 50, 20]
