@@ -196,6 +196,7 @@ class Engine:
             if held:
                 await self._tick_locked(p, scheduled_for, counts)
             else:
+                self._backlog.discard(name)  # that process takes what waits
                 log.info("%s: another process is running this pipeline; tick skipped", name)
         return counts
 
@@ -510,7 +511,7 @@ class Engine:
                                                 max_attempts=p.max_attempts, now=self.clock())
             if after is not None and after.status == FAILED:
                 counts.failed += 1
-                if p.mark_seen == "on_success":  # final, like skipped (see _admit)
+                if p.mark_seen == "on_success":  # final, like skipped (see bot.admit)
                     await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
                 if after.approval_message_id:  # a regenerate that failed: say so on the card
                     await self._update_card(after)
