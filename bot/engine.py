@@ -192,11 +192,13 @@ class Engine:
         if scheduled_for is None:
             scheduled_for = scheduler.last_due(p, self.clock())
         counts = RunCounts()
+        # Set again only by a fetch of this tick that stops short (so a tick that does
+        # not get that far, whatever the reason, never makes the loop hurry).
+        self._backlog.discard(name)
         async with self._pipeline_lock(p) as held:
             if held:
                 await self._tick_locked(p, scheduled_for, counts)
             else:
-                self._backlog.discard(name)  # that process takes what waits
                 log.info("%s: another process is running this pipeline; tick skipped", name)
         return counts
 
@@ -323,7 +325,6 @@ class Engine:
 
     async def _fetch_and_admit(self, p: PipelineConfig, scheduled_for: float,
                                counts: RunCounts) -> None:
-        self._backlog.discard(p.name)  # set again below only if this fetch stops short
         source = self.source(p)
         cursor = await self.store.get_cursor(p.name, source.scope)
 
