@@ -105,7 +105,7 @@ class Engine:
         # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
         # once instead of waiting for the next slot, in bounded steps.
         self._backlog: set[str] = set()
-        self._posting: set[int] = set()  # drafts whose card a task is posting now
+        self._posting: set[tuple[int, int]] = set()  # (draft, version) being posted now
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
@@ -563,7 +563,7 @@ class Engine:
 
     async def _post_counted(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> bool:
         """Post ``d``'s card and count it; False if the channel is unreachable."""
-        if d.id in self._posting:
+        if (d.id, d.version) in self._posting:
             return True  # a Regenerate or an Edit is posting it right now
         posted = await self._post_one(p, d)
         if posted is None:
@@ -575,25 +575,21 @@ class Engine:
 
     async def _post_one(self, p: PipelineConfig, d: Draft) -> Draft | None:
         """Post (or re-render) the card of a ready draft; the draft afterwards, or
-        None if the channel is unreachable (the draft waits in ready). A draft whose
+        None if the channel is unreachable (the draft waits in ready). A version whose
         card this process is posting already (a Regenerate's own drafting next to a
         tick's posting) is left to that post: one post per card, not two."""
-        if d.id in self._posting:
+        if (d.id, d.version) in self._posting:
             return d
-        self._posting.add(d.id)
-        try:
-            return await self._post_unguarded(p, d)
-        finally:
-            self._posting.discard(d.id)
-
-    async def _post_unguarded(self, p: PipelineConfig, d: Draft) -> Draft | None:
+        self._posting.add((d.id, d.version))
         try:
             channel = self.channel(p)
             ref = await channel.post(d)
+            posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id)
         except ApprovalError as exc:
             log.warning("%s: cannot post #%d yet (%s); it waits in ready", p.name, d.id, exc)
             return None
-        posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id)
+        finally:
+            self._posting.discard((d.id, d.version))
         if posted is None:
             # Meanwhile a tap adopted an earlier card of this draft (one whose post had
             # looked failed): the card just posted is a second one, so take it away.
@@ -603,7 +599,7 @@ class Engine:
                     != (ref.chat, ref.message_id) and hasattr(channel, "discard")):
                 await channel.discard(ref, fresh)
             return fresh or d
-        if hasattr(channel, "on_posted"):
+        if hasattr(channel, "on_posted"):  # outside the guard: it may post a new version
             await channel.on_posted(posted)
             return await self.store.get_draft(d.id) or posted
         return posted
