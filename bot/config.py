@@ -263,6 +263,7 @@ class PipelineConfig:
     daily_token_budget: int | None = None
     enabled: bool = True
     base_dir: Path = Path(".")
+    max_per_tick: int = 200  # new items fetched and admitted per tick; the rest wait
 
     def path(self, value: str) -> Path:
         """A path from this pipeline's file, relative to the deployment directory."""
@@ -301,10 +302,14 @@ class Settings:
         return p if p.is_absolute() else self.base_dir / p
 
 
+#: Default ``max_per_tick``: enough for any normal tick, small enough that a flood or a
+#: backfill is fetched, stored and drafted in bounded steps (memory, time to first card).
+DEFAULT_MAX_PER_TICK = 200
+
 _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
-                  "daily_token_budget", "enabled"}
+                  "daily_token_budget", "enabled", "max_per_tick"}
 _FILTER_KEYS = {"skip_senders", "skip_mailing_lists", "skip_own", "own_addresses",
                 "max_body", "skip_subjects", "skip_auto_replies"}
 
@@ -750,6 +755,11 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     max_attempts = ck.get(data, "max_attempts", "", int, default=3)
     if max_attempts is not None and max_attempts < 1:
         ck.error("max_attempts", "expected a whole number of at least 1")
+    max_per_tick = ck.get(data, "max_per_tick", "", int, default=DEFAULT_MAX_PER_TICK)
+    if max_per_tick is not None and max_per_tick < 1:
+        ck.error("max_per_tick", f"expected a whole number of messages of at least 1, like "
+                                 f"{DEFAULT_MAX_PER_TICK}, got {max_per_tick}; it bounds how "
+                                 f"many new items one tick fetches (the rest come next tick)")
     if name is None:
         return None
     return PipelineConfig(
@@ -760,7 +770,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         mark_seen=ck.get(data, "mark_seen", "", str, default="at_fetch", choices=MARK_SEEN),
         catchup=catchup or "latest", catchup_max=catchup_max or 24,
         daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
-        base_dir=base,
+        base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK,
     )
 
 

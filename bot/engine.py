@@ -2,9 +2,15 @@
 
 A tick::
 
-    fetch -> filter -> admit (one transaction) -> claim/draft/finish (bounded in flight)
-          -> post ready cards -> send approved drafts -> check unknown sends
-    and one pipeline_runs row with the counts and the error, if any.
+    fetch (at most max_per_tick new items) -> filter -> admit (bot.admit: batches,
+          each one transaction) -> claim/draft/finish (bounded in flight), each card
+          posted as its draft is stored -> post cards still ready -> send approved
+          drafts -> check unknown sends
+    and one pipeline_runs row with the counts and the error, if any. When the source
+    had more than max_per_tick, the pipeline's loop runs the next tick at once.
+
+Operator decisions do not wait for ticks: Approve sends at once, and a Regenerate's
+new version is drafted at once by its own fenced claim (see _redraft).
 
 The engine never holds a store transaction across a network call: every store method
 is its own short transaction, and drafting, posting and sending happen between them.
@@ -26,13 +32,13 @@ from typing import Callable
 
 from . import filters as _filters
 from . import scheduler
+from .admit import admit_fetched
 from .build import build_drafter, build_sender, build_source
 from .config import PipelineConfig, Settings
 from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
                      DrafterRetryable, DrafterSetupError, DraftgateError, SendFailed,
                      SendUnknown, StoreError)
-from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts,
-                     draft_key)
+from .models import AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store
 from .redact import scrub
@@ -104,6 +110,10 @@ class Engine:
         self._not_held: set[str] = set()
         self._lock_lost: dict[str, asyncio.Event] = {}  # set when a held lease is lost
         self._checking: set[int] = set()  # unknown sends a _check_later task will check
+        # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
+        # once instead of waiting for the next slot, in bounded steps.
+        self._backlog: set[str] = set()
+        self._posting: set[tuple[int, int]] = set()  # (draft, version) being posted now
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
@@ -192,6 +202,9 @@ class Engine:
             scheduled_for = scheduler.last_due(p, self.clock())
         counts = RunCounts()
         await self._resync_cards()
+        # Set again only by a fetch of this tick that stops short (so a tick that does
+        # not get that far, whatever the reason, never makes the loop hurry).
+        self._backlog.discard(name)
         async with self._pipeline_lock(p) as held:
             if held:
                 await self._tick_locked(p, scheduled_for, counts)
@@ -333,26 +346,27 @@ class Engine:
         progress = None
         if self._progress is not None:
             progress = functools.partial(self._progress, f"{p.name} backfill")
-        ctx = FetchContext(p.name, source.scope, scheduled_for, cursor, unseen, progress)
+        ctx = FetchContext(p.name, source.scope, scheduled_for, cursor, unseen, progress,
+                           limit=p.max_per_tick)
         result = await source.fetch(ctx)
         counts.fetched = len(result.items)
         own = _own_addresses(p, self.settings)
         for item in result.items:
             if item.skip_reason is None:
                 item.skip_reason = _filters.skip_reason(item.message, p.filters, own_addresses=own)
-        self._still_held(p)
-        admitted = await self.store.admit(
-            p.name, source.scope, p.recipe, result.items, cursor=result.cursor,
-            mark_seen=p.mark_seen == "at_fetch", now=self.clock())
-        counts.new = len(admitted.new)
-        counts.skipped = len(admitted.skipped)
-        skipped_now = set(admitted.skipped)
-        for item in result.items:
-            if item.skip_reason and draft_key(p.name, source.scope, item.item_id, p.recipe) in skipped_now:
-                log.info("%s: skipped %s: %s", p.name, item.item_id, item.skip_reason)
-        if admitted.new or admitted.skipped:
-            log.info("%s: fetched %d, admitted %d new, %d skipped, %d seen before",
-                     p.name, counts.fetched, counts.new, counts.skipped, admitted.already_seen)
+        refused = await admit_fetched(self.store, p, source.scope, result, counts,
+                                      check=lambda: self._still_held(p), clock=self.clock)
+        if refused:
+            # Left unseen and the cursor not moved past them: the next tick fetches them
+            # again (a full disk frees up; a store that keeps refusing keeps the run red).
+            raise StoreError(
+                f"{len(refused)} new item(s) could not be stored and are fetched again next "
+                f"tick: " + "; ".join(f"{i}: {e}" for i, e in refused[:3])
+                + (f"; and {len(refused) - 3} more" if len(refused) > 3 else ""))
+        if result.more:
+            self._backlog.add(p.name)
+            log.info("%s: %d new item(s) taken (max_per_tick %d); more wait at the source "
+                     "for the next tick", p.name, counts.fetched, p.max_per_tick)
 
     async def drain(self, name: str) -> RunCounts:
         """Draft what is queued, post what is ready, send what is approved (skipped
@@ -365,8 +379,8 @@ class Engine:
         return counts
 
     async def _drain(self, p: PipelineConfig, counts: RunCounts) -> None:
-        await self._draft_queued(p, counts)
-        await self._post_ready(p, counts)
+        if await self._draft_queued(p, counts):  # False: a post failed; one try per tick
+            await self._post_ready(p, counts)
         await self._send_approved(p, counts)
         await self._check_unknown(p, counts)
 
@@ -409,7 +423,9 @@ class Engine:
             raise DrafterRetryable(f"Not regenerated: the model asked to wait; try again in "
                                    f"{max(1, round(wait / 60))} min.")
 
-    async def _draft_queued(self, p: PipelineConfig, counts: RunCounts) -> None:
+    async def _draft_queued(self, p: PipelineConfig, counts: RunCounts) -> bool:
+        """Draft what is queued, posting each card as its draft is stored. False if
+        the approval channel was unreachable for one of them (the rest wait in ready)."""
         # A lease left by a crashed or hung worker goes back to the queue here, on
         # every tick, rather than waiting for the daily sweep.
         try:
@@ -425,15 +441,17 @@ class Engine:
         wait = self._draft_not_before.get(p.name, 0.0) - self.clock()
         if wait > 0:
             log.info("%s: the model asked to wait; drafting resumes in %.0fs", p.name, wait)
-            return
+            return True
         workers = 1 if p.name in self._model_trouble else max(1, self.settings.max_in_flight)
         stop = asyncio.Event()
+        channel_down = asyncio.Event()
 
         async def worker() -> None:
             while not stop.is_set():
                 if not await self._budget_left(p):
                     stop.set()
                     return
+                drafted: list[Draft] = []
                 async with self._in_flight:
                     if stop.is_set() or self._lost(p):
                         stop.set()
@@ -442,8 +460,15 @@ class Engine:
                     if not claimed:
                         stop.set()
                         return
-                    if not await self._draft_one(p, claimed[0], counts):
+                    if not await self._draft_one(p, claimed[0], counts, drafted.append):
                         stop.set()
+                # Its card goes out now, not after the whole queue is drafted. Through
+                # the outbox all the same: the row is `ready` until posted, so a crash
+                # here leaves it to post_unposted / the next tick.
+                for d in drafted:
+                    if not channel_down.is_set() and not self._lost(p):
+                        if not await self._post_counted(p, d, counts):
+                            channel_down.set()  # the rest wait in ready for _post_ready
 
         tasks = [asyncio.create_task(worker()) for _ in range(workers)]
         try:
@@ -456,9 +481,12 @@ class Engine:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         self._still_held(p)
+        return not channel_down.is_set()
 
-    async def _draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> bool:
-        """Draft one claimed item; False when the model is in trouble (stop claiming)."""
+    async def _draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts,
+                         ready: Callable[[Draft], None] | None = None) -> bool:
+        """Draft one claimed item; False when the model is in trouble (stop claiming).
+        ``ready`` gets the stored draft (status ``ready``) when one was made."""
         request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
                                previous_body=d.body, draft_key=d.key)
         try:
@@ -504,6 +532,8 @@ class Engine:
                                                 max_attempts=p.max_attempts, now=self.clock())
             if after is not None and after.status == FAILED:
                 counts.failed += 1
+                if p.mark_seen == "on_success":  # final, like skipped (see bot.admit)
+                    await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
                 if after.approval_message_id:  # a regenerate that failed: say so on the card
                     await self._update_card(after)
                 # The channel offers the replay (a button, or the command to type).
@@ -542,6 +572,8 @@ class Engine:
         counts.drafted += 1
         if p.mark_seen == "on_success":
             await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
+        if ready is not None:
+            ready(stored)
         return True
 
     async def _hold(self, p: PipelineConfig, reason: str | None, until: float | None = None) -> None:
@@ -563,25 +595,40 @@ class Engine:
             waiting = await self.store.unposted(p.name, limit=batch)
             for d in waiting:
                 self._still_held(p)
-                posted = await self._post_one(p, d)
-                if posted is None:
+                if not await self._post_counted(p, d, counts):
                     return  # the channel is unreachable: the rest wait in ready
-                counts.posted += 1
-                if posted.status == "sent":  # a channel that decides at once (demo mode)
-                    counts.sent += 1
             if len(waiting) < batch:
                 return
 
+    async def _post_counted(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> bool:
+        """Post ``d``'s card and count it; False if the channel is unreachable."""
+        if (d.id, d.version) in self._posting:
+            return True  # a Regenerate or an Edit is posting it right now
+        posted = await self._post_one(p, d)
+        if posted is None:
+            return False
+        counts.posted += 1
+        if posted.status == "sent":  # a channel that decides at once (demo mode)
+            counts.sent += 1
+        return True
+
     async def _post_one(self, p: PipelineConfig, d: Draft) -> Draft | None:
         """Post (or re-render) the card of a ready draft; the draft afterwards, or
-        None if the channel is unreachable (the draft waits in ready)."""
+        None if the channel is unreachable (the draft waits in ready). A version whose
+        card this process is posting already (a Regenerate's own drafting next to a
+        tick's posting) is left to that post: one post per card, not two."""
+        if (d.id, d.version) in self._posting:
+            return d
+        self._posting.add((d.id, d.version))
         try:
             channel = self.channel(p)
             ref = await channel.post(d)
+            posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id)
         except ApprovalError as exc:
             log.warning("%s: cannot post #%d yet (%s); it waits in ready", p.name, d.id, exc)
             return None
-        posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id)
+        finally:
+            self._posting.discard((d.id, d.version))
         if posted is None:
             # Meanwhile a tap adopted an earlier card of this draft (one whose post had
             # looked failed): the card just posted is a second one, so take it away.
@@ -591,7 +638,7 @@ class Engine:
                     != (ref.chat, ref.message_id) and hasattr(channel, "discard")):
                 await channel.discard(ref, fresh)
             return fresh or d
-        if hasattr(channel, "on_posted"):
+        if hasattr(channel, "on_posted"):  # outside the guard: it may post a new version
             await channel.on_posted(posted)
             return await self.store.get_draft(d.id) or posted
         return posted
@@ -634,8 +681,23 @@ class Engine:
             await self._refuse_if_drafting_waits(d)
         d = await self.store.regenerate(draft_id, version, actor, instruction, now=self.clock())
         if d is not None:
-            self._spawn(self.drain(d.pipeline))
+            self._spawn(self._redraft(d))
         return d
+
+    async def _redraft(self, d: Draft) -> None:
+        """Draft a regenerated version at once, on its own: an operator's decision does
+        not wait for the pipeline's lock or behind a tick's bulk drafting (nor for a
+        drafting slot: it is one call more than max_in_flight, for a moment). The
+        claim is the same fenced CAS as a tick's, so exactly one of them drafts it: if
+        a tick's worker claimed it first, that worker drafts and posts it."""
+        p = self.pipeline(d.pipeline)
+        claimed = await self.store.claim_key(d.key, p.lease, now=self.clock())
+        if claimed is None:
+            return
+        drafted: list[Draft] = []
+        await self._draft_one(p, claimed, RunCounts(), drafted.append)
+        for ready in drafted:  # a card that cannot be updated now waits in ready
+            await self._post_one(p, ready)
 
     async def reject(self, draft_id: int, version: int, actor: str, reason: str = "") -> Draft | None:
         d = await self.store.reject(draft_id, version, actor, reason, now=self.clock())
@@ -893,13 +955,18 @@ class Engine:
             try:
                 if p.name in await self.store.paused():
                     log.debug("%s is paused", p.name)
+                    self._backlog.discard(p.name)
                 else:
                     await self.tick(p.name, scheduled_for=slot)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("%s: tick crashed", p.name)
-            due = scheduler.next_due(p, max(slot, self.clock()))
+                self._backlog.discard(p.name)
+            # More new items wait at the source (max_per_tick): the next bounded tick
+            # runs now rather than at the next slot, so a flood drains steadily.
+            due = self.clock() if p.name in self._backlog else \
+                scheduler.next_due(p, max(slot, self.clock()))
 
     async def _sweep_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -134,6 +134,7 @@ class FetchResult:
     cursor: str | None = None
     api_calls: int = 0
     note: str = ""  # e.g. "first run: cursor recorded, 0 backfilled"
+    more: bool = False  # the source stopped at FetchContext.limit; the rest come next tick
 
 
 @dataclass

@@ -23,6 +23,9 @@ class FetchContext:
     cursor: str | None  # what the last FetchResult.cursor stored
     unseen: Callable[[list[str]], Awaitable[set[str]]]  # ids not seen yet
     progress: Callable[[int, int], None] | None = None  # (done, total) for backfills
+    # At most this many new items (oldest first); the cursor returned must then keep
+    # the rest for the next fetch, and FetchResult.more says some wait. None: no bound.
+    limit: int | None = None
 
 
 @runtime_checkable
@@ -30,8 +33,9 @@ class Source(Protocol):
     scope: str  # e.g. "maildir:/path", "gmail:support", "slot"
 
     async def fetch(self, ctx: FetchContext) -> FetchResult:
-        """Return new items (and the next cursor). Raise SourceError/AuthError on
-        failure; the engine records the run as failed and nothing is admitted."""
+        """Return new items (and the next cursor), at most ``ctx.limit`` of them, oldest
+        first. Raise SourceError/AuthError on failure; the engine records the run as
+        failed and nothing is admitted."""
         ...
 
     async def close(self) -> None: ...

@@ -283,7 +283,7 @@ async def test_regenerate_sends_the_operators_instruction_as_an_instruction(worl
     [d] = await w.store.pending("support")
     fake.script(fake.reply("Shorter reply."))
     assert await engine.regenerate(d.id, d.version, "anna", "Make it shorter") is not None
-    await engine.drain("support")
+    await engine.wait_idle()  # the new version is drafted and posted on its own, at once
     after = await w.store.get_draft(d.id)
     assert after.body == "Shorter reply." and after.version == d.version + 1
     system, user = fake.requests[-1].texts()

@@ -31,6 +31,13 @@ on ticks that have candidates). Bodies are fetched as ``format=raw`` with bounde
 concurrency in the account's thread pool and parsed by :func:`bot.mime.parse_email`;
 an unparseable message becomes a skipped item with the reason.
 
+At most ``ctx.limit`` (the pipeline's ``max_per_tick``) unseen ids are downloaded per
+tick, oldest first. The ids found but not taken (new in history, listed for a backfill
+or a resync) are kept in the cursor as ``"backlog": [[id, kind], ...]`` (see
+:data:`_KINDS`); the next tick takes them before anything history adds after them.
+So the historyId always moves on, nothing found is skipped, and memory and the
+cursor hold ids, never bodies, for what waits.
+
 Gmail's search index can lag behind history: a message that just arrived may be
 missing from that ``messages.list`` although it matches. The cursor moves past it, so
 a candidate the search missed is not simply dropped: while it is young (internalDate
@@ -69,6 +76,11 @@ log = logging.getLogger("draftgate.sources.gmail")
 _KEYS = {"type", "account", "query", "label", "backfill", "max_body", "resync_window",
          "concurrency"}
 _NEVER = {"SENT", "DRAFT", "SPAM", "TRASH", "CHAT"}
+# Kinds of backlog entries (ids found but not taken yet because of max_per_tick):
+# "h" new in history (still to be matched against the query), "b" listed by the query
+# for a backfill (taken as they are), "r" listed by the query in a resync (taken
+# unless they arrived before the first run).
+_KINDS = {"h", "b", "r"}
 _PAGE = 500  # Gmail's maximum page size for list and history
 # How far before the last successful sync the history-expired fallback still lists:
 # clock differences between this host and Gmail, and mail stamped before it arrived.
@@ -94,6 +106,8 @@ class _Cursor:
     first: float | None = None  # when the first run took its cursor
     # (gmail id, internalDate in ms): candidates the search has not returned yet
     recheck: list[tuple[str, int]] = field(default_factory=list)
+    # (gmail id, kind), oldest first: found but not taken yet (max_per_tick); see _take
+    backlog: list[tuple[str, str]] = field(default_factory=list)
 
     @classmethod
     def parse(cls, value: str) -> "_Cursor":
@@ -103,7 +117,8 @@ class _Cursor:
         try:
             data = json.loads(value)
             return cls(str(data.get("historyId") or ""), _seconds(data.get("synced")),
-                       _seconds(data.get("first")), _recheck(data.get("recheck")))
+                       _seconds(data.get("first")), _recheck(data.get("recheck")),
+                       _backlog(data.get("backlog")))
         except (ValueError, AttributeError):
             log.warning("gmail: unreadable stored cursor %r; resyncing by query", value[:80])
             return cls("")  # the fallback (bounded by resync_window) takes it from here
@@ -116,6 +131,8 @@ class _Cursor:
             data["first"] = self.first  # unrounded: compared with internalDate in ms
         if self.recheck:
             data["recheck"] = [[gid, date] for gid, date in self.recheck]
+        if self.backlog:
+            data["backlog"] = [[gid, kind] for gid, kind in self.backlog]
         return json.dumps(data, separators=(",", ":"))
 
 
@@ -138,6 +155,31 @@ def _recheck(value: Any) -> list[tuple[str, int]]:
             log.warning("gmail: unreadable re-check entry %r in the stored cursor; left out",
                         entry)
     return out
+
+
+def _backlog(value: Any) -> list[tuple[str, str]]:
+    """The stored ``backlog``; an entry that is not [id, kind] is left out (logged)."""
+    out: list[tuple[str, str]] = []
+    if value is not None and not isinstance(value, list):
+        log.warning("gmail: unreadable backlog %r in the stored cursor; left out",
+                    str(value)[:80])
+    for entry in value if isinstance(value, list) else []:
+        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) \
+                and entry[0] and entry[1] in _KINDS:
+            out.append((entry[0], entry[1]))
+        else:
+            log.warning("gmail: unreadable backlog entry %r in the stored cursor; left out",
+                        entry)
+    return out
+
+
+def _queue(*lists: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The lists joined in order, each id once (its first place and kind)."""
+    out: dict[str, str] = {}
+    for entries in lists:
+        for gid, kind in entries:
+            out.setdefault(gid, kind)
+    return list(out.items())
 
 
 class GmailSource:
@@ -362,11 +404,43 @@ class GmailSource:
                 break
 
         cursor = _Cursor(history_id, synced=started, first=stored.first)
-        if not candidates and not stored.recheck:
+        if not candidates and not stored.recheck and not stored.backlog:
             return FetchResult([], cursor=cursor.dump())  # idle: the one history.list
-        items, cursor.recheck = await self._matching(ctx, list(candidates), stored.recheck,
-                                                     label_id)
-        return FetchResult(items, cursor=cursor.dump())
+        queue = _queue(stored.backlog, [(gid, "h") for gid in candidates])
+        items, cursor.recheck, cursor.backlog = await self._take(
+            ctx, queue, stored.recheck, label_id, stored.first)
+        return FetchResult(items, cursor=cursor.dump(), more=bool(cursor.backlog))
+
+    async def _take(self, ctx: FetchContext, queue: list[tuple[str, str]],
+                    recheck: list[tuple[str, int]], label_id: str | None,
+                    first: float | None, progress: bool = False
+                    ) -> tuple[list[Item], list[tuple[str, int]], list[tuple[str, str]]]:
+        """Download and match the first ``ctx.limit`` unseen ids of ``queue`` (oldest
+        first; see _KINDS). Returns the items (in queue order), what to keep
+        re-checking, and the unseen rest of the queue: the backlog the cursor keeps,
+        so the next tick goes on exactly there (the historyId has moved past them)."""
+        unseen = await ctx.unseen([gid for gid, _ in queue]) if queue else set()
+        todo = [(gid, kind) for gid, kind in queue if gid in unseen]
+        limit = ctx.limit if ctx.limit is not None else len(todo)
+        taken, rest = todo[:limit], todo[limit:]
+        if progress and ctx.progress:
+            ctx.progress(0, len(taken))
+        listed = [gid for gid, kind in taken if kind != "h"]
+        items: list[Item] = []
+        if listed:
+            got, resources = await self._fetch_items(listed, ctx, progress=progress)
+            kinds, early = dict(taken), set()
+            if first is not None:  # in the box at install time: never drafted
+                early = {str(r.get("id")) for r in resources if kinds.get(str(r.get("id")))
+                         == "r" and int(r.get("internalDate") or 0) < first * 1000}
+            items += [it for it in got if it.item_id not in early]
+        fresh = [gid for gid, kind in taken if kind == "h"]
+        if fresh or recheck:
+            matched, recheck = await self._matching(ctx, fresh, recheck, label_id)
+            items += matched
+        order = {gid: n for n, (gid, _) in enumerate(taken)}
+        items.sort(key=lambda it: order.get(it.item_id, len(order)))  # late re-checks last
+        return items, recheck, rest
 
     async def _matching(self, ctx: FetchContext, candidates: list[str],
                         recheck: list[tuple[str, int]], label_id: str | None
@@ -449,13 +523,13 @@ class GmailSource:
                                note="first run: cursor recorded, old mail not drafted "
                                     "(set backfill: N to draft the newest N)")
         ids = await self._list_ids(self._q("-in:sent -in:drafts"), label_id, limit=self.backfill)
-        new = await ctx.unseen(ids)
-        ids = [i for i in ids if i in new]
-        if ctx.progress:
-            ctx.progress(0, len(ids))
-        items, _ = await self._fetch_items(ids, ctx, progress=True)
-        return FetchResult(items, cursor=cursor,
-                           note=f"first run: cursor recorded, {len(items)} backfilled")
+        # Listed newest first; drafted oldest first, max_per_tick per tick.
+        items, _, rest = await self._take(ctx, [(gid, "b") for gid in reversed(ids)], [],
+                                          label_id, None, progress=True)
+        cursor = _Cursor(history_id, synced=started, first=started, backlog=rest).dump()
+        later = f", {len(rest)} more on the next ticks" if rest else ""
+        return FetchResult(items, cursor=cursor, more=bool(rest),
+                           note=f"first run: cursor recorded, {len(items)} backfilled{later}")
 
     async def _resync(self, ctx: FetchContext, stored: _Cursor) -> FetchResult:
         """history.list said 404: the stored historyId is too old. List the query back
@@ -474,22 +548,21 @@ class GmailSource:
         # after: counts whole seconds; the first run's bound is applied exactly below.
         after = max(0, int(since) - 1)
         listed = await self._list_ids(self._q(f"after:{after} -in:sent -in:drafts"), label_id)
-        new = await ctx.unseen(listed)
-        ids = [i for i in listed if i in new]
-        items, resources = await self._fetch_items(ids, ctx)
-        if stored.first is not None:  # in the box at install time: never drafted
-            old = {r.get("id") for r in resources
-                   if int(r.get("internalDate") or 0) < stored.first * 1000}
-            items = [it for it in items if it.item_id not in old]
         # Ids kept to search for again and not listed now go on being searched for by
         # the ticks after this one (the listing here may lag behind too).
         returned = set(listed)
         keep = [(gid, d) for gid, d in stored.recheck if gid not in returned]
-        cursor = _Cursor(history_id, synced=started, first=stored.first, recheck=keep).dump()
+        items, again, rest = await self._take(
+            ctx, _queue(stored.backlog, [(gid, "r") for gid in reversed(listed)]), [],
+            label_id, stored.first)
+        keep += [(gid, d) for gid, d in again if gid not in {g for g, _ in keep}]
+        cursor = _Cursor(history_id, synced=started, first=stored.first, recheck=keep,
+                         backlog=rest).dump()
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(since))
-        return FetchResult(items, cursor=cursor,
+        later = f", {len(rest)} more on the next ticks" if rest else ""
+        return FetchResult(items, cursor=cursor, more=bool(rest),
                            note=f"history expired: resynced by query since {when}, "
-                                f"{len(items)} new")
+                                f"{len(items)} new{later}")
 
     async def close(self) -> None:
         await self.client.aclose()

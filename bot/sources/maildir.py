@@ -87,11 +87,17 @@ class MaildirSource:
                 reasons[item_id] = reason
         fresh = await ctx.unseen(list(by_id)) if by_id else set()
         todo = [(item_id, f) for item_id, f in by_id.items() if item_id in fresh]
+        # Oldest first, at most ctx.limit: only those are read and parsed now. The
+        # others stay unseen in the folder, so the next tick takes them (no cursor).
+        limit = getattr(ctx, "limit", None)
+        more = limit is not None and len(todo) > limit
+        if more:
+            todo = todo[:limit]
         items = await asyncio.to_thread(self._parse_all, todo, ctx.progress, ctx.scheduled_for)
         for item in items:
             if item.item_id in reasons and item.skip_reason is None:
                 item.skip_reason = reasons[item.item_id]
-        return FetchResult(items, cursor=None)
+        return FetchResult(items, cursor=None, more=more)
 
     async def close(self) -> None:
         return None

@@ -68,10 +68,14 @@ class ScheduleSource:
         return [current]  # "none"
 
     async def fetch(self, ctx) -> FetchResult:
-        times = self.slots(ctx.scheduled_for, ctx.cursor)
+        times = self.slots(ctx.scheduled_for, ctx.cursor)  # oldest first
+        limit = getattr(ctx, "limit", None)
+        more = limit is not None and len(times) > limit
+        if more:  # the cursor stops at the last slot taken: the next tick goes on from it
+            times = times[:limit]
         items = [Item(scheduler.slot_id(t, self.slot_format), self._message(t)) for t in times]
         cursor = repr(max(times)) if times else None
-        return FetchResult(items, cursor=cursor)
+        return FetchResult(items, cursor=cursor, more=more)
 
     async def close(self) -> None:
         return None
