@@ -319,7 +319,8 @@ class StoreView:
 
     async def drafts(self) -> list[dict]:
         return await self.rows("SELECT id, key, item_id, status, version, error,"
-                               " approval_message_id FROM drafts ORDER BY id")
+                               " approval_message_id, lease_until, updated_at"
+                               " FROM drafts ORDER BY id")
 
 
 async def _pg_admin(url: str, sql: str) -> None:
@@ -903,6 +904,7 @@ class Soak:
         rep.replies_max = max(replies.values(), default=0)
         rep.duplicated = sorted(n for n, c in replies.items() if c > 1)
 
+        now = time.time()
         by_item = {r["item_id"]: r for r in rows}
         listed = {p["item_id"] for p in pending}
         for gid, n in sorted(self.originals.items(), key=lambda kv: kv[1]):
@@ -918,11 +920,12 @@ class Soak:
                 rep.lost.append(f"ticket {n} #{r['id']}: sent in the store, no reply in Gmail")
             elif status in SHOWN_BY_PENDING and gid not in listed:
                 rep.lost.append(f"ticket {n} #{r['id']}: {status} but `pending` does not list it")
+            elif status in ("queued", "drafting") and (stuck := _stuck(r, now)):
+                rep.lost.append(f"ticket {n} #{r['id']}: {stuck}")
             elif status not in SHOWN_BY_PENDING + VISIBLE_TERMINAL + ("queued", "drafting"):
                 rep.lost.append(f"ticket {n} #{r['id']}: {status}")
         rep.statuses = dict(collections.Counter(r["status"] for r in rows))
 
-        now = time.time()
         rep.crashed_sends = len(self.crashes)
         times = [(c.done or now) - c.at for c in self.crashes.values()]
         rep.crash_recovery_max = max(times, default=0.0)
@@ -960,6 +963,17 @@ class Soak:
             rep.failures.append(f"a send cut by a kill stayed unfinished "
                                 f"{rep.crash_recovery_max:.1f}s (limit "
                                 f"{o.max_crash_recovery:g}s)")
+
+
+def _stuck(r: dict, now: float, grace: float = 60.0) -> str | None:
+    """Why a queued or drafting row counts as lost: every tick (each second) drafts
+    what is queued and requeues expired leases, so one left like that for a minute
+    with the faults off is something nothing moves."""
+    if r["status"] == "drafting" and r["lease_until"] and now - float(r["lease_until"]) > grace:
+        return f"drafting, its lease expired {now - float(r['lease_until']):.0f}s ago"
+    if r["status"] == "queued" and now - float(r["updated_at"]) > grace:
+        return f"queued for {now - float(r['updated_at']):.0f}s with nothing drafting it"
+    return None
 
 
 async def run_chaos(opts: ChaosOptions) -> ChaosReport:
