@@ -327,12 +327,13 @@ async def test_a_huge_history_does_not_stall_the_event_loop(world):
     stop = asyncio.Event()
 
     async def heartbeat():
+        # CPU time of the loop's own thread between two beats: what one step kept the
+        # loop busy with, whatever else a busy machine runs meanwhile (wall time is not).
         nonlocal longest
-        loop = asyncio.get_running_loop()
         while not stop.is_set():
-            before = loop.time()
+            before = time.thread_time()
             await asyncio.sleep(0.005)
-            longest = max(longest, loop.time() - before)
+            longest = max(longest, time.thread_time() - before)
 
     beat = asyncio.create_task(heartbeat())
     try:
@@ -341,7 +342,7 @@ async def test_a_huge_history_does_not_stall_the_event_loop(world):
         stop.set()
         await beat
     assert asked == [ids] and result.items == []
-    assert longest < 1.0, f"event loop stalled {longest:.2f}s"
+    assert longest < 1.0, f"event loop busy for {longest:.2f}s of CPU in one step"
 
 
 def _without_configured_address(w: GmailWorld) -> None:
