@@ -95,7 +95,9 @@ class Engine:
         self._model_trouble: set[str] = set()
         self._draft_not_before: dict[str, float] = {}
         self._lock_lost: dict[str, asyncio.Event] = {}  # set when a held lease is lost
-        self._checking: set[int] = set()  # unknown sends a _check_later task will check
+        # Unknown sends a _check_later task of this process will check:
+        # draft id -> (pipeline, task).
+        self._checking: dict[int, tuple[str, asyncio.Task]] = {}
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
         # Longer than any one send call can last (Gmail's per-call timeout defaults to
@@ -350,7 +352,15 @@ class Engine:
         async with self._pipeline_lock(p) as held:
             if held:
                 await self._drain(p, counts)
+        # Drained means done: an unknown send this process made is checked by its own
+        # delayed task (not by _drain, see _check_unknown), so wait for those too.
+        await self._checks_done(p)
         return counts
+
+    async def _checks_done(self, p: PipelineConfig) -> None:
+        while pending := [t for name, t in list(self._checking.values())
+                          if name == p.name and not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _drain(self, p: PipelineConfig, counts: RunCounts) -> None:
         await self._draft_queued(p, counts)
@@ -652,8 +662,8 @@ class Engine:
             if not isinstance(exc, SendUnknown):
                 log.exception("%s #%d: unexpected error while sending", p.name, d.id)
             after = await self.store.mark_send_unknown(d.id, reason)
-            self._checking.add(d.id)  # before the task runs: this tick must leave it
-            self._spawn(self._check_later(d.id))
+            # Registered before the task runs: this tick's _check_unknown must leave it.
+            self._checking[d.id] = (p.name, self._spawn(self._check_later(d.id)))
         else:
             after = await self.store.mark_sent(d.id, result.sent_id, now=self.clock())
             log.info("%s #%d sent (%s)", p.name, d.id, result.sent_id)
@@ -669,14 +679,14 @@ class Engine:
         return after
 
     async def _check_later(self, draft_id: int) -> None:
-        self._checking.add(draft_id)
         try:
             await asyncio.sleep(self._send_check_delay)
             d = await self.store.get_draft(draft_id)
             if d is not None and d.status == SEND_UNKNOWN:
                 await self._check_one(self.pipeline(d.pipeline), d)
         finally:
-            self._checking.discard(draft_id)
+            if self._checking.get(draft_id, ("", None))[1] is asyncio.current_task():
+                del self._checking[draft_id]
 
     async def _recover_sending(self) -> None:
         """Sends that began over ``send_grace`` ago and never finished (their process
