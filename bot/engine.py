@@ -27,6 +27,7 @@ from typing import Callable
 from . import filters as _filters
 from . import scheduler
 from .build import build_drafter, build_sender, build_source
+from .clock import wall
 from .config import PipelineConfig, Settings
 from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
                      DrafterRetryable, DrafterSetupError, DraftgateError, SendFailed,
@@ -35,6 +36,7 @@ from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftReques
                      draft_key)
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store
+from .store.base import HEARTBEAT_PREFIX
 
 log = logging.getLogger("draftgate.engine")
 
@@ -68,7 +70,7 @@ class Engine:
 
     def __init__(self, settings: Settings, store: Store,
                  channels: dict[str, ApprovalChannel] | None = None, *,
-                 clock: Callable[[], float] = time.time,
+                 clock: Callable[[], float] | None = None,
                  drafters: dict[str, Drafter] | None = None,
                  senders: dict[str, Sender] | None = None,
                  sources: dict[str, Source] | None = None,
@@ -77,7 +79,10 @@ class Engine:
         self.settings = settings
         self.store = store
         self.channels = dict(channels or {})
-        self.clock = clock
+        self.clock = clock or wall
+        # Leases and send recovery are timed by the store's clock (the database's on a
+        # shared store) unless a test drives time with its own clock.
+        self._own_clock = clock is not None
         self.pipelines = {p.name: p for p in settings.pipelines}
         self._drafters = dict(drafters or {})
         self._senders = dict(senders or {})
@@ -100,10 +105,12 @@ class Engine:
         self._checking: dict[int, tuple[str, asyncio.Task]] = {}
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
-        # Longer than any one send call can last (Gmail's per-call timeout defaults to
-        # 30 s, a webhook's to 10 s). A row in `sending` younger than this may be
-        # another host's send in flight, so only older ones count as interrupted.
+        # Only for `sending` rows with no send_holder (begun by a version that did not
+        # record one): longer than any one send call can last, since such a row may be
+        # another host's send in flight. Rows with a holder are recovered as soon as
+        # that process is seen gone (see _recover_sending).
         self.send_grace = 300.0
+        self._heartbeat: asyncio.Task | None = None
 
     # -- stages ---------------------------------------------------------------------
     def source(self, p: PipelineConfig) -> Source:
@@ -167,6 +174,40 @@ class Engine:
                 await stage.close()
             except Exception:
                 log.exception("closing %r", stage)
+        # Last: until here a send may still be in flight, and without the heartbeat
+        # another host would take it for abandoned.
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+            self._heartbeat = None
+            with contextlib.suppress(Exception):
+                await self.store.unlock(HEARTBEAT_PREFIX + self.holder, self.holder)
+
+    def _lease_now(self) -> float | None:
+        """``now`` for store calls that decide leases: None lets the store use its own
+        clock (on PostgreSQL the database's, the one clock all hosts share, so a host
+        whose clock is off neither takes a live lease nor strands another's send)."""
+        return self.clock() if self._own_clock else None
+
+    async def _beating(self) -> None:
+        """Make sure this process's heartbeat row is fresh and kept fresh: a send is
+        begun only under a live heartbeat, so no other host takes it for abandoned."""
+        name = HEARTBEAT_PREFIX + self.holder
+        if not await self.store.try_lock(name, self.holder, self.lock_ttl, now=self._lease_now()):
+            raise StoreError(f"could not record this process's heartbeat ({name})")
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.create_task(self._beat(name), name="heartbeat")
+            self._heartbeat.add_done_callback(_log_task_error)
+
+    async def _beat(self, name: str) -> None:
+        while True:  # until stop(): a failed renewal is retried, never given up
+            await asyncio.sleep(self.lock_ttl / 3)
+            try:
+                await asyncio.wait_for(self.store.try_lock(
+                    name, self.holder, self.lock_ttl, now=self._lease_now()),
+                    timeout=self.lock_ttl / 3)
+            except Exception as exc:
+                log.warning("renewing this process's heartbeat failed: %s", describe_error(exc))
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -199,9 +240,11 @@ class Engine:
         holding it blocks the others (or its own restart) for seconds, not minutes."""
         name = f"pipeline:{p.name}"
         async with self._tick_locks[p.name]:
-            held = await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock())
+            held = await self.store.try_lock(name, self.holder, self.lock_ttl,
+                                             now=self._lease_now())
             if not held and await self._holder_is_dead(name):
-                held = await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock())
+                held = await self.store.try_lock(name, self.holder, self.lock_ttl,
+                                                 now=self._lease_now())
             lost = self._lock_lost[p.name] = asyncio.Event()
             renew = self._spawn(self._renew_lock(name, lost)) if held else None
             try:
@@ -222,14 +265,7 @@ class Engine:
         its lease: a restart after a crash resumes at once. A holder elsewhere, or one
         whose pid is alive, is never touched."""
         holder = await self.store.lock_holder(name)
-        if not holder or holder == self.holder:
-            return False
-        home, _, rest = holder.rpartition(":")[0].rpartition(":")
-        try:
-            pid = int(rest)
-        except ValueError:
-            return False
-        if home != _process_home() or pid == os.getpid() or _pid_alive(pid):
+        if not holder or holder == self.holder or not _gone_here(holder):
             return False
         log.warning("%s: held by %s, a process of this machine that is gone; taking it over",
                     name, holder)
@@ -246,7 +282,7 @@ class Engine:
             try:
                 # Bounded: a hung store connection must count as a failed renewal.
                 ok: bool | None = await asyncio.wait_for(
-                    self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock()),
+                    self.store.try_lock(name, self.holder, self.lock_ttl, now=self._lease_now()),
                     timeout=self.lock_ttl / 3)
             except Exception as exc:
                 ok = None
@@ -408,7 +444,7 @@ class Engine:
         # every tick, rather than waiting for the daily sweep.
         try:
             _requeued, failed = await self.store.requeue_expired(
-                p.name, max_attempts=p.max_attempts, now=self.clock())
+                p.name, max_attempts=p.max_attempts, now=self._lease_now())
         except NotImplementedError:
             failed = 0
         if failed:
@@ -432,7 +468,8 @@ class Engine:
                     if stop.is_set() or self._lost(p):
                         stop.set()
                         return
-                    claimed = await self.store.claim(p.name, p.lease, limit=1, now=self.clock())
+                    claimed = await self.store.claim(p.name, p.lease, limit=1,
+                                                     now=self._lease_now())
                     if not claimed:
                         stop.set()
                         return
@@ -645,7 +682,8 @@ class Engine:
     async def _send(self, d: Draft) -> Draft | None:
         p = self.pipeline(d.pipeline)
         sender = self.sender(p)  # built before `sending`: a bad sender sends nothing
-        sending = await self.store.begin_send(d.id)
+        await self._beating()
+        sending = await self.store.begin_send(d.id, self.holder)
         if sending is None:
             return await self.store.get_draft(d.id)
         try:
@@ -689,12 +727,15 @@ class Engine:
                 del self._checking[draft_id]
 
     async def _recover_sending(self) -> None:
-        """Sends that began over ``send_grace`` ago and never finished (their process
-        died) -> send_unknown, to be checked before anything is sent again. Run at
-        start and on every tick, since a crash shortly before a restart leaves a row
-        too young to recover at that start."""
-        # begin_send stamps rows with the real clock, so the age is measured with it too.
-        stuck = await self.store.recover_sending(older_than=self.send_grace)
+        """Sends whose process is gone -> send_unknown, to be checked before anything
+        is sent again. A sender of this machine is gone when its pid is (seen at once,
+        e.g. on the restart after a SIGKILL); one elsewhere when its heartbeat lapses
+        (``lock_ttl``). A send in flight in a live process is never touched. Run at
+        start and on every tick."""
+        holders = await self.store.sending_holders()
+        dead = [h for h in holders if h != self.holder and _gone_here(h)]
+        stuck = await self.store.recover_abandoned_sends(
+            dead=dead, alive=self.holder, grace=self.send_grace, now=self._lease_now())
         if stuck:
             log.warning("%d draft(s) were left mid-send by a stopped process; marked "
                         "send_unknown and will be checked before anything is sent again", stuck)
@@ -887,6 +928,17 @@ def _process_home() -> str:
     with contextlib.suppress(OSError):
         pidns = os.readlink("/proc/self/ns/pid").strip("pid:[]")
     return f"{socket.gethostname()}/{boot}/{pidns}"
+
+
+def _gone_here(holder: str) -> bool:
+    """True if ``holder`` (``home:pid:nonce``) is a process of this machine and pid
+    namespace, not this one, that no longer exists."""
+    home, _, rest = holder.rpartition(":")[0].rpartition(":")
+    try:
+        pid = int(rest)
+    except ValueError:
+        return False
+    return home == _process_home() and pid != os.getpid() and not _pid_alive(pid)
 
 
 def _pid_alive(pid: int) -> bool:

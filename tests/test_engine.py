@@ -573,8 +573,9 @@ async def test_a_send_cut_off_by_a_crash_is_checked_on_the_first_tick_after_rest
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
     await world.store.approve(d.id, d.version, "anna")
-    await world.store.begin_send(d.id)  # ... and the process died here
-    world.engine.send_grace = 0  # (a restart five minutes later)
+    # A process of this machine began the send and was killed there; the restart
+    # sees its pid gone and checks at once (no grace to wait out).
+    await world.store.begin_send(d.id, _dead_local_holder())
     await world.engine.tick("alpha")
     assert world.sender.check_calls == 1
     assert (await world.store.get_draft(d.id)).status == "send_unknown"
@@ -691,8 +692,8 @@ async def test_an_unknown_send_is_announced_once_per_episode_even_across_restart
     assert world.sender.calls == 2  # the approval and the operator's Retry; never on its own
 
 
-async def test_a_pipeline_lock_left_by_a_dead_local_process_is_taken_over_at_once(world):
-    """A restart after SIGKILL does not wait out the dead process's lease."""
+def _dead_local_holder(nonce: str = "dead") -> str:
+    """The holder name of a process of this machine that has exited."""
     import subprocess
     import sys
 
@@ -700,8 +701,13 @@ async def test_a_pipeline_lock_left_by_a_dead_local_process_is_taken_over_at_onc
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    dead = f"{_process_home()}:{gone.stdout.strip()}:dead"
-    alive_elsewhere = f"otherhost/x/y:{gone.stdout.strip()}:far"
+    return f"{_process_home()}:{gone.stdout.strip()}:{nonce}"
+
+
+async def test_a_pipeline_lock_left_by_a_dead_local_process_is_taken_over_at_once(world):
+    """A restart after SIGKILL does not wait out the dead process's lease."""
+    dead = _dead_local_holder()
+    alive_elsewhere = f"otherhost/x/y:{dead.split(':')[-2]}:far"
     world.sources["alpha"].messages = [msg(1)]
 
     assert await world.store.try_lock("pipeline:alpha", alive_elsewhere, 60, now=world.clock())
