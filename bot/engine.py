@@ -920,7 +920,10 @@ class Engine:
 @functools.lru_cache(maxsize=1)
 def _process_home() -> str:
     """Host name, boot and pid namespace: two holders with the same value share a
-    process table, so a pid that is gone there is truly gone."""
+    process table, so a pid that is gone there is truly gone. DRAFTGATE_TEST_HOST
+    replaces it, so a test can run a process as if on another machine."""
+    if os.environ.get("DRAFTGATE_TEST_HOST"):
+        return os.environ["DRAFTGATE_TEST_HOST"]
     boot = ""
     with contextlib.suppress(OSError):
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
