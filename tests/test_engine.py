@@ -598,7 +598,7 @@ async def test_another_process_leaves_a_fresh_unknown_send_to_the_one_that_made_
     await world.engine.approve(d.id, d.version, "anna")
     await host_b.drain("alpha")
     assert host_b_sender.check_calls == 0
-    await asyncio.gather(*list(world.engine._tasks))  # A's own delayed check
+    await world.engine.wait_idle()  # A's own delayed check
     assert (await world.store.get_draft(d.id)).status == "sent"
     assert world.channel.retry_offered == []
 
@@ -674,7 +674,7 @@ async def test_an_unknown_send_is_announced_once_per_episode_even_across_restart
     [d] = await world.store.pending("alpha")
     world.sender.script = [SendUnknown("timed out")]
     await world.engine.approve(d.id, d.version, "anna")
-    await asyncio.gather(*list(world.engine._tasks))  # the delayed check (10 ms)
+    await world.engine.wait_idle()  # the delayed check (10 ms)
     await world.engine.drain("alpha")
     assert world.channel.retry_offered == [d.id]
     # A restarted process (same store) does not announce the same episode again.
@@ -686,7 +686,7 @@ async def test_an_unknown_send_is_announced_once_per_episode_even_across_restart
     # Retry ends unknown again: that is a new episode, and the operator hears of it.
     world.sender.script = [SendUnknown("reset")]
     await world.engine.retry_send(d.id, "anna")
-    await asyncio.gather(*list(world.engine._tasks))
+    await world.engine.wait_idle()
     await world.engine.drain("alpha")
     assert world.channel.retry_offered == [d.id, d.id]
     assert world.sender.calls == 2  # the approval and the operator's Retry; never on its own
