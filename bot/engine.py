@@ -17,11 +17,9 @@ import contextlib
 import functools
 import logging
 import os
-import socket
 import time
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Callable
 
 from . import filters as _filters
@@ -34,9 +32,11 @@ from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
                      SendUnknown, StoreError)
 from .models import (AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts,
                      draft_key)
+from .process import Heartbeat
+from .process import gone_here as _gone_here
+from .process import process_home as _process_home
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store
-from .store.base import HEARTBEAT_PREFIX
 
 log = logging.getLogger("draftgate.engine")
 
@@ -110,7 +110,7 @@ class Engine:
         # another host's send in flight. Rows with a holder are recovered as soon as
         # that process is seen gone (see _recover_sending).
         self.send_grace = 300.0
-        self._heartbeat: asyncio.Task | None = None
+        self._heartbeat = Heartbeat(store, self.holder, self.lock_ttl, self._lease_now)
 
     # -- stages ---------------------------------------------------------------------
     def source(self, p: PipelineConfig) -> Source:
@@ -176,38 +176,13 @@ class Engine:
                 log.exception("closing %r", stage)
         # Last: until here a send may still be in flight, and without the heartbeat
         # another host would take it for abandoned.
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            await asyncio.gather(self._heartbeat, return_exceptions=True)
-            self._heartbeat = None
-            with contextlib.suppress(Exception):
-                await self.store.unlock(HEARTBEAT_PREFIX + self.holder, self.holder)
+        await self._heartbeat.stop()
 
     def _lease_now(self) -> float | None:
         """``now`` for store calls that decide leases: None lets the store use its own
         clock (on PostgreSQL the database's, the one clock all hosts share, so a host
         whose clock is off neither takes a live lease nor strands another's send)."""
         return self.clock() if self._own_clock else None
-
-    async def _beating(self) -> None:
-        """Make sure this process's heartbeat row is fresh and kept fresh: a send is
-        begun only under a live heartbeat, so no other host takes it for abandoned."""
-        name = HEARTBEAT_PREFIX + self.holder
-        if not await self.store.try_lock(name, self.holder, self.lock_ttl, now=self._lease_now()):
-            raise StoreError(f"could not record this process's heartbeat ({name})")
-        if self._heartbeat is None or self._heartbeat.done():
-            self._heartbeat = asyncio.create_task(self._beat(name), name="heartbeat")
-            self._heartbeat.add_done_callback(_log_task_error)
-
-    async def _beat(self, name: str) -> None:
-        while True:  # until stop(): a failed renewal is retried, never given up
-            await asyncio.sleep(self.lock_ttl / 3)
-            try:
-                await asyncio.wait_for(self.store.try_lock(
-                    name, self.holder, self.lock_ttl, now=self._lease_now()),
-                    timeout=self.lock_ttl / 3)
-            except Exception as exc:
-                log.warning("renewing this process's heartbeat failed: %s", describe_error(exc))
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -682,7 +657,7 @@ class Engine:
     async def _send(self, d: Draft) -> Draft | None:
         p = self.pipeline(d.pipeline)
         sender = self.sender(p)  # built before `sending`: a bad sender sends nothing
-        await self._beating()
+        await self._heartbeat.beat()  # a send begins only under a fresh heartbeat
         sending = await self.store.begin_send(d.id, self.holder)
         if sending is None:
             return await self.store.get_draft(d.id)
@@ -915,43 +890,6 @@ class Engine:
                 log.info("daily sweep: %s", result.to_dict())
             except Exception:
                 log.exception("sweep failed")
-
-
-@functools.lru_cache(maxsize=1)
-def _process_home() -> str:
-    """Host name, boot and pid namespace: two holders with the same value share a
-    process table, so a pid that is gone there is truly gone. DRAFTGATE_TEST_HOST
-    replaces it, so a test can run a process as if on another machine."""
-    if os.environ.get("DRAFTGATE_TEST_HOST"):
-        return os.environ["DRAFTGATE_TEST_HOST"]
-    boot = ""
-    with contextlib.suppress(OSError):
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
-    pidns = ""
-    with contextlib.suppress(OSError):
-        pidns = os.readlink("/proc/self/ns/pid").strip("pid:[]")
-    return f"{socket.gethostname()}/{boot}/{pidns}"
-
-
-def _gone_here(holder: str) -> bool:
-    """True if ``holder`` (``home:pid:nonce``) is a process of this machine and pid
-    namespace, not this one, that no longer exists."""
-    home, _, rest = holder.rpartition(":")[0].rpartition(":")
-    try:
-        pid = int(rest)
-    except ValueError:
-        return False
-    return home == _process_home() and pid != os.getpid() and not _pid_alive(pid)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 def _unknown_episode(d: Draft) -> str:
