@@ -812,7 +812,8 @@ class Engine:
         due = [] if ttl is None else [
             d for d in await self.store.pending()
             if d.status == AWAITING and d.updated_at < now - ttl * 86400.0]
-        result = await ops.sweep(self.store, self.settings, days=days, now=now)
+        # _lease_now: on a shared store the sweep's lease expiry is the database's call.
+        result = await ops.sweep(self.store, self.settings, days=days, now=self._lease_now())
         for d in due:
             fresh = await self.store.get_draft(d.id)
             if fresh is not None and fresh.status == EXPIRED and self.settings.has_pipeline(d.pipeline):

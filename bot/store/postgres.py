@@ -674,8 +674,9 @@ class PostgresStore(Store):
             # draft key, so the item is never queued twice.
             res.seen_deleted = _count(await con.execute(
                 "DELETE FROM seen_items WHERE seen_at < $1", t - seen_ttl_days * _DAY))
+            # Leases by the database's clock unless a time was given (see _db_now).
             res.leases_requeued, res.leases_failed = await _requeue_expired(
-                con, None, max_attempts, t)
+                con, None, max_attempts, now)
             if approval_ttl_days is not None:
                 res.approvals_expired = _count(await con.execute(
                     "UPDATE drafts SET status=$1, error=$2, updated_at=$3"
