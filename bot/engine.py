@@ -80,9 +80,6 @@ class Engine:
         self.store = store
         self.channels = dict(channels or {})
         self.clock = clock or wall
-        # Leases and send recovery are timed by the store's clock (the database's on a
-        # shared store) unless a test drives time with its own clock.
-        self._own_clock = clock is not None
         self.pipelines = {p.name: p for p in settings.pipelines}
         self._drafters = dict(drafters or {})
         self._senders = dict(senders or {})
@@ -182,7 +179,8 @@ class Engine:
         """``now`` for store calls that decide leases: None lets the store use its own
         clock (on PostgreSQL the database's, the one clock all hosts share, so a host
         whose clock is off neither takes a live lease nor strands another's send)."""
-        return self.clock() if self._own_clock else None
+        # Unless a test drives time with a clock of its own: then that clock decides.
+        return None if self.clock is wall else self.clock()
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
