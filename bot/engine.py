@@ -23,22 +23,24 @@ import contextlib
 import functools
 import logging
 import os
-import socket
 import time
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Callable
 
 from . import filters as _filters
 from . import scheduler
 from .admit import admit_fetched
 from .build import build_drafter, build_sender, build_source
+from .clock import wall
 from .config import PipelineConfig, Settings
 from .errors import (ApprovalError, BudgetExhausted, ConfigError, DrafterError,
                      DrafterRetryable, DrafterSetupError, DraftgateError, SendFailed,
                      SendUnknown, StoreError)
 from .models import AWAITING, EXPIRED, FAILED, SEND_UNKNOWN, Draft, DraftRequest, RunCounts
+from .process import Heartbeat
+from .process import gone_here as _gone_here
+from .process import process_home as _process_home
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store
 from .redact import scrub
@@ -79,7 +81,7 @@ class Engine:
 
     def __init__(self, settings: Settings, store: Store,
                  channels: dict[str, ApprovalChannel] | None = None, *,
-                 clock: Callable[[], float] = time.time,
+                 clock: Callable[[], float] | None = None,
                  drafters: dict[str, Drafter] | None = None,
                  senders: dict[str, Sender] | None = None,
                  sources: dict[str, Source] | None = None,
@@ -88,7 +90,7 @@ class Engine:
         self.settings = settings
         self.store = store
         self.channels = dict(channels or {})
-        self.clock = clock
+        self.clock = clock or wall
         self.pipelines = {p.name: p for p in settings.pipelines}
         self._drafters = dict(drafters or {})
         self._senders = dict(senders or {})
@@ -109,17 +111,21 @@ class Engine:
         # so a working pipeline does not write "no hold" after every draft.
         self._not_held: set[str] = set()
         self._lock_lost: dict[str, asyncio.Event] = {}  # set when a held lease is lost
-        self._checking: set[int] = set()  # unknown sends a _check_later task will check
+        # Unknown sends a _check_later task of this process will check:
+        # draft id -> (pipeline, task).
+        self._checking: dict[int, tuple[str, asyncio.Task]] = {}
         # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
         # once instead of waiting for the next slot, in bounded steps.
         self._backlog: set[str] = set()
         self._posting: set[tuple[int, int]] = set()  # (draft, version) being posted now
         self.holder = f"{_process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lock_ttl = 15.0
-        # Longer than any one send call can last (Gmail's per-call timeout defaults to
-        # 30 s, a webhook's to 10 s). A row in `sending` younger than this may be
-        # another host's send in flight, so only older ones count as interrupted.
+        # Only for `sending` rows with no send_holder (begun by a version that did not
+        # record one): longer than any one send call can last, since such a row may be
+        # another host's send in flight. Rows with a holder are recovered as soon as
+        # that process is seen gone (see _recover_sending).
         self.send_grace = 300.0
+        self._heartbeat = Heartbeat(store, self.holder, self.lock_ttl, self._lease_now)
 
     # -- stages ---------------------------------------------------------------------
     def source(self, p: PipelineConfig) -> Source:
@@ -184,6 +190,16 @@ class Engine:
                 await stage.close()
             except Exception:
                 log.exception("closing %r", stage)
+        # Last: until here a send may still be in flight, and without the heartbeat
+        # another host would take it for abandoned.
+        await self._heartbeat.stop()
+
+    def _lease_now(self) -> float | None:
+        """``now`` for store calls that decide leases: None lets the store use its own
+        clock (on PostgreSQL the database's, the one clock all hosts share, so a host
+        whose clock is off neither takes a live lease nor strands another's send)."""
+        # Unless a test drives time with a clock of its own: then that clock decides.
+        return None if self.clock is wall else self.clock()
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -220,9 +236,11 @@ class Engine:
         holding it blocks the others (or its own restart) for seconds, not minutes."""
         name = f"pipeline:{p.name}"
         async with self._tick_locks[p.name]:
-            held = await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock())
+            held = await self.store.try_lock(name, self.holder, self.lock_ttl,
+                                             now=self._lease_now())
             if not held and await self._holder_is_dead(name):
-                held = await self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock())
+                held = await self.store.try_lock(name, self.holder, self.lock_ttl,
+                                                 now=self._lease_now())
             lost = self._lock_lost[p.name] = asyncio.Event()
             renew = self._spawn(self._renew_lock(name, lost)) if held else None
             try:
@@ -243,14 +261,7 @@ class Engine:
         its lease: a restart after a crash resumes at once. A holder elsewhere, or one
         whose pid is alive, is never touched."""
         holder = await self.store.lock_holder(name)
-        if not holder or holder == self.holder:
-            return False
-        home, _, rest = holder.rpartition(":")[0].rpartition(":")
-        try:
-            pid = int(rest)
-        except ValueError:
-            return False
-        if home != _process_home() or pid == os.getpid() or _pid_alive(pid):
+        if not holder or holder == self.holder or not _gone_here(holder):
             return False
         log.warning("%s: held by %s, a process of this machine that is gone; taking it over",
                     name, holder)
@@ -267,7 +278,7 @@ class Engine:
             try:
                 # Bounded: a hung store connection must count as a failed renewal.
                 ok: bool | None = await asyncio.wait_for(
-                    self.store.try_lock(name, self.holder, self.lock_ttl, now=self.clock()),
+                    self.store.try_lock(name, self.holder, self.lock_ttl, now=self._lease_now()),
                     timeout=self.lock_ttl / 3)
             except Exception as exc:
                 ok = None
@@ -376,7 +387,15 @@ class Engine:
         async with self._pipeline_lock(p) as held:
             if held:
                 await self._drain(p, counts)
+        # Drained means done: an unknown send this process made is checked by its own
+        # delayed task (not by _drain, see _check_unknown), so wait for those too.
+        await self._checks_done(p)
         return counts
+
+    async def _checks_done(self, p: PipelineConfig) -> None:
+        while pending := [t for name, t in list(self._checking.values())
+                          if name == p.name and not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _drain(self, p: PipelineConfig, counts: RunCounts) -> None:
         if await self._draft_queued(p, counts):  # False: a post failed; one try per tick
@@ -430,7 +449,7 @@ class Engine:
         # every tick, rather than waiting for the daily sweep.
         try:
             _requeued, failed = await self.store.requeue_expired(
-                p.name, max_attempts=p.max_attempts, now=self.clock())
+                p.name, max_attempts=p.max_attempts, now=self._lease_now())
         except NotImplementedError:
             failed = 0
         if failed:
@@ -456,7 +475,8 @@ class Engine:
                     if stop.is_set() or self._lost(p):
                         stop.set()
                         return
-                    claimed = await self.store.claim(p.name, p.lease, limit=1, now=self.clock())
+                    claimed = await self.store.claim(p.name, p.lease, limit=1,
+                                                     now=self._lease_now())
                     if not claimed:
                         stop.set()
                         return
@@ -736,7 +756,8 @@ class Engine:
     async def _send(self, d: Draft) -> Draft | None:
         p = self.pipeline(d.pipeline)
         sender = self.sender(p)  # built before `sending`: a bad sender sends nothing
-        sending = await self.store.begin_send(d.id)
+        await self._heartbeat.beat()  # a send begins only under a fresh heartbeat
+        sending = await self.store.begin_send(d.id, self.holder)
         if sending is None:
             return await self.store.get_draft(d.id)
         try:
@@ -753,8 +774,8 @@ class Engine:
             if not isinstance(exc, SendUnknown):
                 log.exception("%s #%d: unexpected error while sending", p.name, d.id)
             after = await self.store.mark_send_unknown(d.id, reason)
-            self._checking.add(d.id)  # before the task runs: this tick must leave it
-            self._spawn(self._check_later(d.id))
+            # Registered before the task runs: this tick's _check_unknown must leave it.
+            self._checking[d.id] = (p.name, self._spawn(self._check_later(d.id)))
         else:
             after = await self.store.mark_sent(d.id, result.sent_id, now=self.clock())
             log.info("%s #%d sent (%s)", p.name, d.id, result.sent_id)
@@ -770,22 +791,25 @@ class Engine:
         return after
 
     async def _check_later(self, draft_id: int) -> None:
-        self._checking.add(draft_id)
         try:
             await asyncio.sleep(self._send_check_delay)
             d = await self.store.get_draft(draft_id)
             if d is not None and d.status == SEND_UNKNOWN:
                 await self._check_one(self.pipeline(d.pipeline), d)
         finally:
-            self._checking.discard(draft_id)
+            if self._checking.get(draft_id, ("", None))[1] is asyncio.current_task():
+                del self._checking[draft_id]
 
     async def _recover_sending(self) -> None:
-        """Sends that began over ``send_grace`` ago and never finished (their process
-        died) -> send_unknown, to be checked before anything is sent again. Run at
-        start and on every tick, since a crash shortly before a restart leaves a row
-        too young to recover at that start."""
-        # begin_send stamps rows with the real clock, so the age is measured with it too.
-        stuck = await self.store.recover_sending(older_than=self.send_grace)
+        """Sends whose process is gone -> send_unknown, to be checked before anything
+        is sent again. A sender of this machine is gone when its pid is (seen at once,
+        e.g. on the restart after a SIGKILL); one elsewhere when its heartbeat lapses
+        (``lock_ttl``). A send in flight in a live process is never touched. Run at
+        start and on every tick."""
+        holders = await self.store.sending_holders()
+        dead = [h for h in holders if h != self.holder and _gone_here(h)]
+        stuck = await self.store.recover_abandoned_sends(
+            dead=dead, alive=self.holder, grace=self.send_grace, now=self._lease_now())
         if stuck:
             log.warning("%d draft(s) were left mid-send by a stopped process; marked "
                         "send_unknown and will be checked before anything is sent again", stuck)
@@ -897,7 +921,8 @@ class Engine:
         due = [] if ttl is None else [
             d for d in await self.store.pending()
             if d.status == AWAITING and d.updated_at < now - ttl * 86400.0]
-        result = await ops.sweep(self.store, self.settings, days=days, now=now)
+        # _lease_now: on a shared store the sweep's lease expiry is the database's call.
+        result = await ops.sweep(self.store, self.settings, days=days, now=self._lease_now())
         for d in due:
             fresh = await self.store.get_draft(d.id)
             if fresh is not None and fresh.status == EXPIRED and self.settings.has_pipeline(d.pipeline):
@@ -980,29 +1005,6 @@ class Engine:
                 log.info("daily sweep: %s", result.to_dict())
             except Exception:
                 log.exception("sweep failed")
-
-
-@functools.lru_cache(maxsize=1)
-def _process_home() -> str:
-    """Host name, boot and pid namespace: two holders with the same value share a
-    process table, so a pid that is gone there is truly gone."""
-    boot = ""
-    with contextlib.suppress(OSError):
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
-    pidns = ""
-    with contextlib.suppress(OSError):
-        pidns = os.readlink("/proc/self/ns/pid").strip("pid:[]")
-    return f"{socket.gethostname()}/{boot}/{pidns}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 def _unknown_episode(d: Draft) -> str:

@@ -115,10 +115,14 @@ def write_deployment(tmp: Path, *, store: str, gmail: FakeGmail, tg: FakeTelegra
 class Host:
     """One ``python -m bot run`` process (a "host"), its output in ``log``."""
 
-    def __init__(self, name: str, cfg: Path, tg: FakeTelegram, *, receive: str):
+    def __init__(self, name: str, cfg: Path, tg: FakeTelegram, *, receive: str,
+                 env: dict[str, str] | None = None):
+        """``env`` adds variables, e.g. DRAFTGATE_TEST_HOST (run as if on another
+        machine) or DRAFTGATE_TEST_CLOCK_OFFSET (a clock that is off)."""
         self.name = name
         self.log = cfg.parent / f"{name}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI")}
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENAI")},
+               **(env or {})}
         env[TOKEN_ENV] = tg.token
         with self.log.open("ab") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
@@ -189,6 +193,10 @@ class Db:
 
     async def cursor_recorded(self) -> bool:
         return bool(await self.fetch("SELECT 1 FROM cursors WHERE pipeline='support'"))
+
+    async def draft_rows(self) -> list[asyncpg.Record]:
+        return await self.fetch("SELECT id, version, status, send_holder, approval_message_id"
+                                " FROM drafts ORDER BY id")
 
     async def lock_holder_pid(self) -> int | None:
         """The pid in the pipeline lock row (holder is ``host:pid:nonce``)."""

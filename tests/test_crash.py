@@ -116,3 +116,66 @@ async def test_sigkill_while_drafting_drafts_again_once_and_sends_once(tmp_path)
             assert len(fake.requests) == 2  # the held call and exactly one redraft
         finally:
             await store.close()
+
+
+async def test_sigkill_during_a_gmail_send_is_checked_and_finished_within_30s(tmp_path):
+    """The process sending a reply is SIGKILLed while Gmail holds the request (Gmail
+    then delivers it). The restarted process sees the sender gone, asks Gmail, finds
+    the reply in Sent and marks it sent within 30 s (not after a five-minute grace),
+    without a second messages.send."""
+    import asyncio
+    import sqlite3
+
+    from tests.fakes.gmail import FakeGmail, simple_message, write_deployment
+
+    with FakeGmail() as gmail:
+        cfg = Path(write_deployment(tmp_path, gmail))
+        pipe = tmp_path / "pipelines" / "support.yaml"
+        pipe.write_text(pipe.read_text().replace("schedule: 5m", "schedule: 1s"))
+        log, db = tmp_path / "bot.log", tmp_path / "state.db"
+
+        def rows(sql: str) -> list[tuple]:
+            try:
+                return sqlite_rows(db, sql)
+            except sqlite3.OperationalError:  # not created or migrated yet
+                return []
+
+        first = _start(cfg, log)
+        try:
+            _wait_for(lambda: rows("SELECT 1 FROM cursors"), 60, "the first tick's cursor")
+            gmail.add_message(simple_message(1))
+            _wait_for(lambda: rows("SELECT 1 FROM drafts WHERE status = 'awaiting'"), 60,
+                      "the card")
+            release = gmail.hold("messages.send")
+            settings = load_settings(cfg)
+            store = create_store(settings.store)
+            await store.open()
+            try:  # the operator approves; the running process sends it on its next tick
+                [d] = await store.pending("support")
+                assert (await store.approve(d.id, d.version, "anna")).status == "approved"
+            finally:
+                await store.close()
+            assert await asyncio.to_thread(gmail.reached("messages.send").wait, 30), \
+                log.read_text()
+            assert rows("SELECT status FROM drafts") == [("sending",)]
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+        finally:
+            reap(first)
+        release.set()  # Gmail goes on and delivers the reply; its answer is lost
+        assert await asyncio.to_thread(gmail.accepted.wait, 10)
+
+        second = _start(cfg, log)
+        try:
+            restarted = time.monotonic()
+            _wait_for(lambda: rows("SELECT status FROM drafts") == [("sent",)], 30,
+                      "the reply to be checked and marked sent after the restart")
+            took = time.monotonic() - restarted
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(20) == 0, log.read_text()
+        finally:
+            reap(second)
+        assert took < 30
+        assert len(gmail.calls_to("messages.send")) == 1 and len(gmail.sent()) == 1
+        [(sent_id,)] = rows("SELECT sent_id FROM drafts")
+        assert sent_id == gmail.sent()[0].id

@@ -546,9 +546,10 @@ async def test_unknown_send_is_checked_not_resent(world):
     world.sender.delivered_on_unknown = False
     world.sender.script = [SendUnknown("timed out")]
     await world.engine.approve(d2.id, d2.version, "anna")
-    await world.engine.drain("alpha")  # too soon to ask: the delayed checks do
-    assert world.sender.check_calls == 0
-    await asyncio.gather(*list(world.engine._tasks))  # the delayed checks (10 ms)
+    # drain returns once the delayed checks asked about both (a tick may ask again
+    # about one still unknown; asking never sends).
+    await world.engine.drain("alpha")
+    assert world.sender.check_calls >= 2
     assert (await world.store.get_draft(d1.id)).status == "sent"
     assert (await world.store.get_draft(d2.id)).status == "send_unknown"
     assert d2.id in world.channel.retry_offered
@@ -577,8 +578,9 @@ async def test_a_send_cut_off_by_a_crash_is_checked_on_the_first_tick_after_rest
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
     await world.store.approve(d.id, d.version, "anna")
-    await world.store.begin_send(d.id)  # ... and the process died here
-    world.engine.send_grace = 0  # (a restart five minutes later)
+    # A process of this machine began the send and was killed there; the restart
+    # sees its pid gone and checks at once (no grace to wait out).
+    await world.store.begin_send(d.id, _dead_local_holder())
     await world.engine.tick("alpha")
     assert world.sender.check_calls == 1
     assert (await world.store.get_draft(d.id)).status == "send_unknown"
@@ -601,7 +603,7 @@ async def test_another_process_leaves_a_fresh_unknown_send_to_the_one_that_made_
     await world.engine.approve(d.id, d.version, "anna")
     await host_b.drain("alpha")
     assert host_b_sender.check_calls == 0
-    await asyncio.gather(*list(world.engine._tasks))  # A's own delayed check
+    await world.engine.wait_idle()  # A's own delayed check
     assert (await world.store.get_draft(d.id)).status == "sent"
     assert world.channel.retry_offered == []
 
@@ -677,7 +679,7 @@ async def test_an_unknown_send_is_announced_once_per_episode_even_across_restart
     [d] = await world.store.pending("alpha")
     world.sender.script = [SendUnknown("timed out")]
     await world.engine.approve(d.id, d.version, "anna")
-    await asyncio.gather(*list(world.engine._tasks))  # the delayed check (10 ms)
+    await world.engine.wait_idle()  # the delayed check (10 ms)
     await world.engine.drain("alpha")
     assert world.channel.retry_offered == [d.id]
     # A restarted process (same store) does not announce the same episode again.
@@ -689,23 +691,28 @@ async def test_an_unknown_send_is_announced_once_per_episode_even_across_restart
     # Retry ends unknown again: that is a new episode, and the operator hears of it.
     world.sender.script = [SendUnknown("reset")]
     await world.engine.retry_send(d.id, "anna")
-    await asyncio.gather(*list(world.engine._tasks))
+    await world.engine.wait_idle()
     await world.engine.drain("alpha")
     assert world.channel.retry_offered == [d.id, d.id]
     assert world.sender.calls == 2  # the approval and the operator's Retry; never on its own
 
 
-async def test_a_pipeline_lock_left_by_a_dead_local_process_is_taken_over_at_once(world):
-    """A restart after SIGKILL does not wait out the dead process's lease."""
+def _dead_local_holder(nonce: str = "dead") -> str:
+    """The holder name of a process of this machine that has exited."""
     import subprocess
     import sys
 
-    from bot.engine import _process_home
+    from bot.process import process_home
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    dead = f"{_process_home()}:{gone.stdout.strip()}:dead"
-    alive_elsewhere = f"otherhost/x/y:{gone.stdout.strip()}:far"
+    return f"{process_home()}:{gone.stdout.strip()}:{nonce}"
+
+
+async def test_a_pipeline_lock_left_by_a_dead_local_process_is_taken_over_at_once(world):
+    """A restart after SIGKILL does not wait out the dead process's lease."""
+    dead = _dead_local_holder()
+    alive_elsewhere = f"otherhost/x/y:{dead.split(':')[-2]}:far"
     world.sources["alpha"].messages = [msg(1)]
 
     assert await world.store.try_lock("pipeline:alpha", alive_elsewhere, 60, now=world.clock())

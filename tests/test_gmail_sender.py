@@ -147,6 +147,26 @@ async def test_not_found_after_unknown_send_stays_unknown_and_never_resends(worl
     assert retried.status == SENT and len(world.fake.sent()) == 1
 
 
+@pytest.mark.parametrize("labels", [["INBOX", "UNREAD"], ["SPAM"], ["TRASH"]],
+                         ids=["inbox", "spam", "trash"])
+async def test_a_planted_message_with_the_replys_message_id_does_not_mark_it_sent(world, labels):
+    """Someone mails us a message carrying the reply's Message-ID, threaded to the
+    original (it lands in the inbox, spam or trash). A send that failed without
+    delivery must stay unknown, and the operator hears it is not in Sent: counted as
+    sent, the reply would never go out and nobody would know."""
+    (d,) = await _awaiting(world, simple_message(16))
+    planted = simple_message(99, sender="Mallory <m@evil.example>").replace(
+        b"<order-99@customer.example>", reply_message_id(d.key).encode())
+    world.fake.add_message(planted, labels=labels, thread_id=d.message.thread_id)
+    world.fake.fail("messages.send", 503)
+    assert (await world.engine.approve(d.id, d.version, "op")).status == "send_unknown"
+    await world.engine.drain("support")
+    assert (await world.store.get_draft(d.id)).status == "send_unknown"
+    assert world.fake.sent() == [] and "not in Sent" in world.out.getvalue()
+    assert (await world.engine.retry_send(d.id, "op")).status == SENT
+    assert len(world.fake.sent()) == 1
+
+
 async def test_4xx_is_send_failed_with_the_reason(world):
     (d,) = await _awaiting(world, simple_message(5))
     world.fake.fail("messages.send", 400, message="Invalid To header")

@@ -12,6 +12,7 @@ import pytest
 
 from bot.models import Item, Message, draft_key, sha256_text
 from bot.store import create_store
+from bot.store.base import HEARTBEAT_PREFIX
 
 T0 = 1_700_000_000.0  # a fixed "now" so TTL arithmetic is exact
 DAY = 86400.0
@@ -437,6 +438,33 @@ class TestStoreContract:
         assert (await store.get_draft(d.id)).status == "send_unknown"
         assert (await store.get_draft(other.id)).status == "awaiting"
         assert await store.recover_sending() == 0
+
+    async def test_recover_abandoned_sends_takes_only_sends_whose_process_is_gone(self, store):
+        """A send in flight in a live process (heartbeat fresh, or the caller's own) is
+        never taken; one whose process was seen dead or whose heartbeat lapsed is
+        recovered at once; one with no recorded process only after the grace."""
+        holders = ["h-live", "h-lapsed", "h-dead", "h-me", None]
+        drafts = {}
+        for i, holder in enumerate(holders):
+            d = await _awaiting(store, f"m{i}")
+            await store.approve(d.id, d.version, "anna")
+            assert (await store.begin_send(d.id, holder)).send_holder == holder
+            drafts[holder] = d.id
+        assert sorted(await store.sending_holders()) == ["h-dead", "h-lapsed", "h-live", "h-me"]
+        now = time.time()
+        assert await store.try_lock(HEARTBEAT_PREFIX + "h-live", "h-live", 15, now=now)
+        assert await store.try_lock(HEARTBEAT_PREFIX + "h-lapsed", "h-lapsed", 15, now=now - 20)
+        assert await store.recover_abandoned_sends(
+            dead=["h-dead"], alive="h-me", grace=300, now=now) == 2
+
+        async def status(holder):
+            return (await store.get_draft(drafts[holder])).status
+        assert [await status(h) for h in holders] == [
+            "sending", "send_unknown", "send_unknown", "sending", "sending"]
+        assert (await store.get_draft(drafts["h-dead"])).error.startswith("interrupted")
+        assert await store.recover_abandoned_sends(alive="h-me", grace=0, now=now + 1) == 1
+        assert await status(None) == "send_unknown"
+        assert await status("h-live") == "sending" and await status("h-me") == "sending"
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ Exactly once (DESIGN.md): the reply carries a Message-ID derived from the draft 
 messages.send (or drafts.create) is issued once through a transport that never
 re-sends; a connection lost before the answer, a timeout or a 5xx is ``SendUnknown``
 and :meth:`check` later asks Gmail for ``rfc822msgid:<that id>`` instead of sending
-again. A 4xx is ``SendFailed``. Marking the original read or labelling it happens
+again, counting only a message labelled SENT (or a draft) in the original's thread. A 4xx is ``SendFailed``. Marking the original read or labelling it happens
 after a successful send and can never turn a sent reply into an unsent one.
 """
 
@@ -102,22 +102,34 @@ class _GmailSender:
                         self.account, draft.key, exc)
 
     async def _search(self, draft: Draft, *, drafts: bool) -> str | None:
+        """Gmail id of our reply (a SENT message, or for gmail_draft a draft) with this
+        draft's Message-ID in the original's thread. Anyone can mail us a message
+        carrying that Message-ID (it lands in the inbox, spam or trash); counting it
+        would mark an unsent reply sent, so only Gmail's own SENT label or a draft in
+        the same thread counts."""
         q = f"rfc822msgid:{reply_message_id(draft.key).strip('<>')}"
         try:
             if drafts:
                 resp = await self.client.aread(
                     lambda s: s.users().drafts().list(userId="me", q=q, maxResults=5),
                     "drafts.list")
-                found = resp.get("drafts") or []
+                found = [(d.get("id"), d.get("message") or {}) for d in resp.get("drafts") or []]
             else:
+                # A sent reply the operator trashed afterwards still went out: spam and
+                # trash are searched, but only messages labelled SENT are listed.
                 resp = await self.client.aread(
                     lambda s: s.users().messages().list(userId="me", q=q, maxResults=5,
+                                                        labelIds=["SENT"],
                                                         includeSpamTrash=True),
                     "messages.list")
-                found = resp.get("messages") or []
+                found = [(m.get("id"), m) for m in resp.get("messages") or []]
         except SourceError as exc:
             raise SendUnknown(f"cannot check Gmail yet: {exc}") from None
-        return str(found[0]["id"]) if found else None
+        thread = draft.message.thread_id
+        for gid, msg in found:
+            if gid and (not thread or msg.get("threadId") == thread):
+                return str(gid)
+        return None
 
     async def close(self) -> None:
         await self.client.aclose()

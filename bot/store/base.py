@@ -28,6 +28,14 @@ class StoreMissing(StoreError):
     """``open(create=False)`` found no store where the URL points; nothing was created."""
 
 
+#: Error text of a ``sending`` row whose sending process is gone (recover_abandoned_sends).
+ABANDONED_SEND = "interrupted mid-send: the process sending it stopped; it may have been delivered"
+
+#: Lock-row name prefix of a process's heartbeat: ``process:<holder>``, renewed every
+#: few seconds by a running engine (see ``recover_abandoned_sends``).
+HEARTBEAT_PREFIX = "process:"
+
+
 @dataclass
 class AdmitResult:
     new: list[str] = field(default_factory=list)  # keys of drafts queued now
@@ -218,8 +226,9 @@ class Store(abc.ABC):
         """Drafts in ``approved`` (approved but the send was not begun)."""
 
     @abc.abstractmethod
-    async def begin_send(self, draft_id: int) -> Draft | None:
-        """CAS ``approved -> sending``, committed before the send call."""
+    async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
+        """CAS ``approved -> sending``, committed before the send call, recording the
+        sending process (``holder``, as in the locks table) in ``send_holder``."""
 
     @abc.abstractmethod
     async def mark_sent(self, draft_id: int, sent_id: str, now: float | None = None
@@ -382,3 +391,18 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def check(self) -> list[str]:
         """Read every table (SQLite: ``PRAGMA quick_check``); the problems found, or []."""
+
+    # -- crashed sends -------------------------------------------------------------------
+    @abc.abstractmethod
+    async def sending_holders(self) -> list[str]:
+        """The distinct ``send_holder`` values of rows in ``sending``."""
+
+    @abc.abstractmethod
+    async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
+                                      grace: float, now: float | None = None) -> int:
+        """``sending`` rows whose sending process is gone -> ``send_unknown`` (error
+        ``ABANDONED_SEND``): those of a holder in ``dead`` (the caller saw its pid gone on
+        this machine), those whose holder's heartbeat row ``process:<holder>`` is missing
+        or expired (never ``alive``'s, the caller's own), and rows with no holder (begun
+        before holders were recorded) older than ``grace`` seconds. ``now`` None: the
+        store's clock, which on a shared store is the database's."""

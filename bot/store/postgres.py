@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
+from ..clock import wall
 from ..errors import StoreError
 from ..models import (
     APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED, READY,
@@ -37,8 +38,8 @@ from ..models import (
 from ..redact import redact_url, scrub
 from ._copy import COPY_TABLES
 from ._copy import key_columns as _check_table
-from .base import (AdmitResult, ReplayResult, Store, StoreMissing, SweepResult, replay_refusal,
-                   replay_without_draft)
+from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult, Store,
+                   StoreMissing, SweepResult, replay_refusal, replay_without_draft)
 from .pg_schema import MIGRATIONS
 
 # What a lost or refused connection can raise through asyncpg. InternalClientError
@@ -102,7 +103,16 @@ def _clean(text: str | None) -> str | None:
 
 
 def _now(now: float | None) -> float:
-    return time.time() if now is None else float(now)
+    return wall() if now is None else float(now)
+
+
+def _db_now(n: int) -> str:
+    """SQL for "now" in statements that decide leases (pipeline locks, process
+    heartbeats, drafting leases, send recovery): parameter ``$n`` if a test passed a
+    time, else the database's own clock. Hosts' clocks may disagree; the one clock
+    they share is the server's, so a skewed host can neither take a live lease nor
+    call another host's send in flight abandoned."""
+    return f"coalesce(${n}::float8, extract(epoch from clock_timestamp()))"
 
 
 def _utc_day(t: float) -> str:
@@ -358,19 +368,19 @@ class PostgresStore(Store):
             rows = await con.fetch(
                 "WITH picked AS MATERIALIZED (SELECT id FROM drafts"
                 "   WHERE pipeline=$1 AND status=$6 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                " UPDATE drafts d SET status=$4, lease_until=$3,"
+                f" UPDATE drafts d SET status=$4, lease_until={_db_now(3)} + $7,"
                 " fence=nextval('draft_fence_seq'), updated_at=$5"
                 " FROM picked WHERE d.id = picked.id AND d.status=$6 RETURNING d.*",
-                pipeline, limit, t + lease_seconds, DRAFTING, t, QUEUED)
+                pipeline, limit, now, DRAFTING, t, QUEUED, float(lease_seconds))
         return sorted((_draft(r) for r in rows), key=lambda d: d.id)
 
     async def claim_key(self, key: str, lease_seconds: float,
                         now: float | None = None) -> Draft | None:
-        t = _now(now)
         return await self._one(
-            "UPDATE drafts SET status=$2, lease_until=$3, fence=nextval('draft_fence_seq'),"
+            f"UPDATE drafts SET status=$2, lease_until={_db_now(3)} + $6,"
+            " fence=nextval('draft_fence_seq'),"
             " updated_at=$4 WHERE key=$1 AND status=$5 RETURNING *",
-            key, DRAFTING, t + lease_seconds, t, QUEUED)
+            key, DRAFTING, now, _now(now), QUEUED, float(lease_seconds))
 
     async def _one(self, sql: str, *args: Any) -> Draft | None:
         async with self._conn() as con:
@@ -515,10 +525,12 @@ class PostgresStore(Store):
     async def approved(self, pipeline: str | None = None) -> list[Draft]:
         return await self._by_status((APPROVED,), pipeline)
 
-    async def begin_send(self, draft_id: int) -> Draft | None:
+    async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
+        # updated_at by the database's clock: recover_sending ages rows with it.
         return await self._one(
-            "UPDATE drafts SET status=$2, updated_at=$3 WHERE id=$1 AND status=$4 RETURNING *",
-            draft_id, SENDING, time.time(), APPROVED)
+            f"UPDATE drafts SET status=$2, send_holder=$3, updated_at={_db_now(5)}"
+            " WHERE id=$1 AND status=$4 RETURNING *",
+            draft_id, SENDING, holder, APPROVED, None)
 
     async def mark_sent(self, draft_id: int, sent_id: str, now: float | None = None
                         ) -> Draft | None:
@@ -670,8 +682,9 @@ class PostgresStore(Store):
             # draft key, so the item is never queued twice.
             res.seen_deleted = _count(await con.execute(
                 "DELETE FROM seen_items WHERE seen_at < $1", t - seen_ttl_days * _DAY))
+            # Leases by the database's clock unless a time was given (see _db_now).
             res.leases_requeued, res.leases_failed = await _requeue_expired(
-                con, None, max_attempts, t)
+                con, None, max_attempts, now)
             if approval_ttl_days is not None:
                 res.approvals_expired = _count(await con.execute(
                     "UPDATE drafts SET status=$1, error=$2, updated_at=$3"
@@ -685,18 +698,16 @@ class PostgresStore(Store):
     async def requeue_expired(self, pipeline: str, *, max_attempts: int,
                               now: float | None = None) -> tuple[int, int]:
         async with self._tx() as con:
-            return await _requeue_expired(con, pipeline, max_attempts, _now(now))
+            return await _requeue_expired(con, pipeline, max_attempts, now)
 
     async def recover_sending(self, older_than: float | None = None,
                               now: float | None = None) -> int:
-        t = _now(now)
-        before = None if older_than is None else t - older_than
         async with self._conn() as con:
             return _count(await con.execute(
                 "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4"
-                " AND ($5::float8 IS NULL OR updated_at < $5)",
+                f" AND ($5::float8 IS NULL OR updated_at < {_db_now(6)} - $5)",
                 SEND_UNKNOWN, "interrupted mid-send by a restart; it may have been delivered",
-                t, SENDING, before))
+                _now(now), SENDING, older_than, now))
 
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
         t = time.time()
@@ -716,14 +727,13 @@ class PostgresStore(Store):
     # -- leader / locks ---------------------------------------------------------------------
     async def try_lock(self, name: str, holder: str, ttl_seconds: float,
                        now: float | None = None) -> bool:
-        t = _now(now)
         async with self._conn() as con:
             row = await con.fetchrow(
-                "INSERT INTO locks (name, holder, expires_at) VALUES ($1, $2, $3)"
+                f"INSERT INTO locks (name, holder, expires_at) VALUES ($1, $2, {_db_now(4)} + $3)"
                 " ON CONFLICT (name) DO UPDATE SET holder=EXCLUDED.holder,"
                 " expires_at=EXCLUDED.expires_at"
-                " WHERE locks.holder=EXCLUDED.holder OR locks.expires_at <= $4"
-                " RETURNING holder", name, holder, t + ttl_seconds, t)
+                f" WHERE locks.holder=EXCLUDED.holder OR locks.expires_at <= {_db_now(4)}"
+                " RETURNING holder", name, holder, float(ttl_seconds), now)
         return row is not None
 
     async def unlock(self, name: str, holder: str) -> None:
@@ -733,6 +743,31 @@ class PostgresStore(Store):
     async def lock_holder(self, name: str) -> str | None:
         async with self._conn() as con:
             return await con.fetchval("SELECT holder FROM locks WHERE name=$1", name)
+
+    # -- crashed sends (send_holder and process heartbeats) ----------------------------------
+    async def sending_holders(self) -> list[str]:
+        async with self._conn() as con:
+            rows = await con.fetch("SELECT DISTINCT send_holder FROM drafts"
+                                   " WHERE status=$1 AND send_holder IS NOT NULL", SENDING)
+        return [r[0] for r in rows]
+
+    async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
+                                      grace: float, now: float | None = None) -> int:
+        async with self._tx() as con:
+            n = _count(await con.execute(
+                "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4 AND ("
+                " send_holder = ANY($5::text[])"
+                " OR (send_holder IS NOT NULL AND send_holder IS DISTINCT FROM $6"
+                "     AND NOT EXISTS (SELECT 1 FROM locks"
+                "         WHERE name = $9 || drafts.send_holder"
+                f"        AND expires_at > {_db_now(7)}))"
+                f" OR (send_holder IS NULL AND updated_at < {_db_now(7)} - $8))",
+                SEND_UNKNOWN, ABANDONED_SEND, _now(now), SENDING, list(dead), alive, now,
+                float(grace), HEARTBEAT_PREFIX))
+            # Heartbeats of processes gone for a day: nothing can refer to them any more.
+            await con.execute(f"DELETE FROM locks WHERE name LIKE $1 AND expires_at < {_db_now(2)}"
+                              " - 86400", HEARTBEAT_PREFIX + "%", now)
+        return n
 
     # -- copying (draftgate migrate-store) ---------------------------------------------------
     async def copy_count(self, table: str) -> int:
@@ -835,21 +870,22 @@ class PostgresStore(Store):
 
 
 async def _requeue_expired(con, pipeline: str | None, max_attempts: int,
-                           t: float) -> tuple[int, int]:
-    """Expired ``drafting`` leases (of one pipeline, or all) -> queued or failed."""
+                           t: float | None) -> tuple[int, int]:
+    """Expired ``drafting`` leases (of one pipeline, or all) -> queued or failed.
+    ``t`` None: expired by the database's clock (see _db_now)."""
     # A new fence on every expired lease, so the stale worker's update loses.
     requeued = _count(await con.execute(
         "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
-        " fence=nextval('draft_fence_seq'), error='lease expired; retrying', updated_at=$2"
-        " WHERE status=$3 AND lease_until < $2 AND attempt + 1 < $4"
+        f" fence=nextval('draft_fence_seq'), error='lease expired; retrying', updated_at=$6"
+        f" WHERE status=$3 AND lease_until < {_db_now(2)} AND attempt + 1 < $4"
         " AND ($5::text IS NULL OR pipeline=$5)",
-        QUEUED, t, DRAFTING, max_attempts, pipeline))
+        QUEUED, t, DRAFTING, max_attempts, pipeline, _now(t)))
     failed = _count(await con.execute(
         "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
         " fence=nextval('draft_fence_seq'),"
-        " error='lease expired after ' || (attempt + 1) || ' attempts', updated_at=$2"
-        " WHERE status=$3 AND lease_until < $2 AND ($4::text IS NULL OR pipeline=$4)",
-        FAILED, t, DRAFTING, pipeline))
+        " error='lease expired after ' || (attempt + 1) || ' attempts', updated_at=$5"
+        f" WHERE status=$3 AND lease_until < {_db_now(2)} AND ($4::text IS NULL OR pipeline=$4)",
+        FAILED, t, DRAFTING, pipeline, _now(t)))
     return requeued, failed
 
 

@@ -37,8 +37,8 @@ from ..models import (
     REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED, AuditEntry,
     Draft, Item, Message, Run, draft_key, sha256_text,
 )
-from .base import (AdmitResult, ReplayResult, Store, StoreMissing, SweepResult, replay_refusal,
-                   replay_without_draft)
+from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult, Store,
+                   StoreMissing, SweepResult, replay_refusal, replay_without_draft)
 from .schema import LATEST, MIGRATIONS
 
 T = TypeVar("T")
@@ -533,10 +533,10 @@ class SQLiteStore(Store):
         where, params = _status_where((APPROVED,), pipeline)
         return await self._read(lambda db: _drafts(db, where, params))
 
-    async def begin_send(self, draft_id: int) -> Draft | None:
+    async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
         now = time.time()
         return await self._write(lambda db: _cas(
-            db, "status = ?, updated_at = ?", (SENDING, now),
+            db, "status = ?, send_holder = ?, updated_at = ?", (SENDING, holder, now),
             "id = ? AND status = ?", (draft_id, APPROVED)))
 
     async def mark_sent(self, draft_id: int, sent_id: str,
@@ -811,6 +811,37 @@ class SQLiteStore(Store):
             return [str(exc)]
         found = [str(r[0]) for r in rows]
         return [] if found == ["ok"] else [f"SQLite store {self.path}: {f}" for f in found[:5]]
+
+    # -- crashed sends -------------------------------------------------------------------
+
+    async def sending_holders(self) -> list[str]:
+        rows = await self._read(lambda db: _rows(
+            db, "SELECT DISTINCT send_holder FROM drafts WHERE status = ? "
+                "AND send_holder IS NOT NULL", (SENDING,)))
+        return [r[0] for r in rows]
+
+    async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
+                                      grace: float, now: float | None = None) -> int:
+        now = _now(now)
+        dead = list(dead)
+
+        def tx(db: sqlite3.Connection) -> int:
+            marks = ",".join("?" * len(dead)) or "NULL"
+            n = _exec(
+                db, "UPDATE drafts SET status = ?, error = ?, updated_at = ? WHERE status = ? AND ("
+                    f" send_holder IN ({marks})"
+                    " OR (send_holder IS NOT NULL AND send_holder IS NOT ?"
+                    "     AND NOT EXISTS (SELECT 1 FROM locks WHERE name = ? || drafts.send_holder"
+                    "                     AND expires_at > ?))"
+                    " OR (send_holder IS NULL AND updated_at < ?))",
+                (SEND_UNKNOWN, ABANDONED_SEND, now, SENDING, *dead, alive, HEARTBEAT_PREFIX,
+                 now, now - grace))
+            # Heartbeats of processes gone for a day: nothing can refer to them any more.
+            _exec(db, "DELETE FROM locks WHERE name LIKE ? AND expires_at < ?",
+                  (HEARTBEAT_PREFIX + "%", now - _DAY))
+            return n
+
+        return await self._write(tx)
 
 
 
