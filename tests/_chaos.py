@@ -60,7 +60,19 @@ ROOT = Path(__file__).resolve().parent.parent
 ANNA, BOB, STRANGER = 42, 43, 666  # two operators, and someone not on the allow-list
 OPERATORS = {ANNA: "Anna", BOB: "Bob"}
 CHAT, OPS_CHAT = 5001, 5002
-_REPLAY_NOTICE = re.compile(r"`/replay support (\S+)` retries it")
+# What a human reads in a prompt (the bot knows its prompts by message id, not text).
+_PROMPT_TEXT = [
+    (cards.PROMPT_EDIT, re.compile(r"reply with the new text for #(\d+) v(\d+)")),
+    (cards.PROMPT_REGENERATE, re.compile(r"instruction for regenerating #(\d+) v(\d+)")),
+    (cards.PROMPT_REJECT, re.compile(r"reason for rejecting #(\d+) v(\d+)")),
+]
+
+
+def _read_prompt(text: str | None) -> tuple[str, int, int] | None:
+    for kind, rx in _PROMPT_TEXT:
+        if m := rx.search(text or ""):
+            return kind, int(m.group(1)), int(m.group(2))
+    return None
 _IN_REPLY_TO = re.compile(r"<ticket-(\d+)@customer\.example>")
 OPEN = ("queued", "drafting", "ready", "awaiting", "approved", "sending")
 SHOWN_BY_PENDING = ("ready", "awaiting", "approved", "sending", "send_failed", "send_unknown")
@@ -575,7 +587,10 @@ class Soak:
             data = cards.callback_data(action, c.draft_id, c.version)
             self._press(chat, m.message_id, data, now, race=[d.action for d in decisions])
         for c in parsed:
-            if c.action == cards.RETRY:
+            data = cards.callback_data(c.action, c.draft_id, c.version)
+            if c.action == cards.REPLAY and (chat, m.message_id, data) not in self.buttons:
+                self.report.replays += 1  # a failure notice's button: replay what failed
+            if c.action in (cards.RETRY, cards.REPLAY):
                 self._press(chat, m.message_id, cards.callback_data(c.action, c.draft_id,
                                                                     c.version), now)
 
@@ -614,8 +629,8 @@ class Soak:
         """Answer an Edit / Regenerate / Reject prompt (once; now and then twice)."""
         if m.message_id in self.answered_prompts or "inline_keyboard" in (m.reply_markup or {}):
             return
-        parsed = cards.parse_prompt(m.text)
-        if parsed is None or parsed[0] == cards.PROMPT_CARD:
+        parsed = _read_prompt(m.text)
+        if parsed is None:
             return
         kind, draft_id, version = parsed
         self.answered_prompts.add(m.message_id)
@@ -631,10 +646,7 @@ class Soak:
         if m.message_id in self.replay_notices:
             return
         self.replay_notices.add(m.message_id)
-        found = _REPLAY_NOTICE.search(m.text)
-        if found:
-            self._spawn(self._replay(found.group(1)))
-        elif "draft(s) failed" in m.text:
+        if "draft(s) failed" in m.text:  # no button: the notice names no one draft
             self._spawn(self._scan_status())
 
     async def _scan_status(self) -> None:
