@@ -1,10 +1,6 @@
 """``python -m bot COMMAND`` and the ``draftgate`` console script: see :mod:`bot.cli`."""
 
-import sys
-
-from .cli import build_parser, main
-
-__all__ = ["build_parser", "main"]
+from .cli import build_parser, main  # noqa: F401 (build_parser: for the docs tests)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

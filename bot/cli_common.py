@@ -1,28 +1,27 @@
-"""What every draftgate command shares: its common options and the way it loads the
-configuration, opens the store and reports outside text."""
+"""What the draftgate commands share: common options, loading settings, opening the store."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import getpass
+from pathlib import Path
 
 from . import redact
 from .config import Settings, load_settings
 
-VERBOSE_HELP = "more logging on stderr (-vv for debug)"
+REPO = Path(__file__).resolve().parent.parent  # a checkout's root, when run from one
 
 
-def verbose_option() -> argparse.ArgumentParser:
-    """-v after the command (`draftgate run -v`), counted with the one before it."""
+def verbose_option(dest: str = "verbose_after") -> argparse.ArgumentParser:
+    """-v before the command, or after it (`draftgate run -v`): main() adds the counts."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0,
-                   help=VERBOSE_HELP)
+    p.add_argument("-v", "--verbose", dest=dest, action="count", default=0,
+                   help="more logging on stderr (-vv for debug)")
     return p
 
 
-def options(config: str | None = "draftgate.yaml", *,
-            json: bool = False) -> list[argparse.ArgumentParser]:
+def options(config: str | None = "draftgate.yaml", *, json: bool = False) -> list:
     """Parent parsers for a command's shared options: -c, --json if it has it, -v."""
     p = argparse.ArgumentParser(add_help=False)
     # default None here, the command's own default applied in main(): so a -c given
@@ -57,8 +56,7 @@ def load(args) -> Settings:
 
 
 def store_for(settings: Settings):
-    """The configured store, to use as ``async with store_for(settings) as store:``
-    (opened on entry, closed on exit)."""
+    """The configured store: ``async with store_for(settings) as store:`` opens, closes it."""
     from .store import create_store
 
     return create_store(settings.store)

@@ -1,5 +1,4 @@
-"""The read-only and operator commands: validate, status, pending, replay, sweep,
-review, doctor."""
+"""Read-only and operator commands: validate, status, pending, replay, sweep, review, doctor."""
 
 from __future__ import annotations
 
@@ -63,6 +62,7 @@ def add_cli(subparsers) -> None:
 
 
 async def _validate(args) -> int:
+    from . import scheduler
     from .build import check_all, missing_env
     from .config import collect_settings
 
@@ -75,8 +75,6 @@ async def _validate(args) -> int:
     if problems or settings is None:
         raise ConfigError(problems)
     print(f"{settings.file}: OK, {len(settings.pipelines)} pipeline(s)")
-    from . import scheduler
-
     for p in settings.pipelines:
         print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.get('type')}, "
               f"drafter {p.drafter.get('model', 'template')}, approval "

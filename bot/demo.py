@@ -1,19 +1,18 @@
-"""`draftgate demo`: the bundled offline demo, or another outbox-only configuration,
-run twice with automatic approval, then its status."""
+"""`draftgate demo`: the offline demo (or an outbox-only configuration), auto-approved."""
 
 from __future__ import annotations
 
+import email.policy
 import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from . import ops
-from .cli_common import channels, existing_store, options, say, store_for
+from .cli_common import REPO, channels, existing_store, options, say, store_for
 from .config import Settings, load_settings
 from .errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = REPO / "draftgate.demo.yaml"
 #: Marks a store (audit row) and an outbox (file) as the demo's own: `demo -c FILE`
 #: auto-approves only into state that the demo itself created.
@@ -25,14 +24,13 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "demo", parents=options(config=None),
         help="offline demo: sample inbox, template drafter, auto-approval",
-        description="Run the demo pipeline twice against the sample inbox in "
-                    "demo/inbox (SQLite, template drafter, DEMO auto-approval, "
-                    "replies written to var/demo/outbox), then print status. "
-                    "With -c FILE, demo runs another configuration only if "
-                    "every pipeline's sender is outbox and its store and "
-                    "outbox folders are new or were made by the demo: demo "
-                    "approves by itself, so it never writes into a real "
-                    "deployment's state. Logs only warnings (-v for more).")
+        description="Run the demo pipeline twice against the sample inbox in demo/inbox "
+                    "(SQLite, template drafter, DEMO auto-approval, replies written to "
+                    "var/demo/outbox), then print status. With -c FILE, demo runs another "
+                    "configuration only if every pipeline's sender is outbox and its store and "
+                    "outbox folders are new or were made by the demo: demo approves by itself, "
+                    "so it never writes into a real deployment's state. Logs only warnings (-v "
+                    "for more).")
     p.add_argument("--fresh", action="store_true",
                    help="delete the bundled demo's state (var/demo) first")
     p.set_defaults(func=_demo)
@@ -83,8 +81,7 @@ def _confirm(question: str) -> bool:
 
 
 async def _demo_settings(args) -> tuple[Settings, bool]:
-    """The settings the demo runs (demo mode on), and whether they are the bundled
-    demo's own; refuses a configuration it could send from or write into."""
+    """The demo's settings, and whether they are the bundled demo's; refuses any other."""
     bundled = _demo_config()
     own = args.config is None or Path(args.config).resolve() == bundled.resolve()
     settings = load_settings(bundled if own else args.config)
@@ -119,7 +116,10 @@ async def _demo_settings(args) -> tuple[Settings, bool]:
     return settings, own
 
 
-def _banner(settings: Settings, own: bool) -> None:
+async def _demo(args) -> int:
+    from .engine import Engine
+
+    settings, own = await _demo_settings(args)
     models = sorted({settings.models[p.drafter.get("model", "template")].provider
                      for p in settings.pipelines})
     drafter = ("offline template drafter" if models == ["template"]
@@ -131,13 +131,6 @@ def _banner(settings: Settings, own: bool) -> None:
     print(f" config: {settings.file}")
     print(f" store:  {say(settings.store)}")
     print("=" * 72)
-
-
-async def _demo(args) -> int:
-    from .engine import Engine
-
-    settings, own = await _demo_settings(args)
-    _banner(settings, own)
     folders = [settings.resolve(str(p.sender.get("path", ""))) for p in settings.pipelines]
     before = {f: set(f.glob("*.eml")) if f.exists() else set() for f in folders}
     async with store_for(settings) as store:
@@ -149,9 +142,31 @@ async def _demo(args) -> int:
             (folder / DEMO_OUTBOX_MARK).touch()
         engine = Engine(settings, store, channels(settings, store, demo=True))
         await engine.start()
-        await _tick_twice(settings, store, engine)
+        for n in (1, 2):
+            for p in settings.pipelines:
+                seen = await store.seen_count(p.name)
+                what = (f"{seen} item(s) already seen" if seen else
+                        "fetch, filter, admit, draft, approve, send")
+                print(f"\n▶ {p.name}: tick {n}: {what}")
+                c = (await engine.tick(p.name)).to_dict()
+                print(f"  fetched {c['fetched']} · new {c['new']} · skipped {c['skipped']} · "
+                      f"drafted {c['drafted']} · cards {c['posted']} · sent {c['sent']} · "
+                      f"failed {c['failed']}")
+                if not (c["new"] or c["drafted"] or c["sent"]):
+                    print(f"  nothing new: found {await store.seen_count(p.name)} already "
+                          f"seen; nothing drafted, nothing written")
         for folder in folders:
-            _show_outbox(folder, before[folder])
+            files = sorted(folder.glob("*.eml"))
+            new = [f for f in files if f not in before[folder]]
+            print(f"\noutbox {folder}: {len(new)} repl{'y' if len(new) == 1 else 'ies'} "
+                  f"written by this run ({len(files)} in the folder)")
+            for f in new[:12]:
+                print(f"  {f.name}")
+            if new:
+                first = email.message_from_bytes(new[0].read_bytes(), policy=email.policy.default)
+                print(f"\n  headers of {new[0].name}:")
+                for h in ("From", "To", "Subject", "Message-ID", "In-Reply-To", "References"):
+                    print(f"    {h}: {first.get(h, '')}")
         print("\n" + "=" * 72 + "\n status\n" + "=" * 72)
         print(ops.format_status_all(await ops.status_all(store, settings)))
         for p in settings.pipelines:
@@ -162,35 +177,3 @@ async def _demo(args) -> int:
           "Start over with ./scripts/demo --fresh.")
     return 0
 
-
-async def _tick_twice(settings: Settings, store, engine) -> None:
-    for n in (1, 2):
-        for p in settings.pipelines:
-            seen = await store.seen_count(p.name)
-            what = (f"{seen} item(s) already seen" if seen else
-                    "fetch, filter, admit, draft, approve, send")
-            print(f"\n▶ {p.name}: tick {n}: {what}")
-            c = (await engine.tick(p.name)).to_dict()
-            print(f"  fetched {c['fetched']} · new {c['new']} · skipped {c['skipped']} · "
-                  f"drafted {c['drafted']} · cards {c['posted']} · sent {c['sent']} · "
-                  f"failed {c['failed']}")
-            if not (c["new"] or c["drafted"] or c["sent"]):
-                print(f"  nothing new: found {await store.seen_count(p.name)} already "
-                      f"seen; nothing drafted, nothing written")
-
-
-def _show_outbox(folder: Path, before: set[Path]) -> None:
-    files = sorted(folder.glob("*.eml"))
-    new = [f for f in files if f not in before]
-    print(f"\noutbox {folder}: {len(new)} repl{'y' if len(new) == 1 else 'ies'} "
-          f"written by this run ({len(files)} in the folder)")
-    for f in new[:12]:
-        print(f"  {f.name}")
-    if new:
-        import email
-        import email.policy
-
-        first = email.message_from_bytes(new[0].read_bytes(), policy=email.policy.default)
-        print(f"\n  headers of {new[0].name}:")
-        for h in ("From", "To", "Subject", "Message-ID", "In-Reply-To", "References"):
-            print(f"    {h}: {first.get(h, '')}")

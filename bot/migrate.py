@@ -120,8 +120,7 @@ e.g. --from sqlite:////var/lib/draftgate/state.db."""
 
 
 def add_cli(subparsers, parents=()) -> argparse.ArgumentParser:
-    """Register ``migrate-store`` on an argparse subparsers object, with the ``parents``
-    parsers' options (the CLI's shared -v)."""
+    """Register ``migrate-store`` (and the ``parents``' options) on argparse subparsers."""
     p = subparsers.add_parser(
         "migrate-store", parents=list(parents),
         help="copy the store to another backend (e.g. SQLite -> PostgreSQL)",

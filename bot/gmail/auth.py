@@ -190,8 +190,7 @@ def granted_scopes(path: str | os.PathLike) -> list[str]:
 
 
 def add_cli(subparsers, parents=()) -> None:
-    """Register ``auth gmail`` on the main parser's subparsers, with the ``parents``
-    parsers' options (the CLI's shared -v)."""
+    """Register ``auth gmail`` (and the ``parents``' options) on the CLI's subparsers."""
     auth = subparsers.add_parser("auth", help="authorise access to a mail account",
                                  description="Authorise draftgate to use a mail account.")
     kinds = auth.add_subparsers(dest="auth_kind", metavar="KIND", required=True)
