@@ -122,7 +122,7 @@ async def _run(args) -> int:
     from .engine import Engine
     from .progress import Bar
 
-    settings = load(args)
+    settings = load(args.config)
     only: set[str] | None = None
     narrowed: list = []  # pipelines enabled in their files that --pipeline leaves out
     if args.pipeline:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 from pathlib import Path
 
 from . import redact
@@ -34,23 +33,17 @@ def options(config: str | None = "draftgate.yaml", *, json: bool = False) -> lis
     return [p, verbose_option()]
 
 
-def actor() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:
-        return "cli"
-
-
 def say(text: str) -> str:
     """Text for the terminal that may quote an outside answer (an error, a check's
     detail): without secrets and without terminal escapes."""
     return redact.escape_controls(redact.scrub(text), keep_newlines=True)
 
 
-def load(args) -> Settings:
+def load(path) -> Settings:
+    """The settings in the deployment file at ``path``, their secrets registered."""
     from .build import register_secrets
 
-    settings = load_settings(args.config)
+    settings = load_settings(path)
     register_secrets(settings)  # before any stage, or library, can log one
     return settings
 
@@ -81,6 +74,7 @@ async def existing_store(settings: Settings):
 
 
 def channels(settings: Settings, store, *, demo: bool = False) -> dict:
+    """The approval channels the pipelines use, by name (console always without Telegram)."""
     from .approvals.console import ConsoleChannel
 
     found: dict = {}

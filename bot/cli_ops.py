@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 from dataclasses import asdict
 
 from . import ops
-from .cli_common import actor, existing_store, load, options, say
+from .cli_common import existing_store, load, options, say
 from .config import Settings
 from .errors import ConfigError, DraftgateError
 
 
 def add_cli(subparsers) -> None:
+    """Register the operator commands, in the order `draftgate --help` lists them."""
     def command(name: str, func, help: str, description: str, *, json: bool = False):
         p = subparsers.add_parser(name, parents=options(json=json), help=help,
                                   description=description)
@@ -59,6 +61,13 @@ def add_cli(subparsers) -> None:
             "Check that the store opens, each Gmail account answers with the scopes its "
             "pipelines need, the endpoint of each model a pipeline uses answers (models no "
             "pipeline uses are not called), and the Telegram bot token works.")
+
+
+def _actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:
+        return "cli"
 
 
 async def _validate(args) -> int:
@@ -111,7 +120,7 @@ def _not_folders(settings: Settings, *, missing: bool = False) -> list[str]:
 
 
 async def _status(args) -> int:
-    settings = load(args)
+    settings = load(args.config)
     async with existing_store(settings) as store:
         if args.pipeline:
             detail = await ops.status_one(store, settings, args.pipeline)
@@ -124,7 +133,7 @@ async def _status(args) -> int:
 
 
 async def _pending(args) -> int:
-    settings = load(args)
+    settings = load(args.config)
     async with existing_store(settings) as store:
         drafts = await ops.pending(store, settings)
         holds = await ops.holds(store)
@@ -160,15 +169,15 @@ def _text_argument(name: str, value: str) -> None:
 async def _replay(args) -> int:
     _text_argument("pipeline", args.pipeline)
     _text_argument("item_id", args.item_id)
-    settings = load(args)
+    settings = load(args.config)
     async with existing_store(settings) as store:
-        result = await ops.replay(store, args.pipeline, args.item_id, actor(), settings)
+        result = await ops.replay(store, args.pipeline, args.item_id, _actor(), settings)
         print(ops.format_replay(args.pipeline, args.item_id, result))
         return 0 if result.outcome in ("requeued", "unseen") else 1
 
 
 async def _sweep(args) -> int:
-    settings = load(args)
+    settings = load(args.config)
     if args.days is not None and args.days < 0:
         raise ConfigError("--days: expected a number of days >= 0")
     async with existing_store(settings) as store:
@@ -181,7 +190,7 @@ async def _review(args) -> int:
     from .approvals.console import ConsoleChannel
     from .engine import Engine
 
-    settings = load(args)
+    settings = load(args.config)
     async with existing_store(settings) as store:
         console = ConsoleChannel(interactive=True)
         # Only the console: a Telegram pipeline's draft keeps its Telegram card (a new
@@ -206,7 +215,7 @@ async def _review(args) -> int:
 
 
 async def _doctor(args) -> int:
-    settings = load(args)
+    settings = load(args.config)
     results: list[tuple[str, bool, str]] = []
     try:
         async with existing_store(settings) as store:

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import ops
-from .cli_common import REPO, channels, existing_store, options, say, store_for
-from .config import Settings, load_settings
+from .cli_common import REPO, channels, existing_store, load, options, say, store_for
+from .config import Settings
 from .errors import ConfigError
 
 DEMO_CONFIG = REPO / "draftgate.demo.yaml"
@@ -21,6 +21,7 @@ DEMO_OUTBOX_MARK = ".draftgate-demo"
 
 
 def add_cli(subparsers) -> None:
+    """Register `demo`."""
     p = subparsers.add_parser(
         "demo", parents=options(config=None),
         help="offline demo: sample inbox, template drafter, auto-approval",
@@ -84,10 +85,7 @@ async def _demo_settings(args) -> tuple[Settings, bool]:
     """The demo's settings, and whether they are the bundled demo's; refuses any other."""
     bundled = _demo_config()
     own = args.config is None or Path(args.config).resolve() == bundled.resolve()
-    settings = load_settings(bundled if own else args.config)
-    from .build import register_secrets
-
-    register_secrets(settings)
+    settings = load(bundled if own else args.config)
     # Demo mode approves every draft by itself: it must never reach a real recipient.
     real = [f"{p.file}: sender.type is {p.sender.get('type')!r}" for p in settings.pipelines
             if p.sender.get("type") != "outbox"]
