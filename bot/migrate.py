@@ -119,10 +119,11 @@ deployment file's folder as in `store:`. Give the absolute path with four slashe
 e.g. --from sqlite:////var/lib/draftgate/state.db."""
 
 
-def add_cli(subparsers) -> argparse.ArgumentParser:
-    """Register ``migrate-store`` on an argparse subparsers object."""
+def add_cli(subparsers, parents=()) -> argparse.ArgumentParser:
+    """Register ``migrate-store`` (and the ``parents``' options) on argparse subparsers."""
     p = subparsers.add_parser(
-        "migrate-store", help="copy the store to another backend (e.g. SQLite -> PostgreSQL)",
+        "migrate-store", parents=list(parents),
+        help="copy the store to another backend (e.g. SQLite -> PostgreSQL)",
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="src", required=True, metavar="URL",
                    help="store to copy from, e.g. sqlite:////var/lib/draftgate/state.db (four "

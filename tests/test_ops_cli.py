@@ -537,3 +537,42 @@ def test_a_card_posted_while_another_prompt_waits_is_shown_with_its_own_prompt(m
 
     asyncio.run(scenario())
     assert asked == ["📨 demo · #2 v1", "📨 demo · #1 v2"]
+
+
+def test_doctor_with_a_check_that_cannot_be_imported_fails_instead_of_staying_green(deployment):
+    """A check whose module does not import (a broken dependency of the Gmail check, say)
+    must not drop out of doctor silently and leave every line green."""
+    import asyncio
+
+    from bot.store import create_store
+
+    async def create():
+        async with create_store(f"sqlite:///{deployment.parent}/state.db"):
+            pass
+
+    asyncio.run(create())
+    script = ("import importlib.abc, sys\n"
+              "class Broken(importlib.abc.MetaPathFinder):\n"
+              "    def find_spec(self, name, path, target=None):\n"
+              "        if name == 'bot.gmail.doctor':\n"
+              "            raise ImportError('the Gmail check is broken here')\n"
+              "sys.meta_path.insert(0, Broken())\n"
+              "from bot.__main__ import main\n"
+              "sys.exit(main(['doctor', '-c', sys.argv[1]]))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(deployment)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0, done.stdout
+    assert "the Gmail check is broken here" in done.stderr
+
+
+def test_config_given_before_and_after_the_command_differently_is_refused(deployment, capsys,
+                                                                          tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        main(["-c", str(deployment), "validate", "-c", str(tmp_path / "other.yaml")])
+    assert exit_.value.code == 2
+    assert "-c given twice" in capsys.readouterr().err
+    code, out, err = run(capsys, "-v", "-c", str(deployment), "validate", "-c", str(deployment))
+    assert code == 0 and out.startswith(f"{deployment}: OK"), err
+    # -v after the commands that bring their own options too.
+    code, _, err = run(capsys, "migrate-store", "--from", "sqlite://", "--to", "x", "-vv")
+    assert code == 2 and err.startswith("migrate-store: --from: bad SQLite store URL")

@@ -189,13 +189,14 @@ def granted_scopes(path: str | os.PathLike) -> list[str]:
 # -- CLI ------------------------------------------------------------------------------------
 
 
-def add_cli(subparsers) -> None:
-    """Register ``auth gmail`` on the main parser's subparsers."""
+def add_cli(subparsers, parents=()) -> None:
+    """Register ``auth gmail`` (and the ``parents``' options) on the CLI's subparsers."""
     auth = subparsers.add_parser("auth", help="authorise access to a mail account",
                                  description="Authorise draftgate to use a mail account.")
     kinds = auth.add_subparsers(dest="auth_kind", metavar="KIND", required=True)
     g = kinds.add_parser(
-        "gmail", help="run Google's installed-app OAuth flow and write a token file",
+        "gmail", parents=list(parents),
+        help="run Google's installed-app OAuth flow and write a token file",
         description="Run Google's installed-app OAuth flow for one Gmail account and write "
                     "the token file (mode 0600) that gmail.accounts.NAME.token_file names. "
                     "Recommended: draftgate auth gmail -c draftgate.yaml --account NAME "
