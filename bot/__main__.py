@@ -113,7 +113,7 @@ def _channels(settings: Settings, store, *, demo: bool = False) -> dict:
     from .approvals.console import ConsoleChannel
 
     channels: dict = {}
-    used = {p.approval.get("channel", "console") for p in settings.pipelines}
+    used = {p.approval.channel for p in settings.pipelines}
     if "console" in used or settings.telegram is None:
         channels["console"] = ConsoleChannel(auto_approve=demo)
     if settings.telegram is not None:
@@ -288,7 +288,7 @@ async def _foreign_demo_state(settings: Settings) -> list[str]:
     except StoreMissing:
         pass  # a new store: the demo creates it and marks it as its own
     for p in settings.pipelines:
-        folder = settings.resolve(str(p.sender.get("path", "")))
+        folder = settings.resolve(getattr(p.sender, "path", ""))
         if folder.exists() and not (folder / DEMO_OUTBOX_MARK).exists():
             found.append(f"{p.file}: outbox {folder} exists and was not created by the demo")
     return found
@@ -315,8 +315,8 @@ async def _demo(args) -> int:
 
     register_secrets(settings)
     # Demo mode approves every draft by itself: it must never reach a real recipient.
-    real = [f"{p.file}: sender.type is {p.sender.get('type')!r}" for p in settings.pipelines
-            if p.sender.get("type") != "outbox"]
+    real = [f"{p.file}: sender.type is {p.sender.type!r}" for p in settings.pipelines
+            if p.sender.type != "outbox"]
     if real:
         raise ConfigError(
             ["demo approves every draft automatically, so it runs only pipelines whose "
@@ -341,7 +341,7 @@ async def _demo(args) -> int:
                                "outbox it created itself; use `draftgate run` (a human "
                                "approves), or point store: and sender.path at new places:"]
                               + foreign)
-    models = sorted({settings.models[p.drafter.get("model", "template")].provider
+    models = sorted({settings.models[p.drafter.model].provider
                      for p in settings.pipelines})
     drafter = ("offline template drafter" if models == ["template"]
                else f"drafter: {', '.join(models)} (calls the model)")
@@ -352,7 +352,7 @@ async def _demo(args) -> int:
     print(f" config: {settings.file}")
     print(f" store:  {_say(settings.store)}")
     print("=" * 72)
-    folders = [settings.resolve(str(p.sender.get("path", ""))) for p in settings.pipelines]
+    folders = [settings.resolve(p.sender.path) for p in settings.pipelines]
     before = {f: set(f.glob("*.eml")) if f.exists() else set() for f in folders}
     async with _store(settings) as store:
         if not await store.audit_log(draft_key=DEMO_MARK, limit=1):
@@ -420,9 +420,9 @@ async def _validate(args) -> int:
     from . import scheduler
 
     for p in settings.pipelines:
-        print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.get('type')}, "
-              f"drafter {p.drafter.get('model', 'template')}, approval "
-              f"{p.approval.get('channel', 'console')}, sender {p.sender.get('type')}, "
+        print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.type}, "
+              f"drafter {p.drafter.model}, approval "
+              f"{p.approval.channel}, sender {p.sender.type}, "
               f"recipe {p.recipe}"
               + ("" if p.enabled else " (enabled: false)"))
     # Secrets may well live only on the machine that runs draftgate: a notice, not an
@@ -442,8 +442,8 @@ def _not_folders(settings: Settings, *, missing: bool = False) -> list[str]:
     machine that runs draftgate). Either way `run` would fail every tick."""
     out = []
     for p in settings.pipelines:
-        path = p.source.get("path")
-        if p.source.get("type") != "maildir" or not isinstance(path, str) or not p.enabled:
+        path = getattr(p.source, "path", None)  # a maildir source's
+        if getattr(p.source, "type", None) != "maildir" or not path or not p.enabled:
             continue
         found = p.path(path)
         if missing and not found.exists():
@@ -586,7 +586,7 @@ async def _doctor_models(settings: Settings) -> list[tuple[str, bool, str]]:
     out: list[tuple[str, bool, str]] = []
     done: set[str] = set()
     for p in settings.pipelines:
-        name = p.drafter.get("model", "template")
+        name = p.drafter.model
         if name in done:
             continue
         done.add(name)

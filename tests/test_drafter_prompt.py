@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bot.options import ApprovalOptions, DrafterOptions, FilterOptions
 from bot.config import PipelineConfig
 from bot.drafters import prompt
 from bot.errors import DrafterError, DrafterSetupError
@@ -76,8 +77,9 @@ def test_a_missing_prompt_file_is_a_setup_error_named_at_first_use(tmp_path):
 
 def test_prompt_settings_resolve_the_file_against_the_deployment(tmp_path):
     p = PipelineConfig(name="p", file="pipelines/p.yaml", schedule="5m", interval=300, cron=None,
-                       source={}, filters={}, drafter={"prompt": "prompts/p.md", "max_input": 500},
-                       recipe="v1", approval={}, sender={}, base_dir=tmp_path)
+                       source=None, filters=FilterOptions(),
+                       drafter=DrafterOptions(prompt="prompts/p.md", max_input=500),
+                       recipe="v1", approval=ApprovalOptions(), sender=None, base_dir=tmp_path)
     s = prompt.prompt_settings(p)
     assert s.prompt_file == tmp_path / "prompts" / "p.md" and s.max_input == 500
 

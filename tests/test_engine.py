@@ -158,7 +158,7 @@ def config(tmp_path: Path) -> Path:
     for name in ("alpha", "beta"):
         (tmp_path / "pipelines" / f"{name}.yaml").write_text(
             f"name: {name}\nschedule: 5m\nsource: {{type: maildir, path: inbox}}\n"
-            f"sender: {{type: outbox, path: out}}\nmax_attempts: 2\nlease: 60s\n"
+            f"sender: {{type: outbox, path: out, from: s@shop.example}}\nmax_attempts: 2\nlease: 60s\n"
             f"daily_token_budget: 100\n")
     return tmp_path / "draftgate.yaml"
 

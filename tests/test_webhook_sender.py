@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests._stage import pipeline
 from bot.config import PipelineConfig, Settings
 from bot.errors import ConfigError, SendFailed, SendUnknown
 from bot.models import Draft, Message, draft_key
@@ -25,10 +26,8 @@ def _draft(item="<order-1234@customer.example>", message=ALICE) -> Draft:
 
 
 def _pipeline(**sender) -> PipelineConfig:
-    return PipelineConfig(
-        name="support", file="pipelines/support.yaml", schedule="5m", interval=300.0, cron=None,
-        source={"type": "maildir", "path": "inbox"}, filters={}, drafter={}, recipe="v1",
-        approval={}, sender={"type": "webhook", **sender})
+    return pipeline(source={"type": "maildir", "path": "inbox"},
+                    sender={"type": "webhook", **sender})
 
 
 def _create(**opts) -> webhook.WebhookSender:

@@ -28,14 +28,13 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Checker, PipelineConfig
+from ..config import PipelineConfig
 from ..errors import ConfigError, DrafterError, DrafterSetupError
 from ..models import DraftRequest, Message
 
 #: Longest draft we pass on; longer output is a runaway model, not a reply.
 MAX_DRAFT_CHARS = 20_000
 TRUNCATED = "[truncated]"
-_KNOWN = {"model", "prompt", "max_input", "signature", "language"}
 _ANGLES = re.compile(r"<{3,}")
 #: "On Mon, 1 Dec 2025, Shop <s@x> wrote:" and its German and French forms.
 _QUOTE_HEADER = re.compile(
@@ -71,22 +70,14 @@ class Prompt:
 
 
 def prompt_settings(pipeline: PipelineConfig) -> PromptSettings:
-    """Check the pipeline's ``drafter:`` mapping; errors name the pipeline file."""
-    errors: list[str] = []
-    ck = Checker(pipeline.file, errors)
-    data = pipeline.drafter
-    ck.unknown(data, _KNOWN, "drafter")
-    prompt = ck.get(data, "prompt", "drafter", str, default=None)
-    max_input = ck.get(data, "max_input", "drafter", int, default=8000)
-    if max_input is not None and max_input < 200:
-        ck.error("drafter.max_input", f"expected at least 200 characters of email, got {max_input}")
-    signature = ck.get(data, "signature", "drafter", str, default="")
-    language = ck.get(data, "language", "drafter", str, default="auto")
-    if errors:
-        raise ConfigError(errors)
-    return PromptSettings(pipeline.path(prompt) if prompt else None, max_input or 8000,
-                          (signature or "").strip(), (language or "auto").strip() or "auto",
-                          where=f"{pipeline.file}: drafter.prompt")
+    """The pipeline's ``drafter:`` options as a model drafter reads them; errors name
+    the pipeline file."""
+    d = pipeline.drafter
+    if d.max_input < 200:
+        raise ConfigError([f"{pipeline.file}: drafter.max_input: expected at least 200 "
+                           f"characters of email, got {d.max_input}"])
+    return PromptSettings(pipeline.path(d.prompt) if d.prompt else None, d.max_input,
+                          d.signature, d.language, where=f"{pipeline.file}: drafter.prompt")
 
 
 def load_prompt(settings: PromptSettings) -> str:
