@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import getpass
 import importlib
 import json
@@ -181,9 +182,8 @@ async def _run(args) -> int:
         # Narrow what this process schedules, not what it knows: its Telegram bot
         # still decides the other pipelines' cards, and sends and drafts for them
         # (so it needs their secrets too, checked below).
-        for p in settings.pipelines:
-            if p.name not in only:
-                p.enabled = False
+        settings.pipelines = [p if p.name in only else dataclasses.replace(p, enabled=False)
+                              for p in settings.pipelines]
     if args.telegram_receive and settings.telegram is not None:
         settings.telegram.receive = args.telegram_receive
     from .build import check_all, missing_env

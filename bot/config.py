@@ -507,6 +507,10 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     if drafter.model and drafter.model not in settings.models:
         ck.error("drafter.model", f"unknown model {drafter.model!r}; define it under models in "
                                   f"{settings.file} (known: {', '.join(sorted(settings.models))})")
+    elif drafter.model in settings.models and drafter.max_input < 200 \
+            and settings.models[drafter.model].provider != "template":  # a model reads it
+        ck.error("drafter.max_input", f"expected at least 200 characters of email, got "
+                                      f"{drafter.max_input}")
     if drafter.prompt:
         # Resolved exactly as PipelineConfig.path does when the drafter reads it.
         found = Path(os.path.expanduser(drafter.prompt))

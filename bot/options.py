@@ -1,12 +1,7 @@
-"""Each stage's options, parsed once when the configuration loads (as httpx's
-``_config.py`` does with ``Limits`` and ``Timeout``).
-
-A pipeline's ``source:``, ``filters:``, ``drafter:``, ``approval:`` and ``sender:``
-mappings become the frozen objects below. Every default is written here and nowhere
-else; nothing downstream reads a YAML mapping. A parser records each problem in the
-:class:`Checker` (file and key path, as before); a source or sender whose options have
-errors comes back as ``None``, so nothing is built from half-read options.
-"""
+"""A pipeline's ``source:``, ``filters:``, ``drafter:``, ``approval:`` and ``sender:``,
+parsed once when the configuration loads into the frozen objects below (as httpx's
+``_config.py`` has ``Limits`` and ``Timeout``). Every default is written here; nothing
+downstream reads a YAML mapping. Each problem is recorded in the :class:`Checker`."""
 
 from __future__ import annotations
 
@@ -14,6 +9,7 @@ import re
 from dataclasses import dataclass
 from email.headerregistry import Address
 from typing import Any, Callable, Union
+from urllib.parse import urlsplit
 
 from . import scheduler
 from .checker import Checker, parse_duration, parse_size, url_problem
@@ -28,12 +24,11 @@ _CHECKED_SLOTS = 50  # consecutive slots whose ids must differ (catches "9,21" w
 
 @dataclass(frozen=True)
 class FilterOptions:
-    """``filters:``; see :mod:`bot.filters`."""
+    """``filters:``, see :mod:`bot.filters`. skip_own and skip_auto_replies stop reply
+    loops: on unless turned off in so many words (an empty ``skip_own:`` keeps them)."""
 
-    skip_senders: tuple[str, ...] = ()
+    skip_senders: tuple[str, ...] = ()  # globs on the sender address
     skip_mailing_lists: bool = False
-    # skip_own and skip_auto_replies stop reply loops: on unless turned off in so many
-    # words (an empty ``skip_own:`` keeps the default).
     skip_own: bool = True
     own_addresses: tuple[str, ...] = ()
     max_body: int | None = None  # bytes of the raw message
@@ -112,9 +107,7 @@ SenderOptions = Union[OutboxSenderOptions, WebhookSenderOptions, GmailSenderOpti
 
 
 @dataclass(frozen=True)
-class Context:
-    """What a stage's options are checked against besides themselves."""
-
+class Context:  # what a stage's options are checked against besides themselves
     settings_file: str = ""
     gmail_accounts: Any = ()  # names of gmail.accounts entries
     interval: float | None = None  # the pipeline's schedule, for slot_format
@@ -211,8 +204,7 @@ def _account(ck: Checker, account: Any, path: str, ctx: Context) -> None:
 
 
 def _gmail_source(ck: Checker, raw: dict, ctx: Context) -> GmailSourceOptions:
-    d = GmailSourceOptions(account="")
-    account = ck.get(raw, "account", "source", str)
+    d, account = GmailSourceOptions(account=""), ck.get(raw, "account", "source", str)
     _account(ck, account, "source.account", ctx)
     backfill = ck.get(raw, "backfill", "source", int, default=d.backfill)
     if backfill is not None and backfill < 0:
@@ -228,15 +220,11 @@ def _gmail_source(ck: Checker, raw: dict, ctx: Context) -> GmailSourceOptions:
 
 
 def _outbox(ck: Checker, raw: dict, ctx: Context) -> OutboxSenderOptions:
-    path = ck.get(raw, "path", "sender", str)
-    from_value = ck.get(raw, "from", "sender", str)
-    from_addr = None
-    if from_value is not None:
-        try:
-            from_addr = parse_from(from_value)
-        except ValueError as exc:
-            ck.error("sender.from", str(exc))
-    return OutboxSenderOptions(path, from_addr)
+    path, from_value = ck.get(raw, "path", "sender", str), ck.get(raw, "from", "sender", str)
+    try:
+        return OutboxSenderOptions(path, None if from_value is None else parse_from(from_value))
+    except ValueError as exc:
+        ck.error("sender.from", str(exc))
 
 
 def _webhook(ck: Checker, raw: dict, ctx: Context) -> WebhookSenderOptions:
@@ -256,19 +244,14 @@ def _webhook(ck: Checker, raw: dict, ctx: Context) -> WebhookSenderOptions:
 
 
 def _check_url(ck: Checker, value: str | None, path: str) -> None:
-    import urllib.parse
-
     if value is None:
         return
     try:
-        parts = urllib.parse.urlsplit(value)
-        credentials = parts.username or parts.password
+        credentials = urlsplit(value).username or urlsplit(value).password
     except ValueError:
         credentials = None  # url_problem says what is wrong
-    if credentials:
-        ck.error(path, "do not put credentials in the URL; use secret_env")
-        return
-    problem = url_problem(value)
+    problem = "do not put credentials in the URL; use secret_env" if credentials \
+        else url_problem(value)
     if problem:
         ck.error(path, problem)
 
@@ -299,8 +282,7 @@ _PARSERS: dict[str, tuple[set[str], Callable[[Checker, dict, Context], Any]]] = 
 def parse_stage(ck: Checker, raw: dict, path: str, ctx: Context) -> Any:
     """A ``source:`` or ``sender:`` mapping whose ``type`` the loader has checked; None
     when its options have errors (each recorded in ``ck``)."""
-    before = len(ck.errors)
-    keys, parse = _PARSERS[raw["type"]]
+    before, (keys, parse) = len(ck.errors), _PARSERS[raw["type"]]
     ck.unknown(raw, keys | {"type"}, path)
     options = parse(ck, raw, ctx)
     return options if len(ck.errors) == before else None

@@ -8,6 +8,7 @@ is the real SQLite store on a file.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from bot.engine import Engine
 from bot.errors import (DrafterError, DrafterRetryable, SendFailed, SendUnknown, SourceError,
                         StoreError)
 from bot.models import DraftResult, FetchResult, Item, Message, SendResult
+from bot.options import FilterOptions
 from bot.stages import PostedRef
 from bot.store import create_store
 
@@ -641,7 +643,9 @@ async def test_cards_wait_in_ready_while_the_channel_is_down(world):
 
 
 async def test_filters_skip_with_a_reason_before_any_drafting(world, config):
-    world.engine.pipelines["alpha"].filters = {"skip_senders": ["noreply@*"]}
+    ps = world.engine.settings.pipelines
+    ps[:] = [dataclasses.replace(p, filters=FilterOptions(skip_senders=("noreply@*",)))
+             if p.name == "alpha" else p for p in ps]
     world.sources["alpha"].messages = [msg(1, from_addr="noreply@shop.example",
                                            reply_to="noreply@shop.example")]
     counts = await world.engine.tick("alpha")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import PipelineConfig
-from ..errors import ConfigError, DrafterError, DrafterSetupError
+from ..errors import DrafterError, DrafterSetupError
 from ..models import DraftRequest, Message
 
 #: Longest draft we pass on; longer output is a runaway model, not a reply.
@@ -70,12 +70,8 @@ class Prompt:
 
 
 def prompt_settings(pipeline: PipelineConfig) -> PromptSettings:
-    """The pipeline's ``drafter:`` options as a model drafter reads them; errors name
-    the pipeline file."""
+    """The pipeline's ``drafter:`` options as a model drafter reads them."""
     d = pipeline.drafter
-    if d.max_input < 200:
-        raise ConfigError([f"{pipeline.file}: drafter.max_input: expected at least 200 "
-                           f"characters of email, got {d.max_input}"])
     return PromptSettings(pipeline.path(d.prompt) if d.prompt else None, d.max_input,
                           d.signature, d.language, where=f"{pipeline.file}: drafter.prompt")
 

@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import tempfile
-from email.headerregistry import Address
 from pathlib import Path
 
 from ..config import PipelineConfig, Settings
@@ -42,10 +41,10 @@ class OutboxSender:
 
     name = "outbox"
 
-    def __init__(self, folder: Path, from_addr: Address, *, where: str = "sender.path"):
-        self.folder = folder
-        self.from_addr = from_addr
-        self._where = where
+    def __init__(self, pipeline: PipelineConfig):
+        self.folder = pipeline.path(pipeline.sender.path)
+        self.from_addr = pipeline.sender.from_addr
+        self._where = f"{pipeline.file}: sender.path"
 
     async def send(self, draft: Draft) -> SendResult:
         try:
@@ -134,5 +133,4 @@ def _fsync_dir(folder: Path) -> None:
 
 def create(pipeline: PipelineConfig, settings: Settings) -> OutboxSender:
     """Build the sender from its checked ``sender:`` options (no I/O)."""
-    o = pipeline.sender
-    return OutboxSender(pipeline.path(o.path), o.from_addr, where=f"{pipeline.file}: sender.path")
+    return OutboxSender(pipeline)

@@ -38,6 +38,7 @@ import httpx
 from ..config import PipelineConfig, Settings, url_problem
 from ..errors import SendFailed, SendUnknown
 from ..models import Draft, SendResult
+from ..options import WebhookSenderOptions
 from .. import redact
 from ..reply import reply_message_id, reply_subject
 
@@ -76,12 +77,11 @@ class WebhookSender:
 
     name = "webhook"
 
-    def __init__(self, url: str, *, secret_env: str | None = None, timeout: float = 10.0,
-                 status_url: str | None = None, where: str = "sender"):
-        self.url = url
-        self.status_url = status_url
-        self.timeout = timeout
-        self._secret_env = secret_env
+    def __init__(self, options: WebhookSenderOptions, *, where: str = "sender"):
+        self.url = options.url
+        self.status_url = options.status_url
+        self.timeout = options.timeout
+        self._secret_env = options.secret_env
         self._secret = ""  # read at the first send
         self._where = where
         self._client: httpx.AsyncClient | None = None
@@ -215,6 +215,4 @@ def _host(url: str) -> str:
 
 def create(pipeline: PipelineConfig, settings: Settings) -> WebhookSender:
     """Build the sender from its checked ``sender:`` options (no network I/O)."""
-    o = pipeline.sender
-    return WebhookSender(o.url, secret_env=o.secret_env, timeout=o.timeout,
-                         status_url=o.status_url, where=f"{pipeline.file}: sender")
+    return WebhookSender(pipeline.sender, where=f"{pipeline.file}: sender")

@@ -68,7 +68,7 @@ from ..config import PipelineConfig, Settings
 from ..errors import SourceError
 from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message
-from ..options import FilterOptions
+from ..options import FilterOptions, GmailSourceOptions
 from ..stages import FetchContext
 from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 
@@ -184,22 +184,21 @@ def _queue(*lists: list[tuple[str, str]]) -> list[tuple[str, str]]:
 class GmailSource:
     """See the module docstring."""
 
-    def __init__(self, client: GmailClient, *, account: str, query: str = "in:inbox",
-                 label: str | None = None, backfill: int = 0, max_body: int = DEFAULT_MAX_BODY,
-                 resync_window: float = 30 * 86400, concurrency: int = 8,
-                 own_addresses: list[str] | None = None,
-                 filters: FilterOptions | None = None):
+    def __init__(self, client: GmailClient, options: GmailSourceOptions,
+                 filters: FilterOptions = FilterOptions()):
         self.client = client
-        self.account = account
-        self.scope = f"gmail:{account}"
-        self.query = query.strip() or "in:inbox"
-        self.label = label
-        self.backfill = max(0, int(backfill))
-        self.max_body = max_body
-        self.resync_window = resync_window
-        self.concurrency = max(1, concurrency)
-        self.filters = filters or FilterOptions()
-        self._own = {a.lower() for a in (own_addresses or []) if a}
+        self.account = options.account
+        self.scope = f"gmail:{self.account}"
+        self.query = options.query.strip() or GmailSourceOptions.query
+        self.label = options.label
+        self.backfill = max(0, options.backfill)
+        # source.max_body, else filters.max_body (a message over it is skipped anyway)
+        self.max_body = (filters.max_body if options.max_body is None else options.max_body) \
+            or DEFAULT_MAX_BODY
+        self.resync_window = options.resync_window
+        self.concurrency = max(1, options.concurrency)
+        self.filters = filters
+        self._own = {a.lower() for a in filters.own_addresses if a}
         if client.address:
             self._own.add(client.address.lower())
         self.page_size = _PAGE
@@ -601,9 +600,4 @@ def create(pipeline: PipelineConfig, settings: Settings) -> GmailSource:
     o = pipeline.source
     client = GmailClient(o.account, settings.gmail_accounts[o.account], base_dir=settings.base_dir,
                          workers=max(1, o.concurrency), config_file=os.path.abspath(settings.file))
-    max_body = o.max_body if o.max_body is not None else pipeline.filters.max_body
-    return GmailSource(client, account=o.account, query=o.query, label=o.label,
-                       backfill=o.backfill, max_body=max_body or DEFAULT_MAX_BODY,
-                       resync_window=o.resync_window, concurrency=o.concurrency,
-                       own_addresses=list(pipeline.filters.own_addresses),
-                       filters=pipeline.filters)
+    return GmailSource(client, o, pipeline.filters)

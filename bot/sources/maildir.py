@@ -54,16 +54,14 @@ class MaildirSource:
 
     scope = "maildir"
 
-    def __init__(self, folder: Path, *, max_body: int = mime.DEFAULT_MAX_BODY,
-                 max_age: float | None = None, skip_above: int | None = None,
-                 where: str = "source.path"):
-        self.folder = folder
-        self.max_body = max_body
-        self.max_age = max_age
+    def __init__(self, pipeline: PipelineConfig):
+        self.folder = pipeline.path(pipeline.source.path)
+        self.max_body = pipeline.source.max_body
+        self.max_age = pipeline.source.max_age
         # filters.max_body: a file bigger than this is skipped from its size alone,
         # without reading it into memory.
-        self.skip_above = skip_above
-        self._where = where
+        self.skip_above = pipeline.filters.max_body
+        self._where = f"{pipeline.file}: source.path"
         # path -> (stamp, item id): saves re-reading every file on every tick.
         self._ids: dict[Path, tuple[tuple[int, int], str]] = {}
         # path -> (stamp, body digest), for files that share a Message-ID.
@@ -295,6 +293,4 @@ def _skipped(item_id: str, f: _File, reason: str, size: int = 0) -> Item:
 
 def create(pipeline: PipelineConfig, settings: Settings) -> MaildirSource:
     """Build the source from its checked ``source:`` options (no I/O)."""
-    o = pipeline.source
-    return MaildirSource(pipeline.path(o.path), max_body=o.max_body, max_age=o.max_age,
-                         skip_above=pipeline.filters.max_body, where=f"{pipeline.file}: source.path")
+    return MaildirSource(pipeline)

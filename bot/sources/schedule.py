@@ -33,8 +33,6 @@ from datetime import datetime, timezone
 from .. import scheduler
 from ..config import PipelineConfig, Settings
 from ..models import FetchResult, Item, Message
-from ..options import DEFAULT_SLOT_FORMAT
-
 
 
 class ScheduleSource:
@@ -42,10 +40,10 @@ class ScheduleSource:
 
     scope = "slot"
 
-    def __init__(self, pipeline: PipelineConfig, topic: str, slot_format: str = DEFAULT_SLOT_FORMAT):
+    def __init__(self, pipeline: PipelineConfig):
         self._p = pipeline
-        self.topic = topic
-        self.slot_format = slot_format
+        self.topic = pipeline.source.topic
+        self.slot_format = pipeline.source.slot_format
 
     def slots(self, scheduled_for: float, cursor: str | None) -> list[float]:
         """Slot times to admit for a tick scheduled at ``scheduled_for``. Pure."""
@@ -95,4 +93,4 @@ def _parse_cursor(cursor: str | None) -> float | None:
 
 def create(pipeline: PipelineConfig, settings: Settings) -> ScheduleSource:
     """Build the source from its checked ``source:`` options (no I/O)."""
-    return ScheduleSource(pipeline, pipeline.source.topic, pipeline.source.slot_format)
+    return ScheduleSource(pipeline)
