@@ -2,18 +2,8 @@
 
 Pure: :func:`skip_reason` looks only at the parsed message and the options, and
 returns a reason a human can read in ``/status`` ("mailing list (List-Unsubscribe
-header)") or ``None`` to draft it.
-
-Options (all optional)::
-
-    filters:
-      skip_senders: ["noreply@*", "*@mailer.example"]  # globs on the sender address
-      skip_mailing_lists: true      # List-Unsubscribe, List-Id, Precedence: bulk/list
-      skip_own: true                # default true: never answer our own mail (loops)
-      own_addresses: [support@shop.example]  # besides the sender's own From
-      max_body: 200kB               # raw message size
-      skip_subjects: ["^\\[JIRA\\]", "(?i)invoice paid"]  # regexes, searched, any case
-      skip_auto_replies: true       # default true: Auto-Submitted, X-Autoreply (loops)
+header)") or ``None`` to draft it. The options, their meaning and defaults:
+:class:`bot.options.FilterOptions`.
 
 Schedule slots (``kind == "slot"``) have no sender and are never filtered.
 """

@@ -27,13 +27,13 @@ class FilterOptions:
     """``filters:``, see :mod:`bot.filters`. skip_own and skip_auto_replies stop reply
     loops: on unless turned off in so many words (an empty ``skip_own:`` keeps them)."""
 
-    skip_senders: tuple[str, ...] = ()  # globs on the sender address
-    skip_mailing_lists: bool = False
-    skip_own: bool = True
-    own_addresses: tuple[str, ...] = ()
-    max_body: int | None = None  # bytes of the raw message
-    skip_subjects: tuple[str, ...] = ()  # regexes, searched, any case
-    skip_auto_replies: bool = True
+    skip_senders: tuple[str, ...] = ()  # globs on the sender address: "noreply@*"
+    skip_mailing_lists: bool = False  # List-Unsubscribe, List-Id, Precedence: bulk/list
+    skip_own: bool = True  # never answer our own mail
+    own_addresses: tuple[str, ...] = ()  # besides the sender's own From
+    max_body: int | None = None  # bytes of the raw message, written 200kB
+    skip_subjects: tuple[str, ...] = ()  # regexes, searched, any case: "^\\[JIRA\\]"
+    skip_auto_replies: bool = True  # Auto-Submitted, X-Autoreply
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Context:  # what a stage's options are checked against besides themselves
 
 
 def parse_filters(ck: Checker, raw: dict, path: str = "filters") -> FilterOptions:
-    ck.unknown(raw, set(FilterOptions.__dataclass_fields__), path)
+    ck.unknown(raw, _keys(FilterOptions), path)
     senders = ck.str_list(raw, "skip_senders", path)
     own = ck.str_list(raw, "own_addresses", path)
     switches = {key: ck.get(raw, key, path, bool, default=None)
@@ -145,7 +145,7 @@ def parse_drafter(ck: Checker, raw: dict) -> DrafterOptions:
     """``drafter:``; whether the model and the prompt file exist is the loader's check,
     what a model makes of them its drafter's."""
     d = DrafterOptions()
-    ck.unknown(raw, set(DrafterOptions.__dataclass_fields__), "drafter")
+    ck.unknown(raw, _keys(DrafterOptions), "drafter")
     signature = ck.get(raw, "signature", "drafter", str, default=d.signature)
     language = ck.get(raw, "language", "drafter", str, default=d.language)
     return DrafterOptions(
@@ -265,17 +265,19 @@ def _gmail_sender(ck: Checker, raw: dict, ctx: Context) -> GmailSenderOptions:
                               ck.get(raw, "label", "sender", str, default=None), raw["type"])
 
 
-#: type -> (the keys it takes besides ``type``, its parser).
+def _keys(cls: type, *more: str) -> set[str]:
+    return set(cls.__dataclass_fields__) | set(more)
+
+
+#: type -> (the keys it takes, its parser).
 _PARSERS: dict[str, tuple[set[str], Callable[[Checker, dict, Context], Any]]] = {
-    "maildir": ({"path", "max_body", "max_age"}, _maildir),
-    "schedule": ({"topic", "slot_format"}, _schedule),
-    "gmail": ({"account", "query", "label", "backfill", "max_body", "resync_window",
-               "concurrency"}, _gmail_source),
-    "outbox": ({"path", "from"}, _outbox),
-    # "secret" gets its own message
-    "webhook": ({"url", "secret_env", "timeout", "status_url", "secret"}, _webhook),
-    "gmail_reply": ({"account", "mark_read", "label"}, _gmail_sender),
-    "gmail_draft": ({"account", "mark_read", "label"}, _gmail_sender),
+    "maildir": (_keys(MaildirSourceOptions), _maildir),
+    "schedule": (_keys(ScheduleSourceOptions), _schedule),
+    "gmail": (_keys(GmailSourceOptions), _gmail_source),
+    "outbox": ({"type", "path", "from"}, _outbox),
+    "webhook": (_keys(WebhookSenderOptions, "secret"), _webhook),  # secret: its own message
+    "gmail_reply": (_keys(GmailSenderOptions), _gmail_sender),
+    "gmail_draft": (_keys(GmailSenderOptions), _gmail_sender),
 }
 
 
@@ -283,6 +285,6 @@ def parse_stage(ck: Checker, raw: dict, path: str, ctx: Context) -> Any:
     """A ``source:`` or ``sender:`` mapping whose ``type`` the loader has checked; None
     when its options have errors (each recorded in ``ck``)."""
     before, (keys, parse) = len(ck.errors), _PARSERS[raw["type"]]
-    ck.unknown(raw, keys | {"type"}, path)
+    ck.unknown(raw, keys, path)
     options = parse(ck, raw, ctx)
     return options if len(ck.errors) == before else None

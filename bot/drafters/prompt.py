@@ -26,11 +26,11 @@ import re
 import secrets
 import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..config import PipelineConfig
 from ..errors import DrafterError, DrafterSetupError
 from ..models import DraftRequest, Message
+from ..options import DrafterOptions
 
 #: Longest draft we pass on; longer output is a runaway model, not a reply.
 MAX_DRAFT_CHARS = 20_000
@@ -52,43 +52,26 @@ _SLOT_DEFAULT_PROMPT = "You write the scheduled text the operator's instructions
 
 
 @dataclass
-class PromptSettings:
-    """The ``drafter:`` options of a pipeline that shape the prompt."""
-
-    prompt_file: Path | None
-    max_input: int
-    signature: str
-    language: str  # "auto": the sender's language; otherwise e.g. "German"
-    where: str = "drafter.prompt"  # named in errors: "pipelines/x.yaml: drafter.prompt"
-
-
-@dataclass
 class Prompt:
     system: str  # instructions
     user: str  # data, inside the boundary
     nonce: str
 
 
-def prompt_settings(pipeline: PipelineConfig) -> PromptSettings:
-    """The pipeline's ``drafter:`` options as a model drafter reads them."""
-    d = pipeline.drafter
-    return PromptSettings(pipeline.path(d.prompt) if d.prompt else None, d.max_input,
-                          d.signature, d.language, where=f"{pipeline.file}: drafter.prompt")
-
-
-def load_prompt(settings: PromptSettings) -> str:
-    """The operator's prompt file (read at first use, not at start-up). One that cannot
-    be read is the pipeline's setup, not the item: :class:`DrafterSetupError`."""
-    if settings.prompt_file is None:
+def load_prompt(pipeline: PipelineConfig) -> str:
+    """The operator's prompt file, ``drafter.prompt`` (read at first use, not at
+    start-up). One that cannot be read is the pipeline's setup, not the item:
+    :class:`DrafterSetupError`."""
+    if not pipeline.drafter.prompt:
         return ""
+    path = pipeline.path(pipeline.drafter.prompt)
     try:
-        return settings.prompt_file.read_text(encoding="utf-8").strip()
+        return path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else
                   "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc))
-        raise DrafterSetupError(f"{settings.where}: cannot read the prompt file "
-                                f"{settings.prompt_file}: {reason}; fix the file or "
-                                f"drafter.prompt") from None
+        raise DrafterSetupError(f"{pipeline.file}: drafter.prompt: cannot read the prompt "
+                                f"file {path}: {reason}; fix the file or drafter.prompt") from None
 
 
 def defuse(text: str) -> str:
@@ -203,7 +186,7 @@ def _email_data(msg: Message, max_input: int) -> str:
     return defuse("\n".join(parts))
 
 
-def build(request: DraftRequest, settings: PromptSettings, prompt_text: str, *,
+def build(request: DraftRequest, settings: DrafterOptions, prompt_text: str, *,
           nonce: str | None = None) -> Prompt:
     """The request for one draft: instructions first, then the message as data."""
     nonce = nonce or secrets.token_hex(8)
