@@ -8,7 +8,6 @@ once; a model's options are checked by its drafter, through :class:`Checker`.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 import re
@@ -459,7 +458,8 @@ def _telegram_webhook(ck: Checker, raw: Any) -> TelegramWebhook:
     port = ck.get(wh, "port", path, int, default=d.port)
     if port is not None and not 1 <= port <= 65535:
         ck.error(f"{path}.port", f"expected a port from 1 to 65535, got {port}")
-    return TelegramWebhook(url, secret_env, listen, port, ck.get(wh, "path", path, str, default=d.path))
+    return TelegramWebhook(url, secret_env, listen, port,
+                           ck.get(wh, "path", path, str, default=d.path))
 
 
 def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> PipelineConfig | None:
@@ -499,7 +499,9 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
                                  f"'0 9 * * MON-FRI': {problem}")
         cron = schedule
 
-    ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron)
+    raw_source = data.get("source")  # its account is the default of sender.account
+    ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
+                           raw_source.get("account") if isinstance(raw_source, dict) else None)
     source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
     filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
 
@@ -535,10 +537,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
                                   f"in {settings.file}")
     approval = ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat))
 
-    raw_source = data.get("source")
-    account = raw_source.get("account") if isinstance(raw_source, dict) else None
-    sender = _stage(ck, data, "sender", SENDER_TYPES,
-                    dataclasses.replace(ctx, source_account=account))
+    sender = _stage(ck, data, "sender", SENDER_TYPES, ctx)
 
     recipe = ck.get(data, "recipe", "", (str, int), default="v1")
     if recipe is not None and "|" in str(recipe):

@@ -20,7 +20,8 @@ from .options import FilterOptions
 _LIST_PRECEDENCE = ("bulk", "list", "junk")
 
 
-def skip_reason(message: Message, filters: FilterOptions, *, own_addresses: list[str]) -> str | None:
+def skip_reason(message: Message, filters: FilterOptions, *,
+                own_addresses: list[str]) -> str | None:
     """Why ``message`` should be skipped, or ``None`` to draft it."""
     if message.kind != "email":
         return None

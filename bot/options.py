@@ -157,7 +157,8 @@ def parse_drafter(ck: Checker, raw: dict) -> DrafterOptions:
 
 def _maildir(ck: Checker, raw: dict, ctx: Context) -> MaildirSourceOptions:
     path = ck.get(raw, "path", "source", str)
-    max_body = ck.convert(raw, "max_body", "source", parse_size, default=DEFAULT_MAX_BODY)
+    max_body = ck.convert(raw, "max_body", "source", parse_size,
+                          default=MaildirSourceOptions.max_body)
     if isinstance(max_body, int) and max_body < 1:
         ck.error("source.max_body", "expected a size of at least 1 byte, like 200kB")
     max_age = ck.convert(raw, "max_age", "source", parse_duration, default=None)

@@ -444,3 +444,32 @@ def test_a_store_left_in_a_folder_named_tilde_is_not_silently_replaced(tmp_path,
     (tmp_path / "~" / "dg" / "state.db").write_bytes(b"")
     [err] = errors_of(cfg)
     assert f"the store is at {tmp_path}/~/dg/state.db" in err and "move the file there" in err
+
+
+def test_stage_options_are_parsed_once_at_load_into_frozen_types_with_their_defaults(tmp_path):
+    """Nothing downstream reads the YAML mapping: the loader hands over typed options,
+    each default filled in from one place."""
+    from dataclasses import FrozenInstanceError
+
+    from bot.options import (ApprovalOptions, DrafterOptions, MaildirSourceOptions,
+                             WebhookSenderOptions)
+
+    cfg = write(tmp_path, {"a.yaml": "name: a\nsource: {type: maildir, path: inbox}\n"
+                                     "sender: {type: webhook, url: 'https://h.example/x'}\n"
+                                     "filters: {max_body: 1MB, skip_own:}\n"})
+    [p] = load_settings(cfg).pipelines
+    assert p.source == MaildirSourceOptions("inbox", max_body=200_000, max_age=None)
+    assert p.sender == WebhookSenderOptions("https://h.example/x", secret_env=None, timeout=10.0)
+    assert (p.filters.max_body, p.filters.skip_own) == (1_000_000, True)
+    assert (p.approval, p.drafter) == (ApprovalOptions("console", None), DrafterOptions())
+    with pytest.raises(FrozenInstanceError):
+        p.sender.timeout = 1.0  # type: ignore[misc]
+
+
+def test_a_wrong_stage_option_is_reported_when_the_configuration_loads(tmp_path):
+    """Not only when a command gets round to building the stage."""
+    cfg = write(tmp_path, {"a.yaml": "name: a\nsource: {type: maildir, path: inbox}\n"
+                                     "sender: {type: webhook, url: 'https://h.example/x', "
+                                     "timeout: soon}\n"})
+    assert errors_of(cfg) == ["pipelines/a.yaml: sender.timeout: expected a duration like 30s, "
+                              "5m, 1h or 2d, got 'soon'"]
