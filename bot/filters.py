@@ -11,8 +11,6 @@ Schedule slots (``kind == "slot"``) have no sender and are never filtered.
 from __future__ import annotations
 
 import fnmatch
-import functools
-import re
 
 from .models import Message
 from .options import FilterOptions
@@ -55,10 +53,9 @@ def skip_reason(message: Message, filters: FilterOptions, *,
             if fnmatch.fnmatchcase(addr, pattern.strip().lower()):
                 return f"sender {addr} matches filters.skip_senders {pattern!r}"
 
-    for pattern in filters.skip_subjects:
-        rx = _regex(pattern)
-        if rx is not None and rx.search(message.subject):
-            return f"subject matches filters.skip_subjects {pattern!r}"
+    for rx in filters.skip_subjects:
+        if rx.search(message.subject):
+            return f"subject matches filters.skip_subjects {rx.pattern!r}"
 
     if filters.max_body is not None:
         size = message.size or len(message.body.encode("utf-8"))
@@ -86,14 +83,6 @@ def own_reason(message: Message, filters: FilterOptions, *, own_addresses: list[
         if addr and addr.lower() in own:
             return f"sent from our own address {addr}"
     return None
-
-
-@functools.lru_cache(maxsize=256)
-def _regex(pattern: str) -> re.Pattern | None:
-    try:
-        return re.compile(pattern, re.IGNORECASE)
-    except re.error:
-        return None
 
 
 def _canonical(name: str) -> str:

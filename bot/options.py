@@ -32,7 +32,7 @@ class FilterOptions:
     skip_own: bool = True  # never answer our own mail
     own_addresses: tuple[str, ...] = ()  # besides the sender's own From
     max_body: int | None = None  # bytes of the raw message, written 200kB
-    skip_subjects: tuple[str, ...] = ()  # regexes, searched, any case: "^\\[JIRA\\]"
+    skip_subjects: tuple[re.Pattern, ...] = ()  # searched, any case: "^\\[JIRA\\]"
     skip_auto_replies: bool = True  # Auto-Submitted, X-Autoreply
 
 
@@ -128,10 +128,10 @@ def parse_filters(ck: Checker, raw: dict, path: str = "filters") -> FilterOption
             ck.error(f"{path}.max_body", f"expected a size of at least 1 byte like 200kB, got "
                                          f"{raw['max_body']!r}; every message would be skipped")
             max_body = None
-    subjects = ck.str_list(raw, "skip_subjects", path)
-    for i, pattern in enumerate(subjects):
+    subjects = []
+    for i, pattern in enumerate(ck.str_list(raw, "skip_subjects", path)):
         try:
-            re.compile(pattern, re.IGNORECASE)
+            subjects.append(re.compile(pattern, re.IGNORECASE))
         except re.error as exc:
             where = f"{path}.skip_subjects[{i}]" if isinstance(raw.get("skip_subjects"), list) \
                 else f"{path}.skip_subjects"
