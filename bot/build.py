@@ -1,18 +1,18 @@
 """Turns validated settings into stage objects.
 
-Each stage type lives in its own module and exposes ``create(...)``, which checks that
-type's options (raising ConfigError naming file and path) and builds the object without
-doing any I/O. ``check_all`` builds everything once so ``draftgate validate`` reports
-option errors too.
+Each stage type lives in its own module and exposes ``create(...)``, which builds the
+object from the options the loader parsed (:mod:`bot.options`) without doing any I/O.
+A drafter checks its model's options there too (raising ConfigError naming file and
+path); ``check_all`` builds everything once so ``draftgate validate`` reports those.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from .config import Checker, PipelineConfig, Settings
-from .filters import check_options
+from .config import PipelineConfig, Settings
 from .errors import ConfigError
+from .options import ApprovalOptions, DrafterOptions, FilterOptions, WebhookSenderOptions
 from .stages import Drafter, Sender, Source
 
 _SOURCES = {"maildir": "bot.sources.maildir", "schedule": "bot.sources.schedule",
@@ -24,29 +24,25 @@ _DRAFTERS = {"template": "bot.drafters.template", "openai": "bot.drafters.openai
 
 
 def build_source(pipeline: PipelineConfig, settings: Settings) -> Source:
-    return importlib.import_module(_SOURCES[pipeline.source["type"]]).create(pipeline, settings)
+    return importlib.import_module(_SOURCES[pipeline.source.type]).create(pipeline, settings)
 
 
 def build_sender(pipeline: PipelineConfig, settings: Settings) -> Sender:
-    return importlib.import_module(_SENDERS[pipeline.sender["type"]]).create(pipeline, settings)
+    return importlib.import_module(_SENDERS[pipeline.sender.type]).create(pipeline, settings)
 
 
 def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
-    model = settings.models[pipeline.drafter.get("model", "template")]
+    model = settings.models[pipeline.drafter.model]
     return importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
 
 
 def check_all(settings: Settings) -> list[str]:
-    """Check every pipeline's filters and build every stage; return every ConfigError
-    message."""
+    """Build every stage; return every ConfigError message."""
     errors: list[str] = _check_telegram(settings)
     for p in settings.pipelines:
-        check_options(Checker(p.file, errors), p.filters)
-        # A stage whose type is missing or unknown was reported by the loader (which
-        # `validate` lets run on, so one pass lists every problem): nothing to build.
-        known = (str(p.source.get("type")) in _SOURCES,
-                 str(p.drafter.get("model", "template")) in settings.models,
-                 str(p.sender.get("type")) in _SENDERS)
+        # A stage that is missing or wrong was reported by the loader (which `validate`
+        # lets run on, so one pass lists every problem): nothing to build.
+        known = (p.source is not None, p.drafter.model in settings.models, p.sender is not None)
         for build, ok in zip((build_source, build_drafter, build_sender), known):
             if not ok:
                 continue
@@ -62,15 +58,16 @@ def _check_unused_models(settings: Settings) -> list[str]:
     """``models:`` entries no pipeline names are checked too (an ``api_key:`` in YAML is
     refused wherever it is written). The drafter checks a model together with a
     pipeline, so a stand-in pipeline is used and only the model's own errors kept."""
-    used = {str(p.drafter.get("model", "template")) for p in settings.pipelines}
+    used = {p.drafter.model for p in settings.pipelines}
     errors: list[str] = []
     for name, model in settings.models.items():
         if name in used:
             continue
         stand_in = PipelineConfig(
             name="unused", file="<unused>", schedule="5m", interval=300.0, cron=None,
-            source={}, filters={}, drafter={"model": name, "prompt": "unused"}, recipe="v1",
-            approval={}, sender={}, lease=float("inf"), base_dir=settings.base_dir)
+            source=None, filters=FilterOptions(), drafter=DrafterOptions(name, "unused"),
+            recipe="v1", approval=ApprovalOptions(), sender=None, lease=float("inf"),
+            base_dir=settings.base_dir)
         try:
             importlib.import_module(_DRAFTERS[model.provider]).create(model, stand_in, settings)
         except ConfigError as exc:
@@ -88,7 +85,7 @@ def _check_telegram(settings: Settings) -> list[str]:
              "secret_env": "the environment variable holding the secret checked on every "
                            "update"}
     return [f"{settings.file}: telegram.webhook.{key}: missing; required when telegram.receive "
-            f"is webhook ({hint})" for key, hint in hints.items() if not t.webhook.get(key)]
+            f"is webhook ({hint})" for key, hint in hints.items() if not getattr(t.webhook, key)]
 
 
 def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = None) -> list[str]:
@@ -101,11 +98,11 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
     out: list[str] = []
     by_model: dict[str, list[str]] = {}
     for p in pipelines:
-        by_model.setdefault(p.drafter.get("model", "template"), []).append(p.name)
-        if p.sender.get("type") == "webhook" and p.sender.get("secret_env") \
-                and not os.environ.get(str(p.sender["secret_env"]), "").strip():
+        by_model.setdefault(p.drafter.model, []).append(p.name)
+        secret_env = p.sender.secret_env if isinstance(p.sender, WebhookSenderOptions) else None
+        if secret_env and not os.environ.get(secret_env, "").strip():
             out.append(f"{p.file}: sender.secret_env: environment variable "
-                       f"{p.sender['secret_env']} is not set; export it with the webhook's token")
+                       f"{secret_env} is not set; export it with the webhook's token")
     for name, users in by_model.items():
         p = next(q for q in pipelines if q.name == users[0])
         try:
@@ -121,7 +118,7 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
     t = settings.telegram
     if t is not None:
         for key, var, what in (("token_env", t.token_env, "the bot token from @BotFather"),
-                               ("webhook.secret_env", t.webhook.get("secret_env"),
+                               ("webhook.secret_env", t.webhook.secret_env,
                                 "the webhook secret")):
             if key.startswith("webhook") and t.receive != "webhook":
                 continue
@@ -150,13 +147,13 @@ def register_secrets(settings: Settings) -> None:
     t = settings.telegram
     if t is not None:
         env(t.token_env)
-        env(t.webhook.get("secret_env"))
+        env(t.webhook.secret_env)
     for model in settings.models.values():  # unused ones too: their keys are in the env
         if isinstance(model.options, dict):
             env(model.options.get("api_key_env"))
     for p in settings.pipelines:
-        if p.sender.get("type") == "webhook":
-            env(p.sender.get("secret_env"))
+        if isinstance(p.sender, WebhookSenderOptions):
+            env(p.sender.secret_env)
         try:
             opts = getattr(build_drafter(p, settings), "opts", None)
         except Exception:  # a bad model entry: check_all reports it

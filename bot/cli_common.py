@@ -78,7 +78,7 @@ def channels(settings: Settings, store, *, demo: bool = False) -> dict:
     from .approvals.console import ConsoleChannel
 
     found: dict = {}
-    used = {p.approval.get("channel", "console") for p in settings.pipelines}
+    used = {p.approval.channel for p in settings.pipelines}
     if "console" in used or settings.telegram is None:
         found["console"] = ConsoleChannel(auto_approve=demo)
     if settings.telegram is not None:

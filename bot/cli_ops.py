@@ -85,9 +85,9 @@ async def _validate(args) -> int:
         raise ConfigError(problems)
     print(f"{settings.file}: OK, {len(settings.pipelines)} pipeline(s)")
     for p in settings.pipelines:
-        print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.get('type')}, "
-              f"drafter {p.drafter.get('model', 'template')}, approval "
-              f"{p.approval.get('channel', 'console')}, sender {p.sender.get('type')}, "
+        print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.type}, "
+              f"drafter {p.drafter.model}, approval "
+              f"{p.approval.channel}, sender {p.sender.type}, "
               f"recipe {p.recipe}"
               + ("" if p.enabled else " (enabled: false)"))
     # Secrets may well live only on the machine that runs draftgate: a notice, not an
@@ -107,8 +107,8 @@ def _not_folders(settings: Settings, *, missing: bool = False) -> list[str]:
     machine that runs draftgate). Either way `run` would fail every tick."""
     out = []
     for p in settings.pipelines:
-        path = p.source.get("path")
-        if p.source.get("type") != "maildir" or not isinstance(path, str) or not p.enabled:
+        path = getattr(p.source, "path", None)  # a maildir source's
+        if getattr(p.source, "type", None) != "maildir" or not path or not p.enabled:
             continue
         found = p.path(path)
         if missing and not found.exists():
@@ -248,7 +248,7 @@ async def _doctor_models(settings: Settings) -> list[tuple[str, bool, str]]:
     out: list[tuple[str, bool, str]] = []
     done: set[str] = set()
     for p in settings.pipelines:
-        name = p.drafter.get("model", "template")
+        name = p.drafter.model
         if name in done:
             continue
         done.add(name)

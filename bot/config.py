@@ -2,9 +2,8 @@
 
 Every problem is collected (not just the first) and names the file, the key path and
 what was expected, e.g. ``pipelines/support.yaml: source.query: expected a string, got
-42``. Type-specific options (a source's, a sender's, a model's) stay as dicts here and
-are checked by the module that implements that type, through :class:`Checker`, so
-each stage owns its own options.
+42``. A pipeline's stage options become the typed objects of :mod:`bot.options` here,
+once; a model's options are checked by its drafter, through :class:`Checker`.
 """
 
 from __future__ import annotations
@@ -14,18 +13,16 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
+from . import options as _options
+from .checker import (_CLOCK, _DURATION, Checker, _close, _kind, parse_duration,  # noqa: F401
+                      parse_size, url_problem)
 from .errors import ConfigError
+from .options import ApprovalOptions, DrafterOptions, FilterOptions, SenderOptions, SourceOptions
 from .redact import register as redact_register
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_CLOCK = re.compile(r"^\s*\d{1,2}:\d{2}(:\d{2})?\s*$")  # 9:00, 09:30:00
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb)?\s*$", re.I)
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-_SIZES = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, None: 1}
 
 SOURCE_TYPES = ("maildir", "schedule", "gmail")
 SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft")
@@ -35,191 +32,18 @@ CATCHUP_POLICIES = ("latest", "all", "none")
 MARK_SEEN = ("at_fetch", "on_success")
 
 
-def parse_duration(value: Any) -> float:
-    """``"5m"`` -> 300.0; a bare number is seconds. Raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration like 30s, 5m, 1h or 2d")
-    if isinstance(value, (int, float)):
-        return float(value)
-    m = _DURATION.match(str(value))
-    if not m and _CLOCK.match(str(value)):
-        raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {value!r}: a "
-                         f"value with ':' is not a duration (write 90s or 1.5m; for a time "
-                         f"of day use a cron schedule such as '0 9 * * *')")
-    if not m:
-        raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {value!r}")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def parse_size(value: Any) -> int:
-    """``"200kB"`` -> 200000; a bare number is bytes. Raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError("expected a size like 200kB or 5MB")
-    if isinstance(value, int):
-        return value
-    m = _SIZE.match(str(value))
-    if not m:
-        raise ValueError(f"expected a size like 200kB or 5MB, got {value!r}")
-    return int(float(m.group(1)) * _SIZES[(m.group(2) or "").lower() or None])
-
-
-class Checker:
-    """Collects config errors with their file and path while reading a mapping."""
-
-    _MISSING = object()
-
-    def __init__(self, file: str, errors: list[str] | None = None):
-        self.file = file
-        self.errors = errors if errors is not None else []
-
-    def error(self, path: str, message: str) -> None:
-        self.errors.append(f"{self.file}: {path}: {message}" if path else f"{self.file}: {message}")
-
-    def mapping(self, value: Any, path: str) -> dict:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.error(path, f"expected a mapping (key: value lines), got {_kind(value)}")
-            return {}
-        return value
-
-    def get(self, data: dict, key: str, path: str, kind: type | tuple, *,
-            default: Any = _MISSING, choices: tuple | None = None) -> Any:
-        """``data[key]`` checked against ``kind``; records an error and returns the
-        default (or None) when missing or wrong."""
-        full = f"{path}.{key}" if path else key
-        if key not in data or data[key] is None:
-            if default is self._MISSING:
-                self.error(full, f"missing; expected {_describe(kind, choices)}")
-                return None
-            return default
-        value = data[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if isinstance(value, str) and str not in kinds and (int in kinds or float in kinds):
-            # A quoted number ("8443") is still the number the user meant.
-            text = value.strip().replace("_", "")
-            if re.fullmatch(r"[+-]?\d+", text) and int in kinds:
-                value = int(text)
-            elif float in kinds and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", text):
-                value = float(text)
-        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
-            self.error(full, f"expected {_describe(kind, choices)}, got {_kind(value)} {value!r}"[:300])
-            return default if default is not self._MISSING else None
-        if choices is not None and value not in choices:
-            self.error(full, f"expected one of {', '.join(map(str, choices))}, got {value!r}")
-            return default if default is not self._MISSING else None
-        return value
-
-    def convert(self, data: dict, key: str, path: str, fn: Callable[[Any], Any],
-                default: Any = _MISSING) -> Any:
-        full = f"{path}.{key}" if path else key
-        if key not in data or data[key] is None:
-            if default is self._MISSING:
-                self.error(full, "missing")
-                return None
-            return default
-        try:
-            return fn(data[key])
-        except (ValueError, TypeError) as exc:
-            self.error(full, str(exc))
-            return default if default is not self._MISSING else None
-
-    def unknown(self, data: dict, known: set[str] | tuple, path: str) -> None:
-        for key in data:
-            if key not in known:
-                full = f"{path}.{key}" if path else str(key)
-                hint = _close(str(key), known)
-                self.error(full, "unknown key" + (f"; did you mean {hint!r}?" if hint else
-                                                   f"; expected one of {', '.join(sorted(known))}"))
-
-    def env_name(self, data: dict, key: str, path: str, default: Any = _MISSING) -> Any:
-        """The name of an environment variable (never its value), like OPENAI_API_KEY."""
-        value = self.get(data, key, path, str, default=default)
-        if isinstance(value, str) and not _ENV_NAME.match(value):
-            self.error(f"{path}.{key}" if path else key,
-                       f"expected the name of an environment variable, like "
-                       f"{_ENV_EXAMPLES.get(key, 'MY_SECRET')}, got {value!r}")
-            return default if default is not self._MISSING else None
-        return value
-
-    def url(self, data: dict, key: str, path: str, default: Any = _MISSING, *,
-            credentials_ok: bool = False) -> Any:
-        """An http:// or https:// URL with a host (and, if given, a valid port)."""
-        value = self.get(data, key, path, str, default=default)
-        if isinstance(value, str):
-            problem = url_problem(value, credentials_ok=credentials_ok)
-            if problem:
-                self.error(f"{path}.{key}" if path else key, problem)
-                return default if default is not self._MISSING else None
-        return value
-
-    def str_list(self, data: dict, key: str, path: str, default: list | None = None) -> list[str]:
-        value = self.get(data, key, path, (list, str), default=default if default is not None else [])
-        if isinstance(value, str):
-            return [value]
-        out = []
-        for i, v in enumerate(value or []):
-            if not isinstance(v, (str, int)) or isinstance(v, bool):
-                self.error(f"{path}.{key}[{i}]", f"expected a string, got {_kind(v)}")
-            else:
-                out.append(str(v))
-        return out
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ENV_EXAMPLES = {"token_env": "TELEGRAM_BOT_TOKEN", "api_key_env": "OPENAI_API_KEY",
-                 "secret_env": "WEBHOOK_SECRET"}
-
-
-def url_problem(value: str, *, credentials_ok: bool = False) -> str | None:
-    """Why ``value`` is not a usable http(s) URL, or None. The URL is shown with any
-    credentials in it hidden. ``credentials_ok``: a user and password in it are fine
-    (a self-hosted Bot API behind a proxy that wants a login)."""
-    import urllib.parse
-
-    from .redact import redact_url
-
-    expected = f"expected an http:// or https:// URL, got {redact_url(value, keep_user=False)!r}"
-    try:
-        parts = urllib.parse.urlsplit(value)
-        port = parts.port
-    except ValueError as exc:
-        return f"{expected} ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return expected
-    if any(c.isspace() for c in value):
-        return f"{expected} (it contains a space; write %20)"
-    if port == 0:
-        return f"{expected} (port 0)"
-    if (parts.username or parts.password) and not credentials_ok:
-        return "do not put credentials in the URL; name an environment variable instead"
-    return None
-
-
-def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false",
-            int: "a number", float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
-
-
-def _describe(kind: type | tuple, choices: tuple | None) -> str:
-    if choices:
-        return "one of " + ", ".join(map(str, choices))
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
-             dict: "a mapping", list: "a list"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _close(word: str, options) -> str | None:
-    import difflib
-    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.7)
-    return match[0] if match else None
-
-
 # ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TelegramWebhook:
+    """``telegram.webhook``: where Telegram posts updates when ``receive: webhook``."""
+
+    url: str | None = None
+    secret_env: str | None = None  # the variable's name, never the secret
+    listen: str = "127.0.0.1"
+    port: int = 8443
+    path: str = "telegram"
 
 
 @dataclass
@@ -231,7 +55,7 @@ class TelegramConfig:
     approvals_chat: int | None = None
     ops_chat: int | None = None
     receive: str = "polling"  # polling | webhook | off
-    webhook: dict[str, Any] = field(default_factory=dict)  # listen, port, url, secret_env
+    webhook: TelegramWebhook = TelegramWebhook()
     poll_timeout: float = 30.0
 
 
@@ -242,19 +66,19 @@ class ModelConfig:
     options: dict[str, Any]  # base_url, model, api_key_env, timeout, ... (checked by the drafter)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PipelineConfig:
     name: str
     file: str
     schedule: str  # "5m" or a cron expression
     interval: float | None  # seconds, when schedule is an interval
     cron: str | None
-    source: dict[str, Any]  # has "type"
-    filters: dict[str, Any]
-    drafter: dict[str, Any]  # model, prompt, max_input, ...
+    source: SourceOptions | None  # None: missing or wrong (reported by the loader)
+    filters: FilterOptions
+    drafter: DrafterOptions
     recipe: str
-    approval: dict[str, Any]  # channel, chat
-    sender: dict[str, Any]  # has "type"
+    approval: ApprovalOptions
+    sender: SenderOptions | None  # None: missing or wrong (reported by the loader)
     lease: float = 600.0
     max_attempts: int = 3
     mark_seen: str = "at_fetch"
@@ -310,8 +134,6 @@ _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
                   "daily_token_budget", "enabled", "max_per_tick"}
-_FILTER_KEYS = {"skip_senders", "skip_mailing_lists", "skip_own", "own_addresses",
-                "max_body", "skip_subjects", "skip_auto_replies"}
 
 
 class _Loader(yaml.SafeLoader):
@@ -622,21 +444,22 @@ def _telegram(ck: Checker, t: dict) -> TelegramConfig:
     return cfg
 
 
-def _telegram_webhook(ck: Checker, raw: Any) -> dict[str, Any]:
+def _telegram_webhook(ck: Checker, raw: Any) -> TelegramWebhook:
     """``telegram.webhook``, checked without reading the secret. Whether url and
     secret_env are there is checked by ``build.check_all``, after ``run
     --telegram-receive`` may have turned webhooks on."""
     path = "telegram.webhook"
     wh = ck.mapping(raw, path)
-    ck.unknown(wh, {"url", "secret_env", "listen", "port", "path"}, path)
-    ck.url(wh, "url", path, default=None)
-    ck.env_name(wh, "secret_env", path, default=None)
-    ck.get(wh, "listen", path, str, default=None)
-    port = ck.get(wh, "port", path, int, default=None)
+    d = TelegramWebhook()
+    ck.unknown(wh, set(TelegramWebhook.__dataclass_fields__), path)
+    url = ck.url(wh, "url", path, default=None)
+    secret_env = ck.env_name(wh, "secret_env", path, default=None)
+    listen = ck.get(wh, "listen", path, str, default=d.listen)
+    port = ck.get(wh, "port", path, int, default=d.port)
     if port is not None and not 1 <= port <= 65535:
         ck.error(f"{path}.port", f"expected a port from 1 to 65535, got {port}")
-    ck.get(wh, "path", path, str, default=None)
-    return wh
+    return TelegramWebhook(url, secret_env, listen, port,
+                           ck.get(wh, "path", path, str, default=d.path))
 
 
 def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> PipelineConfig | None:
@@ -676,57 +499,45 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
                                  f"'0 9 * * MON-FRI': {problem}")
         cron = schedule
 
-    source = ck.mapping(data.get("source"), "source")
-    if "source" not in data:
-        ck.error("source", "missing; expected a mapping with type: " + " | ".join(SOURCE_TYPES))
-    elif data["source"] is None or isinstance(data["source"], dict):
-        stype = ck.get(source, "type", "source", str, choices=SOURCE_TYPES)
-        if stype == "gmail":
-            acc = ck.get(source, "account", "source", str, default=None)
-            if acc is not None and acc not in settings.gmail_accounts:
-                ck.error("source.account", f"unknown Gmail account {acc!r}; add it under "
-                                           f"gmail.accounts in {settings.file}")
+    raw_source = data.get("source")  # its account is the default of sender.account
+    ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
+                           raw_source.get("account") if isinstance(raw_source, dict) else None)
+    source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
+    filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
 
-    filters = ck.mapping(data.get("filters"), "filters")
-    ck.unknown(filters, _FILTER_KEYS, "filters")
-    if "max_body" in filters:
-        ck.convert(filters, "max_body", "filters", parse_size)
-
-    drafter = ck.mapping(data.get("drafter"), "drafter")
-    model = ck.get(drafter, "model", "drafter", str, default="template")
-    if model and model not in settings.models:
-        ck.error("drafter.model", f"unknown model {model!r}; define it under models in "
+    drafter = _options.parse_drafter(ck, ck.mapping(data.get("drafter"), "drafter"))
+    if drafter.model and drafter.model not in settings.models:
+        ck.error("drafter.model", f"unknown model {drafter.model!r}; define it under models in "
                                   f"{settings.file} (known: {', '.join(sorted(settings.models))})")
-    prompt = ck.get(drafter, "prompt", "drafter", str, default=None)
-    if prompt:
+    elif drafter.model in settings.models and drafter.max_input < 200 \
+            and settings.models[drafter.model].provider != "template":  # a model reads it
+        ck.error("drafter.max_input", f"expected at least 200 characters of email, got "
+                                      f"{drafter.max_input}")
+    if drafter.prompt:
         # Resolved exactly as PipelineConfig.path does when the drafter reads it.
-        found = Path(os.path.expanduser(prompt))
+        found = Path(os.path.expanduser(drafter.prompt))
         found = found if found.is_absolute() else base / found
         if found.is_dir():
-            ck.error("drafter.prompt", f"{prompt} is a folder ({found}); expected a file")
+            ck.error("drafter.prompt", f"{drafter.prompt} is a folder ({found}); expected a file")
         elif not found.is_file():
-            ck.error("drafter.prompt", f"file not found: {prompt} (looked for {found})")
-    ck.get(drafter, "max_input", "drafter", int, default=8000)
+            ck.error("drafter.prompt", f"file not found: {drafter.prompt} (looked for {found})")
 
     approval = ck.mapping(data.get("approval"), "approval")
     ck.unknown(approval, {"channel", "chat"}, "approval")
-    channel = ck.get(approval, "channel", "approval", str, default="console", choices=CHANNELS)
+    channel = ck.get(approval, "channel", "approval", str, default=ApprovalOptions.channel,
+                     choices=CHANNELS)
     chat = approval.get("chat")
     if chat is not None and _chat_id(chat) is None:
         ck.error("approval.chat", f"expected a numeric Telegram chat id (like 123456789, or "
                                   f"-1001234567890 for a group), got {_kind(chat)} {chat!r}")
     if channel == "telegram" and settings.telegram is None:
         ck.error("approval.channel", f"telegram needs a telegram: section in {settings.file}")
-    elif channel == "telegram" and approval.get("chat") is None \
-            and settings.telegram.approvals_chat is None:
+    elif channel == "telegram" and chat is None and settings.telegram.approvals_chat is None:
         ck.error("approval.chat", f"missing; set the chat id here, or telegram.approvals_chat "
                                   f"in {settings.file}")
+    approval = ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat))
 
-    sender = ck.mapping(data.get("sender"), "sender")
-    if "sender" not in data:
-        ck.error("sender", "missing; expected a mapping with type: " + " | ".join(SENDER_TYPES))
-    elif data["sender"] is None or isinstance(data["sender"], dict):
-        ck.get(sender, "type", "sender", str, choices=SENDER_TYPES)
+    sender = _stage(ck, data, "sender", SENDER_TYPES, ctx)
 
     recipe = ck.get(data, "recipe", "", (str, int), default="v1")
     if recipe is not None and "|" in str(recipe):
@@ -764,14 +575,25 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         return None
     return PipelineConfig(
         name=name, file=ck.file, schedule=str(schedule), interval=interval, cron=cron,
-        source=dict(source), filters=dict(filters), drafter=dict(drafter),
-        recipe=str(recipe), approval=dict(approval), sender=dict(sender),
+        source=source, filters=filters, drafter=drafter,
+        recipe=str(recipe), approval=approval, sender=sender,
         lease=600.0 if lease is None else lease, max_attempts=max_attempts or 3,
         mark_seen=ck.get(data, "mark_seen", "", str, default="at_fetch", choices=MARK_SEEN),
         catchup=catchup or "latest", catchup_max=catchup_max or 24,
         daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
         base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK,
     )
+
+
+def _stage(ck: Checker, data: dict, key: str, types: tuple, ctx: _options.Context) -> Any:
+    """``source:`` or ``sender:``, parsed by its type; None when missing or wrong."""
+    raw = ck.mapping(data.get(key), key)
+    if key not in data:
+        ck.error(key, "missing; expected a mapping with type: " + " | ".join(types))
+    elif (data[key] is None or isinstance(data[key], dict)) \
+            and ck.get(raw, "type", key, str, choices=types):
+        return _options.parse_stage(ck, raw, key, ctx)
+    return None
 
 
 def _chat_id(value: Any) -> int | None:

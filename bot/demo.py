@@ -62,7 +62,7 @@ async def _foreign_demo_state(settings: Settings) -> list[str]:
     except StoreMissing:
         pass  # a new store: the demo creates it and marks it as its own
     for p in settings.pipelines:
-        folder = settings.resolve(str(p.sender.get("path", "")))
+        folder = settings.resolve(getattr(p.sender, "path", ""))
         if folder.exists() and not (folder / DEMO_OUTBOX_MARK).exists():
             found.append(f"{p.file}: outbox {folder} exists and was not created by the demo")
     return found
@@ -87,8 +87,8 @@ async def _demo_settings(args) -> tuple[Settings, bool]:
     own = args.config is None or Path(args.config).resolve() == bundled.resolve()
     settings = load(bundled if own else args.config)
     # Demo mode approves every draft by itself: it must never reach a real recipient.
-    real = [f"{p.file}: sender.type is {p.sender.get('type')!r}" for p in settings.pipelines
-            if p.sender.get("type") != "outbox"]
+    real = [f"{p.file}: sender.type is {p.sender.type!r}" for p in settings.pipelines
+            if p.sender.type != "outbox"]
     if real:
         raise ConfigError(
             ["demo approves every draft automatically, so it runs only pipelines whose "
@@ -118,7 +118,7 @@ async def _demo(args) -> int:
     from .engine import Engine
 
     settings, own = await _demo_settings(args)
-    models = sorted({settings.models[p.drafter.get("model", "template")].provider
+    models = sorted({settings.models[p.drafter.model].provider
                      for p in settings.pipelines})
     drafter = ("offline template drafter" if models == ["template"]
                else f"drafter: {', '.join(models)} (calls the model)")
@@ -129,7 +129,7 @@ async def _demo(args) -> int:
     print(f" config: {settings.file}")
     print(f" store:  {say(settings.store)}")
     print("=" * 72)
-    folders = [settings.resolve(str(p.sender.get("path", ""))) for p in settings.pipelines]
+    folders = [settings.resolve(p.sender.path) for p in settings.pipelines]
     before = {f: set(f.glob("*.eml")) if f.exists() else set() for f in folders}
     async with store_for(settings) as store:
         if not await store.audit_log(draft_key=DEMO_MARK, limit=1):

@@ -144,7 +144,7 @@ class Engine:
         return self._senders[p.name]
 
     def channel(self, p: PipelineConfig) -> ApprovalChannel:
-        name = p.approval.get("channel", "console")
+        name = p.approval.channel
         try:
             return self.channels[name]
         except KeyError:
@@ -1013,17 +1013,15 @@ def _unknown_episode(d: Draft) -> str:
 
 
 def _own_addresses(p: PipelineConfig, settings: Settings) -> list[str]:
-    own = [str(a) for a in p.filters.get("own_addresses", []) or []]
-    account = p.source.get("account")
+    own = list(p.filters.own_addresses)
+    account = getattr(p.source, "account", None)  # a Gmail source's
     if account and account in settings.gmail_accounts:
         addr = settings.gmail_accounts[account].get("address")
         if addr:
             own.append(str(addr))
-    sender_from = p.sender.get("from")
+    sender_from = getattr(p.sender, "from_addr", None)  # an outbox sender's
     if sender_from:
-        import email.utils
-
-        own.append(email.utils.parseaddr(str(sender_from))[1])
+        own.append(sender_from.addr_spec)
     return [a for a in own if a]
 
 

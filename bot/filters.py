@@ -2,18 +2,8 @@
 
 Pure: :func:`skip_reason` looks only at the parsed message and the options, and
 returns a reason a human can read in ``/status`` ("mailing list (List-Unsubscribe
-header)") or ``None`` to draft it.
-
-Options (all optional)::
-
-    filters:
-      skip_senders: ["noreply@*", "*@mailer.example"]  # globs on the sender address
-      skip_mailing_lists: true      # List-Unsubscribe, List-Id, Precedence: bulk/list
-      skip_own: true                # default true: never answer our own mail (loops)
-      own_addresses: [support@shop.example]  # besides the sender's own From
-      max_body: 200kB               # raw message size
-      skip_subjects: ["^\\[JIRA\\]", "(?i)invoice paid"]  # regexes, searched, any case
-      skip_auto_replies: true       # default true: Auto-Submitted, X-Autoreply (loops)
+header)") or ``None`` to draft it. The options, their meaning and defaults:
+:class:`bot.options.FilterOptions`.
 
 Schedule slots (``kind == "slot"``) have no sender and are never filtered.
 """
@@ -21,16 +11,15 @@ Schedule slots (``kind == "slot"``) have no sender and are never filtered.
 from __future__ import annotations
 
 import fnmatch
-import functools
-import re
 
-from .config import Checker, parse_size
 from .models import Message
+from .options import FilterOptions
 
 _LIST_PRECEDENCE = ("bulk", "list", "junk")
 
 
-def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) -> str | None:
+def skip_reason(message: Message, filters: FilterOptions, *,
+                own_addresses: list[str]) -> str | None:
     """Why ``message`` should be skipped, or ``None`` to draft it."""
     if message.kind != "email":
         return None
@@ -41,7 +30,7 @@ def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) ->
     if reason:
         return reason
 
-    if _on(filters, "skip_auto_replies", True):
+    if filters.skip_auto_replies:
         auto = headers.get("auto-submitted", "").strip().lower()
         if auto and not auto.startswith("no"):
             return f"automatic message (Auto-Submitted: {auto[:40]})"
@@ -51,7 +40,7 @@ def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) ->
         if headers.get("precedence", "").strip().lower() == "auto_reply":
             return "automatic reply (Precedence: auto_reply)"
 
-    if _on(filters, "skip_mailing_lists", False):
+    if filters.skip_mailing_lists:
         for name in ("list-unsubscribe", "list-id"):
             if name in headers:
                 return f"mailing list ({_canonical(name)} header)"
@@ -59,24 +48,19 @@ def skip_reason(message: Message, filters: dict, *, own_addresses: list[str]) ->
         if precedence in _LIST_PRECEDENCE:
             return f"mailing list (Precedence: {precedence})"
 
-    for pattern in _as_list(filters.get("skip_senders")):
+    for pattern in filters.skip_senders:
         for addr in {sender, message.reply_to.lower()} - {""}:
             if fnmatch.fnmatchcase(addr, pattern.strip().lower()):
                 return f"sender {addr} matches filters.skip_senders {pattern!r}"
 
-    for pattern in _as_list(filters.get("skip_subjects")):
-        rx = _regex(pattern)
-        if rx is not None and rx.search(message.subject):
-            return f"subject matches filters.skip_subjects {pattern!r}"
+    for rx in filters.skip_subjects:
+        if rx.search(message.subject):
+            return f"subject matches filters.skip_subjects {rx.pattern!r}"
 
-    if filters.get("max_body") is not None:
-        try:
-            limit = parse_size(filters["max_body"])
-        except ValueError:
-            limit = None  # reported by check_options at validate time
+    if filters.max_body is not None:
         size = message.size or len(message.body.encode("utf-8"))
-        if limit is not None and size > limit:
-            return too_big(size, limit)
+        if size > filters.max_body:
+            return too_big(size, filters.max_body)
     return None
 
 
@@ -86,64 +70,19 @@ def too_big(size: int, limit: int) -> str:
     return f"body of {size} bytes exceeds filters.max_body ({_human(limit)})"
 
 
-def own_reason(message: Message, filters: dict, *, own_addresses: list[str]) -> str | None:
+def own_reason(message: Message, filters: FilterOptions, *, own_addresses: list[str]) -> str | None:
     """The ``skip_own`` rule alone (on by default): why ``message`` is our own mail, or
     ``None``. A source that learns an own address the configuration does not name (the
     Gmail account's address from its profile) applies it with this, so the item is
     still recorded as skipped with the same reason rather than dropped."""
-    if message.kind != "email" or not _on(filters, "skip_own", True):
+    if message.kind != "email" or not filters.skip_own:
         return None
-    own = {a.strip().lower() for a in [*own_addresses, *_as_list(filters.get("own_addresses"))]
+    own = {a.strip().lower() for a in [*own_addresses, *filters.own_addresses]
            if a and a.strip()}
     for addr in (message.from_addr, message.reply_to):
         if addr and addr.lower() in own:
             return f"sent from our own address {addr}"
     return None
-
-
-def check_options(ck: Checker, filters: dict, path: str = "filters") -> None:
-    """Record an error in ``ck`` for every malformed filter option."""
-    ck.str_list(filters, "skip_senders", path)
-    ck.str_list(filters, "own_addresses", path)
-    for key in ("skip_mailing_lists", "skip_own", "skip_auto_replies"):
-        ck.get(filters, key, path, bool, default=None)
-    if "max_body" in filters:
-        limit = ck.convert(filters, "max_body", path, parse_size)
-        if limit is not None and limit < 1:
-            ck.error(f"{path}.max_body", f"expected a size of at least 1 byte like 200kB, got "
-                                         f"{filters['max_body']!r}; every message would be "
-                                         f"skipped")
-    subjects = filters.get("skip_subjects")
-    for i, pattern in enumerate(ck.str_list(filters, "skip_subjects", path)):
-        if _regex(pattern) is None:
-            where = f"{path}.skip_subjects[{i}]" if isinstance(subjects, list) else f"{path}.skip_subjects"
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                ck.error(where, f"not a valid regular expression ({exc}): {pattern!r}")
-
-
-def _on(filters: dict, key: str, default: bool) -> bool:
-    """A switch; written with no value (``skip_own:``) it keeps its default, so an empty
-    line never turns a loop protection off."""
-    value = filters.get(key)
-    return default if value is None else bool(value)
-
-
-def _as_list(value) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return [str(v) for v in value]
-
-
-@functools.lru_cache(maxsize=256)
-def _regex(pattern: str) -> re.Pattern | None:
-    try:
-        return re.compile(pattern, re.IGNORECASE)
-    except re.error:
-        return None
 
 
 def _canonical(name: str) -> str:

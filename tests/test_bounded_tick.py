@@ -89,7 +89,7 @@ def deploy(tmp: Path, *, emails: int = 0, body_kb: int = 0, extra: str = "",
     (tmp / "pipelines" / "support.yaml").write_text(
         f"name: support\nschedule: 5m\nsource: {{type: maildir, path: inbox}}\n"
         f"drafter: {{model: {model}, prompt: reply.txt}}\n"
-        f"sender: {{type: outbox, path: out}}\nlease: 120s\n{extra}")
+        f"sender: {{type: outbox, path: out, from: s@shop.example}}\nlease: 120s\n{extra}")
     return tmp / "draftgate.yaml"
 
 

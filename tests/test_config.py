@@ -14,7 +14,7 @@ GOOD = """\
 name: {name}
 schedule: 5m
 source: {{type: maildir, path: inbox}}
-sender: {{type: outbox, path: out}}
+sender: {{type: outbox, path: out, from: s@shop.example}}
 """
 
 
@@ -174,7 +174,7 @@ def test_a_key_written_twice_is_refused_with_both_lines(tmp_path):
     assert errors_of(cfg) == [
         "pipelines/a.yaml: line 5: duplicate key 'name' (first on line 1); YAML would "
         "silently keep only the last one, so delete or rename one of them"]
-    nested = GOOD.format(name="a").replace("path: out}", "path: out, path: elsewhere}")
+    nested = GOOD.format(name="a").replace("path: out,", "path: out, path: elsewhere,")
     cfg = write(tmp_path, {"a.yaml": nested})
     [err] = errors_of(cfg)
     assert err.startswith("pipelines/a.yaml: line 4: duplicate key 'path' (first on line 4)")
@@ -182,7 +182,7 @@ def test_a_key_written_twice_is_refused_with_both_lines(tmp_path):
 
 def test_a_merge_key_may_be_overridden(tmp_path):
     text = ("name: a\nschedule: 5m\nx-base: &base {type: maildir, path: x}\n"
-            "source: {<<: *base, path: inbox}\nsender: {type: outbox, path: out}\n")
+            "source: {<<: *base, path: inbox}\nsender: {type: outbox, path: out, from: s@shop.example}\n")
     cfg = write(tmp_path, {"a.yaml": text})
     [err] = errors_of(cfg)  # only the unknown key; the override is fine
     assert err.startswith("pipelines/a.yaml: x-base: unknown key")
@@ -318,7 +318,7 @@ def test_a_prompt_must_be_a_file_found_where_the_drafter_reads_it(tmp_path, monk
                                 + f"drafter: {{model: template, prompt: '{prompt}'}}\n"})
 
     [p] = load_settings(drafter("~/reply.txt")).pipelines  # the runtime expands ~ too
-    assert p.path(p.drafter["prompt"]) == home / "reply.txt"
+    assert p.path(p.drafter.prompt) == home / "reply.txt"
     assert errors_of(drafter("templates")) == [
         f"pipelines/a.yaml: drafter.prompt: templates is a folder ({tmp_path}/templates); "
         "expected a file"]
@@ -405,7 +405,7 @@ def test_a_tilde_in_a_relative_sqlite_store_means_the_home_folder(tmp_path, monk
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "pipelines" / "p.yaml").write_text(
         "name: p\nschedule: 5m\nsource: {type: maildir, path: inbox}\n"
-        "sender: {type: outbox, path: out}\n")
+        "sender: {type: outbox, path: out, from: s@shop.example}\n")
     cfg = tmp_path / "draftgate.yaml"
     cfg.write_text("store: sqlite:///~/draftgate/state.db\npipelines: pipelines/*.yaml\n")
     assert load_settings(cfg).store == f"sqlite:///{tmp_path}/home/draftgate/state.db"
@@ -444,3 +444,32 @@ def test_a_store_left_in_a_folder_named_tilde_is_not_silently_replaced(tmp_path,
     (tmp_path / "~" / "dg" / "state.db").write_bytes(b"")
     [err] = errors_of(cfg)
     assert f"the store is at {tmp_path}/~/dg/state.db" in err and "move the file there" in err
+
+
+def test_stage_options_are_parsed_once_at_load_into_frozen_types_with_their_defaults(tmp_path):
+    """Nothing downstream reads the YAML mapping: the loader hands over typed options,
+    each default filled in from one place."""
+    from dataclasses import FrozenInstanceError
+
+    from bot.options import (ApprovalOptions, DrafterOptions, MaildirSourceOptions,
+                             WebhookSenderOptions)
+
+    cfg = write(tmp_path, {"a.yaml": "name: a\nsource: {type: maildir, path: inbox}\n"
+                                     "sender: {type: webhook, url: 'https://h.example/x'}\n"
+                                     "filters: {max_body: 1MB, skip_own:}\n"})
+    [p] = load_settings(cfg).pipelines
+    assert p.source == MaildirSourceOptions("inbox", max_body=200_000, max_age=None)
+    assert p.sender == WebhookSenderOptions("https://h.example/x", secret_env=None, timeout=10.0)
+    assert (p.filters.max_body, p.filters.skip_own) == (1_000_000, True)
+    assert (p.approval, p.drafter) == (ApprovalOptions("console", None), DrafterOptions())
+    with pytest.raises(FrozenInstanceError):
+        p.sender.timeout = 1.0  # type: ignore[misc]
+
+
+def test_a_wrong_stage_option_is_reported_when_the_configuration_loads(tmp_path):
+    """Not only when a command gets round to building the stage."""
+    cfg = write(tmp_path, {"a.yaml": "name: a\nsource: {type: maildir, path: inbox}\n"
+                                     "sender: {type: webhook, url: 'https://h.example/x', "
+                                     "timeout: soon}\n"})
+    assert errors_of(cfg) == ["pipelines/a.yaml: sender.timeout: expected a duration like 30s, "
+                              "5m, 1h or 2d, got 'soon'"]

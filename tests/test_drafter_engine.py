@@ -89,7 +89,7 @@ def deploy(tmp: Path, fake: FakeLLM, *, provider: str = "openai", budget: int | 
     (tmp / "pipelines" / "posts.yaml").write_text(
         "name: posts\nschedule: 1h\nsource: {type: schedule, topic: Weekly product tip}\n"
         "catchup: {policy: all, max: 24}\ndrafter: {model: llm, prompt: prompt.md}\n"
-        "sender: {type: outbox, path: posts-out}\nlease: 60s\n")
+        "sender: {type: outbox, path: posts-out, from: s@shop.example}\nlease: 60s\n")
     return tmp / "draftgate.yaml"
 
 

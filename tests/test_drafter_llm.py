@@ -41,7 +41,7 @@ def write_config(tmp: Path, provider: str, base_url: str, *, model: str = "",
     drafter = drafter or ("  signature: \"-- Anna, Example Shop\"\n")
     (tmp / "pipelines" / "support.yaml").write_text(
         f"name: support\nschedule: 5m\nsource: {{type: maildir, path: inbox}}\n"
-        f"sender: {{type: outbox, path: out}}\nlease: {lease}\n"
+        f"sender: {{type: outbox, path: out, from: s@shop.example}}\nlease: {lease}\n"
         f"drafter:\n  model: llm\n  prompt: prompts/support.md\n{drafter}")
     return tmp / "draftgate.yaml"
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from bot.options import ApprovalOptions, DrafterOptions, FilterOptions
 from bot.config import PipelineConfig
 from bot.drafters import prompt
 from bot.errors import DrafterError, DrafterSetupError
 from bot.models import DraftRequest, Message
 
 
-def settings(**kw) -> prompt.PromptSettings:
-    base = dict(prompt_file=None, max_input=8000, signature="", language="auto")
-    base.update(kw)
-    return prompt.PromptSettings(**base)
+def settings(**kw) -> DrafterOptions:
+    return DrafterOptions(**kw)
 
 
-def build(msg: Message, s: prompt.PromptSettings | None = None, **kw) -> prompt.Prompt:
+def build(msg: Message, s: DrafterOptions | None = None, **kw) -> prompt.Prompt:
     return prompt.build(DraftRequest("p", msg, **kw), s or settings(), "Be kind.", nonce="n0nce")
 
 
@@ -66,20 +65,24 @@ def test_the_operator_instruction_cannot_forge_a_boundary_either():
     assert "shorter" in p.system
 
 
+def _pipeline(base, prompt_file: str) -> PipelineConfig:
+    return PipelineConfig(name="p", file="pipelines/p.yaml", schedule="5m", interval=300, cron=None,
+                          source=None, filters=FilterOptions(),
+                          drafter=DrafterOptions(prompt=prompt_file, max_input=500),
+                          recipe="v1", approval=ApprovalOptions(), sender=None, base_dir=base)
+
+
 def test_a_missing_prompt_file_is_a_setup_error_named_at_first_use(tmp_path):
-    s = settings(prompt_file=tmp_path / "gone.md", where="pipelines/p.yaml: drafter.prompt")
     with pytest.raises(DrafterSetupError) as err:
-        prompt.load_prompt(s)
+        prompt.load_prompt(_pipeline(tmp_path, "gone.md"))
     assert "gone.md" in str(err.value)
     assert str(err.value).startswith("pipelines/p.yaml: drafter.prompt: cannot read the prompt file")
 
 
 def test_prompt_settings_resolve_the_file_against_the_deployment(tmp_path):
-    p = PipelineConfig(name="p", file="pipelines/p.yaml", schedule="5m", interval=300, cron=None,
-                       source={}, filters={}, drafter={"prompt": "prompts/p.md", "max_input": 500},
-                       recipe="v1", approval={}, sender={}, base_dir=tmp_path)
-    s = prompt.prompt_settings(p)
-    assert s.prompt_file == tmp_path / "prompts" / "p.md" and s.max_input == 500
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "p.md").write_text("Be brief.\n")
+    assert prompt.load_prompt(_pipeline(tmp_path, "prompts/p.md")) == "Be brief."
 
 
 @pytest.mark.parametrize("text,error", [(None, "empty draft"), ("", "empty draft"),

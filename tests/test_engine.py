@@ -8,6 +8,7 @@ is the real SQLite store on a file.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from bot.engine import Engine
 from bot.errors import (DrafterError, DrafterRetryable, SendFailed, SendUnknown, SourceError,
                         StoreError)
 from bot.models import DraftResult, FetchResult, Item, Message, SendResult
+from bot.options import FilterOptions
 from bot.stages import PostedRef
 from bot.store import create_store
 
@@ -158,7 +160,7 @@ def config(tmp_path: Path) -> Path:
     for name in ("alpha", "beta"):
         (tmp_path / "pipelines" / f"{name}.yaml").write_text(
             f"name: {name}\nschedule: 5m\nsource: {{type: maildir, path: inbox}}\n"
-            f"sender: {{type: outbox, path: out}}\nmax_attempts: 2\nlease: 60s\n"
+            f"sender: {{type: outbox, path: out, from: s@shop.example}}\nmax_attempts: 2\nlease: 60s\n"
             f"daily_token_budget: 100\n")
     return tmp_path / "draftgate.yaml"
 
@@ -643,7 +645,9 @@ async def test_cards_wait_in_ready_while_the_channel_is_down(world):
 
 
 async def test_filters_skip_with_a_reason_before_any_drafting(world, config):
-    world.engine.pipelines["alpha"].filters = {"skip_senders": ["noreply@*"]}
+    ps = world.engine.settings.pipelines
+    ps[:] = [dataclasses.replace(p, filters=FilterOptions(skip_senders=("noreply@*",)))
+             if p.name == "alpha" else p for p in ps]
     world.sources["alpha"].messages = [msg(1, from_addr="noreply@shop.example",
                                            reply_to="noreply@shop.example")]
     counts = await world.engine.tick("alpha")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bot.config import Checker
-from bot.filters import check_options, skip_reason
+from bot.filters import skip_reason
+from bot.options import FilterOptions, parse_filters
 from bot.models import Message
 
 OWN = ["support@shop.example"]
@@ -16,6 +17,10 @@ def _msg(**kw) -> Message:
                 subject="Where is my order #1234?", body="Hi", size=400)
     base.update(kw)
     return Message(**base)
+
+
+def _filters(raw: dict) -> FilterOptions:
+    return parse_filters(Checker("pipelines/p.yaml"), raw)
 
 
 # (case id, message fields, filters, expected reason or None)
@@ -68,13 +73,13 @@ CASES = [
 @pytest.mark.parametrize("fields,filters,expected", [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])
 def test_skip_reason(fields, filters, expected):
-    assert skip_reason(_msg(**fields), filters, own_addresses=OWN) == expected
+    assert skip_reason(_msg(**fields), _filters(filters), own_addresses=OWN) == expected
 
 
 def test_own_address_wins_over_other_reasons():
     """The most important reason (a reply loop) is the one recorded."""
     m = _msg(from_addr="support@shop.example", headers={"List-Id": "x"})
-    assert skip_reason(m, {"skip_mailing_lists": True}, own_addresses=OWN).startswith("sent from our own")
+    assert skip_reason(m, _filters({"skip_mailing_lists": True}), own_addresses=OWN).startswith("sent from our own")
 
 
 @pytest.mark.parametrize("filters,expected", [
@@ -85,13 +90,13 @@ def test_own_address_wins_over_other_reasons():
 ])
 def test_check_options_names_file_and_path(filters, expected):
     ck = Checker("pipelines/p.yaml")
-    check_options(ck, filters)
+    parse_filters(ck, filters)
     assert len(ck.errors) == 1 and ck.errors[0].startswith(expected), ck.errors
 
 
 def test_check_options_accepts_a_full_valid_set():
     ck = Checker("pipelines/p.yaml")
-    check_options(ck, {"skip_senders": "noreply@*", "skip_mailing_lists": True, "skip_own": False,
+    parse_filters(ck, {"skip_senders": "noreply@*", "skip_mailing_lists": True, "skip_own": False,
                        "own_addresses": ["a@b.example"], "max_body": "200kB",
                        "skip_subjects": ["^x", "y$"], "skip_auto_replies": True})
     assert ck.errors == []
@@ -110,12 +115,12 @@ def test_a_switch_written_without_a_value_keeps_its_loop_protection(tmp_path, ke
 
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "pipelines" / "a.yaml").write_text(
-        "name: a\nsource: {type: maildir, path: inbox}\nsender: {type: outbox, path: out}\n"
+        "name: a\nsource: {type: maildir, path: inbox}\nsender: {type: outbox, path: out, from: s@shop.example}\n"
         f"filters:\n  {key}:\n")
     cfg = tmp_path / "draftgate.yaml"
     cfg.write_text("store: sqlite:///s.db\n")
     [p] = load_settings(cfg).pipelines
-    assert p.filters == {key: None}
+    assert p.filters == FilterOptions()
     assert skip_reason(_msg(**fields), p.filters, own_addresses=OWN) == reason
 
 
@@ -125,7 +130,7 @@ def test_a_max_body_of_nothing_is_refused(tmp_path, capsys, size):
 
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "pipelines" / "a.yaml").write_text(
-        "name: a\nsource: {type: maildir, path: inbox}\nsender: {type: outbox, path: out}\n"
+        "name: a\nsource: {type: maildir, path: inbox}\nsender: {type: outbox, path: out, from: s@shop.example}\n"
         f"filters: {{max_body: {size}}}\n")
     cfg = tmp_path / "draftgate.yaml"
     cfg.write_text("store: sqlite:///s.db\n")

@@ -95,7 +95,7 @@ async def test_missing_token_file_says_which_command_creates_it(tmp_path):
     ("{type: gmail_draft, account: support}", ["gmail.compose", "gmail.readonly"]),
     ("{type: gmail_reply, account: support, mark_read: true}", ["gmail.modify"]),
     ("{type: gmail_draft, account: support, label: Done}", ["gmail.modify"]),
-    ("{type: outbox, path: out}", ["gmail.readonly"]),
+    ("{type: outbox, path: out, from: s@shop.example}", ["gmail.readonly"]),
 ])
 def test_required_scopes_are_the_smallest_set(tmp_path, fake, sender, expected):
     settings = load_settings(write_deployment(tmp_path, fake, sender=sender))

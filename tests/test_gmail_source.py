@@ -289,7 +289,7 @@ async def test_query_beyond_labels_is_rechecked_with_one_bounded_list(tmp_path):
 def test_bad_options_name_the_file_and_path(tmp_path):
     """Config errors for the Gmail source and senders say where and what is expected."""
     from bot.build import check_all
-    from bot.config import load_settings
+    from bot.config import collect_settings
     from tests.fakes.gmail import FakeGmail, write_deployment
 
     fake = FakeGmail()  # never started: building does no I/O
@@ -297,7 +297,8 @@ def test_bad_options_name_the_file_and_path(tmp_path):
     config = write_deployment(
         tmp_path, fake, source="{type: gmail, account: support, querry: x, backfill: -1}",
         sender="{type: gmail_reply, acount: support}")
-    errors = check_all(load_settings(config))
+    settings, errors = collect_settings(config)  # as `draftgate validate` does
+    errors += check_all(settings)
     assert "pipelines/support.yaml: source.querry: unknown key; did you mean 'query'?" in errors
     assert "pipelines/support.yaml: source.backfill: expected 0 or a positive number of " \
            "messages" in errors

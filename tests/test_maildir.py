@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bot import mime
+from tests._stage import pipeline
 from bot.config import PipelineConfig, Settings
 from bot.errors import ConfigError, SourceError
 from bot.sources import maildir
@@ -18,11 +19,10 @@ from bot.stages import FetchContext, Source
 CORPUS = Path(__file__).parent / "corpus"
 
 
-def _pipeline(tmp_path: Path, **source) -> PipelineConfig:
-    return PipelineConfig(
-        name="support", file="pipelines/support.yaml", schedule="5m", interval=300.0, cron=None,
-        source={"type": "maildir", **source}, filters={}, drafter={}, recipe="v1",
-        approval={}, sender={"type": "outbox"}, base_dir=tmp_path)
+def _pipeline(tmp_path: Path, filters: dict | None = None, **source) -> PipelineConfig:
+    return pipeline(source={"type": "maildir", **source}, filters=filters,
+                    sender={"type": "outbox", "path": "out", "from": "s@shop.example"},
+                    base_dir=tmp_path)
 
 
 def _settings(tmp_path: Path) -> Settings:
@@ -195,7 +195,9 @@ def test_create_does_no_io(tmp_path):
 async def test_demo_inbox(tmp_path):
     """The shipped demo inbox: five messages to draft, three skipped with a reason
     (with the filters pipelines/demo.yaml uses)."""
+    from bot.config import Checker
     from bot.filters import skip_reason
+    from bot.options import parse_filters
 
     repo = Path(__file__).resolve().parent.parent
     src = maildir.create(_pipeline(repo, path="demo/inbox"), _settings(repo))
@@ -203,7 +205,8 @@ async def test_demo_inbox(tmp_path):
     import yaml
 
     demo = yaml.safe_load((repo / "pipelines" / "demo.yaml").read_text(encoding="utf-8"))
-    reasons = {i.message.source_id: skip_reason(i.message, demo["filters"], own_addresses=[])
+    reasons = {i.message.source_id: skip_reason(i.message, parse_filters(Checker("demo.yaml"), demo["filters"]),
+                                        own_addresses=[])
                for i in items}
     assert reasons == {
         "01-order-question.eml": None,
@@ -259,9 +262,7 @@ async def test_a_file_over_filters_max_body_is_skipped_from_its_size_without_rea
     _copy(["latin1.eml"], inbox)
     head = (CORPUS / "latin1.eml").read_bytes()
     (inbox / "huge.eml").write_bytes(head.replace(b"<latin1-1@", b"<huge@") + b"x" * 3_000_000)
-    pipeline = _pipeline(tmp_path, path="inbox")
-    pipeline.filters = {"max_body": "1MB"}
-    src = maildir.create(pipeline, _settings(tmp_path))
+    src = maildir.create(_pipeline(tmp_path, {"max_body": "1MB"}, path="inbox"), _settings(tmp_path))
     read = []
     real = P.read_bytes
     monkeypatch.setattr(P, "read_bytes", lambda self: read.append(self.name) or real(self))

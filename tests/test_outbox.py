@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._stage import pipeline
 from bot.config import PipelineConfig, Settings
 from bot.errors import ConfigError, SendFailed
 from bot.models import Draft, Message, draft_key
@@ -29,10 +30,9 @@ def _draft(message: Message = ALICE, body: str = "Hi Alice,\n\nIt ships today.\n
 
 
 def _pipeline(base: Path, **sender) -> PipelineConfig:
-    return PipelineConfig(
-        name="support", file="pipelines/support.yaml", schedule="5m", interval=300.0, cron=None,
-        source={"type": "maildir", "path": "inbox"}, filters={}, drafter={}, recipe="v1",
-        approval={}, sender={"type": "outbox", **sender}, base_dir=base)
+    return pipeline(source={"type": "maildir", "path": "inbox"},
+                    sender={"type": "outbox", **{k: v for k, v in sender.items() if v is not None}},
+                    base_dir=base)
 
 
 def _sender(tmp_path: Path, **opts) -> outbox.OutboxSender:

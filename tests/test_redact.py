@@ -24,6 +24,7 @@ import pytest
 
 from bot import redact
 from bot.approvals import cards
+from tests import _stage
 from bot.config import PipelineConfig, Settings
 from bot.errors import SendFailed
 from bot.models import Draft, Message, draft_key
@@ -184,11 +185,9 @@ def test_doctor_vv_shows_no_secret(tmp_path):
 # -- the webhook sender's own secret ------------------------------------------------------------
 
 def _webhook_sender(url: str) -> webhook.WebhookSender:
-    pipeline = PipelineConfig(
-        name="support", file="pipelines/support.yaml", schedule="5m", interval=300.0, cron=None,
-        source={"type": "maildir", "path": "inbox"}, filters={}, drafter={}, recipe="v1",
-        approval={}, sender={"type": "webhook", "url": url, "secret_env": "DG_RD_SHORT",
-                             "timeout": "2s"})
+    pipeline = _stage.pipeline(
+        source={"type": "maildir", "path": "inbox"},
+        sender={"type": "webhook", "url": url, "secret_env": "DG_RD_SHORT", "timeout": "2s"})
     return webhook.create(pipeline, Settings(file="draftgate.yaml", base_dir=".", store="x",
                                              pipelines=[]))
 

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from tests._stage import pipeline
 from bot.config import PipelineConfig, Settings
 from bot.errors import ConfigError
 from bot.models import draft_key
@@ -19,10 +20,11 @@ def _t(text: str) -> float:
 
 def _pipeline(*, every="1h", cron=None, catchup="latest", catchup_max=24, **source) -> PipelineConfig:
     interval = {"1h": 3600.0, "15m": 900.0}.get(every) if cron is None else None
-    return PipelineConfig(
+    return pipeline(
         name="posts", file="pipelines/posts.yaml", schedule=cron or every, interval=interval,
-        cron=cron, source={"type": "schedule", "topic": "Weekly product tip", **source},
-        filters={}, drafter={}, recipe="v1", approval={}, sender={"type": "outbox"},
+        cron=cron, source={k: v for k, v in {"type": "schedule", "topic": "Weekly product tip",
+                                             **source}.items() if v is not None},
+        sender={"type": "outbox", "path": "out", "from": "s@shop.example"},
         catchup=catchup, catchup_max=catchup_max)
 
 
@@ -121,12 +123,11 @@ async def test_unreadable_cursor_is_a_first_run():
     ("*/30 9-17 * * *", "%Y-%m-%dT%H", False),
 ])
 def test_slot_format_must_tell_slots_apart(cron, fmt, ok):
-    p = _pipeline(cron=cron, slot_format=fmt)
     if ok:
-        schedule.create(p, _settings())
+        schedule.create(_pipeline(cron=cron, slot_format=fmt), _settings())
     else:
         with pytest.raises(ConfigError, match="gives two consecutive slots the same id"):
-            schedule.create(p, _settings())
+            _pipeline(cron=cron, slot_format=fmt)
 
 
 def test_is_a_source():
@@ -142,9 +143,6 @@ def test_is_a_source():
     ({"path": "x"}, "pipelines/posts.yaml: source.path: unknown key"),
 ])
 def test_create_reports_bad_options(opts, expected):
-    p = _pipeline(**opts)
-    if opts.get("topic", "") is None:
-        del p.source["topic"]
     with pytest.raises(ConfigError) as err:
-        schedule.create(p, _settings())
+        _pipeline(**opts)
     assert err.value.errors[0].startswith(expected), err.value.errors

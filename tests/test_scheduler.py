@@ -78,7 +78,7 @@ def test_a_cron_that_never_fires_is_a_config_error(tmp_path, capsys, expr):
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "pipelines" / "a.yaml").write_text(
         f"name: a\nschedule: '{expr}'\nsource: {{type: maildir, path: inbox}}\n"
-        "sender: {type: outbox, path: out}\n")
+        "sender: {type: outbox, path: out, from: s@shop.example}\n")
     cfg = tmp_path / "draftgate.yaml"
     cfg.write_text("store: sqlite:///s.db\n")
     for argv in (["validate"], ["run", "--once"]):

@@ -9,6 +9,7 @@ a sleep.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import textwrap
 from pathlib import Path
@@ -524,7 +525,8 @@ async def test_regenerate_with_an_instruction_makes_version_2(world, fake):
 
 async def test_regenerate_with_the_budget_spent_is_refused_with_the_reason(world, fake):
     d = await world.deliver(1)
-    world.settings.pipeline("support").daily_token_budget = 30  # the card's draft used 30
+    ps = world.settings.pipelines  # the card's draft used 30
+    ps[:] = [dataclasses.replace(p, daily_token_budget=30) if p.name == "support" else p for p in ps]
     prompt = await _prompt(world, fake, d, "rg")
     answer = await world.say("shorter", reply_to=prompt.message_id)
     assert answer.startswith("Not regenerated: support's daily token budget is spent")

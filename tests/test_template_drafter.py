@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._stage import pipeline
 from bot.config import ModelConfig, PipelineConfig, Settings
 from bot.drafters import template
 from bot.errors import ConfigError, DrafterError, DrafterSetupError
@@ -17,10 +18,10 @@ MODEL = ModelConfig("template", "template", {"provider": "template"})
 
 
 def _pipeline(base: Path, **drafter) -> PipelineConfig:
-    return PipelineConfig(
-        name="support", file="pipelines/support.yaml", schedule="5m", interval=300.0, cron=None,
-        source={"type": "maildir", "path": "inbox"}, filters={}, drafter={"model": "template", **drafter},
-        recipe="v1", approval={}, sender={"type": "outbox"}, base_dir=base)
+    return pipeline(source={"type": "maildir", "path": "inbox"},
+                    drafter={"model": "template", **drafter},
+                    sender={"type": "outbox", "path": "out", "from": "s@shop.example"},
+                    base_dir=base)
 
 
 def _settings(base: Path) -> Settings:

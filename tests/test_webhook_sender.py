@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests._stage import pipeline
 from bot.config import PipelineConfig, Settings
 from bot.errors import ConfigError, SendFailed, SendUnknown
+from bot.options import WebhookSenderOptions
 from bot.models import Draft, Message, draft_key
 from bot.reply import reply_message_id
 from bot.senders import webhook
@@ -25,10 +27,8 @@ def _draft(item="<order-1234@customer.example>", message=ALICE) -> Draft:
 
 
 def _pipeline(**sender) -> PipelineConfig:
-    return PipelineConfig(
-        name="support", file="pipelines/support.yaml", schedule="5m", interval=300.0, cron=None,
-        source={"type": "maildir", "path": "inbox"}, filters={}, drafter={}, recipe="v1",
-        approval={}, sender={"type": "webhook", **sender})
+    return pipeline(source={"type": "maildir", "path": "inbox"},
+                    sender={"type": "webhook", **sender})
 
 
 def _create(**opts) -> webhook.WebhookSender:
@@ -256,7 +256,8 @@ async def test_a_header_refused_on_the_wire_is_a_definite_failure(hook, sender, 
 async def test_a_url_that_cannot_be_used_fails_definitely_without_a_traceback(url, shown):
     """A sender built past validation (an older config) with a URL that cannot work:
     InvalidURL, or an OverflowError from the socket for port 99999."""
-    s = webhook.WebhookSender(url, timeout=0.5, where="pipelines/support.yaml: sender")
+    s = webhook.WebhookSender(WebhookSenderOptions(url, timeout=0.5),
+                              where="pipelines/support.yaml: sender")
     try:
         with pytest.raises(SendFailed) as err:
             await s.send(_draft())

@@ -194,13 +194,13 @@ class TelegramChannel:
         self._chats: dict[str, int] = {}
         problems = []
         for p in settings.pipelines:
-            if p.approval.get("channel", "console") != "telegram":
+            if p.approval.channel != "telegram":
                 continue
             try:
-                chat = _chat_id(p.approval.get("chat")) or config.approvals_chat
+                chat = _chat_id(p.approval.chat) or config.approvals_chat
             except ValueError:
                 problems.append(f"{p.file}: approval.chat: expected a numeric Telegram chat id, "
-                                f"got {p.approval.get('chat')!r}")
+                                f"got {p.approval.chat!r}")
                 continue
             if chat is None:
                 problems.append(f"{p.file}: approval.chat: missing; set it, or telegram."
@@ -212,12 +212,12 @@ class TelegramChannel:
                             f"numeric user id; nobody could approve anything")
         if config.receive == "webhook":
             for key in ("url", "secret_env"):
-                if not config.webhook.get(key):
+                if not getattr(config.webhook, key):
                     problems.append(f"{settings.file}: telegram.webhook.{key}: required when "
                                     f"telegram.receive is webhook")
         if problems:
             raise ConfigError(problems)
-        self._webhook_secret = (env_secret(str(config.webhook["secret_env"]),
+        self._webhook_secret = (env_secret(str(config.webhook.secret_env),
                                            "telegram.webhook.secret_env")
                                 if config.receive == "webhook" else None)
         self._ops_chat = config.ops_chat or config.approvals_chat
@@ -296,8 +296,7 @@ class TelegramChannel:
         elif self.config.receive == "webhook":
             wh = self.config.webhook
             await app.updater.start_webhook(
-                listen=str(wh.get("listen", "127.0.0.1")), port=int(wh.get("port", 8443)),
-                url_path=str(wh.get("path", "telegram")), webhook_url=str(wh["url"]),
+                listen=wh.listen, port=wh.port, url_path=wh.path, webhook_url=str(wh.url),
                 secret_token=self._webhook_secret,
                 allowed_updates=["message", "callback_query"], drop_pending_updates=False)
         self._connected = True
@@ -348,7 +347,7 @@ class TelegramChannel:
         if chat is None:
             try:
                 p = self.settings.pipeline(pipeline)
-                chat = _chat_id(p.approval.get("chat")) or self.config.approvals_chat
+                chat = _chat_id(p.approval.chat) or self.config.approvals_chat
             except (ConfigError, ValueError):
                 chat = None
         if chat is None:

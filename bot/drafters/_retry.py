@@ -402,21 +402,11 @@ class LLMDrafter:
     temperature_ok = True
 
     def __init__(self, model: ModelConfig, pipeline: PipelineConfig, settings: Settings):
-        # Both checks run before raising, so `draftgate validate` lists every problem.
-        errors: list[str] = []
-        try:
-            self.opts = model_options(model, pipeline, settings,
-                                      default_base_url=self.default_base_url,
-                                      default_key_env=self.default_key_env,
-                                      temperature_ok=self.temperature_ok)
-        except ConfigError as exc:
-            errors.extend(exc.errors)
-        try:
-            self.prompt_settings = _prompt.prompt_settings(pipeline)
-        except ConfigError as exc:
-            errors.extend(exc.errors)
-        if errors:
-            raise ConfigError(errors)
+        self.opts = model_options(model, pipeline, settings,
+                                  default_base_url=self.default_base_url,
+                                  default_key_env=self.default_key_env,
+                                  temperature_ok=self.temperature_ok)
+        self._config = pipeline  # its drafter: options shape the prompt
         self.name = f"{self.provider}:{model.name}"
         self.pipeline = pipeline.name
         # Most of the lease, keeping a margin for the store update after the call.
@@ -445,8 +435,8 @@ class LLMDrafter:
     async def draft(self, request: DraftRequest) -> DraftResult:
         """One draft, with in-call retries; see the module docstring for the errors."""
         if self._prompt_text is None:
-            self._prompt_text = _prompt.load_prompt(self.prompt_settings)
-        p = _prompt.build(request, self.prompt_settings, self._prompt_text)
+            self._prompt_text = _prompt.load_prompt(self._config)
+        p = _prompt.build(request, self._config.drafter, self._prompt_text)
         client = self._get_client()
         answer = await call_with_retries(
             self.opts, lambda: self._call(client, p, self.opts.max_output_tokens),

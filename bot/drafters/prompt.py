@@ -26,16 +26,15 @@ import re
 import secrets
 import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
 
-from ..config import Checker, PipelineConfig
-from ..errors import ConfigError, DrafterError, DrafterSetupError
+from ..config import PipelineConfig
+from ..errors import DrafterError, DrafterSetupError
 from ..models import DraftRequest, Message
+from ..options import DrafterOptions
 
 #: Longest draft we pass on; longer output is a runaway model, not a reply.
 MAX_DRAFT_CHARS = 20_000
 TRUNCATED = "[truncated]"
-_KNOWN = {"model", "prompt", "max_input", "signature", "language"}
 _ANGLES = re.compile(r"<{3,}")
 #: "On Mon, 1 Dec 2025, Shop <s@x> wrote:" and its German and French forms.
 _QUOTE_HEADER = re.compile(
@@ -53,55 +52,26 @@ _SLOT_DEFAULT_PROMPT = "You write the scheduled text the operator's instructions
 
 
 @dataclass
-class PromptSettings:
-    """The ``drafter:`` options of a pipeline that shape the prompt."""
-
-    prompt_file: Path | None
-    max_input: int
-    signature: str
-    language: str  # "auto": the sender's language; otherwise e.g. "German"
-    where: str = "drafter.prompt"  # named in errors: "pipelines/x.yaml: drafter.prompt"
-
-
-@dataclass
 class Prompt:
     system: str  # instructions
     user: str  # data, inside the boundary
     nonce: str
 
 
-def prompt_settings(pipeline: PipelineConfig) -> PromptSettings:
-    """Check the pipeline's ``drafter:`` mapping; errors name the pipeline file."""
-    errors: list[str] = []
-    ck = Checker(pipeline.file, errors)
-    data = pipeline.drafter
-    ck.unknown(data, _KNOWN, "drafter")
-    prompt = ck.get(data, "prompt", "drafter", str, default=None)
-    max_input = ck.get(data, "max_input", "drafter", int, default=8000)
-    if max_input is not None and max_input < 200:
-        ck.error("drafter.max_input", f"expected at least 200 characters of email, got {max_input}")
-    signature = ck.get(data, "signature", "drafter", str, default="")
-    language = ck.get(data, "language", "drafter", str, default="auto")
-    if errors:
-        raise ConfigError(errors)
-    return PromptSettings(pipeline.path(prompt) if prompt else None, max_input or 8000,
-                          (signature or "").strip(), (language or "auto").strip() or "auto",
-                          where=f"{pipeline.file}: drafter.prompt")
-
-
-def load_prompt(settings: PromptSettings) -> str:
-    """The operator's prompt file (read at first use, not at start-up). One that cannot
-    be read is the pipeline's setup, not the item: :class:`DrafterSetupError`."""
-    if settings.prompt_file is None:
+def load_prompt(pipeline: PipelineConfig) -> str:
+    """The operator's prompt file, ``drafter.prompt`` (read at first use, not at
+    start-up). One that cannot be read is the pipeline's setup, not the item:
+    :class:`DrafterSetupError`."""
+    if not pipeline.drafter.prompt:
         return ""
+    path = pipeline.path(pipeline.drafter.prompt)
     try:
-        return settings.prompt_file.read_text(encoding="utf-8").strip()
+        return path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else
                   "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc))
-        raise DrafterSetupError(f"{settings.where}: cannot read the prompt file "
-                                f"{settings.prompt_file}: {reason}; fix the file or "
-                                f"drafter.prompt") from None
+        raise DrafterSetupError(f"{pipeline.file}: drafter.prompt: cannot read the prompt "
+                                f"file {path}: {reason}; fix the file or drafter.prompt") from None
 
 
 def defuse(text: str) -> str:
@@ -216,7 +186,7 @@ def _email_data(msg: Message, max_input: int) -> str:
     return defuse("\n".join(parts))
 
 
-def build(request: DraftRequest, settings: PromptSettings, prompt_text: str, *,
+def build(request: DraftRequest, settings: DrafterOptions, prompt_text: str, *,
           nonce: str | None = None) -> Prompt:
     """The request for one draft: instructions first, then the message as data."""
     nonce = nonce or secrets.token_hex(8)

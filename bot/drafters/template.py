@@ -120,10 +120,8 @@ def create(model: ModelConfig, pipeline: PipelineConfig, settings: Settings) -> 
     ck = Checker(pipeline.file, errors)
     # max_input, signature and language are for model drafters; they are allowed here
     # (switching a pipeline to `model: template` for a test must not break it) and do
-    # nothing. Anything else is a typo.
-    ck.unknown(pipeline.drafter, {"model", "prompt", "max_input", "signature", "language"},
-               "drafter")
-    prompt = ck.get(pipeline.drafter, "prompt", "drafter", str, default=None)
+    # nothing.
+    prompt = pipeline.drafter.prompt
     if prompt is None and not errors:
         ck.error("drafter.prompt", "missing; the template drafter needs a template file, e.g. "
                                    "prompt: templates/reply.txt (fields: "

@@ -66,13 +66,12 @@ def required_scopes(settings: Any, account: str) -> list[str]:
     read or labels it."""
     need: set[str] = set()
     for p in getattr(settings, "pipelines", []):
-        source, sender = p.source or {}, p.sender or {}
-        if source.get("type") == "gmail" and source.get("account") == account:
+        source, sender = p.source, p.sender
+        if getattr(source, "type", None) == "gmail" and source.account == account:
             need.add(SCOPE_READONLY)
-        stype = sender.get("type")
-        if stype in ("gmail_reply", "gmail_draft") and \
-                (sender.get("account") or source.get("account")) == account:
-            if sender.get("mark_read") or sender.get("label"):
+        stype = getattr(sender, "type", None)
+        if stype in ("gmail_reply", "gmail_draft") and sender.account == account:
+            if sender.mark_read or sender.label:
                 need.add(SCOPE_MODIFY)
             if stype == "gmail_reply":
                 need.update({SCOPE_SEND, SCOPE_READONLY})

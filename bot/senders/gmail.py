@@ -20,16 +20,14 @@ import logging
 import os
 from typing import Any
 
-from ..config import Checker, PipelineConfig, Settings
-from ..errors import AuthError, ConfigError, SendFailed, SendUnknown, SourceError
+from ..config import PipelineConfig, Settings
+from ..errors import AuthError, SendFailed, SendUnknown, SourceError
 from ..models import Draft, SendResult
 from ..gmail.client import GmailClient, MaybeSent, NotSent
 
 from ..reply import build_reply, reply_message_id
 
 log = logging.getLogger("draftgate.senders.gmail")
-
-_KEYS = {"type", "account", "mark_read", "label"}
 
 
 class _GmailSender:
@@ -195,24 +193,9 @@ class GmailDraftSender(_GmailSender):
 
 
 def create(pipeline: PipelineConfig, settings: Settings) -> _GmailSender:
-    """Check the sender options and build it (no I/O)."""
-    ck = Checker(pipeline.file)
-    cfg = pipeline.sender
-    ck.unknown(cfg, _KEYS, "sender")
-    account = ck.get(cfg, "account", "sender", str, default=pipeline.source.get("account"))
-    mark_read = ck.get(cfg, "mark_read", "sender", bool, default=False)
-    label = ck.get(cfg, "label", "sender", str, default=None)
-    acc = None
-    if not account:
-        ck.error("sender.account", "missing; expected the name of a gmail.accounts entry")
-    else:
-        acc = settings.gmail_accounts.get(account)
-        if acc is None:
-            ck.error("sender.account", f"unknown Gmail account {account!r}; add it under "
-                                       f"gmail.accounts in {settings.file}")
-    if ck.errors:
-        raise ConfigError(ck.errors)
-    cls = GmailDraftSender if cfg.get("type") == "gmail_draft" else GmailReplySender
-    client = GmailClient(account, acc, base_dir=settings.base_dir, workers=2,
-                         config_file=os.path.abspath(settings.file))
-    return cls(client, account=account, mark_read=bool(mark_read), label=label)
+    """Build the sender from its checked ``sender:`` options (no I/O)."""
+    o = pipeline.sender
+    cls = GmailDraftSender if o.type == "gmail_draft" else GmailReplySender
+    client = GmailClient(o.account, settings.gmail_accounts[o.account], base_dir=settings.base_dir,
+                         workers=2, config_file=os.path.abspath(settings.file))
+    return cls(client, account=o.account, mark_read=o.mark_read, label=o.label)

@@ -20,16 +20,14 @@ import logging
 import os
 import re
 import tempfile
-from email.headerregistry import Address
 from pathlib import Path
 
-from ..config import Checker, PipelineConfig, Settings
-from ..errors import ConfigError, SendFailed
+from ..config import PipelineConfig, Settings
+from ..errors import SendFailed
 from ..models import Draft, SendResult
-from ..reply import build_reply, parse_from
+from ..reply import build_reply
 
 log = logging.getLogger("draftgate.outbox")
-_OPTIONS = {"type", "path", "from"}
 
 
 def file_name(key: str) -> str:
@@ -43,10 +41,10 @@ class OutboxSender:
 
     name = "outbox"
 
-    def __init__(self, folder: Path, from_addr: Address, *, where: str = "sender.path"):
-        self.folder = folder
-        self.from_addr = from_addr
-        self._where = where
+    def __init__(self, pipeline: PipelineConfig):
+        self.folder = pipeline.path(pipeline.sender.path)
+        self.from_addr = pipeline.sender.from_addr
+        self._where = f"{pipeline.file}: sender.path"
 
     async def send(self, draft: Draft) -> SendResult:
         try:
@@ -134,18 +132,5 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def create(pipeline: PipelineConfig, settings: Settings) -> OutboxSender:
-    """Check ``sender:`` options and build the sender (no I/O)."""
-    ck = Checker(pipeline.file)
-    opts = pipeline.sender
-    ck.unknown(opts, _OPTIONS, "sender")
-    path = ck.get(opts, "path", "sender", str)
-    from_value = ck.get(opts, "from", "sender", str)
-    from_addr = None
-    if from_value is not None:
-        try:
-            from_addr = parse_from(from_value)
-        except ValueError as exc:
-            ck.error("sender.from", str(exc))
-    if ck.errors:
-        raise ConfigError(ck.errors)
-    return OutboxSender(pipeline.path(path), from_addr, where=f"{pipeline.file}: sender.path")
+    """Build the sender from its checked ``sender:`` options (no I/O)."""
+    return OutboxSender(pipeline)

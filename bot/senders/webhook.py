@@ -35,13 +35,13 @@ import urllib.parse
 
 import httpx
 
-from ..config import Checker, PipelineConfig, Settings, parse_duration, url_problem
-from ..errors import ConfigError, SendFailed, SendUnknown
+from ..config import PipelineConfig, Settings, url_problem
+from ..errors import SendFailed, SendUnknown
 from ..models import Draft, SendResult
+from ..options import WebhookSenderOptions
 from .. import redact
 from ..reply import reply_message_id, reply_subject
 
-_OPTIONS = {"type", "url", "secret_env", "timeout", "status_url"}
 _HEADER_SAFE = "".join(c for c in string.printable if c not in "%\r\n\t\x0b\x0c")
 #: Raised while the request is built (URL, header encoding), before any I/O.
 _NOT_BUILT = (httpx.InvalidURL, UnicodeEncodeError, ValueError)
@@ -77,12 +77,11 @@ class WebhookSender:
 
     name = "webhook"
 
-    def __init__(self, url: str, *, secret_env: str | None = None, timeout: float = 10.0,
-                 status_url: str | None = None, where: str = "sender"):
-        self.url = url
-        self.status_url = status_url
-        self.timeout = timeout
-        self._secret_env = secret_env
+    def __init__(self, options: WebhookSenderOptions, *, where: str = "sender"):
+        self.url = options.url
+        self.status_url = options.status_url
+        self.timeout = options.timeout
+        self._secret_env = options.secret_env
         self._secret = ""  # read at the first send
         self._where = where
         self._client: httpx.AsyncClient | None = None
@@ -214,39 +213,6 @@ def _host(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or ''}{f':{port}' if port else ''}{parts.path}"
 
 
-def _check_url(ck: Checker, value: str | None, path: str) -> None:
-    if value is None:
-        return
-    try:
-        parts = urllib.parse.urlsplit(value)
-        credentials = parts.username or parts.password
-    except ValueError:
-        credentials = None  # url_problem says what is wrong
-    if credentials:
-        ck.error(path, "do not put credentials in the URL; use secret_env")
-        return
-    problem = url_problem(value)
-    if problem:
-        ck.error(path, problem)
-
-
 def create(pipeline: PipelineConfig, settings: Settings) -> WebhookSender:
-    """Check ``sender:`` options and build the sender (no network I/O)."""
-    ck = Checker(pipeline.file)
-    opts = pipeline.sender
-    ck.unknown(opts, _OPTIONS | {"secret"}, "sender")  # "secret" gets its own message
-    url = ck.get(opts, "url", "sender", str)
-    _check_url(ck, url, "sender.url")
-    status_url = ck.get(opts, "status_url", "sender", str, default=None)
-    _check_url(ck, status_url, "sender.status_url")
-    timeout = ck.convert(opts, "timeout", "sender", parse_duration, default=10.0)
-    if isinstance(timeout, float) and timeout <= 0:
-        ck.error("sender.timeout", "expected a duration above 0, like 10s")
-    secret_env = ck.env_name(opts, "secret_env", "sender", default=None)
-    if "secret" in opts:
-        ck.error("sender.secret", "never put the secret in YAML; set secret_env to the name "
-                                  "of an environment variable that holds it")
-    if ck.errors:
-        raise ConfigError(ck.errors)
-    return WebhookSender(url, secret_env=secret_env, timeout=timeout, status_url=status_url,
-                         where=f"{pipeline.file}: sender")
+    """Build the sender from its checked ``sender:`` options (no network I/O)."""
+    return WebhookSender(pipeline.sender, where=f"{pipeline.file}: sender")

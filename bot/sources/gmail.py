@@ -64,17 +64,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import filters as _filters
-from ..config import Checker, PipelineConfig, Settings, parse_duration, parse_size
-from ..errors import ConfigError, SourceError
+from ..config import PipelineConfig, Settings
+from ..errors import SourceError
 from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message
+from ..options import FilterOptions, GmailSourceOptions
 from ..stages import FetchContext
 from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 
 log = logging.getLogger("draftgate.sources.gmail")
 
-_KEYS = {"type", "account", "query", "label", "backfill", "max_body", "resync_window",
-         "concurrency"}
 _NEVER = {"SENT", "DRAFT", "SPAM", "TRASH", "CHAT"}
 # Kinds of backlog entries (ids found but not taken yet because of max_per_tick):
 # "h" new in history (still to be matched against the query), "b" listed by the query
@@ -185,21 +184,21 @@ def _queue(*lists: list[tuple[str, str]]) -> list[tuple[str, str]]:
 class GmailSource:
     """See the module docstring."""
 
-    def __init__(self, client: GmailClient, *, account: str, query: str = "in:inbox",
-                 label: str | None = None, backfill: int = 0, max_body: int = DEFAULT_MAX_BODY,
-                 resync_window: float = 30 * 86400, concurrency: int = 8,
-                 own_addresses: list[str] | None = None, filters: dict | None = None):
+    def __init__(self, client: GmailClient, options: GmailSourceOptions,
+                 filters: FilterOptions = FilterOptions()):
         self.client = client
-        self.account = account
-        self.scope = f"gmail:{account}"
-        self.query = query.strip() or "in:inbox"
-        self.label = label
-        self.backfill = max(0, int(backfill))
-        self.max_body = max_body
-        self.resync_window = resync_window
-        self.concurrency = max(1, concurrency)
-        self.filters = dict(filters or {})
-        self._own = {a.lower() for a in (own_addresses or []) if a}
+        self.account = options.account
+        self.scope = f"gmail:{self.account}"
+        self.query = options.query.strip() or GmailSourceOptions.query
+        self.label = options.label
+        self.backfill = max(0, options.backfill)
+        # source.max_body, else filters.max_body (a message over it is skipped anyway)
+        self.max_body = (filters.max_body if options.max_body is None else options.max_body) \
+            or DEFAULT_MAX_BODY
+        self.resync_window = options.resync_window
+        self.concurrency = max(1, options.concurrency)
+        self.filters = filters
+        self._own = {a.lower() for a in filters.own_addresses if a}
         if client.address:
             self._own.add(client.address.lower())
         self.page_size = _PAGE
@@ -597,39 +596,8 @@ def _padded(data: str) -> str:
 
 
 def create(pipeline: PipelineConfig, settings: Settings) -> GmailSource:
-    """Check the source options and build the source (no I/O)."""
-    ck = Checker(pipeline.file)
-    src = pipeline.source
-    ck.unknown(src, _KEYS, "source")
-    account = ck.get(src, "account", "source", str)
-    query = ck.get(src, "query", "source", str, default="in:inbox")
-    label = ck.get(src, "label", "source", str, default=None)
-    backfill = ck.get(src, "backfill", "source", int, default=0)
-    if backfill is not None and backfill < 0:
-        ck.error("source.backfill", "expected 0 or a positive number of messages")
-    max_body = ck.convert(src, "max_body", "source", parse_size,
-                          default=None)
-    if max_body is None and "max_body" in pipeline.filters:
-        try:
-            max_body = parse_size(pipeline.filters["max_body"])
-        except ValueError:
-            max_body = None  # reported by config.py
-    window = ck.convert(src, "resync_window", "source", parse_duration, default=30 * 86400.0)
-    concurrency = ck.get(src, "concurrency", "source", int, default=8)
-    acc: dict[str, Any] | None = None
-    if account is not None:
-        acc = settings.gmail_accounts.get(account)
-        if acc is None:
-            ck.error("source.account", f"unknown Gmail account {account!r}; add it under "
-                                       f"gmail.accounts in {settings.file}")
-    if ck.errors:
-        raise ConfigError(ck.errors)
-    own = pipeline.filters.get("own_addresses") or []
-    client = GmailClient(account, acc, base_dir=settings.base_dir,
-                         workers=max(1, concurrency or 8),
-                         config_file=os.path.abspath(settings.file))
-    return GmailSource(client, account=account, query=query or "in:inbox", label=label,
-                       backfill=backfill or 0, max_body=max_body or DEFAULT_MAX_BODY,
-                       resync_window=window or 30 * 86400.0, concurrency=concurrency or 8,
-                       own_addresses=[str(a) for a in own] if isinstance(own, list) else [],
-                       filters=pipeline.filters)
+    """Build the source from its checked ``source:`` options (no I/O)."""
+    o = pipeline.source
+    client = GmailClient(o.account, settings.gmail_accounts[o.account], base_dir=settings.base_dir,
+                         workers=max(1, o.concurrency), config_file=os.path.abspath(settings.file))
+    return GmailSource(client, o, pipeline.filters)

@@ -31,14 +31,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import mime
-from ..config import Checker, PipelineConfig, Settings, parse_duration, parse_size
+from ..config import PipelineConfig, Settings
 from ..filters import too_big
-from ..errors import ConfigError, SourceError
+from ..errors import SourceError
 from ..models import FetchResult, Item, Message
 
 log = logging.getLogger("draftgate.sources.maildir")
 
-_OPTIONS = {"type", "path", "max_body", "max_age"}
 _HEAD_BYTES = 65536  # enough for the header block of nearly every message
 _CHUNK = 1 << 20  # files are hashed in pieces, never held whole for an id
 
@@ -55,16 +54,14 @@ class MaildirSource:
 
     scope = "maildir"
 
-    def __init__(self, folder: Path, *, max_body: int = mime.DEFAULT_MAX_BODY,
-                 max_age: float | None = None, skip_above: int | None = None,
-                 where: str = "source.path"):
-        self.folder = folder
-        self.max_body = max_body
-        self.max_age = max_age
+    def __init__(self, pipeline: PipelineConfig):
+        self.folder = pipeline.path(pipeline.source.path)
+        self.max_body = pipeline.source.max_body
+        self.max_age = pipeline.source.max_age
         # filters.max_body: a file bigger than this is skipped from its size alone,
         # without reading it into memory.
-        self.skip_above = skip_above
-        self._where = where
+        self.skip_above = pipeline.filters.max_body
+        self._where = f"{pipeline.file}: source.path"
         # path -> (stamp, item id): saves re-reading every file on every tick.
         self._ids: dict[Path, tuple[tuple[int, int], str]] = {}
         # path -> (stamp, body digest), for files that share a Message-ID.
@@ -295,23 +292,5 @@ def _skipped(item_id: str, f: _File, reason: str, size: int = 0) -> Item:
 
 
 def create(pipeline: PipelineConfig, settings: Settings) -> MaildirSource:
-    """Check ``source:`` options and build the source (no I/O)."""
-    ck = Checker(pipeline.file)
-    opts = pipeline.source
-    ck.unknown(opts, _OPTIONS, "source")
-    path = ck.get(opts, "path", "source", str)
-    max_body = ck.convert(opts, "max_body", "source", parse_size, default=mime.DEFAULT_MAX_BODY)
-    if isinstance(max_body, int) and max_body < 1:
-        ck.error("source.max_body", "expected a size of at least 1 byte, like 200kB")
-    max_age = ck.convert(opts, "max_age", "source", parse_duration, default=None)
-    if isinstance(max_age, float) and max_age <= 0:
-        ck.error("source.max_age", "expected a duration above 0, like 7d")
-    if ck.errors:
-        raise ConfigError(ck.errors)
-    try:
-        skip_above = parse_size(pipeline.filters["max_body"]) \
-            if pipeline.filters.get("max_body") is not None else None
-    except ValueError:
-        skip_above = None  # reported by filters.check_options
-    return MaildirSource(pipeline.path(path), max_body=max_body, max_age=max_age,
-                         skip_above=skip_above, where=f"{pipeline.file}: source.path")
+    """Build the source from its checked ``source:`` options (no I/O)."""
+    return MaildirSource(pipeline)

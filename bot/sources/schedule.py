@@ -31,15 +31,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from .. import scheduler
-from ..config import Checker, PipelineConfig, Settings
-from ..errors import ConfigError
+from ..config import PipelineConfig, Settings
 from ..models import FetchResult, Item, Message
-
-DEFAULT_SLOT_FORMAT = "%Y-%m-%dT%H:%M"
-_OPTIONS = {"type", "topic", "slot_format"}
-# A fixed reference (Monday 2026-01-05 00:00 UTC) for checking slot_format without I/O.
-_REFERENCE = 1767571200.0
-_CHECKED_SLOTS = 50  # consecutive slots whose ids must differ (catches "9,21" with %Y-%m-%d)
 
 
 class ScheduleSource:
@@ -47,10 +40,10 @@ class ScheduleSource:
 
     scope = "slot"
 
-    def __init__(self, pipeline: PipelineConfig, topic: str, slot_format: str = DEFAULT_SLOT_FORMAT):
+    def __init__(self, pipeline: PipelineConfig):
         self._p = pipeline
-        self.topic = topic
-        self.slot_format = slot_format
+        self.topic = pipeline.source.topic
+        self.slot_format = pipeline.source.slot_format
 
     def slots(self, scheduled_for: float, cursor: str | None) -> list[float]:
         """Slot times to admit for a tick scheduled at ``scheduled_for``. Pure."""
@@ -99,38 +92,5 @@ def _parse_cursor(cursor: str | None) -> float | None:
 
 
 def create(pipeline: PipelineConfig, settings: Settings) -> ScheduleSource:
-    """Check ``source:`` options and build the source (no I/O)."""
-    ck = Checker(pipeline.file)
-    opts = pipeline.source
-    ck.unknown(opts, _OPTIONS, "source")
-    topic = ck.get(opts, "topic", "source", str)
-    if topic is not None and not topic.strip():
-        ck.error("source.topic", "expected what the posts are about, e.g. 'Weekly product tip'")
-    fmt = ck.get(opts, "slot_format", "source", str, default=DEFAULT_SLOT_FORMAT)
-    if fmt is not None:
-        problem = _check_format(pipeline, fmt)
-        if problem:
-            ck.error("source.slot_format", problem)
-    if ck.errors:
-        raise ConfigError(ck.errors)
-    return ScheduleSource(pipeline, topic.strip(), fmt)
-
-
-def _check_format(p: PipelineConfig, fmt: str) -> str | None:
-    if "%" not in fmt:
-        return f"expected a strftime format such as {DEFAULT_SLOT_FORMAT}, got {fmt!r}"
-    if not (p.interval or p.cron):
-        return None  # the schedule itself is reported by the config loader
-    try:
-        times, t = [], _REFERENCE
-        for _ in range(_CHECKED_SLOTS):
-            t = scheduler.next_due(p, t)
-            times.append(t)
-        ids = [scheduler.slot_id(t, fmt) for t in times]
-    except (ValueError, KeyError) as exc:
-        return f"cannot format a slot with {fmt!r}: {exc}"
-    for a, b in zip(ids, ids[1:]):
-        if a == b:
-            return (f"{fmt!r} gives two consecutive slots the same id ({a!r}); use a finer "
-                    f"format such as {DEFAULT_SLOT_FORMAT}")
-    return None
+    """Build the source from its checked ``source:`` options (no I/O)."""
+    return ScheduleSource(pipeline)

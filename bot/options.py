@@ -1,0 +1,291 @@
+"""A pipeline's ``source:``, ``filters:``, ``drafter:``, ``approval:`` and ``sender:``,
+parsed once when the configuration loads into the frozen objects below (as httpx's
+``_config.py`` has ``Limits`` and ``Timeout``). Every default is written here; nothing
+downstream reads a YAML mapping. Each problem is recorded in the :class:`Checker`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from email.headerregistry import Address
+from typing import Any, Callable, Union
+from urllib.parse import urlsplit
+
+from . import scheduler
+from .checker import Checker, parse_duration, parse_size, url_problem
+from .mime import DEFAULT_MAX_BODY
+from .reply import parse_from
+
+DEFAULT_SLOT_FORMAT = "%Y-%m-%dT%H:%M"
+# A fixed reference (Monday 2026-01-05 00:00 UTC) for checking slot_format without I/O.
+_REFERENCE = 1767571200.0
+_CHECKED_SLOTS = 50  # consecutive slots whose ids must differ (catches "9,21" with %Y-%m-%d)
+
+
+@dataclass(frozen=True)
+class FilterOptions:
+    """``filters:``, see :mod:`bot.filters`. skip_own and skip_auto_replies stop reply
+    loops: on unless turned off in so many words (an empty ``skip_own:`` keeps them)."""
+
+    skip_senders: tuple[str, ...] = ()  # globs on the sender address: "noreply@*"
+    skip_mailing_lists: bool = False  # List-Unsubscribe, List-Id, Precedence: bulk/list
+    skip_own: bool = True  # never answer our own mail
+    own_addresses: tuple[str, ...] = ()  # besides the sender's own From
+    max_body: int | None = None  # bytes of the raw message, written 200kB
+    skip_subjects: tuple[re.Pattern, ...] = ()  # searched, any case: "^\\[JIRA\\]"
+    skip_auto_replies: bool = True  # Auto-Submitted, X-Autoreply
+
+
+@dataclass(frozen=True)
+class ApprovalOptions:
+    channel: str = "console"  # console | telegram
+    chat: int | None = None  # None: telegram.approvals_chat
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    model: str = "template"
+    prompt: str | None = None  # a file, relative to the deployment
+    max_input: int = 8000  # characters of email the model sees
+    signature: str = ""
+    language: str = "auto"  # "auto": the sender's language; otherwise e.g. "German"
+
+
+@dataclass(frozen=True)
+class MaildirSourceOptions:
+    path: str
+    max_body: int = DEFAULT_MAX_BODY
+    max_age: float | None = None
+    type: str = "maildir"
+
+
+@dataclass(frozen=True)
+class ScheduleSourceOptions:
+    topic: str
+    slot_format: str = DEFAULT_SLOT_FORMAT
+    type: str = "schedule"
+
+
+@dataclass(frozen=True)
+class GmailSourceOptions:
+    account: str
+    query: str = "in:inbox"
+    label: str | None = None
+    backfill: int = 0
+    max_body: int | None = None  # None: filters.max_body, else the parser's default
+    resync_window: float = 30 * 86400.0
+    concurrency: int = 8
+    type: str = "gmail"
+
+
+@dataclass(frozen=True)
+class OutboxSenderOptions:
+    path: str
+    from_addr: Address
+    type: str = "outbox"
+
+
+@dataclass(frozen=True)
+class WebhookSenderOptions:
+    url: str
+    secret_env: str | None = None
+    timeout: float = 10.0
+    status_url: str | None = None
+    type: str = "webhook"
+
+
+@dataclass(frozen=True)
+class GmailSenderOptions:
+    account: str
+    mark_read: bool = False
+    label: str | None = None
+    type: str = "gmail_reply"  # or gmail_draft
+
+
+SourceOptions = Union[MaildirSourceOptions, ScheduleSourceOptions, GmailSourceOptions]
+SenderOptions = Union[OutboxSenderOptions, WebhookSenderOptions, GmailSenderOptions]
+
+
+@dataclass(frozen=True)
+class Context:  # what a stage's options are checked against besides themselves
+    settings_file: str = ""
+    gmail_accounts: Any = ()  # names of gmail.accounts entries
+    interval: float | None = None  # the pipeline's schedule, for slot_format
+    cron: str | None = None
+    source_account: Any = None  # the default of sender.account
+
+
+def parse_filters(ck: Checker, raw: dict, path: str = "filters") -> FilterOptions:
+    ck.unknown(raw, _keys(FilterOptions), path)
+    senders = ck.str_list(raw, "skip_senders", path)
+    own = ck.str_list(raw, "own_addresses", path)
+    switches = {key: ck.get(raw, key, path, bool, default=None)
+                for key in ("skip_mailing_lists", "skip_own", "skip_auto_replies")}
+    max_body = None
+    if "max_body" in raw:
+        max_body = ck.convert(raw, "max_body", path, parse_size)
+        if max_body is not None and max_body < 1:
+            ck.error(f"{path}.max_body", f"expected a size of at least 1 byte like 200kB, got "
+                                         f"{raw['max_body']!r}; every message would be skipped")
+            max_body = None
+    subjects = []
+    for i, pattern in enumerate(ck.str_list(raw, "skip_subjects", path)):
+        try:
+            subjects.append(re.compile(pattern, re.IGNORECASE))
+        except re.error as exc:
+            where = f"{path}.skip_subjects[{i}]" if isinstance(raw.get("skip_subjects"), list) \
+                else f"{path}.skip_subjects"
+            ck.error(where, f"not a valid regular expression ({exc}): {pattern!r}")
+    return FilterOptions(skip_senders=tuple(senders), own_addresses=tuple(own),
+                         max_body=max_body, skip_subjects=tuple(subjects),
+                         **{k: v for k, v in switches.items() if v is not None})
+
+
+def parse_drafter(ck: Checker, raw: dict) -> DrafterOptions:
+    """``drafter:``; whether the model and the prompt file exist is the loader's check,
+    what a model makes of them its drafter's."""
+    d = DrafterOptions()
+    ck.unknown(raw, _keys(DrafterOptions), "drafter")
+    signature = ck.get(raw, "signature", "drafter", str, default=d.signature)
+    language = ck.get(raw, "language", "drafter", str, default=d.language)
+    return DrafterOptions(
+        model=ck.get(raw, "model", "drafter", str, default=d.model),
+        prompt=ck.get(raw, "prompt", "drafter", str, default=None),
+        max_input=ck.get(raw, "max_input", "drafter", int, default=d.max_input),
+        signature=(signature or "").strip(), language=(language or "").strip() or d.language)
+
+
+def _maildir(ck: Checker, raw: dict, ctx: Context) -> MaildirSourceOptions:
+    path = ck.get(raw, "path", "source", str)
+    max_body = ck.convert(raw, "max_body", "source", parse_size,
+                          default=MaildirSourceOptions.max_body)
+    if isinstance(max_body, int) and max_body < 1:
+        ck.error("source.max_body", "expected a size of at least 1 byte, like 200kB")
+    max_age = ck.convert(raw, "max_age", "source", parse_duration, default=None)
+    if isinstance(max_age, float) and max_age <= 0:
+        ck.error("source.max_age", "expected a duration above 0, like 7d")
+    return MaildirSourceOptions(path, max_body, max_age)
+
+
+def _schedule(ck: Checker, raw: dict, ctx: Context) -> ScheduleSourceOptions:
+    topic = ck.get(raw, "topic", "source", str)
+    if topic is not None and not topic.strip():
+        ck.error("source.topic", "expected what the posts are about, e.g. 'Weekly product tip'")
+    fmt = ck.get(raw, "slot_format", "source", str, default=DEFAULT_SLOT_FORMAT)
+    problem = fmt is not None and _slot_format_problem(ctx, fmt)
+    if problem:
+        ck.error("source.slot_format", problem)
+    return ScheduleSourceOptions((topic or "").strip(), fmt)
+
+
+def _slot_format_problem(schedule: Context, fmt: str) -> str | None:
+    if "%" not in fmt:
+        return f"expected a strftime format such as {DEFAULT_SLOT_FORMAT}, got {fmt!r}"
+    if not (schedule.interval or schedule.cron):
+        return None  # the schedule itself is reported by the config loader
+    try:
+        times, t = [], _REFERENCE
+        for _ in range(_CHECKED_SLOTS):
+            t = scheduler.next_due(schedule, t)
+            times.append(t)
+        ids = [scheduler.slot_id(t, fmt) for t in times]
+    except (ValueError, KeyError) as exc:
+        return f"cannot format a slot with {fmt!r}: {exc}"
+    for a, b in zip(ids, ids[1:]):
+        if a == b:
+            return (f"{fmt!r} gives two consecutive slots the same id ({a!r}); use a finer "
+                    f"format such as {DEFAULT_SLOT_FORMAT}")
+    return None
+
+
+def _account(ck: Checker, account: Any, path: str, ctx: Context) -> None:
+    if account is not None and account not in ctx.gmail_accounts:
+        ck.error(path, f"unknown Gmail account {account!r}; add it under gmail.accounts in "
+                       f"{ctx.settings_file}")
+
+
+def _gmail_source(ck: Checker, raw: dict, ctx: Context) -> GmailSourceOptions:
+    d, account = GmailSourceOptions(account=""), ck.get(raw, "account", "source", str)
+    _account(ck, account, "source.account", ctx)
+    backfill = ck.get(raw, "backfill", "source", int, default=d.backfill)
+    if backfill is not None and backfill < 0:
+        ck.error("source.backfill", "expected 0 or a positive number of messages")
+    return GmailSourceOptions(
+        account=account, query=ck.get(raw, "query", "source", str, default=d.query) or d.query,
+        label=ck.get(raw, "label", "source", str, default=None), backfill=backfill or 0,
+        max_body=ck.convert(raw, "max_body", "source", parse_size, default=None),
+        resync_window=ck.convert(raw, "resync_window", "source", parse_duration,
+                                 default=d.resync_window) or d.resync_window,
+        concurrency=ck.get(raw, "concurrency", "source", int, default=d.concurrency)
+        or d.concurrency)
+
+
+def _outbox(ck: Checker, raw: dict, ctx: Context) -> OutboxSenderOptions:
+    path, from_value = ck.get(raw, "path", "sender", str), ck.get(raw, "from", "sender", str)
+    try:
+        return OutboxSenderOptions(path, None if from_value is None else parse_from(from_value))
+    except ValueError as exc:
+        ck.error("sender.from", str(exc))
+
+
+def _webhook(ck: Checker, raw: dict, ctx: Context) -> WebhookSenderOptions:
+    d = WebhookSenderOptions(url="")
+    url = ck.get(raw, "url", "sender", str)
+    _check_url(ck, url, "sender.url")
+    status_url = ck.get(raw, "status_url", "sender", str, default=None)
+    _check_url(ck, status_url, "sender.status_url")
+    timeout = ck.convert(raw, "timeout", "sender", parse_duration, default=d.timeout)
+    if isinstance(timeout, float) and timeout <= 0:
+        ck.error("sender.timeout", "expected a duration above 0, like 10s")
+    secret_env = ck.env_name(raw, "secret_env", "sender", default=None)
+    if "secret" in raw:
+        ck.error("sender.secret", "never put the secret in YAML; set secret_env to the name "
+                                  "of an environment variable that holds it")
+    return WebhookSenderOptions(url, secret_env, timeout, status_url)
+
+
+def _check_url(ck: Checker, value: str | None, path: str) -> None:
+    if value is None:
+        return
+    try:
+        credentials = urlsplit(value).username or urlsplit(value).password
+    except ValueError:
+        credentials = None  # url_problem says what is wrong
+    problem = "do not put credentials in the URL; use secret_env" if credentials \
+        else url_problem(value)
+    if problem:
+        ck.error(path, problem)
+
+
+def _gmail_sender(ck: Checker, raw: dict, ctx: Context) -> GmailSenderOptions:
+    account = ck.get(raw, "account", "sender", str, default=ctx.source_account)
+    if not account:
+        ck.error("sender.account", "missing; expected the name of a gmail.accounts entry")
+    _account(ck, account or None, "sender.account", ctx)
+    return GmailSenderOptions(account, ck.get(raw, "mark_read", "sender", bool, default=False),
+                              ck.get(raw, "label", "sender", str, default=None), raw["type"])
+
+
+def _keys(cls: type, *more: str) -> set[str]:
+    return set(cls.__dataclass_fields__) | set(more)
+
+
+#: type -> (the keys it takes, its parser).
+_PARSERS: dict[str, tuple[set[str], Callable[[Checker, dict, Context], Any]]] = {
+    "maildir": (_keys(MaildirSourceOptions), _maildir),
+    "schedule": (_keys(ScheduleSourceOptions), _schedule),
+    "gmail": (_keys(GmailSourceOptions), _gmail_source),
+    "outbox": ({"type", "path", "from"}, _outbox),
+    "webhook": (_keys(WebhookSenderOptions, "secret"), _webhook),  # secret: its own message
+    "gmail_reply": (_keys(GmailSenderOptions), _gmail_sender),
+    "gmail_draft": (_keys(GmailSenderOptions), _gmail_sender),
+}
+
+
+def parse_stage(ck: Checker, raw: dict, path: str, ctx: Context) -> Any:
+    """A ``source:`` or ``sender:`` mapping whose ``type`` the loader has checked; None
+    when its options have errors (each recorded in ``ck``)."""
+    before, (keys, parse) = len(ck.errors), _PARSERS[raw["type"]]
+    ck.unknown(raw, keys, path)
+    options = parse(ck, raw, ctx)
+    return options if len(ck.errors) == before else None
