@@ -853,7 +853,7 @@ async def test_commands_answer_and_bad_arguments_get_a_usage_line(world, fake):
 
 def test_pending_links_to_cards_in_supergroups():
     """/pending links each card where Telegram has links (supergroups), nowhere else."""
-    from bot.approvals.telegram import _card_link
+    from bot.approvals.tg_commands import card_link as _card_link
     from bot.models import Draft, Message
 
     d = Draft(id=1, key="k", pipeline="p", scope="s", item_id="i", recipe="v1",
