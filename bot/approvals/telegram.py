@@ -1,14 +1,9 @@
 """The Telegram approval channel: connects, posts cards, keeps them true, notifies.
 
 Runs python-telegram-bot inside the engine's event loop (``initialize``/``start``/
-``updater.start_polling``, never ``run_polling``). What an operator does there lives
-next door: taps and replies to prompts in :mod:`.tg_taps`, the commands
-(``/status /pending /replay /sweep /pause /resume /run /help``) in :mod:`.tg_commands`;
-their handlers find this channel in ``bot_data["channel"]``.
-
-One gate in handler group -1 drops every update whose user is not in
-``telegram.operators`` before any other handler sees it; one error handler logs a
-failed handler first, then tells the operator.
+``updater.start_polling``, never ``run_polling``). Taps and replies are handled in
+:mod:`.tg_taps`, commands in :mod:`.tg_commands`, behind one gate (handler group -1)
+that drops every update whose user is not in ``telegram.operators``.
 """
 
 from __future__ import annotations
@@ -33,8 +28,6 @@ from ..stages import ApprovalChannelBase, Decisions, PostedRef
 from . import cards, tg_commands, tg_taps
 from .tg_commands import COMMANDS
 from .tg_common import NO_PREVIEW, answer, card_ref, chat_id, kind, log, plain
-
-__all__ = ["COMMANDS", "FloodWait", "TelegramChannel", "create", "doctor"]
 
 # Telegram's flood limits: ~30 messages/s per bot, 20/min per group. One message per
 # 1/29 s with no burst keeps every one-second window at or under 30.
@@ -284,10 +277,9 @@ class TelegramChannel(ApprovalChannelBase):
         markup = _markup(card)
         async with self._lock(draft.id):
             try:
-                if draft.approval_message_id and _same_chat(draft.approval_chat, chat):
-                    mid = int(draft.approval_message_id)
-                    if await self._edit(chat, mid, card.text, markup, missing_ok=True):
-                        return PostedRef(str(chat), str(mid))
+                if (ref := card_ref(draft)) is not None and ref[0] == chat:
+                    if await self._edit(chat, ref[1], card.text, markup, missing_ok=True):
+                        return PostedRef(str(chat), str(ref[1]))
                 msg = await bot.send_message(chat, card.text, parse_mode=ParseMode.HTML,
                                              reply_markup=markup,
                                              link_preview_options=NO_PREVIEW)
@@ -345,14 +337,10 @@ class TelegramChannel(ApprovalChannelBase):
         self._shown[(chat, mid)] = _fingerprint(text, markup)
         return True
 
-    async def update(self, draft: Draft) -> None:
+    async def update(self, draft: Draft) -> bool:
         """Re-render a card from the draft's current state in the store, so edits that
-        arrive out of order still end on the latest state. A failed edit marks the card
-        stale in the store; :meth:`resync_cards` tries again on every tick."""
-        await self._sync(draft)
-
-    async def _sync(self, draft: Draft) -> bool:
-        """:meth:`update`; False if the edit failed (the card is then marked stale)."""
+        arrive out of order still end on the latest state. False if the edit failed: the
+        card is then marked stale in the store, and :meth:`resync_cards` tries again."""
         async with self._lock(draft.id):
             fresh = await self.store.get_draft(draft.id) or draft
             ref = card_ref(fresh)
@@ -389,7 +377,7 @@ class TelegramChannel(ApprovalChannelBase):
         if not self._connected:
             return
         for d in await self.store.stale_cards(limit=50):
-            if not await self._sync(d):
+            if not await self.update(d):
                 return
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
@@ -441,13 +429,6 @@ class TelegramChannel(ApprovalChannelBase):
                                                           f"details are in the bot's log."))
         except TelegramError:
             log.warning("could not tell the operator about the error")
-
-
-def _same_chat(a: Any, b: int) -> bool:
-    try:
-        return a is not None and int(a) == int(b)
-    except (TypeError, ValueError):
-        return False
 
 
 async def doctor(settings: Settings) -> list[tuple[str, bool, str]]:

@@ -1,9 +1,6 @@
-"""The operator commands: /status /pending /replay /sweep /pause /resume /run /help.
-
-Each handler parses its arguments (a bad one gets a usage line), calls :mod:`bot.ops`
-or the engine's controls, and replies. Only operators get here (the gate in
-:mod:`bot.approvals.telegram`); a handler that fails is reported by its error handler.
-"""
+"""The operator commands /status /pending /replay /sweep /pause /resume /run /help: each
+parses its arguments (a bad one gets a usage line), calls :mod:`bot.ops` or the engine's
+controls, and replies."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ from telegram.constants import ParseMode
 from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
-from ..models import REJECTED, SEND_FAILED, SEND_UNKNOWN, SENT, Draft
+from ..models import (APPROVED, DRAFTING, QUEUED, READY, REJECTED, SEND_FAILED, SEND_UNKNOWN,
+                      SENDING, SENT, Draft)
 from ..redact import scrub
 from . import cards
 
@@ -94,18 +95,14 @@ def card_ref(draft: Draft) -> tuple[int, int] | None:
 
 def already(draft: Draft) -> str:
     """Why a decision on ``draft`` did nothing: what it is now, and who decided."""
-    who = cards.actor_name(draft.decided_by)
-    s = draft.status
-    if s == SENT:
-        return f"Already decided: sent by {who}."
-    if s == REJECTED:
-        return f"Already decided: rejected by {who}."
-    if s in ("approved", "sending"):
-        return f"Already approved by {who}; sending."
-    if s in (SEND_FAILED, SEND_UNKNOWN):
-        return f"Already approved by {who}; the send needs attention (see the card)."
-    if s in ("queued", "drafting"):
+    who, s = cards.actor_name(draft.decided_by), draft.status
+    if s in (SENT, REJECTED):
+        return f"Already decided: {'sent' if s == SENT else 'rejected'} by {who}."
+    if s in (APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN):
+        return f"Already approved by {who}; " + ("sending." if s in (APPROVED, SENDING) else
+                                                 "the send needs attention (see the card).")
+    if s in (QUEUED, DRAFTING):
         return "Being regenerated; wait for the new version."
-    if s == "ready":
+    if s == READY:
         return "A new version is being posted; use the updated card."
     return f"Nothing to do: the draft is {s}."

@@ -1,15 +1,9 @@
 """Taps on cards and notices, and replies to prompts: where an operator decides.
 
-A tap's data is ``<action>:<draft id>:<version>``; one CallbackQueryHandler per action
-family (approve, the prompts Edit/Regenerate/Reject, Retry send, Replay, Full text)
-routes it by prefix, and a last one answers anything else with a short notice. Every
-query is answered. A tap acts only on the draft whose card (or notice) was tapped,
-and only through the engine's compare-and-set decisions, so a double tap, two
-operators or a replayed update send at most one email.
-
-Edit / Regenerate / Reject post a prompt; its message id is recorded in the store, so
-a reply to it (or to the card itself: new text) is known after a restart and no other
-message, whatever its text, can pass for one.
+One CallbackQueryHandler per action family (data ``<action>:<draft id>:<version>``)
+and a last one for any other data; every query is answered. A tap acts only on the
+draft whose card (or notice) was tapped, through the engine's compare-and-set
+decisions. A prompt is known by its message id, recorded in the store when it is sent.
 """
 
 from __future__ import annotations
@@ -37,16 +31,12 @@ Context = ContextTypes.DEFAULT_TYPE
 #: What a family decides once the tap is checked: (channel, query, callback, draft,
 #: chat id) -> the answer shown to the operator.
 Decide = Callable[[Any, Any, cards.Callback, Draft, int], Awaitable[str]]
-#: Outcomes of a send whose card the engine has already re-rendered.
-_SHOWN = (SENT, SEND_FAILED, SEND_UNKNOWN)
 
 
 def prompt_key(chat_id: int, message_id: int) -> str:
     """The audit key under which a prompt message's draft and version are recorded."""
     return f"prompt|{chat_id}|{message_id}"
 
-
-# -- answering ---------------------------------------------------------------------------------
 
 async def _answered(ch: Any, query: Any, tap: Awaitable[str]) -> None:
     """Run ``tap`` and answer the query with its notice, whatever happens. A tap whose
@@ -83,23 +73,13 @@ def _family(decide: Decide) -> Callable[[Update, Context], Awaitable[None]]:
     async def on_tap(update: Update, context: Context) -> None:
         ch = channel_of(context)
         await _answered(ch, update.callback_query, _tap(ch, update.callback_query, decide))
-    on_tap.__qualname__ = on_tap.__name__ = f"on_tap_{decide.__name__.strip('_')}"
     return on_tap
 
 
-async def _unknown(update: Update, context: Context) -> None:
-    """Any other data (not ours, not canonical, no data): the short notice why."""
-    query = update.callback_query
-    try:
-        cards.parse_callback(query.data)
-        notice = "Unknown action; use the latest card."
-    except cards.BadCallback as exc:
-        log.info("ignored callback data from user %s: %s", query.from_user.id, exc)
-        notice = str(exc)
-    await answer(query, notice)
+async def _unknown(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """Data of no family: ``_tap`` refuses it (not ours, not canonical, none) first."""
+    return "Unknown action; use the latest card."
 
-
-# -- checking a tap ----------------------------------------------------------------------------
 
 async def _tap(ch: Any, query: Any, decide: Decide) -> str:
     """Check that the tapped message carries this draft's current data, then decide."""
@@ -177,17 +157,25 @@ async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
 
 # -- the families --------------------------------------------------------------------------------
 
-async def _approve(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+async def _approve(ch: Any, query: Any, cb: cards.Callback, draft: Draft,
+                   chat_id: int) -> str:
     if draft.status != AWAITING:
         return already(draft)
     after = await ch.decisions.approve(draft.id, cb.version, actor(query.from_user))
+    return await _sent(ch, draft, after) or {
+        SENT: "✅ Sent.", SEND_FAILED: "❌ Send failed; see the card.",
+        SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
+            after.status, f"Approved ({after.status}).")
+
+
+async def _sent(ch: Any, draft: Draft, after: Draft | None) -> str | None:
+    """After Approve or Retry send: why nothing happened (None: it did). A send's
+    outcome is on the card already (the engine shows it); any other state is shown."""
     if after is None:
         return already(await ch.store.get_draft(draft.id) or draft)
-    if after.status not in _SHOWN:  # a send outcome is on the card already
+    if after.status not in (SENT, SEND_FAILED, SEND_UNKNOWN):
         await ch.update(after)
-    return {SENT: "✅ Sent.", SEND_FAILED: "❌ Send failed; see the card.",
-            SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
-                after.status, f"Approved ({after.status}).")
+    return None
 
 
 async def _prompt(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
@@ -216,11 +204,8 @@ async def _retry(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id:
     if draft.status not in (SEND_FAILED, SEND_UNKNOWN):
         return already(draft)
     after = await ch.decisions.retry_send(draft.id, actor(query.from_user))
-    if after is None:
-        return already(await ch.store.get_draft(draft.id) or draft)
-    if after.status not in _SHOWN:  # a send outcome is on the card already
-        await ch.update(after)
-    return {SENT: "✅ Sent."}.get(after.status, f"Retried: {after.status}.")
+    return await _sent(ch, draft, after) or {SENT: "✅ Sent."}.get(after.status,
+                                                                  f"Retried: {after.status}.")
 
 
 async def _replay(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
@@ -256,31 +241,33 @@ _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
 
 # -- replies to prompts and cards ---------------------------------------------------------------
 
-async def _target(update: Update, context: Context) -> tuple[str, Draft] | None:
+async def _target(update: Update, context: Context, not_to_bot: str = ""
+                  ) -> tuple[str, Draft] | None:
     """(prompt kind, draft) that a reply answers, if it may still be applied; else the
-    operator is told why (None). A reply to anything but the bot is left alone."""
+    operator is told why (None). A message that is no reply to the bot gets
+    ``not_to_bot`` (nothing if empty)."""
     ch, msg = channel_of(context), update.effective_message
     target = msg.reply_to_message if msg is not None else None
     if target is None or target.from_user is None or target.from_user.id != context.bot.id:
+        if not_to_bot:
+            await msg.reply_text(do_quote=True, text=not_to_bot)
         return None
     parsed = await _prompt_of(ch, msg.chat_id, target)
+    kind, version, draft = parsed or (None, None, None)
     if parsed is None:
-        await msg.reply_text(do_quote=True, text="Nothing changed: that message is not a "
-                             "draft's card or prompt. Tap ✏️ Edit on the card to change "
-                             "a draft.")
-        return None
-    kind, version, draft = parsed
-    if draft is None or not ch.chat_allowed(draft, msg.chat_id, cards.EDIT):
-        await msg.reply_text(do_quote=True, text="That draft does not belong to this chat.")
-        return None
-    if version != draft.version:
-        await msg.reply_text(do_quote=True, text=f"Not applied: {cards.tag(draft)} is the "
-                                                 f"current version, you answered for v{version}.")
-        return None
-    if draft.status != AWAITING:
-        await msg.reply_text(do_quote=True, text=f"Not applied: {already(draft)}")
-        return None
-    return kind, draft
+        problem = ("Nothing changed: that message is not a draft's card or prompt. Tap ✏️ "
+                   "Edit on the card to change a draft.")
+    elif draft is None or not ch.chat_allowed(draft, msg.chat_id, cards.EDIT):
+        problem = "That draft does not belong to this chat."
+    elif version != draft.version:
+        problem = (f"Not applied: {cards.tag(draft)} is the current version, you answered "
+                   f"for v{version}.")
+    elif draft.status != AWAITING:
+        problem = f"Not applied: {already(draft)}"
+    else:
+        return kind, draft
+    await msg.reply_text(do_quote=True, text=problem)
+    return None
 
 
 async def _prompt_of(ch: Any, chat_id: int, target: Any) -> tuple[str, int, Draft | None] | None:
@@ -309,17 +296,14 @@ async def on_reply(update: Update, context: Context) -> None:
 
 async def skip(update: Update, context: Context) -> None:
     """/skip as the answer to a Regenerate or Reject prompt."""
-    msg = update.effective_message
-    if (found := await _target(update, context)) is None:
-        target = msg.reply_to_message
-        if target is None or target.from_user is None or target.from_user.id != context.bot.id:
-            await msg.reply_text(do_quote=True, text="Send /skip as a reply to a Regenerate "
-                                                     "or Reject prompt.")
-        return  # (else _target has answered)
+    found = await _target(update, context, "Send /skip as a reply to a Regenerate or Reject "
+                                           "prompt.")
+    if found is None:
+        return
     kind, draft = found
     if kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD):
-        await msg.reply_text(do_quote=True, text=f"An edit needs the new text; "
-                                                 f"{cards.tag(draft)} is unchanged.")
+        await update.effective_message.reply_text(
+            do_quote=True, text=f"An edit needs the new text; {cards.tag(draft)} is unchanged.")
         return
     await _apply(update, context, kind, draft, "")
 
@@ -361,5 +345,5 @@ def handlers() -> list[BaseHandler]:
     taps: list[BaseHandler] = [
         CallbackQueryHandler(_family(decide), pattern=rf"^(?:{'|'.join(actions)}):")
         for actions, decide in _FAMILIES]
-    return taps + [CallbackQueryHandler(_unknown), CommandHandler("skip", skip),
+    return taps + [CallbackQueryHandler(_family(_unknown)), CommandHandler("skip", skip),
                    MessageHandler(filters.REPLY & filters.TEXT & ~filters.COMMAND, on_reply)]
