@@ -127,7 +127,8 @@ class TelegramChannel(ApprovalChannelBase):
                                 if config.receive == "webhook" else None)
         self._ops_chat = config.ops_chat or config.approvals_chat
         self._reconnect_delay = reconnect_delay
-        self.decisions: Decisions | Any = None  # the engine
+        # The engine: its Decisions, and pause/resume/run_now/sweep for the commands.
+        self.decisions: Any = None
         self._app: Application | None = None
         self._connected = False
         self._connect_task: asyncio.Task | None = None
