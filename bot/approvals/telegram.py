@@ -242,14 +242,9 @@ class TelegramChannel(ApprovalChannelBase):
 
     # -- ApprovalChannel ---------------------------------------------------------------
     def approvals_chat(self, pipeline: str) -> int:
-        chat = self._chats.get(pipeline)
-        if chat is None:
-            try:
-                p = self.settings.pipeline(pipeline)
-                chat = chat_id(p.approval.get("chat")) or self.config.approvals_chat
-            except (ConfigError, ValueError):
-                chat = None
-        if chat is None:
+        """Where ``pipeline``'s cards go; every pipeline approved here got its chat when
+        the channel was built (or the channel was refused with a ConfigError)."""
+        if (chat := self._chats.get(pipeline)) is None:
             raise ApprovalError(f"no approvals chat for pipeline {pipeline!r}; set approval.chat "
                                 f"or telegram.approvals_chat")
         return chat
