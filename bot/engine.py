@@ -655,13 +655,11 @@ class Engine:
             fresh = await self.store.get_draft(d.id)
             if (fresh is not None and fresh.approval_message_id is not None
                     and (fresh.approval_chat, fresh.approval_message_id)
-                    != (ref.chat, ref.message_id) and hasattr(channel, "discard")):
+                    != (ref.chat, ref.message_id)):
                 await channel.discard(ref, fresh)
             return fresh or d
-        if hasattr(channel, "on_posted"):  # outside the guard: it may post a new version
-            await channel.on_posted(posted)
-            return await self.store.get_draft(d.id) or posted
-        return posted
+        await channel.on_posted(posted)  # outside the guard: it may post a new version
+        return await self.store.get_draft(d.id) or posted
 
     async def post_unposted(self) -> int:
         """Post every ``ready`` draft (the outbox pattern: cards survive restarts)."""

@@ -103,6 +103,19 @@ class ApprovalChannel(Protocol):
     async def stop(self) -> None: ...
 
 
+class ApprovalChannelBase:
+    """No-op defaults for an ApprovalChannel's optional hooks; channels subclass it."""
+
+    async def on_posted(self, draft: Draft) -> None:
+        """Called by the engine after ``mark_posted`` recorded the card of ``draft``."""
+
+    async def discard(self, ref: PostedRef, draft: Draft) -> None:
+        """Take away ``ref``, a second card of ``draft`` (not its recorded card)."""
+
+    async def resync_cards(self) -> None:
+        """Re-render cards whose last update failed (a channel with no cards: nothing)."""
+
+
 @runtime_checkable
 class Sender(Protocol):
     name: str

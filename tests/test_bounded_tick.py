@@ -22,7 +22,7 @@ import pytest
 from bot.config import load_settings
 from bot.engine import Engine
 from bot.errors import ConfigError
-from bot.stages import PostedRef
+from bot.stages import ApprovalChannelBase, PostedRef
 from bot.store import create_store
 from tests.fakes.gmail import GmailWorld, simple_message
 from tests.fakes.llm import FakeLLM
@@ -30,7 +30,7 @@ from tests.fakes.llm import FakeLLM
 T0 = 1_764_410_400.0  # 2025-11-29T10:00:00Z
 
 
-class Cards:
+class Cards(ApprovalChannelBase):
     """Records each card: (draft id, version, drafts admitted so far, drafts still
     queued or drafting) at the moment it was posted or re-rendered; the two counts
     only for the first card and for new versions (-1 otherwise: counting is not free)."""

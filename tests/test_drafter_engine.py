@@ -14,7 +14,7 @@ import pytest
 from bot import ops
 from bot.config import load_settings
 from bot.engine import Engine
-from bot.stages import PostedRef
+from bot.stages import ApprovalChannelBase, PostedRef
 from bot.store import create_store
 from tests.fakes.llm import FakeLLM
 
@@ -29,7 +29,7 @@ class Clock:
         return self.t
 
 
-class Cards:
+class Cards(ApprovalChannelBase):
     """An approval channel that records cards and notifications."""
 
     name = "console"
@@ -50,9 +50,6 @@ class Cards:
         return PostedRef("chat", f"card-{draft.id}")
 
     async def update(self, draft):
-        pass
-
-    async def resync_cards(self):
         pass
 
     async def notify(self, text, *, retry_draft=None):

@@ -19,7 +19,7 @@ from bot.errors import (DrafterError, DrafterRetryable, SendFailed, SendUnknown,
                         StoreError)
 from bot.models import DraftResult, FetchResult, Item, Message, SendResult
 from bot.options import FilterOptions
-from bot.stages import PostedRef
+from bot.stages import ApprovalChannelBase, PostedRef
 from bot.store import create_store
 
 T0 = 1_764_410_400.0  # 2025-11-29T10:00:00Z
@@ -100,7 +100,7 @@ class RecordingSender:
         pass
 
 
-class RecordingChannel:
+class RecordingChannel(ApprovalChannelBase):
     name = "console"
 
     def __init__(self, auto_approve: bool = False):
@@ -132,9 +132,6 @@ class RecordingChannel:
 
     async def update(self, draft):
         self.updates.append((draft.id, draft.status))
-
-    async def resync_cards(self):
-        pass
 
     async def notify(self, text, *, retry_draft=None):
         self.notes.append(text)

@@ -239,6 +239,43 @@ async def test_approve_sends_exactly_once_and_the_card_shows_who(world, fake):
                                                      "pause", "resume", "run", "help"}
 
 
+def _count_get_draft(store, monkeypatch) -> list[int]:
+    """Record the id of every ``store.get_draft`` (the channel and the engine share it)."""
+    reads, get = [], store.get_draft
+
+    async def counting(draft_id):
+        reads.append(draft_id)
+        return await get(draft_id)
+
+    monkeypatch.setattr(store, "get_draft", counting)
+    return reads
+
+
+async def test_an_approve_tap_reads_the_draft_three_times_at_most(world, fake, monkeypatch):
+    """Approve & send: the tap's check, the engine's, the card's render; the card is not
+    rendered a second time for a send outcome the engine has shown already."""
+    d = await world.deliver(1)
+    reads = _count_get_draft(world.store, monkeypatch)
+    assert await world.tap(d, "ap") == "✅ Sent."
+    assert world.card(d).text.startswith("✅ Sent by Anna at ")
+    assert len(reads) <= 3, reads
+
+
+async def test_a_reply_to_a_card_finds_its_draft_with_one_read(world, fake, monkeypatch):
+    """A reply to the card itself (new text) reads the draft named on the card once, not
+    again to check it."""
+    d = await world.deliver(1)
+    reads = _count_get_draft(world.store, monkeypatch)
+    before = len(reads)
+    fake.say(ANNA, SUPPORT_CHAT, "New text.", reply_to=int(d.approval_message_id))
+    await fake.await_for(lambda: reads[before:], 10)
+    answer = await fake.await_for(lambda: [m for m in fake.chat_messages(SUPPORT_CHAT)
+                                           if m.text.startswith("✏️")], 10)
+    assert answer[0].text == f"✏️ #{d.id} v2 is on the card."
+    # One to find it; the engine's edit reads it 4 times (check, post, after); the card.
+    assert reads.count(d.id) <= 6, reads
+
+
 async def test_a_slow_send_gets_its_tap_answered_first_and_the_card_shows_the_outcome(
         world, fake):
     """The spinner on the operator's phone ends within seconds even when the send
@@ -855,7 +892,7 @@ async def test_commands_answer_and_bad_arguments_get_a_usage_line(world, fake):
 
 def test_pending_links_to_cards_in_supergroups():
     """/pending links each card where Telegram has links (supergroups), nowhere else."""
-    from bot.approvals.telegram import _card_link
+    from bot.approvals.tg_commands import card_link as _card_link
     from bot.models import Draft, Message
 
     d = Draft(id=1, key="k", pipeline="p", scope="s", item_id="i", recipe="v1",

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from ..errors import DraftgateError
 from ..models import REPLAYABLE_STATUSES, Draft
 from ..redact import escape_controls, scrub
-from ..stages import Decisions, PostedRef
+from ..stages import ApprovalChannelBase, Decisions, PostedRef
 
 _RULE = "─" * 64
 
@@ -51,7 +51,7 @@ def render(draft: Draft, *, width: int = 76, excerpt: int = 400) -> str:
     return "\n".join(lines)
 
 
-class ConsoleChannel:
+class ConsoleChannel(ApprovalChannelBase):
     name = "console"
 
     def __init__(self, *, auto_approve: bool = False, interactive: bool | None = None,
@@ -179,10 +179,6 @@ class ConsoleChannel:
             text += (f" Replay it with: draftgate replay {shlex.quote(retry_draft.pipeline)} "
                      f"{shlex.quote(retry_draft.item_id)}")
         self._print(f"🔔 {text}")
-
-    async def resync_cards(self) -> None:
-        """Nothing to re-render: a printed card cannot be changed."""
-        return None
 
     async def stop(self) -> None:
         return None

@@ -1,0 +1,169 @@
+"""The operator commands /status /pending /replay /sweep /pause /resume /run /help: each
+parses its arguments (a bad one gets a usage line), calls :mod:`bot.ops` or the engine's
+controls, and replies."""
+
+from __future__ import annotations
+
+import html
+
+from telegram import Update
+from telegram.constants import ParseMode
+from telegram.ext import CommandHandler, ContextTypes
+
+from .. import ops
+from ..errors import ConfigError
+from ..models import Draft
+from . import cards
+from .tg_common import NO_PREVIEW, actor, channel_of, reply
+
+COMMANDS: list[tuple[str, str, str]] = [
+    # (command, arguments, description) -- the description goes to setMyCommands.
+    ("status", "[pipeline]", "health of every pipeline, or one pipeline's recent runs"),
+    ("pending", "", "drafts waiting for a decision"),
+    ("replay", "<pipeline> <item_id>", "draft a failed, rejected, skipped or expired item again"),
+    ("sweep", "[days]", "delete old seen marks, requeue expired leases, prune runs"),
+    ("pause", "<pipeline>", "stop ticking a pipeline"),
+    ("resume", "<pipeline>", "tick a paused pipeline again"),
+    ("run", "<pipeline>", "run one tick of a pipeline now"),
+    ("help", "", "what each command does"),
+]
+_USAGE = {name: f"Usage: /{name} {args}".rstrip() for name, args, _ in COMMANDS}
+
+Context = ContextTypes.DEFAULT_TYPE
+
+
+def _unknown(context: Context, name: str) -> str | None:
+    """None if ``name`` is a pipeline, else the message listing the known ones."""
+    try:
+        channel_of(context).settings.pipeline(name)
+        return None
+    except ConfigError as exc:
+        return str(exc)
+
+
+async def status(update: Update, context: Context) -> None:
+    """/status [pipeline]"""
+    ch, args = channel_of(context), context.args or []
+    if len(args) > 1:
+        return await reply(update, _USAGE["status"])
+    if args:
+        if (problem := _unknown(context, args[0])) is not None:
+            return await reply(update, problem)
+        detail = await ops.status_one(ch.store, ch.settings, args[0])
+        return await reply(update, ops.format_status_one(detail), pre=True)
+    items = await ops.status_all(ch.store, ch.settings)
+    await reply(update, ops.format_status_all(items), pre=True)
+
+
+async def pending(update: Update, context: Context) -> None:
+    """/pending"""
+    if context.args:
+        return await reply(update, _USAGE["pending"])
+    ch = channel_of(context)
+    drafts = await ops.pending(ch.store, ch.settings)
+    if not drafts:
+        return await reply(update, ops.format_pending(drafts))
+    lines, used = [], 0
+    for d in drafts:
+        line = html.escape(ops.format_pending([d], ch.settings), quote=False)
+        if link := card_link(d):
+            line += f' · <a href="{link}">open card</a>'
+        used += cards.units(line) + 1
+        if used > cards.MAX_TEXT - 60:
+            lines.append(f"… and {len(drafts) - len(lines)} more")
+            break
+        lines.append(line)
+    await update.effective_message.reply_text("\n".join(lines), parse_mode=ParseMode.HTML,
+                                              do_quote=True, link_preview_options=NO_PREVIEW)
+
+
+async def replay(update: Update, context: Context) -> None:
+    """/replay <pipeline> <item_id> (the item id may contain spaces, e.g. a slot)"""
+    if len(context.args or []) < 2:
+        return await reply(update, _USAGE["replay"])
+    # Split once on the raw text, so an id with spaces stays whole.
+    name, item_id = (update.effective_message.text or "").split(None, 1)[1].split(None, 1)
+    item_id = item_id.strip()
+    if (problem := _unknown(context, name)) is not None:
+        return await reply(update, problem)
+    ch = channel_of(context)
+    result = await ops.replay(ch.store, name, item_id, actor(update.effective_user),
+                              settings=ch.settings)
+    await reply(update, ops.format_replay(name, item_id, result))
+
+
+async def sweep(update: Update, context: Context) -> None:
+    """/sweep [days]"""
+    args, days = context.args or [], None
+    if len(args) > 1:
+        return await reply(update, _USAGE["sweep"])
+    if args:
+        try:
+            days = float(args[0])
+        except ValueError:
+            days = -1.0
+        if not 0 < days < 100_000:
+            return await reply(update, _USAGE["sweep"] + " (days: a positive number)")
+    result = await channel_of(context).decisions.sweep(days)  # also clears expired cards
+    await reply(update, ops.format_sweep(result))
+
+
+async def _pipeline_arg(update: Update, context: Context, command: str) -> str | None:
+    """The one argument of /pause /resume /run, a configured pipeline; else None
+    (the operator has been told why)."""
+    args = context.args or []
+    if len(args) != 1:
+        await reply(update, _USAGE[command])
+        return None
+    if (problem := _unknown(context, args[0])) is not None:
+        await reply(update, problem)
+        return None
+    return args[0]
+
+
+async def pause(update: Update, context: Context) -> None:
+    """/pause <pipeline>"""
+    if (name := await _pipeline_arg(update, context, "pause")) is None:
+        return
+    await channel_of(context).decisions.pause(name, actor(update.effective_user))
+    await reply(update, f"⏸ {name} paused; /resume {name} starts it again.")
+
+
+async def resume(update: Update, context: Context) -> None:
+    """/resume <pipeline>"""
+    if (name := await _pipeline_arg(update, context, "resume")) is None:
+        return
+    await channel_of(context).decisions.resume(name, actor(update.effective_user))
+    await reply(update, f"▶️ {name} resumed.")
+
+
+async def run(update: Update, context: Context) -> None:
+    """/run <pipeline>"""
+    if (name := await _pipeline_arg(update, context, "run")) is None:
+        return
+    await reply(update, f"▶️ running {name} now…")
+    counts = (await channel_of(context).decisions.run_now(name)).to_dict()
+    await reply(update, f"{name}: " + " ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+async def help_(update: Update, context: Context) -> None:
+    """/help (and /start)"""
+    lines = ["draftgate: every draft arrives as a card; nothing is sent until an "
+             "operator taps ✅ Approve & send. Reply to a card with new text to edit it.", ""]
+    lines += [f"/{c} {a}".rstrip() + f" — {d}" for c, a, d in COMMANDS]
+    await reply(update, "\n".join(lines))
+
+
+def handlers() -> list[CommandHandler]:
+    """One CommandHandler per command (/start is /help)."""
+    table = {"status": status, "pending": pending, "replay": replay, "sweep": sweep,
+             "pause": pause, "resume": resume, "run": run, "help": help_, "start": help_}
+    return [CommandHandler(name, fn) for name, fn in table.items()]
+
+
+def card_link(draft: Draft) -> str | None:
+    """A t.me link to the card; only supergroup and channel messages have one."""
+    chat = str(draft.approval_chat or "")
+    if draft.approval_message_id and chat.startswith("-100") and chat[4:].isdigit():
+        return f"https://t.me/c/{chat[4:]}/{draft.approval_message_id}"
+    return None
