@@ -43,7 +43,7 @@ def check_all(settings: Settings) -> list[str]:
         # A stage that is missing or wrong was reported by the loader (which `validate`
         # lets run on, so one pass lists every problem): nothing to build.
         known = (p.source is not None, p.drafter.model in settings.models, p.sender is not None)
-        for build, ok in zip((build_source, build_drafter, build_sender), known):
+        for build, ok in zip((build_source, build_drafter, build_sender), known, strict=True):
             if not ok:
                 continue
             try:

@@ -18,8 +18,16 @@ from typing import Any
 import yaml
 
 from . import options as _options
-from .checker import (_CLOCK, _DURATION, Checker, _close, _kind, parse_duration,  # noqa: F401
-                      parse_size, url_problem)
+from .checker import (  # noqa: F401
+    _CLOCK,
+    _DURATION,
+    Checker,
+    _close,
+    _kind,
+    parse_duration,
+    parse_size,
+    url_problem,
+)
 from .errors import ConfigError
 from .options import ApprovalOptions, DrafterOptions, FilterOptions, SenderOptions, SourceOptions
 from .redact import register as redact_register

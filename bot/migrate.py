@@ -17,8 +17,8 @@ from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import StoreError
-from .store import create_store
 from .progress import Bar
+from .store import create_store
 from .store._copy import COPY_TABLES, copier
 
 #: Copy order. Drafts before audit so a reader of the target never sees an audit

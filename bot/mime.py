@@ -25,7 +25,8 @@ import hashlib
 import html
 import re
 import time
-from email.message import EmailMessage, Message as _RawMessage
+from email.message import EmailMessage
+from email.message import Message as _RawMessage
 
 from .models import Message
 

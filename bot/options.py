@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from email.headerregistry import Address
+from itertools import pairwise
 from typing import Any, Callable, Union
 from urllib.parse import urlsplit
 
@@ -191,7 +192,7 @@ def _slot_format_problem(schedule: Context, fmt: str) -> str | None:
         ids = [scheduler.slot_id(t, fmt) for t in times]
     except (ValueError, KeyError) as exc:
         return f"cannot format a slot with {fmt!r}: {exc}"
-    for a, b in zip(ids, ids[1:]):
+    for a, b in pairwise(ids):
         if a == b:
             return (f"{fmt!r} gives two consecutive slots the same id ({a!r}); use a finer "
                     f"format such as {DEFAULT_SLOT_FORMAT}")

@@ -52,8 +52,16 @@ from bot.models import sha256_text
 from tests.fakes.gmail import write_token_file
 from tests.fakes.telegram import FakeTelegram
 
-from ._chaos_parts import (ChaosGmail, ChaosLLM, StoreView, _fresh_pg_url, _pg_admin,
-                           _pid_of_client, _quiet_resets, _redacted)
+from ._chaos_parts import (
+    ChaosGmail,
+    ChaosLLM,
+    StoreView,
+    _fresh_pg_url,
+    _pg_admin,
+    _pid_of_client,
+    _quiet_resets,
+    _redacted,
+)
 from ._multihost import TOKEN_ENV, Host, ticket_email, tickets_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,7 +160,7 @@ class ChaosReport:
             f"crashed sends             {self.crashed_sends}, longest unfinished {rec} "
             f"({limit})",
             f"settled after drain       {settled}",
-            f"final states              "
+            "final states              "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())),
             f"replied, store disagrees  {len(self.replied_not_sent)}",
             f"operator taps             {self.taps}, prompt replies {self.prompt_replies}, "

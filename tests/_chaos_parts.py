@@ -22,7 +22,6 @@ from typing import Any, Callable
 from tests.fakes.gmail import FakeGmail, _Fault
 from tests.fakes.llm import Error, FakeLLM, Reply
 
-
 # -- fakes that fail at random -------------------------------------------------------------
 
 class ChaosLLM(FakeLLM):

@@ -451,8 +451,12 @@ def test_stage_options_are_parsed_once_at_load_into_frozen_types_with_their_defa
     each default filled in from one place."""
     from dataclasses import FrozenInstanceError
 
-    from bot.options import (ApprovalOptions, DrafterOptions, MaildirSourceOptions,
-                             WebhookSenderOptions)
+    from bot.options import (
+        ApprovalOptions,
+        DrafterOptions,
+        MaildirSourceOptions,
+        WebhookSenderOptions,
+    )
 
     cfg = write(tmp_path, {"a.yaml": "name: a\nsource: {type: maildir, path: inbox}\n"
                                      "sender: {type: webhook, url: 'https://h.example/x'}\n"

@@ -95,8 +95,9 @@ async def test_sigkill_while_drafting_drafts_again_once_and_sends_once(tmp_path)
         store = create_store(settings.store)
         await store.open()
         try:
-            from bot.approvals.console import ConsoleChannel
             import io
+
+            from bot.approvals.console import ConsoleChannel
 
             engine = Engine(settings, store, {"console": ConsoleChannel(out=io.StringIO(),
                                                                          interactive=False)})

@@ -15,8 +15,14 @@ import pytest
 
 from bot.config import load_settings
 from bot.engine import Engine
-from bot.errors import (DrafterError, DrafterRetryable, SendFailed, SendUnknown, SourceError,
-                        StoreError)
+from bot.errors import (
+    DrafterError,
+    DrafterRetryable,
+    SendFailed,
+    SendUnknown,
+    SourceError,
+    StoreError,
+)
 from bot.models import DraftResult, FetchResult, Item, Message, SendResult
 from bot.options import FilterOptions
 from bot.stages import ApprovalChannelBase, PostedRef

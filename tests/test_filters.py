@@ -6,8 +6,8 @@ import pytest
 
 from bot.config import Checker
 from bot.filters import skip_reason
-from bot.options import FilterOptions, parse_filters
 from bot.models import Message
+from bot.options import FilterOptions, parse_filters
 
 OWN = ["support@shop.example"]
 

@@ -13,9 +13,8 @@ import httplib2
 import pytest
 
 from bot.models import AWAITING, SEND_FAILED, SENT
-from tests.fakes.gmail import GmailWorld, simple_message
-
 from bot.reply import reply_message_id
+from tests.fakes.gmail import GmailWorld, simple_message
 
 
 async def _awaiting(w: GmailWorld, *raws: bytes, labels=("INBOX", "UNREAD")):

@@ -66,7 +66,7 @@ async def test_every_hostile_email_stays_inside_the_data_boundary(tmp_path, fake
     assert len(fake.requests) == len(CORPUS) + 1
     reference = _instructions_without_nonce(fake.requests[0])
     nonces = set()
-    for path, m, req in zip(CORPUS, messages, fake.requests[1:]):
+    for path, m, req in zip(CORPUS, messages, fake.requests[1:], strict=True):
         system, user, begin, end = _boundaries(req)
         nonces.add(begin)
         # The instructions are word for word those of a harmless email.

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from bot import mime
-from tests._stage import pipeline
 from bot.config import PipelineConfig, Settings
 from bot.errors import ConfigError, SourceError
 from bot.sources import maildir
 from bot.stages import FetchContext, Source
+from tests._stage import pipeline
 
 CORPUS = Path(__file__).parent / "corpus"
 

@@ -13,6 +13,7 @@ import email
 import email.policy
 import signal
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,19 @@ from tests.fakes.gmail import FakeGmail
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
 
-from ._multihost import (ANNA, CHAT, OPS_CHAT, Db, Host, card_posts, logs, ticket_email, tickets_of,
-                         until, write_deployment)
+from ._multihost import (
+    ANNA,
+    CHAT,
+    OPS_CHAT,
+    Db,
+    Host,
+    card_posts,
+    logs,
+    ticket_email,
+    tickets_of,
+    until,
+    write_deployment,
+)
 from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
 
 MESSAGES = 200
@@ -168,7 +180,7 @@ async def test_three_hosts_draft_post_and_send_each_of_200_messages_exactly_once
     runs = await w.db.fetch("SELECT started_at, ended_at FROM pipeline_runs"
                             " WHERE ended_at IS NOT NULL ORDER BY started_at")
     overlaps = [(a["started_at"], a["ended_at"], b["started_at"])
-                for a, b in zip(runs, runs[1:]) if b["started_at"] < a["ended_at"]]
+                for a, b in pairwise(runs) if b["started_at"] < a["ended_at"]]
     assert runs and not overlaps, overlaps
     for h in hosts:
         assert "Traceback" not in h.text(), logs([h])

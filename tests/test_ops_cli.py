@@ -94,12 +94,12 @@ def test_one_tick_then_status_pending_replay_and_sweep(deployment, capsys):
 
 def test_a_sent_item_cannot_be_replayed(deployment, capsys):
     import asyncio
+    import io
 
+    from bot.approvals.console import ConsoleChannel
     from bot.config import load_settings
     from bot.engine import Engine
-    from bot.approvals.console import ConsoleChannel
     from bot.store import create_store
-    import io
 
     async def tick_and_approve_all():
         settings = load_settings(deployment)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests._stage import pipeline
 from bot.config import PipelineConfig, Settings
 from bot.errors import ConfigError, SendFailed
 from bot.models import Draft, Message, draft_key
 from bot.reply import build_reply, reply_message_id, reply_subject
 from bot.senders import outbox
 from bot.stages import Sender
+from tests._stage import pipeline
 
 ALICE = Message(message_id="<order-1234@customer.example>", from_name="Alice Buyer",
                 from_addr="alice@customer.example", reply_to="alice@customer.example",

@@ -24,11 +24,11 @@ import pytest
 
 from bot import redact
 from bot.approvals import cards
-from tests import _stage
-from bot.config import PipelineConfig, Settings
+from bot.config import Settings
 from bot.errors import SendFailed
 from bot.models import Draft, Message, draft_key
 from bot.senders import webhook
+from tests import _stage
 from tests._proc import ROOT, sqlite_rows
 from tests.fakes.gmail import FakeGmail, simple_message, write_token_file
 from tests.fakes.llm import FakeLLM

@@ -6,12 +6,12 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests._stage import pipeline
 from bot.config import PipelineConfig, Settings
 from bot.errors import ConfigError
 from bot.models import draft_key
 from bot.sources import schedule
 from bot.stages import FetchContext, Source
+from tests._stage import pipeline
 
 
 def _t(text: str) -> float:

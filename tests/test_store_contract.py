@@ -179,7 +179,7 @@ class TestStoreContract:
         not marked seen either, so the next fetch takes it again."""
         bad = _msg("m2")
         bad.headers = {"x": object()}  # cannot be stored as JSON
-        with pytest.raises(Exception):
+        with pytest.raises(TypeError):  # not JSON serializable
             await store.admit(P, S, R, [Item("m1", _msg("m1")), Item("m2", bad)],
                               cursor="h-9", now=T0)
         assert await store.seen_count(P) == 0

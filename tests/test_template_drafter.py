@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from tests._stage import pipeline
 from bot.config import ModelConfig, PipelineConfig, Settings
 from bot.drafters import template
 from bot.errors import ConfigError, DrafterError, DrafterSetupError
 from bot.models import DraftRequest, Message
 from bot.stages import Drafter
+from tests._stage import pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = ModelConfig("template", "template", {"provider": "template"})

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests._stage import pipeline
 from bot.config import PipelineConfig, Settings
 from bot.errors import ConfigError, SendFailed, SendUnknown
-from bot.options import WebhookSenderOptions
 from bot.models import Draft, Message, draft_key
+from bot.options import WebhookSenderOptions
 from bot.reply import reply_message_id
 from bot.senders import webhook
 from bot.stages import Sender
+from tests._stage import pipeline
 from tests.fakes.webhook import FakeWebhook
 
 ALICE = Message(message_id="<order-1234@customer.example>", from_name="Alice Buyer",

@@ -18,9 +18,22 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..models import (APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, QUEUED, READY,
-                      REJECTED, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT,
-                      Draft)
+from ..models import (
+    APPROVED,
+    AWAITING,
+    DRAFTING,
+    EXPIRED,
+    FAILED,
+    QUEUED,
+    READY,
+    REJECTED,
+    REPLAYABLE_STATUSES,
+    SEND_FAILED,
+    SEND_UNKNOWN,
+    SENDING,
+    SENT,
+    Draft,
+)
 from ..redact import scrub
 
 MAX_TEXT = 4096  # Telegram's limit for one message

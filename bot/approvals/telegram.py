@@ -18,8 +18,14 @@ from typing import Any
 from telegram import BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
-from telegram.ext import (AIORateLimiter, Application, ApplicationBuilder,
-                          ApplicationHandlerStop, ContextTypes, TypeHandler)
+from telegram.ext import (
+    AIORateLimiter,
+    Application,
+    ApplicationBuilder,
+    ApplicationHandlerStop,
+    ContextTypes,
+    TypeHandler,
+)
 
 from ..config import Settings, TelegramConfig, env_secret
 from ..errors import ApprovalError, ConfigError, DraftgateError

@@ -11,8 +11,18 @@ from telegram.constants import ParseMode
 from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
-from ..models import (APPROVED, DRAFTING, QUEUED, READY, REJECTED, SEND_FAILED, SEND_UNKNOWN,
-                      SENDING, SENT, Draft)
+from ..models import (
+    APPROVED,
+    DRAFTING,
+    QUEUED,
+    READY,
+    REJECTED,
+    SEND_FAILED,
+    SEND_UNKNOWN,
+    SENDING,
+    SENT,
+    Draft,
+)
 from ..redact import scrub
 from . import cards
 
@@ -56,10 +66,11 @@ def plain(text: str) -> str:
     text = scrub(text)  # notices and error replies quote errors: no secret leaves in one
     if cards.units(text) <= _PLAIN_LIMIT:
         return text
-    budget, used, end = _PLAIN_LIMIT - 20, 0, 0
-    for end, ch in enumerate(text):
+    budget, used, end = _PLAIN_LIMIT - 20, 0, len(text)
+    for i, ch in enumerate(text):
         used += 2 if ord(ch) > 0xFFFF else 1
         if used > budget:
+            end = i
             break
     return text[:end] + "\n… (cut)"
 

@@ -17,8 +17,14 @@ from typing import Any, Awaitable, Callable
 from telegram import ForceReply, Update
 from telegram.constants import ParseMode
 from telegram.error import TelegramError
-from telegram.ext import (BaseHandler, CallbackQueryHandler, CommandHandler, ContextTypes,
-                          MessageHandler, filters)
+from telegram.ext import (
+    BaseHandler,
+    CallbackQueryHandler,
+    CommandHandler,
+    ContextTypes,
+    MessageHandler,
+    filters,
+)
 
 from .. import ops
 from ..errors import ApprovalError, ConfigError, DrafterError

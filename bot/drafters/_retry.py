@@ -30,8 +30,8 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 from typing import Any, Awaitable, Callable, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from ..config import Checker, ModelConfig, PipelineConfig, Settings, parse_duration
 from ..errors import ConfigError, DrafterError, DrafterRetryable, DrafterSetupError

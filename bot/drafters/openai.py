@@ -20,8 +20,17 @@ from typing import Any
 import openai
 
 from ..config import ModelConfig, PipelineConfig, Settings
-from ._retry import (Answer, AnswerFailed, Failure, LLMDrafter, error_in_body, json_object,
-                     not_the_api, status_failure, token_count)
+from ._retry import (
+    Answer,
+    AnswerFailed,
+    Failure,
+    LLMDrafter,
+    error_in_body,
+    json_object,
+    not_the_api,
+    status_failure,
+    token_count,
+)
 from .prompt import Prompt
 
 __all__ = ["create", "OpenAIDrafter"]

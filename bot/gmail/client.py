@@ -260,8 +260,8 @@ class GmailClient:
 
     def credentials(self):
         """Fresh credentials (refreshed and saved 0600 in place when expired)."""
-        from google.auth.exceptions import RefreshError, TransportError
         import google_auth_httplib2
+        from google.auth.exceptions import RefreshError, TransportError
 
         with self._lock:
             stamp = self._file_stamp()
@@ -347,8 +347,8 @@ class GmailClient:
         creds = self.credentials()
         with self._lock:
             if self._service is None:
-                from googleapiclient.discovery import build
                 import google_auth_httplib2
+                from googleapiclient.discovery import build
 
                 self._service = _CachedResource(build(
                     "gmail", "v1", static_discovery=True,

@@ -22,9 +22,8 @@ from typing import Any
 
 from ..config import PipelineConfig, Settings
 from ..errors import AuthError, SendFailed, SendUnknown, SourceError
-from ..models import Draft, SendResult
 from ..gmail.client import GmailClient, MaybeSent, NotSent
-
+from ..models import Draft, SendResult
 from ..reply import build_reply, reply_message_id
 
 log = logging.getLogger("draftgate.senders.gmail")

@@ -35,11 +35,11 @@ import urllib.parse
 
 import httpx
 
+from .. import redact
 from ..config import PipelineConfig, Settings, url_problem
 from ..errors import SendFailed, SendUnknown
 from ..models import Draft, SendResult
 from ..options import WebhookSenderOptions
-from .. import redact
 from ..reply import reply_message_id, reply_subject
 
 _HEADER_SAFE = "".join(c for c in string.printable if c not in "%\r\n\t\x0b\x0c")

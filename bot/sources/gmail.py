@@ -66,11 +66,11 @@ from typing import Any
 from .. import filters as _filters
 from ..config import PipelineConfig, Settings
 from ..errors import SourceError
+from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message
 from ..options import FilterOptions, GmailSourceOptions
 from ..stages import FetchContext
-from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 
 log = logging.getLogger("draftgate.sources.gmail")
 

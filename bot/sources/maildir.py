@@ -32,8 +32,8 @@ from pathlib import Path
 
 from .. import mime
 from ..config import PipelineConfig, Settings
-from ..filters import too_big
 from ..errors import SourceError
+from ..filters import too_big
 from ..models import FetchResult, Item, Message
 
 log = logging.getLogger("draftgate.sources.maildir")
