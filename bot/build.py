@@ -24,10 +24,12 @@ _DRAFTERS = {"template": "bot.drafters.template", "openai": "bot.drafters.openai
 
 
 def build_source(pipeline: PipelineConfig, settings: Settings) -> Source:
+    assert pipeline.source is not None, "the loader reported the missing or wrong source:"
     return importlib.import_module(_SOURCES[pipeline.source.type]).create(pipeline, settings)
 
 
 def build_sender(pipeline: PipelineConfig, settings: Settings) -> Sender:
+    assert pipeline.sender is not None, "the loader reported the missing or wrong sender:"
     return importlib.import_module(_SENDERS[pipeline.sender.type]).create(pipeline, settings)
 
 

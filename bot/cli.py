@@ -47,7 +47,7 @@ def _setup_logging(verbose: int) -> None:
         if a.exc_type is not SystemExit:
             logging.getLogger("draftgate").error(
                 "thread %s failed", a.thread.name if a.thread else "?",
-                exc_info=(a.exc_type, a.exc_value, a.exc_traceback))
+                exc_info=a.exc_value)  # its __traceback__ is a.exc_traceback
 
     threading.excepthook = thread_failed
 

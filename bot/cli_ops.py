@@ -85,6 +85,7 @@ async def _validate(args) -> int:
         raise ConfigError(problems)
     print(f"{settings.file}: OK, {len(settings.pipelines)} pipeline(s)")
     for p in settings.pipelines:
+        assert p.source is not None and p.sender is not None  # no problems: both were read
         print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.type}, "
               f"drafter {p.drafter.model}, approval "
               f"{p.approval.channel}, sender {p.sender.type}, "

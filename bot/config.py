@@ -530,19 +530,20 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         elif not found.is_file():
             ck.error("drafter.prompt", f"file not found: {drafter.prompt} (looked for {found})")
 
-    approval = ck.mapping(data.get("approval"), "approval")
-    ck.unknown(approval, {"channel", "chat"}, "approval")
-    channel = ck.get(approval, "channel", "approval", str, default=ApprovalOptions.channel,
+    raw_approval = ck.mapping(data.get("approval"), "approval")
+    ck.unknown(raw_approval, {"channel", "chat"}, "approval")
+    channel = ck.get(raw_approval, "channel", "approval", str, default=ApprovalOptions.channel,
                      choices=CHANNELS)
-    chat = approval.get("chat")
+    chat = raw_approval.get("chat")
     if chat is not None and _chat_id(chat) is None:
         ck.error("approval.chat", f"expected a numeric Telegram chat id (like 123456789, or "
                                   f"-1001234567890 for a group), got {_kind(chat)} {chat!r}")
-    if channel == "telegram" and settings.telegram is None:
-        ck.error("approval.channel", f"telegram needs a telegram: section in {settings.file}")
-    elif channel == "telegram" and chat is None and settings.telegram.approvals_chat is None:
-        ck.error("approval.chat", f"missing; set the chat id here, or telegram.approvals_chat "
-                                  f"in {settings.file}")
+    if channel == "telegram":
+        if settings.telegram is None:
+            ck.error("approval.channel", f"telegram needs a telegram: section in {settings.file}")
+        elif chat is None and settings.telegram.approvals_chat is None:
+            ck.error("approval.chat", f"missing; set the chat id here, or "
+                                      f"telegram.approvals_chat in {settings.file}")
     approval = ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat))
 
     sender = _stage(ck, data, "sender", SENDER_TYPES, ctx)

@@ -12,6 +12,7 @@ from . import ops
 from .cli_common import REPO, channels, existing_store, load, options, say, store_for
 from .config import Settings
 from .errors import ConfigError
+from .options import OutboxSenderOptions, expect
 
 DEMO_CONFIG = REPO / "draftgate.demo.yaml"
 #: Marks a store (audit row) and an outbox (file) as the demo's own: `demo -c FILE`
@@ -88,7 +89,7 @@ async def _demo_settings(args) -> tuple[Settings, bool]:
     settings = load(bundled if own else args.config)
     # Demo mode approves every draft by itself: it must never reach a real recipient.
     real = [f"{p.file}: sender.type is {p.sender.type!r}" for p in settings.pipelines
-            if p.sender.type != "outbox"]
+            if p.sender is not None and p.sender.type != "outbox"]  # load(): none is None
     if real:
         raise ConfigError(
             ["demo approves every draft automatically, so it runs only pipelines whose "
@@ -129,7 +130,8 @@ async def _demo(args) -> int:
     print(f" config: {settings.file}")
     print(f" store:  {say(settings.store)}")
     print("=" * 72)
-    folders = [settings.resolve(p.sender.path) for p in settings.pipelines]
+    folders = [settings.resolve(expect(p.sender, OutboxSenderOptions).path)
+               for p in settings.pipelines]  # each an outbox: see _demo_settings
     before = {f: set(f.glob("*.eml")) if f.exists() else set() for f in folders}
     async with store_for(settings) as store:
         if not await store.audit_log(draft_key=DEMO_MARK, limit=1):

@@ -324,7 +324,7 @@ def _decode_part(part: _RawMessage, limit: int) -> tuple[str, bool]:
         payload = part.get_payload(decode=True)
     except Exception:
         payload = None
-    if payload is None:
+    if not isinstance(payload, bytes):  # None: a multipart (decode=True gives bytes or None)
         inner = part.get_payload()
         payload = inner.encode("ascii", "surrogateescape") if isinstance(inner, str) else b""
     cut = len(payload) > limit

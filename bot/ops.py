@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import overload
 
 from . import scheduler
 from .config import PipelineConfig, Settings
@@ -81,6 +82,10 @@ UNFINISHED_STATUSES = (QUEUED, DRAFTING, *PENDING_STATUSES)
 ATTENTION_STATUSES = (FAILED, SKIPPED, REJECTED, SEND_FAILED, SEND_UNKNOWN, EXPIRED)
 
 
+@overload
+def _run_dict(r: Run) -> dict: ...
+@overload
+def _run_dict(r: Run | None) -> dict | None: ...
 def _run_dict(r: Run | None) -> dict | None:
     if r is None:
         return None

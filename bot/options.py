@@ -6,10 +6,10 @@ downstream reads a YAML mapping. Each problem is recorded in the :class:`Checker
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from email.headerregistry import Address
 from itertools import pairwise
-from typing import Any, Callable, Union
+from typing import Any, Callable, TypeVar, Union
 from urllib.parse import urlsplit
 
 from . import scheduler
@@ -105,6 +105,17 @@ class GmailSenderOptions:
 
 SourceOptions = Union[MaildirSourceOptions, ScheduleSourceOptions, GmailSourceOptions]
 SenderOptions = Union[OutboxSenderOptions, WebhookSenderOptions, GmailSenderOptions]
+
+_O = TypeVar("_O")
+
+
+def expect(options: SourceOptions | SenderOptions | None, kind: type[_O]) -> _O:
+    """A pipeline's ``source`` or ``sender`` options as the class of the stage reading
+    them: bot.build picks the stage by the options' ``type``, and the loader keeps no
+    options that had errors (None), so anything else is a bug, not a config problem."""
+    if not isinstance(options, kind):
+        raise TypeError(f"expected {kind.__name__}, got {type(options).__name__}")
+    return options
 
 
 @dataclass(frozen=True)
@@ -221,12 +232,15 @@ def _gmail_source(ck: Checker, raw: dict, ctx: Context) -> GmailSourceOptions:
         or d.concurrency)
 
 
-def _outbox(ck: Checker, raw: dict, ctx: Context) -> OutboxSenderOptions:
+def _outbox(ck: Checker, raw: dict, ctx: Context) -> OutboxSenderOptions | None:
     path, from_value = ck.get(raw, "path", "sender", str), ck.get(raw, "from", "sender", str)
+    if from_value is None:
+        return None  # ck.get recorded it
     try:
-        return OutboxSenderOptions(path, None if from_value is None else parse_from(from_value))
+        return OutboxSenderOptions(path, parse_from(from_value))
     except ValueError as exc:
         ck.error("sender.from", str(exc))
+        return None
 
 
 def _webhook(ck: Checker, raw: dict, ctx: Context) -> WebhookSenderOptions:
@@ -267,8 +281,8 @@ def _gmail_sender(ck: Checker, raw: dict, ctx: Context) -> GmailSenderOptions:
                               ck.get(raw, "label", "sender", str, default=None), raw["type"])
 
 
-def _keys(cls: type, *more: str) -> set[str]:
-    return set(cls.__dataclass_fields__) | set(more)
+def _keys(cls: Any, *more: str) -> set[str]:  # cls: an options dataclass
+    return {f.name for f in fields(cls)} | set(more)
 
 
 #: type -> (the keys it takes, its parser).

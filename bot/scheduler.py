@@ -17,9 +17,11 @@ from datetime import datetime, timezone
 from typing import Protocol
 
 
-class _Schedule(Protocol):
-    interval: float | None
-    cron: str | None
+class _Schedule(Protocol):  # read-only: PipelineConfig and options.Context are frozen
+    @property
+    def interval(self) -> float | None: ...
+    @property
+    def cron(self) -> str | None: ...
 
 
 def validate_cron(expr: str) -> str | None:
@@ -50,7 +52,7 @@ def next_due(p: _Schedule, after: float) -> float:
     from croniter import croniter
 
     start = datetime.fromtimestamp(after, tz=timezone.utc)
-    return float(croniter(p.cron, start).get_next(float))
+    return float(croniter(_cron(p), start).get_next(float))
 
 
 def last_due(p: _Schedule, at: float) -> float:
@@ -60,7 +62,13 @@ def last_due(p: _Schedule, at: float) -> float:
     from croniter import croniter
 
     start = datetime.fromtimestamp(at + 1e-6, tz=timezone.utc)
-    return float(croniter(p.cron, start).get_prev(float))
+    return float(croniter(_cron(p), start).get_prev(float))
+
+
+def _cron(p: _Schedule) -> str:
+    # The loader gives every pipeline either an interval or a cron expression.
+    assert p.cron is not None, "a schedule without an interval needs a cron expression"
+    return p.cron
 
 
 def slots_between(p: _Schedule, after: float, until: float, limit: int = 1000) -> list[float]:

@@ -24,6 +24,7 @@ from ..config import PipelineConfig, Settings
 from ..errors import AuthError, SendFailed, SendUnknown, SourceError
 from ..gmail.client import GmailClient, MaybeSent, NotSent
 from ..models import Draft, SendResult
+from ..options import GmailSenderOptions, expect
 from ..reply import build_reply, reply_message_id
 
 log = logging.getLogger("draftgate.senders.gmail")
@@ -193,7 +194,7 @@ class GmailDraftSender(_GmailSender):
 
 def create(pipeline: PipelineConfig, settings: Settings) -> _GmailSender:
     """Build the sender from its checked ``sender:`` options (no I/O)."""
-    o = pipeline.sender
+    o = expect(pipeline.sender, GmailSenderOptions)
     cls = GmailDraftSender if o.type == "gmail_draft" else GmailReplySender
     client = GmailClient(o.account, settings.gmail_accounts[o.account], base_dir=settings.base_dir,
                          workers=2, config_file=os.path.abspath(settings.file))

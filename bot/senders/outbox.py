@@ -25,6 +25,7 @@ from pathlib import Path
 from ..config import PipelineConfig, Settings
 from ..errors import SendFailed
 from ..models import Draft, SendResult
+from ..options import OutboxSenderOptions, expect
 from ..reply import build_reply
 
 log = logging.getLogger("draftgate.outbox")
@@ -42,8 +43,9 @@ class OutboxSender:
     name = "outbox"
 
     def __init__(self, pipeline: PipelineConfig):
-        self.folder = pipeline.path(pipeline.sender.path)
-        self.from_addr = pipeline.sender.from_addr
+        options = expect(pipeline.sender, OutboxSenderOptions)
+        self.folder = pipeline.path(options.path)
+        self.from_addr = options.from_addr
         self._where = f"{pipeline.file}: sender.path"
 
     async def send(self, draft: Draft) -> SendResult:

@@ -39,7 +39,7 @@ from .. import redact
 from ..config import PipelineConfig, Settings, url_problem
 from ..errors import SendFailed, SendUnknown
 from ..models import Draft, SendResult
-from ..options import WebhookSenderOptions
+from ..options import WebhookSenderOptions, expect
 from ..reply import reply_message_id, reply_subject
 
 _HEADER_SAFE = "".join(c for c in string.printable if c not in "%\r\n\t\x0b\x0c")
@@ -215,4 +215,4 @@ def _host(url: str) -> str:
 
 def create(pipeline: PipelineConfig, settings: Settings) -> WebhookSender:
     """Build the sender from its checked ``sender:`` options (no network I/O)."""
-    return WebhookSender(pipeline.sender, where=f"{pipeline.file}: sender")
+    return WebhookSender(expect(pipeline.sender, WebhookSenderOptions), where=f"{pipeline.file}: sender")

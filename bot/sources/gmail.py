@@ -60,6 +60,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,7 @@ from ..errors import SourceError
 from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message
-from ..options import FilterOptions, GmailSourceOptions
+from ..options import FilterOptions, GmailSourceOptions, expect
 from ..stages import FetchContext
 
 log = logging.getLogger("draftgate.sources.gmail")
@@ -342,10 +343,12 @@ class GmailSource:
         except BaseException:  # the tick itself was cancelled
             stop.set()
             raise
-        errors = first or [r for r in gathered if isinstance(r, BaseException)]
+        errors: Sequence[BaseException] = first or [
+            r for r in gathered if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
-        results = [r for r in gathered if r]
+        # (Past the raise none is an exception; the isinstance tells the type checker.)
+        results = [r for r in gathered if r and not isinstance(r, BaseException)]
         items = [item for _, item in results if item is not None]
         return items, [resource for resource, _ in results]
 
@@ -597,7 +600,7 @@ def _padded(data: str) -> str:
 
 def create(pipeline: PipelineConfig, settings: Settings) -> GmailSource:
     """Build the source from its checked ``source:`` options (no I/O)."""
-    o = pipeline.source
+    o = expect(pipeline.source, GmailSourceOptions)
     client = GmailClient(o.account, settings.gmail_accounts[o.account], base_dir=settings.base_dir,
                          workers=max(1, o.concurrency), config_file=os.path.abspath(settings.file))
     return GmailSource(client, o, pipeline.filters)

@@ -35,6 +35,7 @@ from ..config import PipelineConfig, Settings
 from ..errors import SourceError
 from ..filters import too_big
 from ..models import FetchResult, Item, Message
+from ..options import MaildirSourceOptions, expect
 
 log = logging.getLogger("draftgate.sources.maildir")
 
@@ -55,9 +56,10 @@ class MaildirSource:
     scope = "maildir"
 
     def __init__(self, pipeline: PipelineConfig):
-        self.folder = pipeline.path(pipeline.source.path)
-        self.max_body = pipeline.source.max_body
-        self.max_age = pipeline.source.max_age
+        options = expect(pipeline.source, MaildirSourceOptions)
+        self.folder = pipeline.path(options.path)
+        self.max_body = options.max_body
+        self.max_age = options.max_age
         # filters.max_body: a file bigger than this is skipped from its size alone,
         # without reading it into memory.
         self.skip_above = pipeline.filters.max_body
@@ -182,7 +184,7 @@ class MaildirSource:
         for done, (item_id, f) in enumerate(todo, 1):
             item = self._parse(item_id, f)
             if self.max_age is not None and item.skip_reason is None:
-                item.skip_reason = self._too_old(item.message, f, now)
+                item.skip_reason = self._too_old(item.message, f, now, self.max_age)
             items.append(item)
             if progress is not None:
                 progress(done, len(todo))
@@ -190,7 +192,7 @@ class MaildirSource:
 
     def _parse(self, item_id: str, f: _File) -> Item:
         if self.skip_above is not None and f.stamp[1] > self.skip_above:
-            return self._too_big(item_id, f)
+            return self._too_big(item_id, f, self.skip_above)
         try:
             raw = f.path.read_bytes()
         except OSError as exc:
@@ -205,10 +207,10 @@ class MaildirSource:
         return Item(item_id, message)
 
 
-    def _too_big(self, item_id: str, f: _File) -> Item:
+    def _too_big(self, item_id: str, f: _File, limit: int) -> Item:
         """Skipped from the file size alone; the headers (read from the first bytes)
         still show who wrote and about what."""
-        reason = too_big(f.stamp[1], self.skip_above)
+        reason = too_big(f.stamp[1], limit)
         try:
             with open(f.path, "rb") as fh:
                 head = fh.read(_HEAD_BYTES)
@@ -219,16 +221,16 @@ class MaildirSource:
         message.body_truncated = True  # only the first bytes were read
         return Item(item_id, message, skip_reason=reason)
 
-    def _too_old(self, message: Message, f: _File, now: float) -> str | None:
+    def _too_old(self, message: Message, f: _File, now: float, max_age: float) -> str | None:
         when = f.stamp[0] / 1e9
         if message.date:
             try:
                 when = datetime.fromisoformat(message.date).timestamp()
             except (ValueError, OverflowError):
                 pass
-        if now - when > self.max_age:
+        if now - when > max_age:
             dated = message.date or "file time " + datetime.fromtimestamp(when, timezone.utc).isoformat()
-            return f"older than source.max_age ({_human_age(self.max_age)}): dated {dated}"
+            return f"older than source.max_age ({_human_age(max_age)}): dated {dated}"
         return None
 
 

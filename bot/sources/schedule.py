@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from .. import scheduler
 from ..config import PipelineConfig, Settings
 from ..models import FetchResult, Item, Message
+from ..options import ScheduleSourceOptions, expect
 
 
 class ScheduleSource:
@@ -42,8 +43,9 @@ class ScheduleSource:
 
     def __init__(self, pipeline: PipelineConfig):
         self._p = pipeline
-        self.topic = pipeline.source.topic
-        self.slot_format = pipeline.source.slot_format
+        options = expect(pipeline.source, ScheduleSourceOptions)
+        self.topic = options.topic
+        self.slot_format = options.slot_format
 
     def slots(self, scheduled_for: float, cursor: str | None) -> list[float]:
         """Slot times to admit for a tick scheduled at ``scheduled_for``. Pure."""
