@@ -238,9 +238,10 @@ async def call_with_retries(opts: ModelOptions, call: Callable[[], Awaitable[T]]
         except AnswerFailed as exc:
             failure = exc.failure
         except Exception as exc:
-            failure = classify(exc)
-            if failure is None:
+            classified = classify(exc)
+            if classified is None:
                 raise
+            failure = classified
         failure.reason = opts.redact(failure.reason)
         where = f"{opts.provider} {opts.model}"
         if not failure.retryable:
@@ -353,6 +354,16 @@ def json_object(body: bytes) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def mapping(value: Any) -> dict[str, Any]:
+    """An answer's field that should be a JSON object, or an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def text_field(value: Any) -> str:
+    """An answer's field that should be a string, or ""."""
+    return value if isinstance(value, str) else ""
 
 
 def token_count(value: Any) -> int:

@@ -25,8 +25,10 @@ from ._retry import (
     LLMDrafter,
     error_in_body,
     json_object,
+    mapping,
     not_the_api,
     status_failure,
+    text_field,
     token_count,
 )
 from .prompt import Prompt
@@ -62,18 +64,18 @@ class AnthropicDrafter(LLMDrafter):
             # {"type": "error", "error": {"type": "overloaded_error", ...}} in a 200
             # answer: classified by its numeric code if it has one, else by its type.
             error = data["error"] if isinstance(data["error"], dict) else {"message": data["error"]}
-            status = None if error.get("code") is not None else _ERROR_STATUS.get(error.get("type"), 500)
+            status = None if error.get("code") is not None else _ERROR_STATUS.get(str(error.get("type")), 500)
             raise AnswerFailed(error_in_body(self.opts, error, status=status))
         if data is None or not isinstance(content, list):
             raise AnswerFailed(not_the_api(self.opts, "Anthropic", body, content_type))
         text = "".join(b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
                        and isinstance(b.get("text"), str))
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        usage = mapping(data.get("usage"))
         stop = data.get("stop_reason")
         return Answer(text=text, cut_off=stop == "max_tokens",
                       tokens_in=token_count(usage.get("input_tokens")),
                       tokens_out=token_count(usage.get("output_tokens")),
-                      model=data.get("model") if isinstance(data.get("model"), str) else "",
+                      model=text_field(data.get("model")),
                       refused="the model refused to write this reply (stop_reason refusal)"
                       if stop == "refusal" else "")
 

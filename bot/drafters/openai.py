@@ -27,8 +27,10 @@ from ._retry import (
     LLMDrafter,
     error_in_body,
     json_object,
+    mapping,
     not_the_api,
     status_failure,
+    text_field,
     token_count,
 )
 from .prompt import Prompt
@@ -73,8 +75,8 @@ class OpenAIDrafter(LLMDrafter):
         if finish == "error" or choice.get("error"):
             raise AnswerFailed(error_in_body(self.opts, choice.get("error") or data.get("error")
                                              or {"message": "finish_reason error"}))
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        message = mapping(choice.get("message"))
+        usage = mapping(data.get("usage"))
         refusal = message.get("refusal")
         if isinstance(refusal, str) and refusal.strip():
             refused = "the model refused to write this reply: " + " ".join(refusal.split())[:300]
@@ -88,7 +90,7 @@ class OpenAIDrafter(LLMDrafter):
             cut_off=finish == "length",
             tokens_in=token_count(usage.get("prompt_tokens")),
             tokens_out=token_count(usage.get("completion_tokens")),
-            model=data.get("model") if isinstance(data.get("model"), str) else "",
+            model=text_field(data.get("model")),
             refused=refused)
 
     def _classify(self, exc: BaseException) -> Failure | None:

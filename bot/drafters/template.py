@@ -126,7 +126,7 @@ def create(model: ModelConfig, pipeline: PipelineConfig, settings: Settings) -> 
         ck.error("drafter.prompt", "missing; the template drafter needs a template file, e.g. "
                                    "prompt: templates/reply.txt (fields: "
                                    + ", ".join("{" + f + "}" for f in FIELDS) + ")")
-    if errors:
+    if errors or prompt is None:  # a missing prompt is one of the errors
         raise ConfigError(errors)
     return TemplateDrafter(pipeline.path(prompt), where=f"{pipeline.file}: drafter.prompt")
 
