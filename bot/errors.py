@@ -46,7 +46,7 @@ class AuthError(SourceError):
 
 
 class DrafterError(DraftgateError):
-    pass
+    tokens: int = 0  # what an unusable answer still cost; the engine counts it
 
 
 class DrafterRetryable(DrafterError):

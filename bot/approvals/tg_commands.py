@@ -8,13 +8,13 @@ import html
 
 from telegram import Update
 from telegram.constants import ParseMode
-from telegram.ext import CommandHandler, ContextTypes
+from telegram.ext import BaseHandler, CommandHandler, ContextTypes
 
 from .. import ops
 from ..errors import ConfigError
 from ..models import Draft
 from . import cards
-from .tg_common import NO_PREVIEW, actor, channel_of, reply
+from .tg_common import NO_PREVIEW, channel_of, message_of, operator, reply
 
 COMMANDS: list[tuple[str, str, str]] = [
     # (command, arguments, description) -- the description goes to setMyCommands.
@@ -63,7 +63,8 @@ async def pending(update: Update, context: Context) -> None:
     drafts = await ops.pending(ch.store, ch.settings)
     if not drafts:
         return await reply(update, ops.format_pending(drafts))
-    lines, used = [], 0
+    lines: list[str] = []
+    used = 0
     for d in drafts:
         line = html.escape(ops.format_pending([d], ch.settings), quote=False)
         if link := card_link(d):
@@ -73,7 +74,7 @@ async def pending(update: Update, context: Context) -> None:
             lines.append(f"… and {len(drafts) - len(lines)} more")
             break
         lines.append(line)
-    await update.effective_message.reply_text("\n".join(lines), parse_mode=ParseMode.HTML,
+    await message_of(update).reply_text("\n".join(lines), parse_mode=ParseMode.HTML,
                                               do_quote=True, link_preview_options=NO_PREVIEW)
 
 
@@ -82,12 +83,12 @@ async def replay(update: Update, context: Context) -> None:
     if len(context.args or []) < 2:
         return await reply(update, _USAGE["replay"])
     # Split once on the raw text, so an id with spaces stays whole.
-    name, item_id = (update.effective_message.text or "").split(None, 1)[1].split(None, 1)
+    name, item_id = (message_of(update).text or "").split(None, 1)[1].split(None, 1)
     item_id = item_id.strip()
     if (problem := _unknown(context, name)) is not None:
         return await reply(update, problem)
     ch = channel_of(context)
-    result = await ops.replay(ch.store, name, item_id, actor(update.effective_user),
+    result = await ops.replay(ch.store, name, item_id, operator(update),
                               settings=ch.settings)
     await reply(update, ops.format_replay(name, item_id, result))
 
@@ -125,7 +126,7 @@ async def pause(update: Update, context: Context) -> None:
     """/pause <pipeline>"""
     if (name := await _pipeline_arg(update, context, "pause")) is None:
         return
-    await channel_of(context).decisions.pause(name, actor(update.effective_user))
+    await channel_of(context).decisions.pause(name, operator(update))
     await reply(update, f"⏸ {name} paused; /resume {name} starts it again.")
 
 
@@ -133,7 +134,7 @@ async def resume(update: Update, context: Context) -> None:
     """/resume <pipeline>"""
     if (name := await _pipeline_arg(update, context, "resume")) is None:
         return
-    await channel_of(context).decisions.resume(name, actor(update.effective_user))
+    await channel_of(context).decisions.resume(name, operator(update))
     await reply(update, f"▶️ {name} resumed.")
 
 
@@ -154,7 +155,7 @@ async def help_(update: Update, context: Context) -> None:
     await reply(update, "\n".join(lines))
 
 
-def handlers() -> list[CommandHandler]:
+def handlers() -> list[BaseHandler]:
     """One CommandHandler per command (/start is /help)."""
     table = {"status": status, "pending": pending, "replay": replay, "sweep": sweep,
              "pause": pause, "resume": resume, "run": run, "help": help_, "start": help_}

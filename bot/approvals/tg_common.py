@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from telegram import LinkPreviewOptions, Update, User
+from telegram import LinkPreviewOptions, Message, Update, User
 from telegram.constants import ParseMode
 from telegram.error import TelegramError
 from telegram.ext import ContextTypes
@@ -50,6 +50,20 @@ def actor(user: User) -> str:
     return f"tg:{user.id} ({user.first_name})"
 
 
+def operator(update: Update) -> str:
+    """The actor of an update a handler runs for: the gate lets only operators' pass."""
+    user = update.effective_user
+    assert user is not None, "the gate drops updates without a user"
+    return actor(user)
+
+
+def message_of(update: Update) -> Message:
+    """The message a command or reply handler runs for (they match only messages)."""
+    msg = update.effective_message
+    assert msg is not None, "command and reply handlers get only updates with a message"
+    return msg
+
+
 def kind(update: Update) -> str:
     """What an update is, for the log (never its text)."""
     if update.callback_query is not None:
@@ -77,7 +91,7 @@ def plain(text: str) -> str:
 
 async def reply(update: Update, text: str, *, pre: bool = False) -> None:
     """Answer the operator's message, quoting it; ``pre``: as a fixed-width block."""
-    msg = update.effective_message
+    msg = message_of(update)
     if pre:
         body, _ = cards.clip(text, cards.MAX_TEXT - 20, ellipsis="\n… (cut)")
         await msg.reply_text(do_quote=True, text=f"<pre>{body}</pre>", parse_mode=ParseMode.HTML)

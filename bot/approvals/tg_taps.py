@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import html
 import io
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 from telegram import ForceReply, Update
 from telegram.constants import ParseMode
@@ -31,7 +31,17 @@ from ..errors import ApprovalError, ConfigError, DrafterError
 from ..models import AWAITING, READY, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENT, Draft
 from ..stages import PostedRef
 from . import cards
-from .tg_common import actor, already, answer, card_ref, channel_of, log, plain
+from .tg_common import (
+    actor,
+    already,
+    answer,
+    card_ref,
+    channel_of,
+    log,
+    message_of,
+    operator,
+    plain,
+)
 
 Context = ContextTypes.DEFAULT_TYPE
 #: What a family decides once the tap is checked: (channel, query, callback, draft,
@@ -74,7 +84,7 @@ async def _answered(ch: Any, query: Any, tap: Awaitable[str]) -> None:
     await answer(query, notice)
 
 
-def _family(decide: Decide) -> Callable[[Update, Context], Awaitable[None]]:
+def _family(decide: Decide) -> Callable[[Update, Context], Coroutine[Any, Any, None]]:
     """The handler of one action family: check the tap, then ``decide``."""
     async def on_tap(update: Update, context: Context) -> None:
         ch = channel_of(context)
@@ -95,16 +105,16 @@ async def _tap(ch: Any, query: Any, decide: Decide) -> str:
         log.info("ignored callback data from user %s: %s", query.from_user.id, exc)
         return str(exc)
     draft = await ch.store.get_draft(cb.draft_id)
-    message = query.message
-    chat_id = message.chat.id if message is not None else None
-    if draft is None or not ch.chat_allowed(draft, chat_id, cb.action):
+    message = query.message  # None: too old for Telegram to say which (no chat allows it)
+    chat_id: int | None = message.chat.id if message is not None else None
+    if draft is None or chat_id is None or not ch.chat_allowed(draft, chat_id, cb.action):
         # Same answer for both, so a tap cannot probe which ids exist elsewhere.
         return "This button does not belong to a draft of this chat."
     if cb.version != draft.version:  # (changes nothing, whichever message it came from)
         if cb.action == cards.REPLAY:
             return f"Already replayed: #{draft.id} is v{draft.version} now ({draft.status})."
         return f"Old version (v{cb.version}); the card now shows v{draft.version}."
-    mid = message.message_id if message is not None else None
+    mid: int = message.message_id
     on_card = card_ref(draft) == (chat_id, mid)
     if not on_card and not _ours(query, cb):
         # A client can send any data. Data that is not on the tapped message (e.g.
@@ -252,14 +262,14 @@ async def _target(update: Update, context: Context, not_to_bot: str = ""
     """(prompt kind, draft) that a reply answers, if it may still be applied; else the
     operator is told why (None). A message that is no reply to the bot gets
     ``not_to_bot`` (nothing if empty)."""
-    ch, msg = channel_of(context), update.effective_message
-    target = msg.reply_to_message if msg is not None else None
+    ch, msg = channel_of(context), message_of(update)
+    target = msg.reply_to_message
     if target is None or target.from_user is None or target.from_user.id != context.bot.id:
         if not_to_bot:
             await msg.reply_text(do_quote=True, text=not_to_bot)
         return None
     parsed = await _prompt_of(ch, msg.chat_id, target)
-    kind, version, draft = parsed or (None, None, None)
+    kind, version, draft = parsed or ("", None, None)
     if parsed is None:
         problem = ("Nothing changed: that message is not a draft's card or prompt. Tap ✏️ "
                    "Edit on the card to change a draft.")
@@ -297,7 +307,7 @@ async def _prompt_of(ch: Any, chat_id: int, target: Any) -> tuple[str, int, Draf
 async def on_reply(update: Update, context: Context) -> None:
     """A reply to an Edit/Regenerate/Reject prompt, or to a card (= new text)."""
     if (found := await _target(update, context)) is not None:
-        await _apply(update, context, *found, update.effective_message.text or "")
+        await _apply(update, context, *found, message_of(update).text or "")
 
 
 async def skip(update: Update, context: Context) -> None:
@@ -308,7 +318,7 @@ async def skip(update: Update, context: Context) -> None:
         return
     kind, draft = found
     if kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD):
-        await update.effective_message.reply_text(
+        await message_of(update).reply_text(
             do_quote=True, text=f"An edit needs the new text; {cards.tag(draft)} is unchanged.")
         return
     await _apply(update, context, kind, draft, "")
@@ -316,7 +326,7 @@ async def skip(update: Update, context: Context) -> None:
 
 async def _apply(update: Update, context: Context, kind: str, draft: Draft, text: str) -> None:
     """Hand the answer to a prompt to the engine; tell the operator what came of it."""
-    ch, msg, who = channel_of(context), update.effective_message, actor(update.effective_user)
+    ch, msg, who = channel_of(context), message_of(update), operator(update)
     text = text.strip()
     editing = kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD)
     if editing and not text:
@@ -325,13 +335,13 @@ async def _apply(update: Update, context: Context, kind: str, draft: Draft, text
     try:
         if editing:
             after = await ch.decisions.edit(draft.id, draft.version, text, who)
-            done = f"✏️ {cards.tag(after)} is on the card." if after else None
+            done = f"✏️ {cards.tag(after)} is on the card." if after else ""
         elif kind == cards.PROMPT_REGENERATE:
             after = await ch.decisions.regenerate(draft.id, draft.version, who, instruction=text)
-            done = f"🔁 Regenerating as v{after.version}…" if after else None
+            done = f"🔁 Regenerating as v{after.version}…" if after else ""
         else:
             after = await ch.decisions.reject(draft.id, draft.version, who, reason=text)
-            done = f"🗑 #{draft.id} rejected." if after else None
+            done = f"🗑 #{draft.id} rejected." if after else ""
     except (ConfigError, DrafterError) as exc:  # pipeline gone; budget spent; model hold
         text = str(exc)
         await msg.reply_text(do_quote=True, text=plain(

@@ -458,7 +458,7 @@ class LLMDrafter:
         except DrafterError as exc:
             err = DrafterError(f"{self.opts.provider} {self.opts.model}: {exc}")
             # The unusable answer was paid for; the engine may count it (add_tokens).
-            err.tokens = answer.tokens_in + answer.tokens_out  # type: ignore[attr-defined]
+            err.tokens = answer.tokens_in + answer.tokens_out
             raise err from None
         return DraftResult(body, answer.tokens_in, answer.tokens_out, answer.model or self.opts.model)
 

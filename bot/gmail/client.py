@@ -132,7 +132,7 @@ class _CachedResource:
 
     _SUBS = {"users", "messages", "history", "drafts", "labels", "threads"}
 
-    def __init__(self, resource):
+    def __init__(self, resource: Any) -> None:  # a googleapiclient Resource (untyped)
         self._resource = resource
         self._subs: dict[str, _CachedResource] = {}
         self._lock = threading.Lock()
