@@ -374,52 +374,6 @@ class PostgresStore(Store):
                 pipeline, limit, now, DRAFTING, t, QUEUED, float(lease_seconds))
         return sorted((_draft(r) for r in rows), key=lambda d: d.id)
 
-    async def claim_key(self, key: str, lease_seconds: float,
-                        now: float | None = None) -> Draft | None:
-        return await self._one(
-            f"UPDATE drafts SET status=$2, lease_until={_db_now(3)} + $6,"
-            " fence=nextval('draft_fence_seq'),"
-            " updated_at=$4 WHERE key=$1 AND status=$5 RETURNING *",
-            key, DRAFTING, now, _now(now), QUEUED, float(lease_seconds))
-
-    async def _one(self, sql: str, *args: Any) -> Draft | None:
-        async with self._conn() as con:
-            row = await con.fetchrow(sql, *args)
-        return _draft(row) if row else None
-
-    async def finish_draft(self, draft_id: int, fence: int, body: str, *,
-                           tokens_in: int = 0, tokens_out: int = 0,
-                           now: float | None = None) -> Draft | None:
-        t = _now(now)
-        async with self._tx() as con:
-            row = await con.fetchrow(
-                "UPDATE drafts SET status=$4, body=$3, lease_until=NULL, error=NULL,"
-                " tokens_in=tokens_in+$5, tokens_out=tokens_out+$6, updated_at=$7"
-                " WHERE id=$1 AND fence=$2 AND status=$8 RETURNING *",
-                draft_id, fence, _clean(body), READY, tokens_in, tokens_out, t, DRAFTING)
-            if row is None:
-                return None
-            await self._count_tokens(con, row["pipeline"], tokens_in + tokens_out, t)
-        return _draft(row)
-
-    async def fail_draft(self, draft_id: int, fence: int, error: str, *,
-                         retryable: bool, max_attempts: int,
-                         now: float | None = None) -> Draft | None:
-        return await self._one(
-            "UPDATE drafts SET"
-            " status = CASE WHEN $4 AND attempt + 1 < $5 THEN $6 ELSE $7 END,"
-            " attempt=attempt+1, error=$3, lease_until=NULL, updated_at=$8"
-            " WHERE id=$1 AND fence=$2 AND status=$9 RETURNING *",
-            draft_id, fence, _clean(scrub(error)), retryable, max_attempts, QUEUED, FAILED, _now(now), DRAFTING)
-
-    async def release(self, draft_id: int, fence: int) -> bool:
-        async with self._conn() as con:
-            row = await con.fetchrow(
-                "UPDATE drafts SET status=$3, lease_until=NULL, updated_at=$4"
-                " WHERE id=$1 AND fence=$2 AND status=$5 RETURNING id",
-                draft_id, fence, QUEUED, time.time(), DRAFTING)
-        return row is not None
-
     async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
         async with self._conn() as con:
             await self._count_tokens(con, pipeline, tokens, _now(now))
@@ -445,154 +399,14 @@ class PostgresStore(Store):
             rows = await con.fetch(sql, *args)
         return [_draft(r) for r in rows]
 
-    async def _by_status(self, statuses: tuple[str, ...], pipeline: str | None,
-                         limit: int | None = None) -> list[Draft]:
-        return await self._list(
-            "SELECT * FROM drafts WHERE status = ANY($1::text[])"
-            " AND ($2::text IS NULL OR pipeline=$2) ORDER BY id LIMIT $3",
-            list(statuses), pipeline, limit)
-
-    async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        return await self._by_status((READY,), pipeline, limit)
-
-    async def mark_posted(self, draft_id: int, version: int, chat: str,
-                          message_id: str) -> Draft | None:
-        return await self._one(
-            "UPDATE drafts SET status=$5, approval_chat=$3, approval_message_id=$4,"
-            " updated_at=$6 WHERE id=$1 AND version=$2 AND status=$7 RETURNING *",
-            draft_id, version, str(chat), str(message_id), AWAITING, time.time(), READY)
-
-    async def _decide(self, sql: str, args: tuple, *, actor: str | None, action: str,
-                      t: float, detail, before: int | None = None) -> Draft | None:
-        """A CAS transition and its audit row (hash of the body after it), in one
-        transaction. ``detail(draft, old_row)`` words the audit row; with ``before``
-        set, that draft's row is read first (under a row lock) for ``old_row``."""
-        async with self._tx() as con:
-            old = None
-            if before is not None:
-                old = await con.fetchrow("SELECT status, error FROM drafts WHERE id=$1 FOR UPDATE",
-                                         before)
-            row = await con.fetchrow(sql, *args)
-            if row is None:
-                return None
-            d = _draft(row)
-            await self._audit(con, actor or d.decided_by or _SYSTEM, action, d.key, d.body,
-                              detail(d, old), t)
-        return d
-
-    async def approve(self, draft_id: int, version: int, actor: str,
-                      now: float | None = None) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$3, decided_by=$4, decided_at=$5, updated_at=$5"
-            " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, APPROVED, actor, t, AWAITING),
-            actor=actor, action="approve", t=t, detail=lambda d, _: f"v{version}")
-
-    async def edit(self, draft_id: int, version: int, body: str, actor: str,
-                   now: float | None = None) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$3, body=$4, version=version+1, updated_at=$5"
-            " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, READY, _clean(body), t, AWAITING),
-            actor=actor, action="edit", t=t, detail=lambda d, _: f"v{version} -> v{d.version}")
-
-    async def regenerate(self, draft_id: int, version: int, actor: str,
-                         instruction: str = "", now: float | None = None) -> Draft | None:
-        t = _now(now)
-        # The audit hash is of the body the operator saw when asking for another one.
-        return await self._decide(
-            "UPDATE drafts SET status=$3, instruction=$4, version=version+1, attempt=0,"
-            " lease_until=NULL, error=NULL, updated_at=$5"
-            " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, QUEUED, _clean(instruction), t, AWAITING),
-            actor=actor, action="regenerate", t=t,
-            detail=lambda d, _: f"v{version} -> v{d.version}"
-            + (f": {instruction}" if instruction else ""))
-
-    async def reject(self, draft_id: int, version: int, actor: str, reason: str = "",
-                     now: float | None = None) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$3, decided_by=$4, decided_at=$5, updated_at=$5,"
-            " error=$7 WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, REJECTED, actor, t, AWAITING, _clean(reason) or None),
-            actor=actor, action="reject", t=t,
-            detail=lambda d, _: f"v{version}" + (f": {reason}" if reason else ""))
-
     # -- sending -------------------------------------------------------------------
-    async def approved(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status((APPROVED,), pipeline)
-
-    async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
-        # updated_at by the database's clock: recover_sending ages rows with it.
-        return await self._one(
-            f"UPDATE drafts SET status=$2, send_holder=$3, updated_at={_db_now(5)}"
-            " WHERE id=$1 AND status=$4 RETURNING *",
-            draft_id, SENDING, holder, APPROVED, None)
-
-    async def mark_sent(self, draft_id: int, sent_id: str, now: float | None = None
-                        ) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$2, sent_id=$3, error=NULL, updated_at=$4"
-            " WHERE id=$1 AND status = ANY($5::text[]) RETURNING *",
-            (draft_id, SENT, str(sent_id), t, [SENDING, SEND_UNKNOWN]),
-            actor=None, action="sent", t=t,
-            detail=lambda d, _: f"v{d.version} sent as {sent_id}")
-
-    async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
-        return await self._one(
-            "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
-            " WHERE id=$1 AND status=$5 RETURNING *",
-            draft_id, SEND_FAILED, _clean(scrub(reason)), time.time(), SENDING)
-
-    async def mark_send_unknown(self, draft_id: int, reason: str) -> Draft | None:
-        return await self._one(
-            "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
-            " WHERE id=$1 AND status=$5 RETURNING *",
-            draft_id, SEND_UNKNOWN, _clean(scrub(reason)), time.time(), SENDING)
-
-    async def retry_send(self, draft_id: int, actor: str, now: float | None = None
-                         ) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$2, error=NULL, updated_at=$3"
-            " WHERE id=$1 AND status = ANY($4::text[]) RETURNING *",
-            (draft_id, APPROVED, t, [SEND_FAILED, SEND_UNKNOWN]),
-            actor=actor, action="retry_send", t=t, before=draft_id,
-            detail=lambda d, old: f"after {old['status']}: {old['error'] or ''}".rstrip(": "))
-
-    async def send_unknown(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status((SEND_UNKNOWN,), pipeline)
-
     # -- reading ---------------------------------------------------------------------
-    async def get_draft(self, draft_id: int) -> Draft | None:
-        return await self._one("SELECT * FROM drafts WHERE id=$1", draft_id)
-
-    async def get_draft_by_key(self, key: str) -> Draft | None:
-        return await self._one("SELECT * FROM drafts WHERE key=$1", key)
-
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        return await self._list(
-            "SELECT * FROM drafts WHERE pipeline=$1 AND item_id=$2 ORDER BY id",
-            pipeline, item_id)
-
-    async def pending(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status(PENDING_STATUSES, pipeline)
-
     async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
         async with self._conn() as con:
             rows = await con.fetch(
                 "SELECT status, count(*) AS n FROM drafts"
                 " WHERE ($1::text IS NULL OR pipeline=$1) GROUP BY status", pipeline)
         return {r["status"]: r["n"] for r in rows}
-
-    async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
-        return await self._list(
-            "SELECT * FROM drafts WHERE status = ANY($1::text[]) AND pipeline=$2"
-            " ORDER BY id DESC LIMIT $3", list(dict.fromkeys(statuses)), pipeline, limit)
 
     async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
         async with self._conn() as con:
@@ -833,10 +647,6 @@ class PostgresStore(Store):
         async with self._conn() as con:
             await con.execute("UPDATE drafts SET card_stale=$2 WHERE id=$1", draft_id, int(stale))
 
-    async def stale_cards(self, limit: int = 50) -> list[Draft]:
-        return await self._list("SELECT * FROM drafts WHERE card_stale = 1 ORDER BY id LIMIT $1",
-                                limit)
-
     # -- truthful status -------------------------------------------------------------------
     async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
         async with self._conn() as con:
@@ -851,12 +661,6 @@ class PostgresStore(Store):
             rows = await con.fetch("SELECT pipeline, hold_reason, hold_until FROM pipeline_flags"
                                    " WHERE hold_reason IS NOT NULL")
         return {r["pipeline"]: (r["hold_reason"], r["hold_until"]) for r in rows}
-
-    async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        return await self._list(
-            "SELECT * FROM drafts WHERE status = ANY($1::text[])"
-            " AND ($2::text IS NULL OR pipeline=$2) ORDER BY id LIMIT $3",
-            [QUEUED, DRAFTING], pipeline, limit)
 
     async def check(self) -> list[str]:
         problems = []
