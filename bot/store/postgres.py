@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -30,17 +31,18 @@ import asyncpg
 
 from ..clock import wall
 from ..errors import StoreError
-from ..models import (
-    APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED, READY,
-    REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED,
-    AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
-)
+from ..models import (QUEUED, SENDING, SKIPPED, AuditEntry, Draft, Item, Run, draft_key,
+                      sha256_text)
 from ..redact import redact_url, scrub
 from ._copy import COPY_TABLES
 from ._copy import key_columns as _check_table
-from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult, Store,
+from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult,
                    StoreMissing, SweepResult, replay_refusal, replay_without_draft)
 from .pg_schema import MIGRATIONS
+from .sql import (AUDIT_SQL, BEFORE_SQL, DRAFT_COLS, TOKENS_SQL, Change, SqlStore,
+                  draft_from_row, run_from_row, utc_day)
+from .transitions import (CLAIM, EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY,
+                          Transition, cas)
 
 # What a lost or refused connection can raise through asyncpg. InternalClientError
 # shows up when the server ends a session (restart, pg_terminate_backend) while the
@@ -49,7 +51,6 @@ _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalCli
               OSError, TimeoutError)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _DAY = 86400.0
-_SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
 
 # One primary-key probe per id, whatever the planner's statistics say. The plain
 # `item_id = ANY($3)` form was planned, on a table grown since its last ANALYZE, as a
@@ -106,6 +107,17 @@ def _now(now: float | None) -> float:
     return wall() if now is None else float(now)
 
 
+@functools.lru_cache(maxsize=512)
+def _dollars(sql: str) -> str:
+    """asyncpg's placeholders for the shared ``?`` ones: the n-th ``?`` becomes ``$n``."""
+    parts = sql.split("?")
+    return "".join(f"{p}${i}" for i, p in enumerate(parts[:-1], 1)) + parts[-1]
+
+
+#: "now" for leases in the shared ``?`` style (see _db_now).
+_DB_NOW = "coalesce(?::float8, extract(epoch from clock_timestamp()))"
+
+
 def _db_now(n: int) -> str:
     """SQL for "now" in statements that decide leases (pipeline locks, process
     heartbeats, drafting leases, send recovery): parameter ``$n`` if a test passed a
@@ -113,10 +125,6 @@ def _db_now(n: int) -> str:
     they share is the server's, so a skewed host can neither take a live lease nor
     call another host's send in flight abandoned."""
     return f"coalesce(${n}::float8, extract(epoch from clock_timestamp()))"
-
-
-def _utc_day(t: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(t))
 
 
 def parse_pg_url(url: str) -> tuple[str, str]:
@@ -145,31 +153,10 @@ def _lock_key(label: str) -> int:
     return int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "big", signed=True)
 
 
-def _draft(row: asyncpg.Record) -> Draft:
-    return Draft(
-        id=row["id"], key=row["key"], pipeline=row["pipeline"], scope=row["scope"],
-        item_id=row["item_id"], recipe=row["recipe"], status=row["status"],
-        message=Message.from_json(row["payload"]),
-        attempt=row["attempt"], lease_until=row["lease_until"], fence=row["fence"],
-        body=row["body"], version=row["version"], instruction=row["instruction"],
-        approval_chat=row["approval_chat"], approval_message_id=row["approval_message_id"],
-        decided_by=row["decided_by"], decided_at=row["decided_at"], sent_id=row["sent_id"],
-        error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
-        created_at=row["created_at"], updated_at=row["updated_at"],
-        card_stale=bool(row["card_stale"]), send_holder=row["send_holder"],
-    )
-
-
-def _run(row: asyncpg.Record) -> Run:
-    return Run(
-        id=row["id"], pipeline=row["pipeline"], started_at=row["started_at"],
-        ended_at=row["ended_at"], status=row["status"], error_text=row["error_text"],
-        counts=json.loads(row["counts"] or "{}"), scheduled_for=row["scheduled_for"],
-    )
-
-
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     """Store on PostgreSQL through an asyncpg pool (1..``max_size`` connections)."""
+
+    NEXT_FENCE = "nextval('draft_fence_seq')"
 
     def __init__(self, url: str, *, max_size: int = 10):
         self.url = url
@@ -286,6 +273,41 @@ class PostgresStore(Store):
         except _DB_ERRORS as e:
             raise StoreError(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
 
+    # -- the shared transitions' primitives (see SqlStore) ---------------------------
+    def _now(self, now: float | None) -> float:
+        return _now(now)
+
+    def _clean(self, text: str | None) -> str | None:
+        return _clean(text)
+
+    def _db_clock(self, now: float | None) -> tuple[str, Any]:
+        return _DB_NOW, now  # None: the database's clock (see _db_now)
+
+    async def _change(self, change: Change) -> Draft | None:
+        # One statement needs no transaction: autocommit saves BEGIN and COMMIT.
+        async with (self._conn() if change.single else self._tx()) as con:
+            old = None
+            if change.before is not None:
+                old = await con.fetchrow(_dollars(BEFORE_SQL + " FOR UPDATE"), change.before)
+            for step in change.steps:
+                sql, args = step.sql(DRAFT_COLS)
+                row = await con.fetchrow(_dollars(sql), *args)
+                if row is not None:
+                    break
+            else:
+                return None
+            draft = draft_from_row(row)
+            for sql, args in change.followups(draft, old, _clean):
+                await con.execute(_dollars(sql), *args)
+        return draft
+
+    async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
+                             ) -> list[Draft]:
+        async with self._conn() as con:
+            rows = await con.fetch(_dollars(f"SELECT {DRAFT_COLS} FROM drafts WHERE {where} {tail}"),
+                                   *args)
+        return [draft_from_row(r) for r in rows]
+
     # -- fetch side ----------------------------------------------------------------
     async def unseen(self, pipeline: str, scope: str, item_ids: list[str]) -> set[str]:
         if not item_ids:
@@ -365,14 +387,15 @@ class PostgresStore(Store):
             # instead of waited for, so N hosts claim N disjoint batches. MATERIALIZED
             # because a plain `id IN (subquery)` may be planned as a nested loop that
             # re-runs the LIMIT subquery per row and claims more than `limit`.
-            rows = await con.fetch(
-                "WITH picked AS MATERIALIZED (SELECT id FROM drafts"
-                "   WHERE pipeline=$1 AND status=$6 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                f" UPDATE drafts d SET status=$4, lease_until={_db_now(3)} + $7,"
-                " fence=nextval('draft_fence_seq'), updated_at=$5"
-                " FROM picked WHERE d.id = picked.id AND d.status=$6 RETURNING d.*",
-                pipeline, limit, now, DRAFTING, t, QUEUED, float(lease_seconds))
-        return sorted((_draft(r) for r in rows), key=lambda d: d.id)
+            sql, args = cas(
+                CLAIM, f"lease_until = {_DB_NOW} + ?, fence = {self.NEXT_FENCE}, updated_at = ?",
+                (now, float(lease_seconds), t), "id IN (SELECT id FROM picked)", (),
+                returning=DRAFT_COLS)
+            rows = await con.fetch(_dollars(
+                "WITH picked AS MATERIALIZED (SELECT id FROM drafts WHERE pipeline = ? AND"
+                " status IN (?) ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED) " + sql),
+                pipeline, *CLAIM.src, limit, *args)
+        return sorted((draft_from_row(r) for r in rows), key=lambda d: d.id)
 
     async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
         async with self._conn() as con:
@@ -382,10 +405,7 @@ class PostgresStore(Store):
     async def _count_tokens(con, pipeline: str, tokens: int, t: float) -> None:
         if not tokens:
             return
-        await con.execute(
-            "INSERT INTO token_usage (pipeline, day, tokens) VALUES ($1, $2, $3)"
-            " ON CONFLICT (pipeline, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens",
-            pipeline, _utc_day(t), tokens)
+        await con.execute(_dollars(TOKENS_SQL), pipeline, utc_day(t), tokens)
 
     async def tokens_used(self, pipeline: str, day: str) -> int:
         async with self._conn() as con:
@@ -393,13 +413,6 @@ class PostgresStore(Store):
                 "SELECT tokens FROM token_usage WHERE pipeline=$1 AND day=$2", pipeline, day)
         return int(v or 0)
 
-    # -- approval ------------------------------------------------------------------
-    async def _list(self, sql: str, *args: Any) -> list[Draft]:
-        async with self._conn() as con:
-            rows = await con.fetch(sql, *args)
-        return [_draft(r) for r in rows]
-
-    # -- sending -------------------------------------------------------------------
     # -- reading ---------------------------------------------------------------------
     async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
         async with self._conn() as con:
@@ -441,7 +454,7 @@ class PostgresStore(Store):
             rows = await con.fetch(
                 "SELECT * FROM pipeline_runs WHERE pipeline=$1"
                 " ORDER BY started_at DESC, id DESC LIMIT $2", pipeline, limit)
-        return [_run(r) for r in rows]
+        return [run_from_row(r) for r in rows]
 
     async def last_run(self, pipeline: str, status: str | None = None) -> Run | None:
         async with self._conn() as con:
@@ -449,16 +462,14 @@ class PostgresStore(Store):
                 "SELECT * FROM pipeline_runs WHERE pipeline=$1"
                 " AND ($2::text IS NULL OR status=$2)"
                 " ORDER BY started_at DESC, id DESC LIMIT 1", pipeline, status)
-        return _run(row) if row else None
+        return run_from_row(row) if row else None
 
     # -- audit -------------------------------------------------------------------------
     @staticmethod
     async def _audit(con, actor: str, action: str, draft_key: str | None,
                      text: str | None, detail: str | None, t: float) -> None:
         await con.execute(
-            "INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail)"
-            " VALUES ($1, $2, $3, $4, $5, $6)",
-            t, actor, action, draft_key, sha256_text(text) if text is not None else None, _clean(scrub(detail)))
+            _dollars(AUDIT_SQL), t, actor, action, draft_key, sha256_text(text) if text is not None else None, _clean(scrub(detail)))
 
     async def audit(self, actor: str, action: str, draft_key: str | None = None,
                     text: str | None = None, detail: str | None = None,
@@ -484,7 +495,7 @@ class PostgresStore(Store):
             rows = await con.fetch(
                 "SELECT * FROM drafts WHERE pipeline=$1 AND item_id=$2 ORDER BY id FOR UPDATE",
                 pipeline, item_id)
-            return await _replay(con, pipeline, item_id, actor, [_draft(r) for r in rows], t)
+            return await _replay(con, pipeline, item_id, actor, [draft_from_row(r) for r in rows], t)
 
     async def sweep(self, *, seen_ttl_days: float, max_attempts: int = 3,
                     approval_ttl_days: float | None = None, runs_keep_days: float = 30,
@@ -500,11 +511,10 @@ class PostgresStore(Store):
             res.leases_requeued, res.leases_failed = await _requeue_expired(
                 con, None, max_attempts, now)
             if approval_ttl_days is not None:
-                res.approvals_expired = _count(await con.execute(
-                    "UPDATE drafts SET status=$1, error=$2, updated_at=$3"
-                    " WHERE status=$4 AND updated_at < $5",
-                    EXPIRED, f"no decision within {approval_ttl_days:g} days", t, AWAITING,
-                    t - approval_ttl_days * _DAY))
+                sql, args = cas(EXPIRE, "error = ?, updated_at = ?",
+                                (f"no decision within {approval_ttl_days:g} days", t),
+                                "updated_at < ?", (t - approval_ttl_days * _DAY,))
+                res.approvals_expired = _count(await con.execute(_dollars(sql), *args))
             res.runs_pruned = _count(await con.execute(
                 "DELETE FROM pipeline_runs WHERE started_at < $1", t - runs_keep_days * _DAY))
         return res
@@ -517,11 +527,11 @@ class PostgresStore(Store):
     async def recover_sending(self, older_than: float | None = None,
                               now: float | None = None) -> int:
         async with self._conn() as con:
-            return _count(await con.execute(
-                "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4"
-                f" AND ($5::float8 IS NULL OR updated_at < {_db_now(6)} - $5)",
-                SEND_UNKNOWN, "interrupted mid-send by a restart; it may have been delivered",
-                _now(now), SENDING, older_than, now))
+            sql, args = cas(
+                RECOVER_SEND, "error = ?, updated_at = ?",
+                ("interrupted mid-send by a restart; it may have been delivered", _now(now)),
+                f"(?::float8 IS NULL OR updated_at < {_DB_NOW} - ?)", (older_than, now, older_than))
+            return _count(await con.execute(_dollars(sql), *args))
 
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
         t = time.time()
@@ -568,16 +578,15 @@ class PostgresStore(Store):
     async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
                                       grace: float, now: float | None = None) -> int:
         async with self._tx() as con:
-            n = _count(await con.execute(
-                "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4 AND ("
-                " send_holder = ANY($5::text[])"
-                " OR (send_holder IS NOT NULL AND send_holder IS DISTINCT FROM $6"
-                "     AND NOT EXISTS (SELECT 1 FROM locks"
-                "         WHERE name = $9 || drafts.send_holder"
-                f"        AND expires_at > {_db_now(7)}))"
-                f" OR (send_holder IS NULL AND updated_at < {_db_now(7)} - $8))",
-                SEND_UNKNOWN, ABANDONED_SEND, _now(now), SENDING, list(dead), alive, now,
-                float(grace), HEARTBEAT_PREFIX))
+            sql, args = cas(
+                RECOVER_SEND, "error = ?, updated_at = ?", (ABANDONED_SEND, _now(now)),
+                "(send_holder = ANY(?::text[])"
+                " OR (send_holder IS NOT NULL AND send_holder IS DISTINCT FROM ?::text"
+                "     AND NOT EXISTS (SELECT 1 FROM locks WHERE name = ?::text || drafts.send_holder"
+                f"        AND expires_at > {_DB_NOW}))"
+                f" OR (send_holder IS NULL AND updated_at < {_DB_NOW} - ?))",
+                (list(dead), alive, HEARTBEAT_PREFIX, now, now, float(grace)))
+            n = _count(await con.execute(_dollars(sql), *args))
             # Heartbeats of processes gone for a day: nothing can refer to them any more.
             await con.execute(f"DELETE FROM locks WHERE name LIKE $1 AND expires_at < {_db_now(2)}"
                               " - 86400", HEARTBEAT_PREFIX + "%", now)
@@ -677,19 +686,16 @@ async def _requeue_expired(con, pipeline: str | None, max_attempts: int,
                            t: float | None) -> tuple[int, int]:
     """Expired ``drafting`` leases (of one pipeline, or all) -> queued or failed.
     ``t`` None: expired by the database's clock (see _db_now)."""
+    where = f"lease_until < {_DB_NOW} AND (?::text IS NULL OR pipeline = ?)"
     # A new fence on every expired lease, so the stale worker's update loses.
-    requeued = _count(await con.execute(
-        "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
-        f" fence=nextval('draft_fence_seq'), error='lease expired; retrying', updated_at=$6"
-        f" WHERE status=$3 AND lease_until < {_db_now(2)} AND attempt + 1 < $4"
-        " AND ($5::text IS NULL OR pipeline=$5)",
-        QUEUED, t, DRAFTING, max_attempts, pipeline, _now(t)))
-    failed = _count(await con.execute(
-        "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
-        " fence=nextval('draft_fence_seq'),"
-        " error='lease expired after ' || (attempt + 1) || ' attempts', updated_at=$5"
-        f" WHERE status=$3 AND lease_until < {_db_now(2)} AND ($4::text IS NULL OR pipeline=$4)",
-        FAILED, t, DRAFTING, pipeline, _now(t)))
+    requeued = await _cas_count(con, LEASE_RETRY, (
+        "attempt = attempt + 1, lease_until = NULL, fence = nextval('draft_fence_seq'), "
+        "error = 'lease expired; retrying', updated_at = ?"), (_now(t),),
+        where + " AND attempt + 1 < ?", (t, pipeline, pipeline, max_attempts))
+    failed = await _cas_count(con, LEASE_FAIL, (
+        "attempt = attempt + 1, lease_until = NULL, fence = nextval('draft_fence_seq'), "
+        "error = 'lease expired after ' || (attempt + 1) || ' attempts', updated_at = ?"),
+        (_now(t),), where, (t, pipeline, pipeline))
     return requeued, failed
 
 
@@ -711,14 +717,20 @@ async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Dra
     old = drafts[-1]  # the newest recipe's draft
     # version + 1 makes the old card's buttons stale; the card's chat and message id
     # stay so the channel can edit that same card.
-    row = await con.fetchrow(
-        "UPDATE drafts SET status=$2, attempt=0, version=version+1, lease_until=NULL,"
-        " error=NULL, decided_by=NULL, decided_at=NULL, instruction='', updated_at=$3"
-        " WHERE id=$1 AND status=$4 RETURNING *", old.id, QUEUED, t, old.status)
-    draft = _draft(row)  # the rows are locked FOR UPDATE: nothing else moved it
+    sql, args = cas(
+        REPLAY, "attempt = 0, version = version + 1, lease_until = NULL, error = NULL, "
+                "decided_by = NULL, decided_at = NULL, instruction = '', updated_at = ?",
+        (t,), "id = ?", (old.id,), src=(old.status,), returning=DRAFT_COLS)
+    draft = draft_from_row(await con.fetchrow(_dollars(sql), *args))  # the rows are locked FOR UPDATE: nothing else moved it
     detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
     await audit(con, actor, "replay", draft.key, None, detail, t)
     return ReplayResult("requeued", f"{where}: {detail}", draft)
+
+
+async def _cas_count(con, t: Transition, assign: str, assign_args: tuple, where: str,
+                     where_args: tuple) -> int:
+    sql, args = cas(t, assign, assign_args, where, where_args)
+    return _count(await con.execute(_dollars(sql), *args))
 
 
 def _as_is(v: Any) -> Any:
