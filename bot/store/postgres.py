@@ -366,6 +366,7 @@ class PostgresStore(SqlStore):
                 "SELECT value FROM cursors WHERE pipeline=$1 AND scope=$2", pipeline, scope)
 
     async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
+        """Not in the Store contract (admit stores cursors): for tests and tools."""
         async with self._conn() as con:
             await self._put_cursor(con, pipeline, scope, value, time.time())
 
@@ -526,6 +527,9 @@ class PostgresStore(SqlStore):
 
     async def recover_sending(self, older_than: float | None = None,
                               now: float | None = None) -> int:
+        """Not in the Store contract (the engine uses recover_abandoned_sends): for tests.
+        Every ``sending`` row -> ``send_unknown``; with ``older_than``, only rows that
+        began sending more than that many seconds before ``now``."""
         async with self._conn() as con:
             sql, args = cas(
                 RECOVER_SEND, "error = ?, updated_at = ?",

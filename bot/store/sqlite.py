@@ -355,6 +355,7 @@ class SQLiteStore(SqlStore):
         return rows[0][0] if rows else None
 
     async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
+        """Not in the Store contract (admit stores cursors): for tests and tools."""
         await self._write(_set_cursor, pipeline, scope, value, time.time())
 
     # -- drafting ------------------------------------------------------------------------
@@ -501,6 +502,9 @@ class SQLiteStore(SqlStore):
 
     async def recover_sending(self, older_than: float | None = None,
                               now: float | None = None) -> int:
+        """Not in the Store contract (the engine uses recover_abandoned_sends): for tests.
+        Every ``sending`` row -> ``send_unknown``; with ``older_than``, only rows that
+        began sending more than that many seconds before ``now``."""
         now = _now(now)
         before = None if older_than is None else now - older_than
         return await self._write(lambda db: _exec(db, *cas(
