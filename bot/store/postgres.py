@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-import json
 import re
 import time
 from typing import Any, AsyncIterator, Iterable
@@ -31,16 +30,15 @@ import asyncpg
 
 from ..clock import wall
 from ..errors import StoreError
-from ..models import (QUEUED, SENDING, SKIPPED, AuditEntry, Draft, Item, Run, draft_key,
-                      sha256_text)
-from ..redact import redact_url, scrub
+from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
+from ..redact import redact_url
 from ._copy import COPY_TABLES
 from ._copy import key_columns as _check_table
 from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult,
                    StoreMissing, SweepResult, replay_refusal, replay_without_draft)
 from .pg_schema import MIGRATIONS
-from .sql import (AUDIT_SQL, BEFORE_SQL, DRAFT_COLS, TOKENS_SQL, Change, SqlStore,
-                  draft_from_row, run_from_row, utc_day)
+from .sql import (AUDIT_SQL, BEFORE_SQL, CURSOR_SQL, DRAFT_COLS, Change, SqlStore,
+                  audit_row, draft_from_row)
 from .transitions import (CLAIM, EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY,
                           Transition, cas)
 
@@ -301,6 +299,19 @@ class PostgresStore(SqlStore):
                 await con.execute(_dollars(sql), *args)
         return draft
 
+    async def _query(self, sql: str, args: tuple = (), *, write: bool = False) -> list[Any]:
+        async with self._conn() as con:
+            return await con.fetch(_dollars(sql), *args)
+
+    async def _execute(self, sql: str, args: tuple = ()) -> int:
+        async with self._conn() as con:
+            return _count(await con.execute(_dollars(sql), *args))
+
+    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
+        async with self._tx() as con:
+            for sql, args in statements:
+                await con.execute(_dollars(sql), *args)
+
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:
         async with self._conn() as con:
@@ -329,8 +340,7 @@ class PostgresStore(SqlStore):
                 unique[item.item_id] = item
         if not unique:
             if cursor is not None:
-                async with self._conn() as con:
-                    await self._put_cursor(con, pipeline, scope, cursor, t)
+                await self._execute(CURSOR_SQL, (pipeline, scope, cursor, t))
             return result
         keys, statuses, item_ids, payloads, errors = [], [], [], [], []
         for item in unique.values():
@@ -360,23 +370,6 @@ class PostgresStore(SqlStore):
                 " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i ON CONFLICT DO NOTHING",
                 pipeline, scope, list(dict.fromkeys(item_ids)), _now(now))
 
-    async def get_cursor(self, pipeline: str, scope: str) -> str | None:
-        async with self._conn() as con:
-            return await con.fetchval(
-                "SELECT value FROM cursors WHERE pipeline=$1 AND scope=$2", pipeline, scope)
-
-    async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
-        """Not in the Store contract (admit stores cursors): for tests and tools."""
-        async with self._conn() as con:
-            await self._put_cursor(con, pipeline, scope, value, time.time())
-
-    @staticmethod
-    async def _put_cursor(con, pipeline: str, scope: str, value: str | None, t: float) -> None:
-        await con.execute(
-            "INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES ($1, $2, $3, $4)"
-            " ON CONFLICT (pipeline, scope) DO UPDATE SET value=EXCLUDED.value,"
-            " updated_at=EXCLUDED.updated_at", pipeline, scope, value, t)
-
     # -- drafting ------------------------------------------------------------------
     async def claim(self, pipeline: str, lease_seconds: float, *, limit: int = 1,
                     now: float | None = None) -> list[Draft]:
@@ -398,96 +391,9 @@ class PostgresStore(SqlStore):
                 pipeline, *CLAIM.src, limit, *args)
         return sorted((draft_from_row(r) for r in rows), key=lambda d: d.id)
 
-    async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
-        async with self._conn() as con:
-            await self._count_tokens(con, pipeline, tokens, _now(now))
-
-    @staticmethod
-    async def _count_tokens(con, pipeline: str, tokens: int, t: float) -> None:
-        if not tokens:
-            return
-        await con.execute(_dollars(TOKENS_SQL), pipeline, utc_day(t), tokens)
-
-    async def tokens_used(self, pipeline: str, day: str) -> int:
-        async with self._conn() as con:
-            v = await con.fetchval(
-                "SELECT tokens FROM token_usage WHERE pipeline=$1 AND day=$2", pipeline, day)
-        return int(v or 0)
-
     # -- reading ---------------------------------------------------------------------
-    async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
-        async with self._conn() as con:
-            rows = await con.fetch(
-                "SELECT status, count(*) AS n FROM drafts"
-                " WHERE ($1::text IS NULL OR pipeline=$1) GROUP BY status", pipeline)
-        return {r["status"]: r["n"] for r in rows}
-
-    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
-        async with self._conn() as con:
-            rows = await con.fetch(
-                "SELECT pipeline, count(*) AS n FROM drafts WHERE status = ANY($1::text[])"
-                " GROUP BY pipeline", list(dict.fromkeys(statuses)))
-        return {r["pipeline"]: r["n"] for r in rows}
-
-    async def seen_count(self, pipeline: str) -> int:
-        async with self._conn() as con:
-            return await con.fetchval(
-                "SELECT count(*) FROM seen_items WHERE pipeline=$1", pipeline)
-
     # -- runs --------------------------------------------------------------------------
-    async def start_run(self, pipeline: str, scheduled_for: float | None = None,
-                        now: float | None = None) -> int:
-        async with self._conn() as con:
-            return await con.fetchval(
-                "INSERT INTO pipeline_runs (pipeline, started_at, status, counts, scheduled_for)"
-                " VALUES ($1, $2, 'running', '{}', $3) RETURNING id",
-                pipeline, _now(now), scheduled_for)
-
-    async def end_run(self, run_id: int, status: str, counts: dict[str, int],
-                      error_text: str | None = None, now: float | None = None) -> None:
-        async with self._conn() as con:
-            await con.execute(
-                "UPDATE pipeline_runs SET ended_at=$2, status=$3, counts=$4, error_text=$5"
-                " WHERE id=$1", run_id, _now(now), status, json.dumps(counts), scrub(error_text))
-
-    async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
-        async with self._conn() as con:
-            rows = await con.fetch(
-                "SELECT * FROM pipeline_runs WHERE pipeline=$1"
-                " ORDER BY started_at DESC, id DESC LIMIT $2", pipeline, limit)
-        return [run_from_row(r) for r in rows]
-
-    async def last_run(self, pipeline: str, status: str | None = None) -> Run | None:
-        async with self._conn() as con:
-            row = await con.fetchrow(
-                "SELECT * FROM pipeline_runs WHERE pipeline=$1"
-                " AND ($2::text IS NULL OR status=$2)"
-                " ORDER BY started_at DESC, id DESC LIMIT 1", pipeline, status)
-        return run_from_row(row) if row else None
-
     # -- audit -------------------------------------------------------------------------
-    @staticmethod
-    async def _audit(con, actor: str, action: str, draft_key: str | None,
-                     text: str | None, detail: str | None, t: float) -> None:
-        await con.execute(
-            _dollars(AUDIT_SQL), t, actor, action, draft_key, sha256_text(text) if text is not None else None, _clean(scrub(detail)))
-
-    async def audit(self, actor: str, action: str, draft_key: str | None = None,
-                    text: str | None = None, detail: str | None = None,
-                    now: float | None = None) -> None:
-        async with self._conn() as con:
-            await self._audit(con, actor, action, draft_key, text, detail, _now(now))
-
-    async def audit_log(self, draft_key: str | None = None, limit: int = 100
-                        ) -> list[AuditEntry]:
-        async with self._conn() as con:
-            rows = await con.fetch(
-                "SELECT * FROM audit WHERE ($1::text IS NULL OR draft_key=$1)"
-                " ORDER BY id DESC LIMIT $2", draft_key, limit)
-        return [AuditEntry(id=r["id"], at=r["at"], actor=r["actor"], action=r["action"],
-                           draft_key=r["draft_key"], text_sha256=r["text_sha256"],
-                           detail=r["detail"]) for r in rows]
-
     # -- operations --------------------------------------------------------------------
     async def replay(self, pipeline: str, item_id: str, actor: str,
                      now: float | None = None) -> ReplayResult:
@@ -537,21 +443,6 @@ class PostgresStore(SqlStore):
                 f"(?::float8 IS NULL OR updated_at < {_DB_NOW} - ?)", (older_than, now, older_than))
             return _count(await con.execute(_dollars(sql), *args))
 
-    async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
-        t = time.time()
-        async with self._tx() as con:
-            await con.execute(
-                "INSERT INTO pipeline_flags (pipeline, paused, updated_by, updated_at)"
-                " VALUES ($1, $2, $3, $4) ON CONFLICT (pipeline) DO UPDATE SET"
-                " paused=EXCLUDED.paused, updated_by=EXCLUDED.updated_by,"
-                " updated_at=EXCLUDED.updated_at", pipeline, int(paused), actor, t)
-            await self._audit(con, actor, "pause" if paused else "resume", None, None, pipeline, t)
-
-    async def paused(self) -> set[str]:
-        async with self._conn() as con:
-            rows = await con.fetch("SELECT pipeline FROM pipeline_flags WHERE paused = 1")
-        return {r["pipeline"] for r in rows}
-
     # -- leader / locks ---------------------------------------------------------------------
     async def try_lock(self, name: str, holder: str, ttl_seconds: float,
                        now: float | None = None) -> bool:
@@ -564,21 +455,7 @@ class PostgresStore(SqlStore):
                 " RETURNING holder", name, holder, float(ttl_seconds), now)
         return row is not None
 
-    async def unlock(self, name: str, holder: str) -> None:
-        async with self._conn() as con:
-            await con.execute("DELETE FROM locks WHERE name=$1 AND holder=$2", name, holder)
-
-    async def lock_holder(self, name: str) -> str | None:
-        async with self._conn() as con:
-            return await con.fetchval("SELECT holder FROM locks WHERE name=$1", name)
-
     # -- crashed sends (send_holder and process heartbeats) ----------------------------------
-    async def sending_holders(self) -> list[str]:
-        async with self._conn() as con:
-            rows = await con.fetch("SELECT DISTINCT send_holder FROM drafts"
-                                   " WHERE status=$1 AND send_holder IS NOT NULL", SENDING)
-        return [r[0] for r in rows]
-
     async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
                                       grace: float, now: float | None = None) -> int:
         async with self._tx() as con:
@@ -655,26 +532,7 @@ class PostgresStore(SqlStore):
                 "SELECT setval('draft_fence_seq', GREATEST((SELECT max(fence) FROM drafts), 1),"
                 " coalesce((SELECT max(fence) FROM drafts), 0) > 0)")
 
-    async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
-        # updated_at stays: it measures the draft's state (expiry, send grace), not its card.
-        async with self._conn() as con:
-            await con.execute("UPDATE drafts SET card_stale=$2 WHERE id=$1", draft_id, int(stale))
-
     # -- truthful status -------------------------------------------------------------------
-    async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
-        async with self._conn() as con:
-            await con.execute(
-                "INSERT INTO pipeline_flags (pipeline, paused, updated_at, hold_reason,"
-                " hold_until) VALUES ($1, 0, $2, $3, $4) ON CONFLICT (pipeline) DO UPDATE SET"
-                " hold_reason=EXCLUDED.hold_reason, hold_until=EXCLUDED.hold_until",
-                pipeline, time.time(), reason, until if reason is not None else None)
-
-    async def holds(self) -> dict[str, tuple[str, float | None]]:
-        async with self._conn() as con:
-            rows = await con.fetch("SELECT pipeline, hold_reason, hold_until FROM pipeline_flags"
-                                   " WHERE hold_reason IS NOT NULL")
-        return {r["pipeline"]: (r["hold_reason"], r["hold_until"]) for r in rows}
-
     async def check(self) -> list[str]:
         problems = []
         for table in (*COPY_TABLES, "locks", "schema_migrations"):
@@ -706,7 +564,10 @@ async def _requeue_expired(con, pipeline: str | None, max_attempts: int,
 async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Draft],
                   t: float) -> ReplayResult:
     where = f"{pipeline} {item_id}"
-    audit = PostgresStore._audit
+
+    async def audit(con, actor, action, key, text, detail, t) -> None:
+        await con.execute(_dollars(AUDIT_SQL), *audit_row(t, actor, action, key, text, detail,
+                                                          _clean)[1])
     if not drafts:
         removed = _count(await con.execute(
             "DELETE FROM seen_items WHERE pipeline=$1 AND item_id=$2", pipeline, item_id))

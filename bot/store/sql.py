@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from ..models import (
-    APPROVED, DRAFTING, PENDING_STATUSES, QUEUED, READY, SEND_UNKNOWN, Draft, Message, Run,
-    sha256_text,
+    APPROVED, DRAFTING, PENDING_STATUSES, QUEUED, READY, SEND_UNKNOWN, SENDING, AuditEntry,
+    Draft, Message, Run, sha256_text,
 )
 from ..redact import scrub
 from .base import Store
@@ -38,6 +38,9 @@ TOKENS_SQL = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES (?, ?, ?) 
               "ON CONFLICT (pipeline, day) DO UPDATE SET "
               "tokens = token_usage.tokens + excluded.tokens")
 BEFORE_SQL = "SELECT status, error FROM drafts WHERE id = ?"
+CURSOR_SQL = ("INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES (?, ?, ?, ?) "
+              "ON CONFLICT (pipeline, scope) DO UPDATE SET value = excluded.value, "
+              "updated_at = excluded.updated_at")
 
 
 def draft_from_row(row: Any) -> Draft:
@@ -59,6 +62,13 @@ def run_from_row(row: Any) -> Run:
     return Run(id=row["id"], pipeline=row["pipeline"], started_at=row["started_at"],
                ended_at=row["ended_at"], status=row["status"], error_text=row["error_text"],
                counts=json.loads(row["counts"] or "{}"), scheduled_for=row["scheduled_for"])
+
+
+def audit_row(t: float, actor: str, action: str, key: str | None, text: str | None,
+              detail: str | None, clean: Callable = lambda x: x) -> tuple[str, tuple]:
+    """The INSERT of one audit row (sha256 of ``text`` when given)."""
+    return AUDIT_SQL, (t, actor, action, key, None if text is None else sha256_text(text),
+                       clean(scrub(detail)))
 
 
 def utc_day(t: float) -> str:
@@ -103,9 +113,8 @@ class Change:
     def followups(self, d: Draft, old: Any, clean: Callable) -> list[tuple[str, tuple]]:
         out = []
         if self.action is not None and self.detail is not None:
-            text = sha256_text(d.body) if d.body is not None else None
-            out.append((AUDIT_SQL, (self.at, self.actor or d.decided_by or SYSTEM, self.action,
-                                    d.key, text, clean(scrub(self.detail(d, old))))))
+            out.append(audit_row(self.at, self.actor or d.decided_by or SYSTEM, self.action,
+                                 d.key, d.body, self.detail(d, old), clean))
         if self.tokens:
             out.append((TOKENS_SQL, (d.pipeline, utc_day(self.at), int(self.tokens))))
         return out
@@ -135,6 +144,18 @@ class SqlStore(Store):
     @abc.abstractmethod
     async def _change(self, change: Change) -> Draft | None:
         """Run ``change`` in one transaction; the draft after it, or None."""
+
+    @abc.abstractmethod
+    async def _query(self, sql: str, args: tuple = (), *, write: bool = False) -> list[Any]:
+        """The rows of one statement (``write``: it changes something)."""
+
+    @abc.abstractmethod
+    async def _execute(self, sql: str, args: tuple = ()) -> int:
+        """Run one writing statement; its row count."""
+
+    @abc.abstractmethod
+    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
+        """Run the statements in one transaction."""
 
     @abc.abstractmethod
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
@@ -297,3 +318,135 @@ class SqlStore(Store):
 
     async def stale_cards(self, limit: int = 50) -> list[Draft]:
         return await self._select_drafts("card_stale = 1", (), f"ORDER BY id LIMIT {int(limit)}")
+
+    # -- cursors, tokens -------------------------------------------------------------
+    async def get_cursor(self, pipeline: str, scope: str) -> str | None:
+        rows = await self._query("SELECT value FROM cursors WHERE pipeline = ? AND scope = ?",
+                                 (pipeline, scope))
+        return rows[0][0] if rows else None
+
+    async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
+        """Not in the Store contract (admit stores cursors): for tests and tools."""
+        await self._execute(CURSOR_SQL, (pipeline, scope, value, time.time()))
+
+    async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
+        if tokens:
+            await self._execute(TOKENS_SQL, (pipeline, utc_day(self._now(now)), int(tokens)))
+
+    async def tokens_used(self, pipeline: str, day: str) -> int:
+        rows = await self._query("SELECT tokens FROM token_usage WHERE pipeline = ? AND day = ?",
+                                 (pipeline, day))
+        return int(rows[0][0] or 0) if rows else 0
+
+    # -- counting --------------------------------------------------------------------
+    async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
+        where, args = ("WHERE pipeline = ?", (pipeline,)) if pipeline is not None else ("", ())
+        rows = await self._query(f"SELECT status, COUNT(*) FROM drafts {where} GROUP BY status",
+                                 args)
+        return {r[0]: int(r[1]) for r in rows}
+
+    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
+        wanted = tuple(dict.fromkeys(statuses))
+        if not wanted:
+            return {}
+        where, args = status_where(wanted, None)
+        rows = await self._query(f"SELECT pipeline, COUNT(*) FROM drafts WHERE {where} "
+                                 "GROUP BY pipeline", args)
+        return {r[0]: int(r[1]) for r in rows}
+
+    async def seen_count(self, pipeline: str) -> int:
+        rows = await self._query("SELECT COUNT(*) FROM seen_items WHERE pipeline = ?", (pipeline,))
+        return int(rows[0][0])
+
+    # -- runs ------------------------------------------------------------------------
+    async def start_run(self, pipeline: str, scheduled_for: float | None = None,
+                        now: float | None = None) -> int:
+        rows = await self._query(
+            "INSERT INTO pipeline_runs (pipeline, scheduled_for, started_at, status, counts) "
+            "VALUES (?, ?, ?, 'running', '{}') RETURNING id",
+            (pipeline, scheduled_for, self._now(now)), write=True)
+        return int(rows[0][0])
+
+    async def end_run(self, run_id: int, status: str, counts: dict[str, int],
+                      error_text: str | None = None, now: float | None = None) -> None:
+        await self._execute(
+            "UPDATE pipeline_runs SET ended_at = ?, status = ?, counts = ?, error_text = ? "
+            "WHERE id = ?", (self._now(now), status, json.dumps(dict(counts)),
+                             scrub(error_text), run_id))
+
+    async def _runs(self, pipeline: str, status: str | None, limit: int) -> list[Run]:
+        where, args = "pipeline = ?", (pipeline,)
+        if status is not None:
+            where, args = where + " AND status = ?", (pipeline, status)
+        rows = await self._query(f"SELECT * FROM pipeline_runs WHERE {where} "
+                                 "ORDER BY started_at DESC, id DESC LIMIT ?", (*args, int(limit)))
+        return [run_from_row(r) for r in rows]
+
+    async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
+        return await self._runs(pipeline, None, limit)
+
+    async def last_run(self, pipeline: str, status: str | None = None) -> Run | None:
+        runs = await self._runs(pipeline, status, 1)
+        return runs[0] if runs else None
+
+    # -- audit -----------------------------------------------------------------------
+    def _audit_row(self, t: float, actor: str, action: str, key: str | None,
+                   text: str | None, detail: str | None) -> tuple[str, tuple]:
+        return audit_row(t, actor, action, key, text, detail, self._clean)
+
+    async def audit(self, actor: str, action: str, draft_key: str | None = None,
+                    text: str | None = None, detail: str | None = None,
+                    now: float | None = None) -> None:
+        await self._execute(*self._audit_row(self._now(now), actor, action, draft_key, text,
+                                             detail))
+
+    async def audit_log(self, draft_key: str | None = None,
+                        limit: int = 100) -> list[AuditEntry]:
+        where, args = ("WHERE draft_key = ?", (draft_key,)) if draft_key is not None else ("", ())
+        rows = await self._query(
+            "SELECT id, at, actor, action, draft_key, text_sha256, detail FROM audit "
+            f"{where} ORDER BY id DESC LIMIT ?", (*args, int(limit)))
+        return [AuditEntry(*tuple(r)) for r in rows]
+
+    # -- flags, holds, locks, cards ----------------------------------------------------
+    async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
+        t = time.time()
+        await self._script([
+            ("INSERT INTO pipeline_flags (pipeline, paused, updated_at, updated_by) "
+             "VALUES (?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
+             "paused = excluded.paused, updated_at = excluded.updated_at, "
+             "updated_by = excluded.updated_by", (pipeline, int(paused), t, actor)),
+            self._audit_row(t, actor, "pause" if paused else "resume", None, None, pipeline)])
+
+    async def paused(self) -> set[str]:
+        rows = await self._query("SELECT pipeline FROM pipeline_flags WHERE paused = 1")
+        return {r[0] for r in rows}
+
+    async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
+        await self._execute(
+            "INSERT INTO pipeline_flags (pipeline, paused, updated_at, hold_reason, "
+            "hold_until) VALUES (?, 0, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
+            "hold_reason = excluded.hold_reason, hold_until = excluded.hold_until",
+            (pipeline, time.time(), reason, until if reason is not None else None))
+
+    async def holds(self) -> dict[str, tuple[str, float | None]]:
+        rows = await self._query("SELECT pipeline, hold_reason, hold_until FROM pipeline_flags "
+                                 "WHERE hold_reason IS NOT NULL")
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    async def unlock(self, name: str, holder: str) -> None:
+        await self._execute("DELETE FROM locks WHERE name = ? AND holder = ?", (name, holder))
+
+    async def lock_holder(self, name: str) -> str | None:
+        rows = await self._query("SELECT holder FROM locks WHERE name = ?", (name,))
+        return rows[0][0] if rows else None
+
+    async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
+        # updated_at stays: it measures the draft's state (expiry, send grace), not its card.
+        await self._execute("UPDATE drafts SET card_stale = ? WHERE id = ?",
+                            (int(stale), draft_id))
+
+    async def sending_holders(self) -> list[str]:
+        rows = await self._query("SELECT DISTINCT send_holder FROM drafts WHERE status = ? "
+                                 "AND send_holder IS NOT NULL", (SENDING,))
+        return [r[0] for r in rows]

@@ -20,7 +20,6 @@ Why it is built the way it is:
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import sqlite3
 import time
@@ -30,13 +29,12 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import aiosqlite
 
-from ..redact import scrub
 from ..errors import StoreError
-from ..models import QUEUED, SENDING, SKIPPED, AuditEntry, Draft, Item, Run, draft_key, sha256_text
+from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
 from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult,
                    StoreMissing, SweepResult, replay_refusal, replay_without_draft)
-from .sql import (AUDIT_SQL, BEFORE_SQL, DRAFT_COLS, TOKENS_SQL, Change, SqlStore,
-                  draft_from_row, run_from_row, utc_day)
+from .sql import (BEFORE_SQL, CURSOR_SQL, DRAFT_COLS, Change, SqlStore, audit_row,
+                  draft_from_row)
 from .transitions import (CLAIM, EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY,
                           cas)
 from .schema import LATEST, MIGRATIONS
@@ -130,12 +128,12 @@ def _apply(db: sqlite3.Connection, change: Change) -> Draft | None:
 
 def _audit(db: sqlite3.Connection, now: float, actor: str, action: str,
            key: str | None, text: str | None, detail: str | None) -> None:
-    _exec(db, AUDIT_SQL, (now, actor, action, key, sha256_text(text) if text is not None else None, scrub(detail)))
+    _exec(db, *audit_row(now, actor, action, key, text, detail))
 
 
-def _add_tokens(db: sqlite3.Connection, pipeline: str, tokens: int, now: float) -> None:
-    if tokens:
-        _exec(db, TOKENS_SQL, (pipeline, utc_day(now), int(tokens)))
+def _script(db: sqlite3.Connection, statements: list[tuple[str, tuple]]) -> None:
+    for sql, args in statements:
+        _exec(db, sql, args)
 
 
 def _in_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
@@ -220,6 +218,15 @@ class SQLiteStore(SqlStore):
 
     async def _change(self, change: Change) -> Draft | None:
         return await self._write(_apply, change)
+
+    async def _query(self, sql: str, args: tuple = (), *, write: bool = False) -> list[Any]:
+        return await (self._write if write else self._read)(_rows, sql, args)
+
+    async def _execute(self, sql: str, args: tuple = ()) -> int:
+        return await self._write(_exec, sql, args)
+
+    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
+        await self._write(_script, statements)
 
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:
@@ -336,7 +343,7 @@ class SQLiteStore(SqlStore):
                       "payload, error, created_at, updated_at) "
                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             if cursor is not None:
-                _set_cursor(db, pipeline, scope, cursor, now)
+                _exec(db, CURSOR_SQL, (pipeline, scope, cursor, now))
             return result
 
         return await self._write(tx)
@@ -348,15 +355,6 @@ class SQLiteStore(SqlStore):
         await self._write(lambda db: _many(
             db, "INSERT INTO seen_items (pipeline, scope, item_id, seen_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (pipeline, scope, item_id) DO NOTHING", rows))
-
-    async def get_cursor(self, pipeline: str, scope: str) -> str | None:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT value FROM cursors WHERE pipeline = ? AND scope = ?", (pipeline, scope)))
-        return rows[0][0] if rows else None
-
-    async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
-        """Not in the Store contract (admit stores cursors): for tests and tools."""
-        await self._write(_set_cursor, pipeline, scope, value, time.time())
 
     # -- drafting ------------------------------------------------------------------------
 
@@ -376,95 +374,15 @@ class SQLiteStore(SqlStore):
 
         return await self._write(tx)
 
-    async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
-        now = _now(now)
-        await self._write(_add_tokens, pipeline, tokens, now)
-
-    async def tokens_used(self, pipeline: str, day: str) -> int:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT tokens FROM token_usage WHERE pipeline = ? AND day = ?", (pipeline, day)))
-        return int(rows[0][0]) if rows else 0
-
     # -- approval ------------------------------------------------------------------------
 
     # -- sending -------------------------------------------------------------------------
 
     # -- reading -------------------------------------------------------------------------
 
-    async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
-        sql = "SELECT status, COUNT(*) FROM drafts"
-        params: tuple = ()
-        if pipeline is not None:
-            sql += " WHERE pipeline = ?"
-            params = (pipeline,)
-        rows = await self._read(lambda db: _rows(db, sql + " GROUP BY status", params))
-        return {r[0]: int(r[1]) for r in rows}
-
-    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
-        wanted = list(dict.fromkeys(statuses))
-        if not wanted:
-            return {}
-        marks = ",".join("?" * len(wanted))
-        rows = await self._read(lambda db: _rows(
-            db, f"SELECT pipeline, COUNT(*) FROM drafts WHERE status IN ({marks}) "
-                "GROUP BY pipeline", wanted))
-        return {r[0]: int(r[1]) for r in rows}
-
-    async def seen_count(self, pipeline: str) -> int:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT COUNT(*) FROM seen_items WHERE pipeline = ?", (pipeline,)))
-        return int(rows[0][0])
-
     # -- runs ----------------------------------------------------------------------------
 
-    async def start_run(self, pipeline: str, scheduled_for: float | None = None,
-                        now: float | None = None) -> int:
-        now = _now(now)
-        return await self._write(lambda db: _insert(
-            db, "INSERT INTO pipeline_runs (pipeline, scheduled_for, started_at, status, counts) "
-                "VALUES (?, ?, ?, 'running', '{}')", (pipeline, scheduled_for, now)))
-
-    async def end_run(self, run_id: int, status: str, counts: dict[str, int],
-                      error_text: str | None = None, now: float | None = None) -> None:
-        now = _now(now)
-        await self._write(lambda db: _exec(
-            db, "UPDATE pipeline_runs SET ended_at = ?, status = ?, counts = ?, error_text = ? "
-                "WHERE id = ?", (now, status, json.dumps(dict(counts)), scrub(error_text), run_id)))
-
-    async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT * FROM pipeline_runs WHERE pipeline = ? "
-                "ORDER BY started_at DESC, id DESC LIMIT ?", (pipeline, int(limit))))
-        return [run_from_row(r) for r in rows]
-
-    async def last_run(self, pipeline: str, status: str | None = None) -> Run | None:
-        sql = "SELECT * FROM pipeline_runs WHERE pipeline = ?"
-        params: tuple = (pipeline,)
-        if status is not None:
-            sql += " AND status = ?"
-            params += (status,)
-        rows = await self._read(lambda db: _rows(
-            db, sql + " ORDER BY started_at DESC, id DESC LIMIT 1", params))
-        return run_from_row(rows[0]) if rows else None
-
     # -- audit ---------------------------------------------------------------------------
-
-    async def audit(self, actor: str, action: str, draft_key: str | None = None,
-                    text: str | None = None, detail: str | None = None,
-                    now: float | None = None) -> None:
-        now = _now(now)
-        await self._write(_audit, now, actor, action, draft_key, text, detail)
-
-    async def audit_log(self, draft_key: str | None = None,
-                        limit: int = 100) -> list[AuditEntry]:
-        sql = "SELECT id, at, actor, action, draft_key, text_sha256, detail FROM audit"
-        params: tuple = ()
-        if draft_key is not None:
-            sql += " WHERE draft_key = ?"
-            params = (draft_key,)
-        rows = await self._read(lambda db: _rows(db, sql + " ORDER BY id DESC LIMIT ?",
-                                                 params + (int(limit),)))
-        return [AuditEntry(*tuple(r)) for r in rows]
 
     # -- operations ----------------------------------------------------------------------
 
@@ -512,23 +430,6 @@ class SQLiteStore(SqlStore):
             ("interrupted mid-send by a restart; it may have been delivered", now),
             "(? IS NULL OR updated_at < ?)", (before, before))))
 
-    async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
-        now = time.time()
-
-        def tx(db: sqlite3.Connection) -> None:
-            _exec(db, "INSERT INTO pipeline_flags (pipeline, paused, updated_at, updated_by) "
-                      "VALUES (?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
-                      "paused = excluded.paused, updated_at = excluded.updated_at, "
-                      "updated_by = excluded.updated_by", (pipeline, int(paused), now, actor))
-            _audit(db, now, actor, "pause" if paused else "resume", None, None, pipeline)
-
-        await self._write(tx)
-
-    async def paused(self) -> set[str]:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT pipeline FROM pipeline_flags WHERE paused = 1"))
-        return {r[0] for r in rows}
-
     # -- locks ---------------------------------------------------------------------------
 
     async def try_lock(self, name: str, holder: str, ttl_seconds: float,
@@ -546,34 +447,7 @@ class SQLiteStore(SqlStore):
 
         return await self._write(tx)
 
-    async def unlock(self, name: str, holder: str) -> None:
-        await self._write(lambda db: _exec(
-            db, "DELETE FROM locks WHERE name = ? AND holder = ?", (name, holder)))
-
-    async def lock_holder(self, name: str) -> str | None:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT holder FROM locks WHERE name = ?", (name,)))
-        return rows[0][0] if rows else None
-
-    async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
-        # updated_at stays: it measures the draft's state (expiry, send grace), not its card.
-        await self._write(lambda db: _exec(
-            db, "UPDATE drafts SET card_stale = ? WHERE id = ?", (int(stale), draft_id)))
-
     # -- truthful status -------------------------------------------------------------------
-
-    async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
-        await self._write(lambda db: _exec(
-            db, "INSERT INTO pipeline_flags (pipeline, paused, updated_at, hold_reason, "
-                "hold_until) VALUES (?, 0, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
-                "hold_reason = excluded.hold_reason, hold_until = excluded.hold_until",
-            (pipeline, time.time(), reason, until if reason is not None else None)))
-
-    async def holds(self) -> dict[str, tuple[str, float | None]]:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT pipeline, hold_reason, hold_until FROM pipeline_flags "
-                "WHERE hold_reason IS NOT NULL"))
-        return {r[0]: (r[1], r[2]) for r in rows}
 
     async def check(self) -> list[str]:
         try:
@@ -584,12 +458,6 @@ class SQLiteStore(SqlStore):
         return [] if found == ["ok"] else [f"SQLite store {self.path}: {f}" for f in found[:5]]
 
     # -- crashed sends -------------------------------------------------------------------
-
-    async def sending_holders(self) -> list[str]:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT DISTINCT send_holder FROM drafts WHERE status = ? "
-                "AND send_holder IS NOT NULL", (SENDING,)))
-        return [r[0] for r in rows]
 
     async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
                                       grace: float, now: float | None = None) -> int:
@@ -640,13 +508,6 @@ def _requeue_expired(db: sqlite3.Connection, pipeline: str | None, max_attempts:
                     "error = 'lease expired after ' || (attempt + 1) || ' attempts', "
                     "updated_at = ?", (now,), where, params))
     return requeued, failed
-
-
-def _set_cursor(db: sqlite3.Connection, pipeline: str, scope: str, value: str | None,
-                now: float) -> None:
-    _exec(db, "INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES (?, ?, ?, ?) "
-              "ON CONFLICT (pipeline, scope) DO UPDATE SET value = excluded.value, "
-              "updated_at = excluded.updated_at", (pipeline, scope, value, now))
 
 
 def _replay(db: sqlite3.Connection, pipeline: str, item_id: str, actor: str,
