@@ -112,17 +112,12 @@ def _dollars(sql: str) -> str:
     return "".join(f"{p}${i}" for i, p in enumerate(parts[:-1], 1)) + parts[-1]
 
 
-#: "now" for leases in the shared ``?`` style (see _db_now).
+#: SQL for "now" in statements that decide leases (pipeline locks, process heartbeats,
+#: drafting leases, send recovery): its parameter if a test passed a time, else the
+#: database's own clock. Hosts' clocks may disagree; the one clock they share is the
+#: server's, so a skewed host can neither take a live lease nor call another host's send
+#: in flight abandoned.
 _DB_NOW = "coalesce(?::float8, extract(epoch from clock_timestamp()))"
-
-
-def _db_now(n: int) -> str:
-    """SQL for "now" in statements that decide leases (pipeline locks, process
-    heartbeats, drafting leases, send recovery): parameter ``$n`` if a test passed a
-    time, else the database's own clock. Hosts' clocks may disagree; the one clock
-    they share is the server's, so a skewed host can neither take a live lease nor
-    call another host's send in flight abandoned."""
-    return f"coalesce(${n}::float8, extract(epoch from clock_timestamp()))"
 
 
 def parse_pg_url(url: str) -> tuple[str, str]:
@@ -279,7 +274,7 @@ class PostgresStore(SqlStore):
         return _clean(text)
 
     def _db_clock(self, now: float | None) -> tuple[str, Any]:
-        return _DB_NOW, now  # None: the database's clock (see _db_now)
+        return _DB_NOW, now  # None: the database's clock (see _DB_NOW)
 
     async def _change(self, change: Change) -> Draft | None:
         # One statement needs no transaction: autocommit saves BEGIN and COMMIT.
@@ -391,9 +386,6 @@ class PostgresStore(SqlStore):
                 pipeline, *CLAIM.src, limit, *args)
         return sorted((draft_from_row(r) for r in rows), key=lambda d: d.id)
 
-    # -- reading ---------------------------------------------------------------------
-    # -- runs --------------------------------------------------------------------------
-    # -- audit -------------------------------------------------------------------------
     # -- operations --------------------------------------------------------------------
     async def replay(self, pipeline: str, item_id: str, actor: str,
                      now: float | None = None) -> ReplayResult:
@@ -414,7 +406,7 @@ class PostgresStore(SqlStore):
             # draft key, so the item is never queued twice.
             res.seen_deleted = _count(await con.execute(
                 "DELETE FROM seen_items WHERE seen_at < $1", t - seen_ttl_days * _DAY))
-            # Leases by the database's clock unless a time was given (see _db_now).
+            # Leases by the database's clock unless a time was given (see _DB_NOW).
             res.leases_requeued, res.leases_failed = await _requeue_expired(
                 con, None, max_attempts, now)
             if approval_ttl_days is not None:
@@ -436,24 +428,21 @@ class PostgresStore(SqlStore):
         """Not in the Store contract (the engine uses recover_abandoned_sends): for tests.
         Every ``sending`` row -> ``send_unknown``; with ``older_than``, only rows that
         began sending more than that many seconds before ``now``."""
-        async with self._conn() as con:
-            sql, args = cas(
-                RECOVER_SEND, "error = ?, updated_at = ?",
-                ("interrupted mid-send by a restart; it may have been delivered", _now(now)),
-                f"(?::float8 IS NULL OR updated_at < {_DB_NOW} - ?)", (older_than, now, older_than))
-            return _count(await con.execute(_dollars(sql), *args))
+        return await self._execute(*cas(
+            RECOVER_SEND, "error = ?, updated_at = ?",
+            ("interrupted mid-send by a restart; it may have been delivered", _now(now)),
+            f"(?::float8 IS NULL OR updated_at < {_DB_NOW} - ?)", (older_than, now, older_than)))
 
     # -- leader / locks ---------------------------------------------------------------------
     async def try_lock(self, name: str, holder: str, ttl_seconds: float,
                        now: float | None = None) -> bool:
-        async with self._conn() as con:
-            row = await con.fetchrow(
-                f"INSERT INTO locks (name, holder, expires_at) VALUES ($1, $2, {_db_now(4)} + $3)"
-                " ON CONFLICT (name) DO UPDATE SET holder=EXCLUDED.holder,"
-                " expires_at=EXCLUDED.expires_at"
-                f" WHERE locks.holder=EXCLUDED.holder OR locks.expires_at <= {_db_now(4)}"
-                " RETURNING holder", name, holder, float(ttl_seconds), now)
-        return row is not None
+        rows = await self._query(
+            f"INSERT INTO locks (name, holder, expires_at) VALUES (?, ?, {_DB_NOW} + ?)"
+            " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
+            " expires_at = excluded.expires_at"
+            f" WHERE locks.holder = excluded.holder OR locks.expires_at <= {_DB_NOW}"
+            " RETURNING holder", (name, holder, now, float(ttl_seconds), now), write=True)
+        return bool(rows)
 
     # -- crashed sends (send_holder and process heartbeats) ----------------------------------
     async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
@@ -469,8 +458,8 @@ class PostgresStore(SqlStore):
                 (list(dead), alive, HEARTBEAT_PREFIX, now, now, float(grace)))
             n = _count(await con.execute(_dollars(sql), *args))
             # Heartbeats of processes gone for a day: nothing can refer to them any more.
-            await con.execute(f"DELETE FROM locks WHERE name LIKE $1 AND expires_at < {_db_now(2)}"
-                              " - 86400", HEARTBEAT_PREFIX + "%", now)
+            await con.execute(_dollars(f"DELETE FROM locks WHERE name LIKE ? AND expires_at < "
+                                       f"{_DB_NOW} - 86400"), HEARTBEAT_PREFIX + "%", now)
         return n
 
     # -- copying (draftgate migrate-store) ---------------------------------------------------
@@ -547,7 +536,7 @@ class PostgresStore(SqlStore):
 async def _requeue_expired(con, pipeline: str | None, max_attempts: int,
                            t: float | None) -> tuple[int, int]:
     """Expired ``drafting`` leases (of one pipeline, or all) -> queued or failed.
-    ``t`` None: expired by the database's clock (see _db_now)."""
+    ``t`` None: expired by the database's clock (see _DB_NOW)."""
     where = f"lease_until < {_DB_NOW} AND (?::text IS NULL OR pipeline = ?)"
     # A new fence on every expired lease, so the stale worker's update loses.
     requeued = await _cas_count(con, LEASE_RETRY, (

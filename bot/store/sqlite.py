@@ -94,11 +94,6 @@ def _exec(db: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> int:
         return cur.rowcount
 
 
-def _insert(db: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> int:
-    with closing(db.execute(sql, tuple(params))) as cur:
-        return int(cur.lastrowid)
-
-
 def _many(db: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:
     if rows:
         with closing(db.executemany(sql, rows)):
@@ -373,16 +368,6 @@ class SQLiteStore(SqlStore):
             return sorted((draft_from_row(r) for r in rows), key=lambda d: d.id)
 
         return await self._write(tx)
-
-    # -- approval ------------------------------------------------------------------------
-
-    # -- sending -------------------------------------------------------------------------
-
-    # -- reading -------------------------------------------------------------------------
-
-    # -- runs ----------------------------------------------------------------------------
-
-    # -- audit ---------------------------------------------------------------------------
 
     # -- operations ----------------------------------------------------------------------
 
