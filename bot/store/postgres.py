@@ -33,7 +33,6 @@ from ..errors import StoreError
 from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
 from ..redact import redact_url
 from ._copy import COPY_TABLES
-from ._copy import key_columns as _check_table
 from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult,
                    StoreMissing, SweepResult, replay_refusal, replay_without_draft)
 from .pg_schema import MIGRATIONS
@@ -462,65 +461,6 @@ class PostgresStore(SqlStore):
                                        f"{_DB_NOW} - 86400"), HEARTBEAT_PREFIX + "%", now)
         return n
 
-    # -- copying (draftgate migrate-store) ---------------------------------------------------
-    async def copy_count(self, table: str) -> int:
-        """Rows in one of the copied tables (see ``COPY_TABLES``)."""
-        _check_table(table)
-        async with self._conn() as con:
-            return await con.fetchval(f"SELECT count(*) FROM {table}")
-
-    async def export_rows(self, table: str, after: tuple | None, limit: int) -> list[dict]:
-        """Up to ``limit`` rows of ``table`` whose key columns sort after ``after``,
-        in key order, as plain dicts (a keyset scan: each batch is one index range)."""
-        pk = _check_table(table)
-        cols = ", ".join(pk)
-        where = ""
-        args: list[Any] = [limit]
-        if after is not None:
-            marks = ", ".join(f"${i + 2}" for i in range(len(pk)))
-            where = f"WHERE ({cols}) > ({marks})"
-            args += list(after)
-        async with self._tx() as con:
-            rows = await con.fetch(
-                f"SELECT * FROM {table} {where} ORDER BY {cols} LIMIT $1", *args)
-        return [dict(r) for r in rows]
-
-    async def import_rows(self, table: str, rows: list[dict]) -> int:
-        """Insert copied rows as they are (ids included); a row whose key or id is
-        already present is left alone. Returns how many were inserted."""
-        _check_table(table)
-        if not rows:
-            return 0
-        async with self._tx() as con:
-            types = {r["column_name"]: r["data_type"] for r in await con.fetch(
-                "SELECT column_name, data_type FROM information_schema.columns"
-                " WHERE table_schema=$1 AND table_name=$2", self._schema, table)}
-            cols = [c for c in rows[0] if c in types]
-            conv = [_CONVERT.get(types[c], _as_is) for c in cols]
-            values = [[None if row.get(c) is None else f(row[c]) for c, f in zip(cols, conv)]
-                      for row in rows]
-            # One statement per batch: unnest() of one array per column.
-            arrays = ", ".join(f"${i + 1}::{_ARRAY_TYPE[types[c]]}[]" for i, c in enumerate(cols))
-            names = ", ".join(cols)
-            status = await con.execute(
-                f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays})"
-                " ON CONFLICT DO NOTHING",
-                *[[v[i] for v in values] for i in range(len(cols))])
-        return _count(status)
-
-    async def finish_import(self) -> None:
-        """Move id and fence sequences past every copied row, so the next draft,
-        run or audit row (and the next claim's fence) never reuses a number."""
-        async with self._tx() as con:
-            for table in ("drafts", "pipeline_runs", "audit"):
-                await con.execute(
-                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
-                    f" GREATEST((SELECT max(id) FROM {table}), 1),"
-                    f" (SELECT max(id) FROM {table}) IS NOT NULL)")
-            await con.execute(
-                "SELECT setval('draft_fence_seq', GREATEST((SELECT max(fence) FROM drafts), 1),"
-                " coalesce((SELECT max(fence) FROM drafts), 0) > 0)")
-
     # -- truthful status -------------------------------------------------------------------
     async def check(self) -> list[str]:
         problems = []
@@ -585,17 +525,6 @@ async def _cas_count(con, t: Transition, assign: str, assign_args: tuple, where:
                      where_args: tuple) -> int:
     sql, args = cas(t, assign, assign_args, where, where_args)
     return _count(await con.execute(_dollars(sql), *args))
-
-
-def _as_is(v: Any) -> Any:
-    return v
-
-
-# SQLite hands back whatever type a value was stored with; PostgreSQL wants the
-# column's own type.
-_CONVERT = {"double precision": float, "bigint": int, "integer": int,
-            "text": lambda v: _clean(str(v))}
-_ARRAY_TYPE = {"double precision": "float8", "bigint": "int8", "integer": "int4", "text": "text"}
 
 
 def _count(status: str) -> int:
