@@ -363,7 +363,7 @@ class SQLiteStore(SqlStore):
             rows = _rows(db, *cas(
                 CLAIM, "lease_until = ?, fence = fence + 1, updated_at = ?",
                 (now + lease_seconds, now), "id IN (SELECT id FROM drafts WHERE pipeline = ? "
-                "AND status = ? ORDER BY id LIMIT ?)", (pipeline, QUEUED, limit),
+                "AND status = ? ORDER BY id LIMIT ?)", (pipeline, *CLAIM.src, limit),
                 returning=DRAFT_COLS))
             return sorted((draft_from_row(r) for r in rows), key=lambda d: d.id)
 
