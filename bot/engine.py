@@ -447,11 +447,8 @@ class Engine:
         the approval channel was unreachable for one of them (the rest wait in ready)."""
         # A lease left by a crashed or hung worker goes back to the queue here, on
         # every tick, rather than waiting for the daily sweep.
-        try:
-            _requeued, failed = await self.store.requeue_expired(
-                p.name, max_attempts=p.max_attempts, now=self._lease_now())
-        except NotImplementedError:
-            failed = 0
+        _requeued, failed = await self.store.requeue_expired(
+            p.name, max_attempts=p.max_attempts, now=self._lease_now())
         if failed:
             counts.failed += failed
             await self.notify(f"⚠️ {p.name}: {failed} draft(s) failed: their drafting lease "

@@ -12,29 +12,32 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import orjson
 
-# Draft lifecycle. Every transition is a compare-and-set in the store.
-QUEUED = "queued"
-DRAFTING = "drafting"
-READY = "ready"
-AWAITING = "awaiting"
-APPROVED = "approved"
-SENDING = "sending"
-SENT = "sent"
-SEND_FAILED = "send_failed"
-SEND_UNKNOWN = "send_unknown"
-FAILED = "failed"
-SKIPPED = "skipped"
-REJECTED = "rejected"
-EXPIRED = "expired"
+# Draft lifecycle. Every transition is a compare-and-set in the store, allowed only if
+# bot/store/transitions.py lists it.
+class Status(StrEnum):
+    QUEUED = "queued"
+    DRAFTING = "drafting"
+    READY = "ready"
+    AWAITING = "awaiting"
+    APPROVED = "approved"
+    SENDING = "sending"
+    SENT = "sent"
+    SEND_FAILED = "send_failed"
+    SEND_UNKNOWN = "send_unknown"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
 
-STATUSES = (
-    QUEUED, DRAFTING, READY, AWAITING, APPROVED, SENDING, SENT,
-    SEND_FAILED, SEND_UNKNOWN, FAILED, SKIPPED, REJECTED, EXPIRED,
-)
+
+# Module-level names, as the rest of the code spells them (a Status is a str).
+(QUEUED, DRAFTING, READY, AWAITING, APPROVED, SENDING, SENT, SEND_FAILED, SEND_UNKNOWN,
+ FAILED, SKIPPED, REJECTED, EXPIRED) = STATUSES = tuple(Status)
 #: States an operator has to act on or watch (shown by /pending): waiting for a
 #: decision, or approved and not yet known to be sent.
 PENDING_STATUSES = (READY, AWAITING, APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN)

@@ -6,8 +6,9 @@ Rules every backend keeps:
 * ``admit`` writes the seen marks, the new ``drafts`` rows and the source cursor in ONE
   transaction. Marking seen and queueing are never two commits.
 * Every draft transition is a compare-and-set (``UPDATE ... WHERE id=? AND
-  status=<expected> [AND fence=? | AND version=?]``) checked by rowcount. A method whose
-  CAS matched nothing returns ``None`` (or ``False``) and changes nothing.
+  status IN (<expected>) [AND fence=? | AND version=?]``) built from the one table of
+  allowed transitions in ``transitions.py``. A method whose CAS matched nothing returns
+  ``None`` (or ``False``) and changes nothing.
 * Operator decisions (approve, edit, reject, replay, retry) append an ``audit`` row in
   the same transaction as the transition, with the sha256 of the text involved.
 * No method holds a transaction across anything but the database.
@@ -140,9 +141,6 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def get_cursor(self, pipeline: str, scope: str) -> str | None: ...
 
-    @abc.abstractmethod
-    async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None: ...
-
     # -- drafting ------------------------------------------------------------------
     @abc.abstractmethod
     async def claim(self, pipeline: str, lease_seconds: float, *, limit: int = 1,
@@ -256,13 +254,6 @@ class Store(abc.ABC):
     async def get_draft(self, draft_id: int) -> Draft | None: ...
 
     @abc.abstractmethod
-    async def get_draft_by_key(self, key: str) -> Draft | None: ...
-
-    @abc.abstractmethod
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe)."""
-
-    @abc.abstractmethod
     async def pending(self, pipeline: str | None = None) -> list[Draft]:
         """Drafts in PENDING_STATUSES, oldest first."""
 
@@ -327,20 +318,12 @@ class Store(abc.ABC):
         ``max_attempts``, failed), expire ``awaiting`` drafts older than
         ``approval_ttl_days`` if given, prune runs older than ``runs_keep_days``."""
 
+    @abc.abstractmethod
     async def requeue_expired(self, pipeline: str, *, max_attempts: int,
                               now: float | None = None) -> tuple[int, int]:
         """The lease part of ``sweep`` for one pipeline, cheap enough for every tick:
         expired ``drafting`` leases -> ``queued`` (attempt + 1, new fence) or, past
         ``max_attempts``, ``failed``. Returns (requeued, failed)."""
-        raise NotImplementedError
-
-    @abc.abstractmethod
-    async def recover_sending(self, older_than: float | None = None,
-                              now: float | None = None) -> int:
-        """Every ``sending`` row (a crash mid-send) -> ``send_unknown``. With
-        ``older_than``, only rows that began sending more than that many seconds
-        before ``now``: on a shared store a newer one may be another host's send in
-        flight, and calling that unknown would offer the operator a second send."""
 
     @abc.abstractmethod
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None: ...

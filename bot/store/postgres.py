@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
-import json
 import re
 import time
 from typing import Any, AsyncIterator, Iterable
@@ -30,17 +30,16 @@ import asyncpg
 
 from ..clock import wall
 from ..errors import StoreError
-from ..models import (
-    APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED, READY,
-    REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED,
-    AuditEntry, Draft, Item, Message, Run, draft_key, sha256_text,
-)
-from ..redact import redact_url, scrub
+from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
+from ..redact import redact_url
 from ._copy import COPY_TABLES
-from ._copy import key_columns as _check_table
-from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult, Store,
+from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult,
                    StoreMissing, SweepResult, replay_refusal, replay_without_draft)
 from .pg_schema import MIGRATIONS
+from .sql import (AUDIT_SQL, BEFORE_SQL, CURSOR_SQL, DRAFT_COLS, Change, SqlStore,
+                  audit_row, draft_from_row)
+from .transitions import (CLAIM, EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY,
+                          Transition, cas)
 
 # What a lost or refused connection can raise through asyncpg. InternalClientError
 # shows up when the server ends a session (restart, pg_terminate_backend) while the
@@ -49,7 +48,6 @@ _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalCli
               OSError, TimeoutError)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _DAY = 86400.0
-_SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
 
 # One primary-key probe per id, whatever the planner's statistics say. The plain
 # `item_id = ANY($3)` form was planned, on a table grown since its last ANALYZE, as a
@@ -106,17 +104,19 @@ def _now(now: float | None) -> float:
     return wall() if now is None else float(now)
 
 
-def _db_now(n: int) -> str:
-    """SQL for "now" in statements that decide leases (pipeline locks, process
-    heartbeats, drafting leases, send recovery): parameter ``$n`` if a test passed a
-    time, else the database's own clock. Hosts' clocks may disagree; the one clock
-    they share is the server's, so a skewed host can neither take a live lease nor
-    call another host's send in flight abandoned."""
-    return f"coalesce(${n}::float8, extract(epoch from clock_timestamp()))"
+@functools.lru_cache(maxsize=512)
+def _dollars(sql: str) -> str:
+    """asyncpg's placeholders for the shared ``?`` ones: the n-th ``?`` becomes ``$n``."""
+    parts = sql.split("?")
+    return "".join(f"{p}${i}" for i, p in enumerate(parts[:-1], 1)) + parts[-1]
 
 
-def _utc_day(t: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(t))
+#: SQL for "now" in statements that decide leases (pipeline locks, process heartbeats,
+#: drafting leases, send recovery): its parameter if a test passed a time, else the
+#: database's own clock. Hosts' clocks may disagree; the one clock they share is the
+#: server's, so a skewed host can neither take a live lease nor call another host's send
+#: in flight abandoned.
+_DB_NOW = "coalesce(?::float8, extract(epoch from clock_timestamp()))"
 
 
 def parse_pg_url(url: str) -> tuple[str, str]:
@@ -145,31 +145,10 @@ def _lock_key(label: str) -> int:
     return int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "big", signed=True)
 
 
-def _draft(row: asyncpg.Record) -> Draft:
-    return Draft(
-        id=row["id"], key=row["key"], pipeline=row["pipeline"], scope=row["scope"],
-        item_id=row["item_id"], recipe=row["recipe"], status=row["status"],
-        message=Message.from_json(row["payload"]),
-        attempt=row["attempt"], lease_until=row["lease_until"], fence=row["fence"],
-        body=row["body"], version=row["version"], instruction=row["instruction"],
-        approval_chat=row["approval_chat"], approval_message_id=row["approval_message_id"],
-        decided_by=row["decided_by"], decided_at=row["decided_at"], sent_id=row["sent_id"],
-        error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
-        created_at=row["created_at"], updated_at=row["updated_at"],
-        card_stale=bool(row["card_stale"]), send_holder=row["send_holder"],
-    )
-
-
-def _run(row: asyncpg.Record) -> Run:
-    return Run(
-        id=row["id"], pipeline=row["pipeline"], started_at=row["started_at"],
-        ended_at=row["ended_at"], status=row["status"], error_text=row["error_text"],
-        counts=json.loads(row["counts"] or "{}"), scheduled_for=row["scheduled_for"],
-    )
-
-
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     """Store on PostgreSQL through an asyncpg pool (1..``max_size`` connections)."""
+
+    NEXT_FENCE = "nextval('draft_fence_seq')"
 
     def __init__(self, url: str, *, max_size: int = 10):
         self.url = url
@@ -286,6 +265,54 @@ class PostgresStore(Store):
         except _DB_ERRORS as e:
             raise StoreError(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
 
+    # -- the shared transitions' primitives (see SqlStore) ---------------------------
+    def _now(self, now: float | None) -> float:
+        return _now(now)
+
+    def _clean(self, text: str | None) -> str | None:
+        return _clean(text)
+
+    def _db_clock(self, now: float | None) -> tuple[str, Any]:
+        return _DB_NOW, now  # None: the database's clock (see _DB_NOW)
+
+    async def _change(self, change: Change) -> Draft | None:
+        # One statement needs no transaction: autocommit saves BEGIN and COMMIT.
+        async with (self._conn() if change.single else self._tx()) as con:
+            old = None
+            if change.before is not None:
+                old = await con.fetchrow(_dollars(BEFORE_SQL + " FOR UPDATE"), change.before)
+            for step in change.steps:
+                sql, args = step.sql(DRAFT_COLS)
+                row = await con.fetchrow(_dollars(sql), *args)
+                if row is not None:
+                    break
+            else:
+                return None
+            draft = draft_from_row(row)
+            for sql, args in change.followups(draft, old, _clean):
+                await con.execute(_dollars(sql), *args)
+        return draft
+
+    async def _query(self, sql: str, args: tuple = (), *, write: bool = False) -> list[Any]:
+        async with self._conn() as con:
+            return await con.fetch(_dollars(sql), *args)
+
+    async def _execute(self, sql: str, args: tuple = ()) -> int:
+        async with self._conn() as con:
+            return _count(await con.execute(_dollars(sql), *args))
+
+    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
+        async with self._tx() as con:
+            for sql, args in statements:
+                await con.execute(_dollars(sql), *args)
+
+    async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
+                             ) -> list[Draft]:
+        async with self._conn() as con:
+            rows = await con.fetch(_dollars(f"SELECT {DRAFT_COLS} FROM drafts WHERE {where} {tail}"),
+                                   *args)
+        return [draft_from_row(r) for r in rows]
+
     # -- fetch side ----------------------------------------------------------------
     async def unseen(self, pipeline: str, scope: str, item_ids: list[str]) -> set[str]:
         if not item_ids:
@@ -307,8 +334,7 @@ class PostgresStore(Store):
                 unique[item.item_id] = item
         if not unique:
             if cursor is not None:
-                async with self._conn() as con:
-                    await self._put_cursor(con, pipeline, scope, cursor, t)
+                await self._execute(CURSOR_SQL, (pipeline, scope, cursor, t))
             return result
         keys, statuses, item_ids, payloads, errors = [], [], [], [], []
         for item in unique.values():
@@ -338,22 +364,6 @@ class PostgresStore(Store):
                 " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i ON CONFLICT DO NOTHING",
                 pipeline, scope, list(dict.fromkeys(item_ids)), _now(now))
 
-    async def get_cursor(self, pipeline: str, scope: str) -> str | None:
-        async with self._conn() as con:
-            return await con.fetchval(
-                "SELECT value FROM cursors WHERE pipeline=$1 AND scope=$2", pipeline, scope)
-
-    async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
-        async with self._conn() as con:
-            await self._put_cursor(con, pipeline, scope, value, time.time())
-
-    @staticmethod
-    async def _put_cursor(con, pipeline: str, scope: str, value: str | None, t: float) -> None:
-        await con.execute(
-            "INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES ($1, $2, $3, $4)"
-            " ON CONFLICT (pipeline, scope) DO UPDATE SET value=EXCLUDED.value,"
-            " updated_at=EXCLUDED.updated_at", pipeline, scope, value, t)
-
     # -- drafting ------------------------------------------------------------------
     async def claim(self, pipeline: str, lease_seconds: float, *, limit: int = 1,
                     now: float | None = None) -> list[Draft]:
@@ -365,302 +375,15 @@ class PostgresStore(Store):
             # instead of waited for, so N hosts claim N disjoint batches. MATERIALIZED
             # because a plain `id IN (subquery)` may be planned as a nested loop that
             # re-runs the LIMIT subquery per row and claims more than `limit`.
-            rows = await con.fetch(
-                "WITH picked AS MATERIALIZED (SELECT id FROM drafts"
-                "   WHERE pipeline=$1 AND status=$6 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                f" UPDATE drafts d SET status=$4, lease_until={_db_now(3)} + $7,"
-                " fence=nextval('draft_fence_seq'), updated_at=$5"
-                " FROM picked WHERE d.id = picked.id AND d.status=$6 RETURNING d.*",
-                pipeline, limit, now, DRAFTING, t, QUEUED, float(lease_seconds))
-        return sorted((_draft(r) for r in rows), key=lambda d: d.id)
-
-    async def claim_key(self, key: str, lease_seconds: float,
-                        now: float | None = None) -> Draft | None:
-        return await self._one(
-            f"UPDATE drafts SET status=$2, lease_until={_db_now(3)} + $6,"
-            " fence=nextval('draft_fence_seq'),"
-            " updated_at=$4 WHERE key=$1 AND status=$5 RETURNING *",
-            key, DRAFTING, now, _now(now), QUEUED, float(lease_seconds))
-
-    async def _one(self, sql: str, *args: Any) -> Draft | None:
-        async with self._conn() as con:
-            row = await con.fetchrow(sql, *args)
-        return _draft(row) if row else None
-
-    async def finish_draft(self, draft_id: int, fence: int, body: str, *,
-                           tokens_in: int = 0, tokens_out: int = 0,
-                           now: float | None = None) -> Draft | None:
-        t = _now(now)
-        async with self._tx() as con:
-            row = await con.fetchrow(
-                "UPDATE drafts SET status=$4, body=$3, lease_until=NULL, error=NULL,"
-                " tokens_in=tokens_in+$5, tokens_out=tokens_out+$6, updated_at=$7"
-                " WHERE id=$1 AND fence=$2 AND status=$8 RETURNING *",
-                draft_id, fence, _clean(body), READY, tokens_in, tokens_out, t, DRAFTING)
-            if row is None:
-                return None
-            await self._count_tokens(con, row["pipeline"], tokens_in + tokens_out, t)
-        return _draft(row)
-
-    async def fail_draft(self, draft_id: int, fence: int, error: str, *,
-                         retryable: bool, max_attempts: int,
-                         now: float | None = None) -> Draft | None:
-        return await self._one(
-            "UPDATE drafts SET"
-            " status = CASE WHEN $4 AND attempt + 1 < $5 THEN $6 ELSE $7 END,"
-            " attempt=attempt+1, error=$3, lease_until=NULL, updated_at=$8"
-            " WHERE id=$1 AND fence=$2 AND status=$9 RETURNING *",
-            draft_id, fence, _clean(scrub(error)), retryable, max_attempts, QUEUED, FAILED, _now(now), DRAFTING)
-
-    async def release(self, draft_id: int, fence: int) -> bool:
-        async with self._conn() as con:
-            row = await con.fetchrow(
-                "UPDATE drafts SET status=$3, lease_until=NULL, updated_at=$4"
-                " WHERE id=$1 AND fence=$2 AND status=$5 RETURNING id",
-                draft_id, fence, QUEUED, time.time(), DRAFTING)
-        return row is not None
-
-    async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
-        async with self._conn() as con:
-            await self._count_tokens(con, pipeline, tokens, _now(now))
-
-    @staticmethod
-    async def _count_tokens(con, pipeline: str, tokens: int, t: float) -> None:
-        if not tokens:
-            return
-        await con.execute(
-            "INSERT INTO token_usage (pipeline, day, tokens) VALUES ($1, $2, $3)"
-            " ON CONFLICT (pipeline, day) DO UPDATE SET tokens = token_usage.tokens + EXCLUDED.tokens",
-            pipeline, _utc_day(t), tokens)
-
-    async def tokens_used(self, pipeline: str, day: str) -> int:
-        async with self._conn() as con:
-            v = await con.fetchval(
-                "SELECT tokens FROM token_usage WHERE pipeline=$1 AND day=$2", pipeline, day)
-        return int(v or 0)
-
-    # -- approval ------------------------------------------------------------------
-    async def _list(self, sql: str, *args: Any) -> list[Draft]:
-        async with self._conn() as con:
-            rows = await con.fetch(sql, *args)
-        return [_draft(r) for r in rows]
-
-    async def _by_status(self, statuses: tuple[str, ...], pipeline: str | None,
-                         limit: int | None = None) -> list[Draft]:
-        return await self._list(
-            "SELECT * FROM drafts WHERE status = ANY($1::text[])"
-            " AND ($2::text IS NULL OR pipeline=$2) ORDER BY id LIMIT $3",
-            list(statuses), pipeline, limit)
-
-    async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        return await self._by_status((READY,), pipeline, limit)
-
-    async def mark_posted(self, draft_id: int, version: int, chat: str,
-                          message_id: str) -> Draft | None:
-        return await self._one(
-            "UPDATE drafts SET status=$5, approval_chat=$3, approval_message_id=$4,"
-            " updated_at=$6 WHERE id=$1 AND version=$2 AND status=$7 RETURNING *",
-            draft_id, version, str(chat), str(message_id), AWAITING, time.time(), READY)
-
-    async def _decide(self, sql: str, args: tuple, *, actor: str | None, action: str,
-                      t: float, detail, before: int | None = None) -> Draft | None:
-        """A CAS transition and its audit row (hash of the body after it), in one
-        transaction. ``detail(draft, old_row)`` words the audit row; with ``before``
-        set, that draft's row is read first (under a row lock) for ``old_row``."""
-        async with self._tx() as con:
-            old = None
-            if before is not None:
-                old = await con.fetchrow("SELECT status, error FROM drafts WHERE id=$1 FOR UPDATE",
-                                         before)
-            row = await con.fetchrow(sql, *args)
-            if row is None:
-                return None
-            d = _draft(row)
-            await self._audit(con, actor or d.decided_by or _SYSTEM, action, d.key, d.body,
-                              detail(d, old), t)
-        return d
-
-    async def approve(self, draft_id: int, version: int, actor: str,
-                      now: float | None = None) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$3, decided_by=$4, decided_at=$5, updated_at=$5"
-            " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, APPROVED, actor, t, AWAITING),
-            actor=actor, action="approve", t=t, detail=lambda d, _: f"v{version}")
-
-    async def edit(self, draft_id: int, version: int, body: str, actor: str,
-                   now: float | None = None) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$3, body=$4, version=version+1, updated_at=$5"
-            " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, READY, _clean(body), t, AWAITING),
-            actor=actor, action="edit", t=t, detail=lambda d, _: f"v{version} -> v{d.version}")
-
-    async def regenerate(self, draft_id: int, version: int, actor: str,
-                         instruction: str = "", now: float | None = None) -> Draft | None:
-        t = _now(now)
-        # The audit hash is of the body the operator saw when asking for another one.
-        return await self._decide(
-            "UPDATE drafts SET status=$3, instruction=$4, version=version+1, attempt=0,"
-            " lease_until=NULL, error=NULL, updated_at=$5"
-            " WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, QUEUED, _clean(instruction), t, AWAITING),
-            actor=actor, action="regenerate", t=t,
-            detail=lambda d, _: f"v{version} -> v{d.version}"
-            + (f": {instruction}" if instruction else ""))
-
-    async def reject(self, draft_id: int, version: int, actor: str, reason: str = "",
-                     now: float | None = None) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$3, decided_by=$4, decided_at=$5, updated_at=$5,"
-            " error=$7 WHERE id=$1 AND version=$2 AND status=$6 RETURNING *",
-            (draft_id, version, REJECTED, actor, t, AWAITING, _clean(reason) or None),
-            actor=actor, action="reject", t=t,
-            detail=lambda d, _: f"v{version}" + (f": {reason}" if reason else ""))
-
-    # -- sending -------------------------------------------------------------------
-    async def approved(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status((APPROVED,), pipeline)
-
-    async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
-        # updated_at by the database's clock: recover_sending ages rows with it.
-        return await self._one(
-            f"UPDATE drafts SET status=$2, send_holder=$3, updated_at={_db_now(5)}"
-            " WHERE id=$1 AND status=$4 RETURNING *",
-            draft_id, SENDING, holder, APPROVED, None)
-
-    async def mark_sent(self, draft_id: int, sent_id: str, now: float | None = None
-                        ) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$2, sent_id=$3, error=NULL, updated_at=$4"
-            " WHERE id=$1 AND status = ANY($5::text[]) RETURNING *",
-            (draft_id, SENT, str(sent_id), t, [SENDING, SEND_UNKNOWN]),
-            actor=None, action="sent", t=t,
-            detail=lambda d, _: f"v{d.version} sent as {sent_id}")
-
-    async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
-        return await self._one(
-            "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
-            " WHERE id=$1 AND status=$5 RETURNING *",
-            draft_id, SEND_FAILED, _clean(scrub(reason)), time.time(), SENDING)
-
-    async def mark_send_unknown(self, draft_id: int, reason: str) -> Draft | None:
-        return await self._one(
-            "UPDATE drafts SET status=$2, error=$3, updated_at=$4"
-            " WHERE id=$1 AND status=$5 RETURNING *",
-            draft_id, SEND_UNKNOWN, _clean(scrub(reason)), time.time(), SENDING)
-
-    async def retry_send(self, draft_id: int, actor: str, now: float | None = None
-                         ) -> Draft | None:
-        t = _now(now)
-        return await self._decide(
-            "UPDATE drafts SET status=$2, error=NULL, updated_at=$3"
-            " WHERE id=$1 AND status = ANY($4::text[]) RETURNING *",
-            (draft_id, APPROVED, t, [SEND_FAILED, SEND_UNKNOWN]),
-            actor=actor, action="retry_send", t=t, before=draft_id,
-            detail=lambda d, old: f"after {old['status']}: {old['error'] or ''}".rstrip(": "))
-
-    async def send_unknown(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status((SEND_UNKNOWN,), pipeline)
-
-    # -- reading ---------------------------------------------------------------------
-    async def get_draft(self, draft_id: int) -> Draft | None:
-        return await self._one("SELECT * FROM drafts WHERE id=$1", draft_id)
-
-    async def get_draft_by_key(self, key: str) -> Draft | None:
-        return await self._one("SELECT * FROM drafts WHERE key=$1", key)
-
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        return await self._list(
-            "SELECT * FROM drafts WHERE pipeline=$1 AND item_id=$2 ORDER BY id",
-            pipeline, item_id)
-
-    async def pending(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status(PENDING_STATUSES, pipeline)
-
-    async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
-        async with self._conn() as con:
-            rows = await con.fetch(
-                "SELECT status, count(*) AS n FROM drafts"
-                " WHERE ($1::text IS NULL OR pipeline=$1) GROUP BY status", pipeline)
-        return {r["status"]: r["n"] for r in rows}
-
-    async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
-        return await self._list(
-            "SELECT * FROM drafts WHERE status = ANY($1::text[]) AND pipeline=$2"
-            " ORDER BY id DESC LIMIT $3", list(dict.fromkeys(statuses)), pipeline, limit)
-
-    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
-        async with self._conn() as con:
-            rows = await con.fetch(
-                "SELECT pipeline, count(*) AS n FROM drafts WHERE status = ANY($1::text[])"
-                " GROUP BY pipeline", list(dict.fromkeys(statuses)))
-        return {r["pipeline"]: r["n"] for r in rows}
-
-    async def seen_count(self, pipeline: str) -> int:
-        async with self._conn() as con:
-            return await con.fetchval(
-                "SELECT count(*) FROM seen_items WHERE pipeline=$1", pipeline)
-
-    # -- runs --------------------------------------------------------------------------
-    async def start_run(self, pipeline: str, scheduled_for: float | None = None,
-                        now: float | None = None) -> int:
-        async with self._conn() as con:
-            return await con.fetchval(
-                "INSERT INTO pipeline_runs (pipeline, started_at, status, counts, scheduled_for)"
-                " VALUES ($1, $2, 'running', '{}', $3) RETURNING id",
-                pipeline, _now(now), scheduled_for)
-
-    async def end_run(self, run_id: int, status: str, counts: dict[str, int],
-                      error_text: str | None = None, now: float | None = None) -> None:
-        async with self._conn() as con:
-            await con.execute(
-                "UPDATE pipeline_runs SET ended_at=$2, status=$3, counts=$4, error_text=$5"
-                " WHERE id=$1", run_id, _now(now), status, json.dumps(counts), scrub(error_text))
-
-    async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
-        async with self._conn() as con:
-            rows = await con.fetch(
-                "SELECT * FROM pipeline_runs WHERE pipeline=$1"
-                " ORDER BY started_at DESC, id DESC LIMIT $2", pipeline, limit)
-        return [_run(r) for r in rows]
-
-    async def last_run(self, pipeline: str, status: str | None = None) -> Run | None:
-        async with self._conn() as con:
-            row = await con.fetchrow(
-                "SELECT * FROM pipeline_runs WHERE pipeline=$1"
-                " AND ($2::text IS NULL OR status=$2)"
-                " ORDER BY started_at DESC, id DESC LIMIT 1", pipeline, status)
-        return _run(row) if row else None
-
-    # -- audit -------------------------------------------------------------------------
-    @staticmethod
-    async def _audit(con, actor: str, action: str, draft_key: str | None,
-                     text: str | None, detail: str | None, t: float) -> None:
-        await con.execute(
-            "INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail)"
-            " VALUES ($1, $2, $3, $4, $5, $6)",
-            t, actor, action, draft_key, sha256_text(text) if text is not None else None, _clean(scrub(detail)))
-
-    async def audit(self, actor: str, action: str, draft_key: str | None = None,
-                    text: str | None = None, detail: str | None = None,
-                    now: float | None = None) -> None:
-        async with self._conn() as con:
-            await self._audit(con, actor, action, draft_key, text, detail, _now(now))
-
-    async def audit_log(self, draft_key: str | None = None, limit: int = 100
-                        ) -> list[AuditEntry]:
-        async with self._conn() as con:
-            rows = await con.fetch(
-                "SELECT * FROM audit WHERE ($1::text IS NULL OR draft_key=$1)"
-                " ORDER BY id DESC LIMIT $2", draft_key, limit)
-        return [AuditEntry(id=r["id"], at=r["at"], actor=r["actor"], action=r["action"],
-                           draft_key=r["draft_key"], text_sha256=r["text_sha256"],
-                           detail=r["detail"]) for r in rows]
+            sql, args = cas(
+                CLAIM, f"lease_until = {_DB_NOW} + ?, fence = {self.NEXT_FENCE}, updated_at = ?",
+                (now, float(lease_seconds), t), "id IN (SELECT id FROM picked)", (),
+                returning=DRAFT_COLS)
+            rows = await con.fetch(_dollars(
+                "WITH picked AS MATERIALIZED (SELECT id FROM drafts WHERE pipeline = ? AND"
+                " status IN (?) ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED) " + sql),
+                pipeline, *CLAIM.src, limit, *args)
+        return sorted((draft_from_row(r) for r in rows), key=lambda d: d.id)
 
     # -- operations --------------------------------------------------------------------
     async def replay(self, pipeline: str, item_id: str, actor: str,
@@ -670,7 +393,7 @@ class PostgresStore(Store):
             rows = await con.fetch(
                 "SELECT * FROM drafts WHERE pipeline=$1 AND item_id=$2 ORDER BY id FOR UPDATE",
                 pipeline, item_id)
-            return await _replay(con, pipeline, item_id, actor, [_draft(r) for r in rows], t)
+            return await _replay(con, pipeline, item_id, actor, [draft_from_row(r) for r in rows], t)
 
     async def sweep(self, *, seen_ttl_days: float, max_attempts: int = 3,
                     approval_ttl_days: float | None = None, runs_keep_days: float = 30,
@@ -682,15 +405,14 @@ class PostgresStore(Store):
             # draft key, so the item is never queued twice.
             res.seen_deleted = _count(await con.execute(
                 "DELETE FROM seen_items WHERE seen_at < $1", t - seen_ttl_days * _DAY))
-            # Leases by the database's clock unless a time was given (see _db_now).
+            # Leases by the database's clock unless a time was given (see _DB_NOW).
             res.leases_requeued, res.leases_failed = await _requeue_expired(
                 con, None, max_attempts, now)
             if approval_ttl_days is not None:
-                res.approvals_expired = _count(await con.execute(
-                    "UPDATE drafts SET status=$1, error=$2, updated_at=$3"
-                    " WHERE status=$4 AND updated_at < $5",
-                    EXPIRED, f"no decision within {approval_ttl_days:g} days", t, AWAITING,
-                    t - approval_ttl_days * _DAY))
+                sql, args = cas(EXPIRE, "error = ?, updated_at = ?",
+                                (f"no decision within {approval_ttl_days:g} days", t),
+                                "updated_at < ?", (t - approval_ttl_days * _DAY,))
+                res.approvals_expired = _count(await con.execute(_dollars(sql), *args))
             res.runs_pruned = _count(await con.execute(
                 "DELETE FROM pipeline_runs WHERE started_at < $1", t - runs_keep_days * _DAY))
         return res
@@ -702,162 +424,44 @@ class PostgresStore(Store):
 
     async def recover_sending(self, older_than: float | None = None,
                               now: float | None = None) -> int:
-        async with self._conn() as con:
-            return _count(await con.execute(
-                "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4"
-                f" AND ($5::float8 IS NULL OR updated_at < {_db_now(6)} - $5)",
-                SEND_UNKNOWN, "interrupted mid-send by a restart; it may have been delivered",
-                _now(now), SENDING, older_than, now))
-
-    async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
-        t = time.time()
-        async with self._tx() as con:
-            await con.execute(
-                "INSERT INTO pipeline_flags (pipeline, paused, updated_by, updated_at)"
-                " VALUES ($1, $2, $3, $4) ON CONFLICT (pipeline) DO UPDATE SET"
-                " paused=EXCLUDED.paused, updated_by=EXCLUDED.updated_by,"
-                " updated_at=EXCLUDED.updated_at", pipeline, int(paused), actor, t)
-            await self._audit(con, actor, "pause" if paused else "resume", None, None, pipeline, t)
-
-    async def paused(self) -> set[str]:
-        async with self._conn() as con:
-            rows = await con.fetch("SELECT pipeline FROM pipeline_flags WHERE paused = 1")
-        return {r["pipeline"] for r in rows}
+        """Not in the Store contract (the engine uses recover_abandoned_sends): for tests.
+        Every ``sending`` row -> ``send_unknown``; with ``older_than``, only rows that
+        began sending more than that many seconds before ``now``."""
+        return await self._execute(*cas(
+            RECOVER_SEND, "error = ?, updated_at = ?",
+            ("interrupted mid-send by a restart; it may have been delivered", _now(now)),
+            f"(?::float8 IS NULL OR updated_at < {_DB_NOW} - ?)", (older_than, now, older_than)))
 
     # -- leader / locks ---------------------------------------------------------------------
     async def try_lock(self, name: str, holder: str, ttl_seconds: float,
                        now: float | None = None) -> bool:
-        async with self._conn() as con:
-            row = await con.fetchrow(
-                f"INSERT INTO locks (name, holder, expires_at) VALUES ($1, $2, {_db_now(4)} + $3)"
-                " ON CONFLICT (name) DO UPDATE SET holder=EXCLUDED.holder,"
-                " expires_at=EXCLUDED.expires_at"
-                f" WHERE locks.holder=EXCLUDED.holder OR locks.expires_at <= {_db_now(4)}"
-                " RETURNING holder", name, holder, float(ttl_seconds), now)
-        return row is not None
-
-    async def unlock(self, name: str, holder: str) -> None:
-        async with self._conn() as con:
-            await con.execute("DELETE FROM locks WHERE name=$1 AND holder=$2", name, holder)
-
-    async def lock_holder(self, name: str) -> str | None:
-        async with self._conn() as con:
-            return await con.fetchval("SELECT holder FROM locks WHERE name=$1", name)
+        rows = await self._query(
+            f"INSERT INTO locks (name, holder, expires_at) VALUES (?, ?, {_DB_NOW} + ?)"
+            " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
+            " expires_at = excluded.expires_at"
+            f" WHERE locks.holder = excluded.holder OR locks.expires_at <= {_DB_NOW}"
+            " RETURNING holder", (name, holder, now, float(ttl_seconds), now), write=True)
+        return bool(rows)
 
     # -- crashed sends (send_holder and process heartbeats) ----------------------------------
-    async def sending_holders(self) -> list[str]:
-        async with self._conn() as con:
-            rows = await con.fetch("SELECT DISTINCT send_holder FROM drafts"
-                                   " WHERE status=$1 AND send_holder IS NOT NULL", SENDING)
-        return [r[0] for r in rows]
-
     async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
                                       grace: float, now: float | None = None) -> int:
         async with self._tx() as con:
-            n = _count(await con.execute(
-                "UPDATE drafts SET status=$1, error=$2, updated_at=$3 WHERE status=$4 AND ("
-                " send_holder = ANY($5::text[])"
-                " OR (send_holder IS NOT NULL AND send_holder IS DISTINCT FROM $6"
-                "     AND NOT EXISTS (SELECT 1 FROM locks"
-                "         WHERE name = $9 || drafts.send_holder"
-                f"        AND expires_at > {_db_now(7)}))"
-                f" OR (send_holder IS NULL AND updated_at < {_db_now(7)} - $8))",
-                SEND_UNKNOWN, ABANDONED_SEND, _now(now), SENDING, list(dead), alive, now,
-                float(grace), HEARTBEAT_PREFIX))
+            sql, args = cas(
+                RECOVER_SEND, "error = ?, updated_at = ?", (ABANDONED_SEND, _now(now)),
+                "(send_holder = ANY(?::text[])"
+                " OR (send_holder IS NOT NULL AND send_holder IS DISTINCT FROM ?::text"
+                "     AND NOT EXISTS (SELECT 1 FROM locks WHERE name = ?::text || drafts.send_holder"
+                f"        AND expires_at > {_DB_NOW}))"
+                f" OR (send_holder IS NULL AND updated_at < {_DB_NOW} - ?))",
+                (list(dead), alive, HEARTBEAT_PREFIX, now, now, float(grace)))
+            n = _count(await con.execute(_dollars(sql), *args))
             # Heartbeats of processes gone for a day: nothing can refer to them any more.
-            await con.execute(f"DELETE FROM locks WHERE name LIKE $1 AND expires_at < {_db_now(2)}"
-                              " - 86400", HEARTBEAT_PREFIX + "%", now)
+            await con.execute(_dollars(f"DELETE FROM locks WHERE name LIKE ? AND expires_at < "
+                                       f"{_DB_NOW} - 86400"), HEARTBEAT_PREFIX + "%", now)
         return n
 
-    # -- copying (draftgate migrate-store) ---------------------------------------------------
-    async def copy_count(self, table: str) -> int:
-        """Rows in one of the copied tables (see ``COPY_TABLES``)."""
-        _check_table(table)
-        async with self._conn() as con:
-            return await con.fetchval(f"SELECT count(*) FROM {table}")
-
-    async def export_rows(self, table: str, after: tuple | None, limit: int) -> list[dict]:
-        """Up to ``limit`` rows of ``table`` whose key columns sort after ``after``,
-        in key order, as plain dicts (a keyset scan: each batch is one index range)."""
-        pk = _check_table(table)
-        cols = ", ".join(pk)
-        where = ""
-        args: list[Any] = [limit]
-        if after is not None:
-            marks = ", ".join(f"${i + 2}" for i in range(len(pk)))
-            where = f"WHERE ({cols}) > ({marks})"
-            args += list(after)
-        async with self._tx() as con:
-            rows = await con.fetch(
-                f"SELECT * FROM {table} {where} ORDER BY {cols} LIMIT $1", *args)
-        return [dict(r) for r in rows]
-
-    async def import_rows(self, table: str, rows: list[dict]) -> int:
-        """Insert copied rows as they are (ids included); a row whose key or id is
-        already present is left alone. Returns how many were inserted."""
-        _check_table(table)
-        if not rows:
-            return 0
-        async with self._tx() as con:
-            types = {r["column_name"]: r["data_type"] for r in await con.fetch(
-                "SELECT column_name, data_type FROM information_schema.columns"
-                " WHERE table_schema=$1 AND table_name=$2", self._schema, table)}
-            cols = [c for c in rows[0] if c in types]
-            conv = [_CONVERT.get(types[c], _as_is) for c in cols]
-            values = [[None if row.get(c) is None else f(row[c]) for c, f in zip(cols, conv)]
-                      for row in rows]
-            # One statement per batch: unnest() of one array per column.
-            arrays = ", ".join(f"${i + 1}::{_ARRAY_TYPE[types[c]]}[]" for i, c in enumerate(cols))
-            names = ", ".join(cols)
-            status = await con.execute(
-                f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays})"
-                " ON CONFLICT DO NOTHING",
-                *[[v[i] for v in values] for i in range(len(cols))])
-        return _count(status)
-
-    async def finish_import(self) -> None:
-        """Move id and fence sequences past every copied row, so the next draft,
-        run or audit row (and the next claim's fence) never reuses a number."""
-        async with self._tx() as con:
-            for table in ("drafts", "pipeline_runs", "audit"):
-                await con.execute(
-                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
-                    f" GREATEST((SELECT max(id) FROM {table}), 1),"
-                    f" (SELECT max(id) FROM {table}) IS NOT NULL)")
-            await con.execute(
-                "SELECT setval('draft_fence_seq', GREATEST((SELECT max(fence) FROM drafts), 1),"
-                " coalesce((SELECT max(fence) FROM drafts), 0) > 0)")
-
-    async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
-        # updated_at stays: it measures the draft's state (expiry, send grace), not its card.
-        async with self._conn() as con:
-            await con.execute("UPDATE drafts SET card_stale=$2 WHERE id=$1", draft_id, int(stale))
-
-    async def stale_cards(self, limit: int = 50) -> list[Draft]:
-        return await self._list("SELECT * FROM drafts WHERE card_stale = 1 ORDER BY id LIMIT $1",
-                                limit)
-
     # -- truthful status -------------------------------------------------------------------
-    async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
-        async with self._conn() as con:
-            await con.execute(
-                "INSERT INTO pipeline_flags (pipeline, paused, updated_at, hold_reason,"
-                " hold_until) VALUES ($1, 0, $2, $3, $4) ON CONFLICT (pipeline) DO UPDATE SET"
-                " hold_reason=EXCLUDED.hold_reason, hold_until=EXCLUDED.hold_until",
-                pipeline, time.time(), reason, until if reason is not None else None)
-
-    async def holds(self) -> dict[str, tuple[str, float | None]]:
-        async with self._conn() as con:
-            rows = await con.fetch("SELECT pipeline, hold_reason, hold_until FROM pipeline_flags"
-                                   " WHERE hold_reason IS NOT NULL")
-        return {r["pipeline"]: (r["hold_reason"], r["hold_until"]) for r in rows}
-
-    async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        return await self._list(
-            "SELECT * FROM drafts WHERE status = ANY($1::text[])"
-            " AND ($2::text IS NULL OR pipeline=$2) ORDER BY id LIMIT $3",
-            [QUEUED, DRAFTING], pipeline, limit)
-
     async def check(self) -> list[str]:
         problems = []
         for table in (*COPY_TABLES, "locks", "schema_migrations"):
@@ -872,27 +476,27 @@ class PostgresStore(Store):
 async def _requeue_expired(con, pipeline: str | None, max_attempts: int,
                            t: float | None) -> tuple[int, int]:
     """Expired ``drafting`` leases (of one pipeline, or all) -> queued or failed.
-    ``t`` None: expired by the database's clock (see _db_now)."""
+    ``t`` None: expired by the database's clock (see _DB_NOW)."""
+    where = f"lease_until < {_DB_NOW} AND (?::text IS NULL OR pipeline = ?)"
     # A new fence on every expired lease, so the stale worker's update loses.
-    requeued = _count(await con.execute(
-        "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
-        f" fence=nextval('draft_fence_seq'), error='lease expired; retrying', updated_at=$6"
-        f" WHERE status=$3 AND lease_until < {_db_now(2)} AND attempt + 1 < $4"
-        " AND ($5::text IS NULL OR pipeline=$5)",
-        QUEUED, t, DRAFTING, max_attempts, pipeline, _now(t)))
-    failed = _count(await con.execute(
-        "UPDATE drafts SET status=$1, attempt=attempt+1, lease_until=NULL,"
-        " fence=nextval('draft_fence_seq'),"
-        " error='lease expired after ' || (attempt + 1) || ' attempts', updated_at=$5"
-        f" WHERE status=$3 AND lease_until < {_db_now(2)} AND ($4::text IS NULL OR pipeline=$4)",
-        FAILED, t, DRAFTING, pipeline, _now(t)))
+    requeued = await _cas_count(con, LEASE_RETRY, (
+        "attempt = attempt + 1, lease_until = NULL, fence = nextval('draft_fence_seq'), "
+        "error = 'lease expired; retrying', updated_at = ?"), (_now(t),),
+        where + " AND attempt + 1 < ?", (t, pipeline, pipeline, max_attempts))
+    failed = await _cas_count(con, LEASE_FAIL, (
+        "attempt = attempt + 1, lease_until = NULL, fence = nextval('draft_fence_seq'), "
+        "error = 'lease expired after ' || (attempt + 1) || ' attempts', updated_at = ?"),
+        (_now(t),), where, (t, pipeline, pipeline))
     return requeued, failed
 
 
 async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Draft],
                   t: float) -> ReplayResult:
     where = f"{pipeline} {item_id}"
-    audit = PostgresStore._audit
+
+    async def audit(con, actor, action, key, text, detail, t) -> None:
+        await con.execute(_dollars(AUDIT_SQL), *audit_row(t, actor, action, key, text, detail,
+                                                          _clean)[1])
     if not drafts:
         removed = _count(await con.execute(
             "DELETE FROM seen_items WHERE pipeline=$1 AND item_id=$2", pipeline, item_id))
@@ -907,25 +511,20 @@ async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Dra
     old = drafts[-1]  # the newest recipe's draft
     # version + 1 makes the old card's buttons stale; the card's chat and message id
     # stay so the channel can edit that same card.
-    row = await con.fetchrow(
-        "UPDATE drafts SET status=$2, attempt=0, version=version+1, lease_until=NULL,"
-        " error=NULL, decided_by=NULL, decided_at=NULL, instruction='', updated_at=$3"
-        " WHERE id=$1 AND status=$4 RETURNING *", old.id, QUEUED, t, old.status)
-    draft = _draft(row)  # the rows are locked FOR UPDATE: nothing else moved it
+    sql, args = cas(
+        REPLAY, "attempt = 0, version = version + 1, lease_until = NULL, error = NULL, "
+                "decided_by = NULL, decided_at = NULL, instruction = '', updated_at = ?",
+        (t,), "id = ?", (old.id,), src=(old.status,), returning=DRAFT_COLS)
+    draft = draft_from_row(await con.fetchrow(_dollars(sql), *args))  # the rows are locked FOR UPDATE: nothing else moved it
     detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
     await audit(con, actor, "replay", draft.key, None, detail, t)
     return ReplayResult("requeued", f"{where}: {detail}", draft)
 
 
-def _as_is(v: Any) -> Any:
-    return v
-
-
-# SQLite hands back whatever type a value was stored with; PostgreSQL wants the
-# column's own type.
-_CONVERT = {"double precision": float, "bigint": int, "integer": int,
-            "text": lambda v: _clean(str(v))}
-_ARRAY_TYPE = {"double precision": "float8", "bigint": "int8", "integer": "int4", "text": "text"}
+async def _cas_count(con, t: Transition, assign: str, assign_args: tuple, where: str,
+                     where_args: tuple) -> int:
+    sql, args = cas(t, assign, assign_args, where, where_args)
+    return _count(await con.execute(_dollars(sql), *args))
 
 
 def _count(status: str) -> int:

@@ -20,7 +20,6 @@ Why it is built the way it is:
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import sqlite3
 import time
@@ -30,29 +29,20 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import aiosqlite
 
-from ..redact import scrub
 from ..errors import StoreError
-from ..models import (
-    APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED, READY,
-    REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, SKIPPED, AuditEntry,
-    Draft, Item, Message, Run, draft_key, sha256_text,
-)
-from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult, Store,
+from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
+from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult,
                    StoreMissing, SweepResult, replay_refusal, replay_without_draft)
+from .sql import (BEFORE_SQL, CURSOR_SQL, DRAFT_COLS, Change, SqlStore, audit_row,
+                  draft_from_row)
+from .transitions import (CLAIM, EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY,
+                          cas)
 from .schema import LATEST, MIGRATIONS
 
 T = TypeVar("T")
 
 _DAY = 86400.0
 _CHUNK = 500  # ids per IN (...) list, far below SQLite's variable limit
-_DRAFT_COLUMNS = (
-    "id", "key", "pipeline", "scope", "item_id", "recipe", "status", "payload", "attempt",
-    "lease_until", "fence", "body", "version", "instruction", "approval_chat",
-    "approval_message_id", "decided_by", "decided_at", "sent_id", "error", "tokens_in",
-    "tokens_out", "created_at", "updated_at", "card_stale", "send_holder",
-)
-_COLS = ", ".join(_DRAFT_COLUMNS)
-_SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
 
 
 def _path_from_url(url: str) -> str:
@@ -74,10 +64,6 @@ def _path_from_url(url: str) -> str:
 
 def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
-
-
-def _day(now: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(now))
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -108,57 +94,41 @@ def _exec(db: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> int:
         return cur.rowcount
 
 
-def _insert(db: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> int:
-    with closing(db.execute(sql, tuple(params))) as cur:
-        return int(cur.lastrowid)
-
-
 def _many(db: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:
     if rows:
         with closing(db.executemany(sql, rows)):
             pass
 
 
-def _draft(row: sqlite3.Row) -> Draft:
-    return Draft(
-        id=row["id"], key=row["key"], pipeline=row["pipeline"], scope=row["scope"],
-        item_id=row["item_id"], recipe=row["recipe"], status=row["status"],
-        message=Message.from_json(row["payload"]), attempt=row["attempt"],
-        lease_until=row["lease_until"], fence=row["fence"], body=row["body"],
-        version=row["version"], instruction=row["instruction"],
-        approval_chat=row["approval_chat"], approval_message_id=row["approval_message_id"],
-        decided_by=row["decided_by"], decided_at=row["decided_at"], sent_id=row["sent_id"],
-        error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
-        created_at=row["created_at"], updated_at=row["updated_at"],
-        card_stale=bool(row["card_stale"]), send_holder=row["send_holder"],
-    )
-
-
 def _drafts(db: sqlite3.Connection, where: str, params: Iterable[Any] = (),
             tail: str = "ORDER BY id") -> list[Draft]:
-    return [_draft(r) for r in _rows(db, f"SELECT {_COLS} FROM drafts WHERE {where} {tail}", params)]
+    return [draft_from_row(r)
+            for r in _rows(db, f"SELECT {DRAFT_COLS} FROM drafts WHERE {where} {tail}", params)]
 
 
-def _cas(db: sqlite3.Connection, set_sql: str, set_params: tuple, where: str,
-         where_params: tuple) -> Draft | None:
-    """One compare-and-set on drafts; the row after the transition, or None."""
-    rows = _rows(db, f"UPDATE drafts SET {set_sql} WHERE {where} RETURNING {_COLS}",
-                 set_params + where_params)
-    return _draft(rows[0]) if rows else None
+def _apply(db: sqlite3.Connection, change: Change) -> Draft | None:
+    """Run ``change`` (see SqlStore) inside the caller's transaction."""
+    old = _rows(db, BEFORE_SQL, (change.before,)) if change.before is not None else None
+    for step in change.steps:
+        rows = _rows(db, *step.sql(DRAFT_COLS))
+        if rows:
+            break
+    else:
+        return None
+    draft = draft_from_row(rows[0])
+    for sql, args in change.followups(draft, old[0] if old else None, lambda t: t):
+        _exec(db, sql, args)
+    return draft
 
 
 def _audit(db: sqlite3.Connection, now: float, actor: str, action: str,
            key: str | None, text: str | None, detail: str | None) -> None:
-    _exec(db, "INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail) "
-              "VALUES (?, ?, ?, ?, ?, ?)",
-          (now, actor, action, key, sha256_text(text) if text is not None else None, scrub(detail)))
+    _exec(db, *audit_row(now, actor, action, key, text, detail))
 
 
-def _add_tokens(db: sqlite3.Connection, pipeline: str, tokens: int, now: float) -> None:
-    if tokens:
-        _exec(db, "INSERT INTO token_usage (pipeline, day, tokens) VALUES (?, ?, ?) "
-                  "ON CONFLICT (pipeline, day) DO UPDATE SET tokens = tokens + excluded.tokens",
-              (pipeline, _day(now), int(tokens)))
+def _script(db: sqlite3.Connection, statements: list[tuple[str, tuple]]) -> None:
+    for sql, args in statements:
+        _exec(db, sql, args)
 
 
 def _in_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
@@ -192,7 +162,7 @@ def _run_migrations(db: sqlite3.Connection, path: str) -> int:
     return current
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SqlStore):
     """The embedded store: ``SQLiteStore("sqlite:////var/lib/draftgate/state.db")``."""
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 5000, retry_for: float = 60.0):
@@ -240,6 +210,22 @@ class SQLiteStore(Store):
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._call(_outside_transaction, fn, *args)
+
+    async def _change(self, change: Change) -> Draft | None:
+        return await self._write(_apply, change)
+
+    async def _query(self, sql: str, args: tuple = (), *, write: bool = False) -> list[Any]:
+        return await (self._write if write else self._read)(_rows, sql, args)
+
+    async def _execute(self, sql: str, args: tuple = ()) -> int:
+        return await self._write(_exec, sql, args)
+
+    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
+        await self._write(_script, statements)
+
+    async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
+                             ) -> list[Draft]:
+        return await self._read(_drafts, where, args, tail)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -352,7 +338,7 @@ class SQLiteStore(Store):
                       "payload, error, created_at, updated_at) "
                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             if cursor is not None:
-                _set_cursor(db, pipeline, scope, cursor, now)
+                _exec(db, CURSOR_SQL, (pipeline, scope, cursor, now))
             return result
 
         return await self._write(tx)
@@ -365,14 +351,6 @@ class SQLiteStore(Store):
             db, "INSERT INTO seen_items (pipeline, scope, item_id, seen_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (pipeline, scope, item_id) DO NOTHING", rows))
 
-    async def get_cursor(self, pipeline: str, scope: str) -> str | None:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT value FROM cursors WHERE pipeline = ? AND scope = ?", (pipeline, scope)))
-        return rows[0][0] if rows else None
-
-    async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
-        await self._write(_set_cursor, pipeline, scope, value, time.time())
-
     # -- drafting ------------------------------------------------------------------------
 
     async def claim(self, pipeline: str, lease_seconds: float, *, limit: int = 1,
@@ -382,310 +360,14 @@ class SQLiteStore(Store):
             return []
 
         def tx(db: sqlite3.Connection) -> list[Draft]:
-            rows = _rows(
-                db,
-                "UPDATE drafts SET status = ?, lease_until = ?, fence = fence + 1, "
-                "updated_at = ? WHERE id IN (SELECT id FROM drafts WHERE pipeline = ? "
-                "AND status = ? ORDER BY id LIMIT ?) AND status = ? "
-                f"RETURNING {_COLS}",
-                (DRAFTING, now + lease_seconds, now, pipeline, QUEUED, limit, QUEUED))
-            return sorted((_draft(r) for r in rows), key=lambda d: d.id)
+            rows = _rows(db, *cas(
+                CLAIM, "lease_until = ?, fence = fence + 1, updated_at = ?",
+                (now + lease_seconds, now), "id IN (SELECT id FROM drafts WHERE pipeline = ? "
+                "AND status = ? ORDER BY id LIMIT ?)", (pipeline, *CLAIM.src, limit),
+                returning=DRAFT_COLS))
+            return sorted((draft_from_row(r) for r in rows), key=lambda d: d.id)
 
         return await self._write(tx)
-
-    async def claim_key(self, key: str, lease_seconds: float,
-                        now: float | None = None) -> Draft | None:
-        now = _now(now)
-        return await self._write(lambda db: _cas(
-            db, "status = ?, lease_until = ?, fence = fence + 1, updated_at = ?",
-            (DRAFTING, now + lease_seconds, now), "key = ? AND status = ?", (key, QUEUED)))
-
-    async def finish_draft(self, draft_id: int, fence: int, body: str, *,
-                           tokens_in: int = 0, tokens_out: int = 0,
-                           now: float | None = None) -> Draft | None:
-        now = _now(now)
-
-        def tx(db: sqlite3.Connection) -> Draft | None:
-            draft = _cas(db, "status = ?, body = ?, lease_until = NULL, error = NULL, "
-                             "tokens_in = tokens_in + ?, tokens_out = tokens_out + ?, "
-                             "updated_at = ?",
-                         (READY, body, int(tokens_in), int(tokens_out), now),
-                         "id = ? AND status = ? AND fence = ?", (draft_id, DRAFTING, fence))
-            if draft is not None:
-                _add_tokens(db, draft.pipeline, int(tokens_in) + int(tokens_out), now)
-            return draft
-
-        return await self._write(tx)
-
-    async def fail_draft(self, draft_id: int, fence: int, error: str, *, retryable: bool,
-                         max_attempts: int, now: float | None = None) -> Draft | None:
-        now = _now(now)
-        where = "id = ? AND status = ? AND fence = ?"
-        params = (draft_id, DRAFTING, fence)
-        error = scrub(error)  # error texts are shown on cards and in /status
-
-        def tx(db: sqlite3.Connection) -> Draft | None:
-            if retryable:
-                draft = _cas(db, "status = ?, attempt = attempt + 1, lease_until = NULL, "
-                                 "error = ?, updated_at = ?", (QUEUED, error, now),
-                             where + " AND attempt + 1 < ?", params + (max_attempts,))
-                if draft is not None:
-                    return draft
-            return _cas(db, "status = ?, attempt = attempt + 1, lease_until = NULL, "
-                            "error = ?, updated_at = ?", (FAILED, error, now), where, params)
-
-        return await self._write(tx)
-
-    async def release(self, draft_id: int, fence: int) -> bool:
-        now = time.time()
-        draft = await self._write(lambda db: _cas(
-            db, "status = ?, lease_until = NULL, updated_at = ?", (QUEUED, now),
-            "id = ? AND status = ? AND fence = ?", (draft_id, DRAFTING, fence)))
-        return draft is not None
-
-    async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
-        now = _now(now)
-        await self._write(_add_tokens, pipeline, tokens, now)
-
-    async def tokens_used(self, pipeline: str, day: str) -> int:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT tokens FROM token_usage WHERE pipeline = ? AND day = ?", (pipeline, day)))
-        return int(rows[0][0]) if rows else 0
-
-    # -- approval ------------------------------------------------------------------------
-
-    async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        where, params = _status_where((READY,), pipeline)
-        return await self._read(lambda db: _drafts(db, where, params, f"ORDER BY id LIMIT {int(limit)}"))
-
-    async def mark_posted(self, draft_id: int, version: int, chat: str,
-                          message_id: str) -> Draft | None:
-        now = time.time()
-        return await self._write(lambda db: _cas(
-            db, "status = ?, approval_chat = ?, approval_message_id = ?, updated_at = ?",
-            (AWAITING, str(chat), str(message_id), now),
-            "id = ? AND status = ? AND version = ?", (draft_id, READY, version)))
-
-    async def approve(self, draft_id: int, version: int, actor: str,
-                      now: float | None = None) -> Draft | None:
-        now = _now(now)
-
-        def tx(db: sqlite3.Connection) -> Draft | None:
-            draft = _cas(db, "status = ?, decided_by = ?, decided_at = ?, updated_at = ?",
-                         (APPROVED, actor, now, now),
-                         "id = ? AND status = ? AND version = ?", (draft_id, AWAITING, version))
-            if draft is not None:
-                _audit(db, now, actor, "approve", draft.key, draft.body, f"v{version}")
-            return draft
-
-        return await self._write(tx)
-
-    async def edit(self, draft_id: int, version: int, body: str, actor: str,
-                   now: float | None = None) -> Draft | None:
-        now = _now(now)
-
-        def tx(db: sqlite3.Connection) -> Draft | None:
-            draft = _cas(db, "status = ?, body = ?, version = version + 1, updated_at = ?",
-                         (READY, body, now),
-                         "id = ? AND status = ? AND version = ?", (draft_id, AWAITING, version))
-            if draft is not None:
-                _audit(db, now, actor, "edit", draft.key, body,
-                       f"v{version} -> v{draft.version}")
-            return draft
-
-        return await self._write(tx)
-
-    async def regenerate(self, draft_id: int, version: int, actor: str,
-                         instruction: str = "", now: float | None = None) -> Draft | None:
-        now = _now(now)
-
-        def tx(db: sqlite3.Connection) -> Draft | None:
-            draft = _cas(db, "status = ?, version = version + 1, instruction = ?, "
-                             "attempt = 0, lease_until = NULL, error = NULL, updated_at = ?",
-                         (QUEUED, instruction, now),
-                         "id = ? AND status = ? AND version = ?", (draft_id, AWAITING, version))
-            if draft is not None:
-                # The hash is of the body the operator saw when asking for another one.
-                _audit(db, now, actor, "regenerate", draft.key, draft.body,
-                       f"v{version} -> v{draft.version}" + (f": {instruction}" if instruction else ""))
-            return draft
-
-        return await self._write(tx)
-
-    async def reject(self, draft_id: int, version: int, actor: str, reason: str = "",
-                     now: float | None = None) -> Draft | None:
-        now = _now(now)
-
-        def tx(db: sqlite3.Connection) -> Draft | None:
-            draft = _cas(db, "status = ?, decided_by = ?, decided_at = ?, error = ?, "
-                             "updated_at = ?", (REJECTED, actor, now, reason or None, now),
-                         "id = ? AND status = ? AND version = ?", (draft_id, AWAITING, version))
-            if draft is not None:
-                _audit(db, now, actor, "reject", draft.key, draft.body,
-                       f"v{version}" + (f": {reason}" if reason else ""))
-            return draft
-
-        return await self._write(tx)
-
-    # -- sending -------------------------------------------------------------------------
-
-    async def approved(self, pipeline: str | None = None) -> list[Draft]:
-        where, params = _status_where((APPROVED,), pipeline)
-        return await self._read(lambda db: _drafts(db, where, params))
-
-    async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
-        now = time.time()
-        return await self._write(lambda db: _cas(
-            db, "status = ?, send_holder = ?, updated_at = ?", (SENDING, holder, now),
-            "id = ? AND status = ?", (draft_id, APPROVED)))
-
-    async def mark_sent(self, draft_id: int, sent_id: str,
-                        now: float | None = None) -> Draft | None:
-        now = _now(now)
-
-        def tx(db: sqlite3.Connection) -> Draft | None:
-            draft = _cas(db, "status = ?, sent_id = ?, error = NULL, updated_at = ?",
-                         (SENT, str(sent_id), now),
-                         "id = ? AND status IN (?, ?)", (draft_id, SENDING, SEND_UNKNOWN))
-            if draft is not None:
-                _audit(db, now, draft.decided_by or _SYSTEM, "sent", draft.key, draft.body,
-                       f"v{draft.version} sent as {sent_id}")
-            return draft
-
-        return await self._write(tx)
-
-    async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
-        now = time.time()
-        return await self._write(lambda db: _cas(
-            db, "status = ?, error = ?, updated_at = ?", (SEND_FAILED, scrub(reason), now),
-            "id = ? AND status = ?", (draft_id, SENDING)))
-
-    async def mark_send_unknown(self, draft_id: int, reason: str) -> Draft | None:
-        now = time.time()
-        return await self._write(lambda db: _cas(
-            db, "status = ?, error = ?, updated_at = ?", (SEND_UNKNOWN, scrub(reason), now),
-            "id = ? AND status = ?", (draft_id, SENDING)))
-
-    async def retry_send(self, draft_id: int, actor: str,
-                         now: float | None = None) -> Draft | None:
-        now = _now(now)
-
-        def tx(db: sqlite3.Connection) -> Draft | None:
-            before = _drafts(db, "id = ?", (draft_id,))
-            draft = _cas(db, "status = ?, error = NULL, updated_at = ?", (APPROVED, now),
-                         "id = ? AND status IN (?, ?)", (draft_id, SEND_FAILED, SEND_UNKNOWN))
-            if draft is not None:
-                old = before[0]
-                _audit(db, now, actor, "retry_send", draft.key, draft.body,
-                       f"after {old.status}: {old.error or ''}".rstrip(": "))
-            return draft
-
-        return await self._write(tx)
-
-    async def send_unknown(self, pipeline: str | None = None) -> list[Draft]:
-        where, params = _status_where((SEND_UNKNOWN,), pipeline)
-        return await self._read(lambda db: _drafts(db, where, params))
-
-    # -- reading -------------------------------------------------------------------------
-
-    async def get_draft(self, draft_id: int) -> Draft | None:
-        found = await self._read(lambda db: _drafts(db, "id = ?", (draft_id,)))
-        return found[0] if found else None
-
-    async def get_draft_by_key(self, key: str) -> Draft | None:
-        found = await self._read(lambda db: _drafts(db, "key = ?", (key,)))
-        return found[0] if found else None
-
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        return await self._read(lambda db: _drafts(
-            db, "pipeline = ? AND item_id = ?", (pipeline, item_id)))
-
-    async def pending(self, pipeline: str | None = None) -> list[Draft]:
-        where, params = _status_where(PENDING_STATUSES, pipeline)
-        return await self._read(lambda db: _drafts(db, where, params))
-
-    async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
-        sql = "SELECT status, COUNT(*) FROM drafts"
-        params: tuple = ()
-        if pipeline is not None:
-            sql += " WHERE pipeline = ?"
-            params = (pipeline,)
-        rows = await self._read(lambda db: _rows(db, sql + " GROUP BY status", params))
-        return {r[0]: int(r[1]) for r in rows}
-
-    async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
-        wanted = tuple(dict.fromkeys(statuses))
-        if not wanted:
-            return []
-        where, params = _status_where(wanted, pipeline)
-        return await self._read(lambda db: _drafts(db, where, params,
-                                                   tail=f"ORDER BY id DESC LIMIT {int(limit)}"))
-
-    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
-        wanted = list(dict.fromkeys(statuses))
-        if not wanted:
-            return {}
-        marks = ",".join("?" * len(wanted))
-        rows = await self._read(lambda db: _rows(
-            db, f"SELECT pipeline, COUNT(*) FROM drafts WHERE status IN ({marks}) "
-                "GROUP BY pipeline", wanted))
-        return {r[0]: int(r[1]) for r in rows}
-
-    async def seen_count(self, pipeline: str) -> int:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT COUNT(*) FROM seen_items WHERE pipeline = ?", (pipeline,)))
-        return int(rows[0][0])
-
-    # -- runs ----------------------------------------------------------------------------
-
-    async def start_run(self, pipeline: str, scheduled_for: float | None = None,
-                        now: float | None = None) -> int:
-        now = _now(now)
-        return await self._write(lambda db: _insert(
-            db, "INSERT INTO pipeline_runs (pipeline, scheduled_for, started_at, status, counts) "
-                "VALUES (?, ?, ?, 'running', '{}')", (pipeline, scheduled_for, now)))
-
-    async def end_run(self, run_id: int, status: str, counts: dict[str, int],
-                      error_text: str | None = None, now: float | None = None) -> None:
-        now = _now(now)
-        await self._write(lambda db: _exec(
-            db, "UPDATE pipeline_runs SET ended_at = ?, status = ?, counts = ?, error_text = ? "
-                "WHERE id = ?", (now, status, json.dumps(dict(counts)), scrub(error_text), run_id)))
-
-    async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT * FROM pipeline_runs WHERE pipeline = ? "
-                "ORDER BY started_at DESC, id DESC LIMIT ?", (pipeline, int(limit))))
-        return [_run(r) for r in rows]
-
-    async def last_run(self, pipeline: str, status: str | None = None) -> Run | None:
-        sql = "SELECT * FROM pipeline_runs WHERE pipeline = ?"
-        params: tuple = (pipeline,)
-        if status is not None:
-            sql += " AND status = ?"
-            params += (status,)
-        rows = await self._read(lambda db: _rows(
-            db, sql + " ORDER BY started_at DESC, id DESC LIMIT 1", params))
-        return _run(rows[0]) if rows else None
-
-    # -- audit ---------------------------------------------------------------------------
-
-    async def audit(self, actor: str, action: str, draft_key: str | None = None,
-                    text: str | None = None, detail: str | None = None,
-                    now: float | None = None) -> None:
-        now = _now(now)
-        await self._write(_audit, now, actor, action, draft_key, text, detail)
-
-    async def audit_log(self, draft_key: str | None = None,
-                        limit: int = 100) -> list[AuditEntry]:
-        sql = "SELECT id, at, actor, action, draft_key, text_sha256, detail FROM audit"
-        params: tuple = ()
-        if draft_key is not None:
-            sql += " WHERE draft_key = ?"
-            params = (draft_key,)
-        rows = await self._read(lambda db: _rows(db, sql + " ORDER BY id DESC LIMIT ?",
-                                                 params + (int(limit),)))
-        return [AuditEntry(*tuple(r)) for r in rows]
 
     # -- operations ----------------------------------------------------------------------
 
@@ -706,11 +388,10 @@ class SQLiteStore(Store):
             result.leases_requeued, result.leases_failed = _requeue_expired(
                 db, None, max_attempts, now)
             if approval_ttl_days is not None:
-                result.approvals_expired = _exec(
-                    db, "UPDATE drafts SET status = ?, error = ?, updated_at = ? "
-                        "WHERE status = ? AND updated_at < ?",
-                    (EXPIRED, f"no decision within {approval_ttl_days:g} days", now, AWAITING,
-                     now - approval_ttl_days * _DAY))
+                result.approvals_expired = _exec(db, *cas(
+                    EXPIRE, "error = ?, updated_at = ?",
+                    (f"no decision within {approval_ttl_days:g} days", now),
+                    "updated_at < ?", (now - approval_ttl_days * _DAY,)))
             result.runs_pruned = _exec(db, "DELETE FROM pipeline_runs WHERE started_at < ?",
                                        (now - runs_keep_days * _DAY,))
             return result
@@ -724,30 +405,15 @@ class SQLiteStore(Store):
 
     async def recover_sending(self, older_than: float | None = None,
                               now: float | None = None) -> int:
+        """Not in the Store contract (the engine uses recover_abandoned_sends): for tests.
+        Every ``sending`` row -> ``send_unknown``; with ``older_than``, only rows that
+        began sending more than that many seconds before ``now``."""
         now = _now(now)
         before = None if older_than is None else now - older_than
-        return await self._write(lambda db: _exec(
-            db, "UPDATE drafts SET status = ?, error = ?, updated_at = ? WHERE status = ?"
-                " AND (? IS NULL OR updated_at < ?)",
-            (SEND_UNKNOWN, "interrupted mid-send by a restart; it may have been delivered",
-             now, SENDING, before, before)))
-
-    async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
-        now = time.time()
-
-        def tx(db: sqlite3.Connection) -> None:
-            _exec(db, "INSERT INTO pipeline_flags (pipeline, paused, updated_at, updated_by) "
-                      "VALUES (?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
-                      "paused = excluded.paused, updated_at = excluded.updated_at, "
-                      "updated_by = excluded.updated_by", (pipeline, int(paused), now, actor))
-            _audit(db, now, actor, "pause" if paused else "resume", None, None, pipeline)
-
-        await self._write(tx)
-
-    async def paused(self) -> set[str]:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT pipeline FROM pipeline_flags WHERE paused = 1"))
-        return {r[0] for r in rows}
+        return await self._write(lambda db: _exec(db, *cas(
+            RECOVER_SEND, "error = ?, updated_at = ?",
+            ("interrupted mid-send by a restart; it may have been delivered", now),
+            "(? IS NULL OR updated_at < ?)", (before, before))))
 
     # -- locks ---------------------------------------------------------------------------
 
@@ -766,43 +432,7 @@ class SQLiteStore(Store):
 
         return await self._write(tx)
 
-    async def unlock(self, name: str, holder: str) -> None:
-        await self._write(lambda db: _exec(
-            db, "DELETE FROM locks WHERE name = ? AND holder = ?", (name, holder)))
-
-    async def lock_holder(self, name: str) -> str | None:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT holder FROM locks WHERE name = ?", (name,)))
-        return rows[0][0] if rows else None
-
-    async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
-        # updated_at stays: it measures the draft's state (expiry, send grace), not its card.
-        await self._write(lambda db: _exec(
-            db, "UPDATE drafts SET card_stale = ? WHERE id = ?", (int(stale), draft_id)))
-
-    async def stale_cards(self, limit: int = 50) -> list[Draft]:
-        return await self._read(lambda db: _drafts(db, "card_stale = 1", (),
-                                                   f"ORDER BY id LIMIT {int(limit)}"))
-
     # -- truthful status -------------------------------------------------------------------
-
-    async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
-        await self._write(lambda db: _exec(
-            db, "INSERT INTO pipeline_flags (pipeline, paused, updated_at, hold_reason, "
-                "hold_until) VALUES (?, 0, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
-                "hold_reason = excluded.hold_reason, hold_until = excluded.hold_until",
-            (pipeline, time.time(), reason, until if reason is not None else None)))
-
-    async def holds(self) -> dict[str, tuple[str, float | None]]:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT pipeline, hold_reason, hold_until FROM pipeline_flags "
-                "WHERE hold_reason IS NOT NULL"))
-        return {r[0]: (r[1], r[2]) for r in rows}
-
-    async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        where, params = _status_where((QUEUED, DRAFTING), pipeline)
-        return await self._read(lambda db: _drafts(db, where, params,
-                                                   tail=f"ORDER BY id LIMIT {int(limit)}"))
 
     async def check(self) -> list[str]:
         try:
@@ -814,12 +444,6 @@ class SQLiteStore(Store):
 
     # -- crashed sends -------------------------------------------------------------------
 
-    async def sending_holders(self) -> list[str]:
-        rows = await self._read(lambda db: _rows(
-            db, "SELECT DISTINCT send_holder FROM drafts WHERE status = ? "
-                "AND send_holder IS NOT NULL", (SENDING,)))
-        return [r[0] for r in rows]
-
     async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
                                       grace: float, now: float | None = None) -> int:
         now = _now(now)
@@ -827,15 +451,14 @@ class SQLiteStore(Store):
 
         def tx(db: sqlite3.Connection) -> int:
             marks = ",".join("?" * len(dead)) or "NULL"
-            n = _exec(
-                db, "UPDATE drafts SET status = ?, error = ?, updated_at = ? WHERE status = ? AND ("
-                    f" send_holder IN ({marks})"
-                    " OR (send_holder IS NOT NULL AND send_holder IS NOT ?"
-                    "     AND NOT EXISTS (SELECT 1 FROM locks WHERE name = ? || drafts.send_holder"
-                    "                     AND expires_at > ?))"
-                    " OR (send_holder IS NULL AND updated_at < ?))",
-                (SEND_UNKNOWN, ABANDONED_SEND, now, SENDING, *dead, alive, HEARTBEAT_PREFIX,
-                 now, now - grace))
+            n = _exec(db, *cas(
+                RECOVER_SEND, "error = ?, updated_at = ?", (ABANDONED_SEND, now),
+                f"(send_holder IN ({marks})"
+                " OR (send_holder IS NOT NULL AND send_holder IS NOT ?"
+                "     AND NOT EXISTS (SELECT 1 FROM locks WHERE name = ? || drafts.send_holder"
+                "                     AND expires_at > ?))"
+                " OR (send_holder IS NULL AND updated_at < ?))",
+                (*dead, alive, HEARTBEAT_PREFIX, now, now - grace)))
             # Heartbeats of processes gone for a day: nothing can refer to them any more.
             _exec(db, "DELETE FROM locks WHERE name LIKE ? AND expires_at < ?",
                   (HEARTBEAT_PREFIX + "%", now - _DAY))
@@ -857,41 +480,19 @@ def _seen_among(db: sqlite3.Connection, pipeline: str, scope: str, ids: list[str
 
 def _requeue_expired(db: sqlite3.Connection, pipeline: str | None, max_attempts: int,
                      now: float) -> tuple[int, int]:
-    where, params = "status = ? AND lease_until < ?", (DRAFTING, now)
+    where, params = "lease_until < ?", (now,)
     if pipeline is not None:
         where, params = "pipeline = ? AND " + where, (pipeline,) + params
     # A new fence on every expired lease, so the stale worker's update loses.
-    requeued = _exec(
-        db, "UPDATE drafts SET status = ?, attempt = attempt + 1, lease_until = NULL, "
-            "fence = fence + 1, error = 'lease expired; retrying', updated_at = ? "
-            f"WHERE {where} AND attempt + 1 < ?", (QUEUED, now) + params + (max_attempts,))
-    failed = _exec(
-        db, "UPDATE drafts SET status = ?, attempt = attempt + 1, lease_until = NULL, "
-            "fence = fence + 1, error = 'lease expired after ' || (attempt + 1) || "
-            f"' attempts', updated_at = ? WHERE {where}", (FAILED, now) + params)
+    requeued = _exec(db, *cas(
+        LEASE_RETRY, "attempt = attempt + 1, lease_until = NULL, fence = fence + 1, "
+                     "error = 'lease expired; retrying', updated_at = ?", (now,),
+        where + " AND attempt + 1 < ?", params + (max_attempts,)))
+    failed = _exec(db, *cas(
+        LEASE_FAIL, "attempt = attempt + 1, lease_until = NULL, fence = fence + 1, "
+                    "error = 'lease expired after ' || (attempt + 1) || ' attempts', "
+                    "updated_at = ?", (now,), where, params))
     return requeued, failed
-
-
-def _set_cursor(db: sqlite3.Connection, pipeline: str, scope: str, value: str | None,
-                now: float) -> None:
-    _exec(db, "INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES (?, ?, ?, ?) "
-              "ON CONFLICT (pipeline, scope) DO UPDATE SET value = excluded.value, "
-              "updated_at = excluded.updated_at", (pipeline, scope, value, now))
-
-
-def _status_where(statuses: tuple[str, ...], pipeline: str | None) -> tuple[str, tuple]:
-    where = f"status IN ({','.join('?' * len(statuses))})"
-    params: tuple = tuple(statuses)
-    if pipeline is not None:
-        where = "pipeline = ? AND " + where
-        params = (pipeline,) + params
-    return where, params
-
-
-def _run(row: sqlite3.Row) -> Run:
-    return Run(id=row["id"], pipeline=row["pipeline"], started_at=row["started_at"],
-               ended_at=row["ended_at"], status=row["status"], error_text=row["error_text"],
-               counts=json.loads(row["counts"] or "{}"), scheduled_for=row["scheduled_for"])
 
 
 def _replay(db: sqlite3.Connection, pipeline: str, item_id: str, actor: str,
@@ -913,11 +514,11 @@ def _replay(db: sqlite3.Connection, pipeline: str, item_id: str, actor: str,
     old = drafts[-1]  # the newest recipe's draft
     # version + 1 makes the old card's buttons stale; the card's chat and message id
     # stay so the channel can edit that same card.
-    draft = _cas(db, "status = ?, attempt = 0, version = version + 1, lease_until = NULL, "
-                     "error = NULL, decided_by = NULL, decided_at = NULL, instruction = '', "
-                     "updated_at = ?", (QUEUED, now),
-                 "id = ? AND status = ?", (old.id, old.status))
-    assert draft is not None  # inside our IMMEDIATE transaction nothing else moved it
+    rows = _rows(db, *cas(
+        REPLAY, "attempt = 0, version = version + 1, lease_until = NULL, error = NULL, "
+                "decided_by = NULL, decided_at = NULL, instruction = '', updated_at = ?",
+        (now,), "id = ?", (old.id,), src=(old.status,), returning=DRAFT_COLS))
+    draft = draft_from_row(rows[0])  # inside our IMMEDIATE transaction nothing else moved it
     detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
     _audit(db, now, actor, "replay", draft.key, None, detail)
     return ReplayResult("requeued", f"{where}: {detail}", draft)

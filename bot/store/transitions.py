@@ -1,0 +1,104 @@
+"""The draft state machine, written once for every backend.
+
+``TRANSITIONS`` lists every move a draft may make: from which states, to which state,
+and whether an operator-visible audit row goes with it. A store changes a draft's status
+only through :func:`cas`, which builds the compare-and-set ``UPDATE drafts SET status=?,
+... WHERE ... AND status IN (<from states>)`` from that table (``?`` placeholders; the
+PostgreSQL store renumbers them). A move the table does not allow cannot be written, and
+asking for one raises :class:`IllegalTransition` (a programming error, loud in tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ..models import (
+    APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, QUEUED, READY, REJECTED,
+    REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, Status,
+)
+
+
+class IllegalTransition(RuntimeError):
+    """A store asked for a status change the transition table does not allow."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    name: str
+    src: tuple[Status, ...]
+    dst: Status
+    audited: bool = False  # an audit row goes with it, in the same transaction
+
+
+CLAIM = Transition("claim", (QUEUED,), DRAFTING)
+FINISH = Transition("finish", (DRAFTING,), READY)
+RETRY = Transition("retry", (DRAFTING,), QUEUED)  # a retryable drafting error
+FAIL = Transition("fail", (DRAFTING,), FAILED)
+RELEASE = Transition("release", (DRAFTING,), QUEUED)  # budget spent, shutdown
+LEASE_RETRY = Transition("lease_retry", (DRAFTING,), QUEUED)  # lease expired
+LEASE_FAIL = Transition("lease_fail", (DRAFTING,), FAILED)  # ... on the last attempt
+POST = Transition("post", (READY,), AWAITING)
+APPROVE = Transition("approve", (AWAITING,), APPROVED, audited=True)
+EDIT = Transition("edit", (AWAITING,), READY, audited=True)
+REGENERATE = Transition("regenerate", (AWAITING,), QUEUED, audited=True)
+REJECT = Transition("reject", (AWAITING,), REJECTED, audited=True)
+EXPIRE = Transition("expire", (AWAITING,), EXPIRED)
+BEGIN_SEND = Transition("begin_send", (APPROVED,), SENDING)
+MARK_SENT = Transition("sent", (SENDING, SEND_UNKNOWN), SENT, audited=True)
+MARK_SEND_FAILED = Transition("send_failed", (SENDING,), SEND_FAILED)
+MARK_SEND_UNKNOWN = Transition("send_unknown", (SENDING,), SEND_UNKNOWN)
+RECOVER_SEND = Transition("recover_send", (SENDING,), SEND_UNKNOWN)  # its sender is gone
+RETRY_SEND = Transition("retry_send", (SEND_FAILED, SEND_UNKNOWN), APPROVED, audited=True)
+REPLAY = Transition("replay", tuple(Status(s) for s in REPLAYABLE_STATUSES), QUEUED,
+                    audited=True)
+
+TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
+    CLAIM, FINISH, RETRY, FAIL, RELEASE, LEASE_RETRY, LEASE_FAIL, POST, APPROVE, EDIT,
+    REGENERATE, REJECT, EXPIRE, BEGIN_SEND, MARK_SENT, MARK_SEND_FAILED, MARK_SEND_UNKNOWN,
+    RECOVER_SEND, RETRY_SEND, REPLAY)}
+
+
+def allowed(t: Transition, src: tuple[str, ...] | None = None) -> tuple[Status, ...]:
+    """The from-states of ``t``, or ``src`` if every one of them is one (a narrower
+    CAS, e.g. replay of a draft known to be ``failed``)."""
+    if TRANSITIONS.get(t.name) is not t:
+        raise IllegalTransition(f"{t.name}: not in the transition table")
+    if src is None:
+        return t.src
+    bad = [s for s in src if s not in t.src]
+    if bad or not src:
+        raise IllegalTransition(f"{t.name}: {', '.join(bad) or 'no state'} -> {t.dst} "
+                                "is not an allowed transition")
+    return tuple(Status(s) for s in src)
+
+
+@functools.lru_cache(maxsize=256)
+def _update_sql(assign: str, where: str, n_src: int, returning: str) -> str:
+    marks = ", ".join("?" * n_src)
+    sql = f"UPDATE drafts SET status = ?, {assign} WHERE {where} AND status IN ({marks})"
+    return f"{sql} RETURNING {returning}" if returning else sql
+
+
+def cas(t: Transition, assign: str, assign_args: tuple, where: str, where_args: tuple, *,
+        src: tuple[str, ...] | None = None, returning: str = "") -> tuple[str, tuple]:
+    """The compare-and-set of ``t``: ``(sql, args)``. ``assign`` sets the other columns,
+    ``where`` picks the rows (the status condition is added here)."""
+    states = allowed(t, src)
+    return (_update_sql(assign, where, len(states), returning),
+            (t.dst, *assign_args, *where_args, *states))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One compare-and-set of a single draft (see :func:`cas`)."""
+
+    t: Transition
+    assign: str
+    assign_args: tuple
+    where: str
+    where_args: tuple
+
+    def sql(self, returning: str) -> tuple[str, tuple]:
+        return cas(self.t, self.assign, self.assign_args, self.where, self.where_args,
+                   returning=returning)

@@ -1,0 +1,158 @@
+"""The draft state machine written once (bot/store/transitions.py): both backends move
+drafts exactly along the transition table, and nothing else can be written."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from bot.models import (
+    APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, QUEUED, READY, REJECTED, SEND_FAILED,
+    SEND_UNKNOWN, SENDING, SENT, SKIPPED, Item, Status,
+)
+from bot.store.base import Store
+from bot.store.sql import Change
+from bot.store.transitions import (
+    APPROVE, REPLAY, TRANSITIONS, IllegalTransition, Step, Transition, cas,
+)
+
+from .test_store_contract import DAY, P, S, R, T0, _items, _msg
+
+ALLOWED = {(src, t.dst) for t in TRANSITIONS.values() for src in t.src}
+
+
+class Recorder:
+    """Runs store calls and records every status change of the drafts it knows."""
+
+    def __init__(self, store):
+        self.store = store
+        self.ids: set[int] = set()
+        self.seen: set[tuple[str, str]] = set()
+
+    async def _statuses(self) -> dict[int, str]:
+        return {i: (await self.store.get_draft(i)).status for i in self.ids}
+
+    async def __call__(self, op):
+        before = await self._statuses()
+        result = await op
+        after = await self._statuses()
+        for i, old in before.items():
+            if after[i] != old:
+                assert (old, after[i]) in ALLOWED, f"draft {i}: {old} -> {after[i]}"
+                self.seen.add((old, after[i]))
+        return result
+
+    async def admit(self, *ids: str, skip: dict[str, str] | None = None):
+        result = await self.store.admit(P, S, R, _items(*ids, skip=skip), now=T0)
+        drafts = [await self.store.get_draft_by_key(k) for k in result.new + result.skipped]
+        self.ids.update(d.id for d in drafts)
+        return drafts
+
+
+async def _awaiting(rec: Recorder, item: str):
+    [d] = await rec.admit(item)
+    d = await rec(rec.store.claim_key(d.key, 600, now=T0))
+    d = await rec(rec.store.finish_draft(d.id, d.fence, f"Hi {item}", now=T0))
+    return await rec(rec.store.mark_posted(d.id, d.version, "-100", "7"))
+
+
+async def test_every_move_of_both_stores_is_in_the_table_and_every_row_is_used(store):
+    """A whole life of drafts on each backend: every status change made is one the table
+    allows, and every allowed change is made by some store method."""
+    rec, st = Recorder(store), store
+    d = await _awaiting(rec, "sent")
+    d = await rec(st.approve(d.id, d.version, "anna", now=T0))
+    d = await rec(st.begin_send(d.id, "host-a"))
+    await rec(st.mark_sent(d.id, "s-1", now=T0))
+
+    d = await _awaiting(rec, "unknown")
+    d = await rec(st.approve(d.id, d.version, "anna", now=T0))
+    await rec(st.begin_send(d.id))
+    await rec(st.mark_send_unknown(d.id, "timeout"))
+    await rec(st.retry_send(d.id, "anna", now=T0))
+    await rec(st.begin_send(d.id))
+    await rec(st.mark_send_failed(d.id, "550 rejected"))
+    await rec(st.retry_send(d.id, "anna", now=T0))
+    await rec(st.begin_send(d.id))
+    assert await rec(st.recover_sending()) == 1
+    assert (await rec(st.mark_sent(d.id, "s-2", now=T0))).status == SENT
+
+    [d] = await rec.admit("fails")
+    d = await rec(st.claim_key(d.key, 600, now=T0))
+    d = await rec(st.fail_draft(d.id, d.fence, "503", retryable=True, max_attempts=3, now=T0))
+    assert d.status == QUEUED
+    [d] = await rec(st.claim(P, 600, now=T0))
+    d = await rec(st.fail_draft(d.id, d.fence, "400", retryable=False, max_attempts=3, now=T0))
+    assert d.status == FAILED
+    assert (await rec(st.replay(P, "fails", "anna", now=T0))).outcome == "requeued"
+
+    d = await _awaiting(rec, "edited")
+    d = await rec(st.edit(d.id, d.version, "Better", "anna", now=T0))
+    d = await rec(st.mark_posted(d.id, d.version, "-100", "7"))
+    d = await rec(st.regenerate(d.id, d.version, "anna", "shorter", now=T0))
+    d = await rec(st.claim_key(d.key, 600, now=T0))
+    assert await rec(st.release(d.id, d.fence))
+
+    d = await _awaiting(rec, "rejected")
+    await rec(st.reject(d.id, d.version, "anna", "no", now=T0))
+    await rec(st.replay(P, "rejected", "anna", now=T0))
+    await rec.admit("skipped", skip={"skipped": "newsletter"})
+    await rec(st.replay(P, "skipped", "anna", now=T0))
+
+    # Leases and approvals that run out (the other drafts are queued again by now).
+    n = len(await rec(st.claim(P, 60, limit=10, now=T0)))
+    assert n == 4 and await rec(st.requeue_expired(P, max_attempts=5, now=T0 + 61)) == (n, 0)
+    await rec(st.claim(P, 60, limit=10, now=T0 + 61))
+    assert await rec(st.requeue_expired(P, max_attempts=1, now=T0 + 200)) == (0, n)
+    d = await _awaiting(rec, "expires")
+    later = time.time() + 2 * DAY  # mark_posted stamps the real time
+    res = await rec(st.sweep(seen_ttl_days=3650, approval_ttl_days=1, now=later))
+    assert res.approvals_expired == 1
+    await rec(st.replay(P, "expires", "anna", now=later))
+
+    assert rec.seen == ALLOWED, f"never made: {sorted(ALLOWED - rec.seen)}"
+
+
+async def test_statuses_are_stored_and_serialised_as_the_same_plain_strings(store):
+    """The StrEnum changes no stored row and no JSON: the values are the old strings."""
+    assert [s.value for s in Status] == [
+        "queued", "drafting", "ready", "awaiting", "approved", "sending", "sent",
+        "send_failed", "send_unknown", "failed", "skipped", "rejected", "expired"]
+    assert json.dumps({"s": SEND_UNKNOWN}) == '{"s": "send_unknown"}'
+    assert f"{QUEUED}" == "queued" and QUEUED == "queued"
+    await store.admit(P, S, R, [Item("m1", _msg("m1"))], now=T0)
+    assert await store.count_by_status() == {"queued": 1}
+    [d] = await store.find_drafts(P, "m1")
+    assert type(d.status) is str and d.status == "queued"
+
+
+def test_a_transition_the_table_does_not_allow_is_refused_loudly():
+    with pytest.raises(IllegalTransition, match="sent -> queued"):
+        cas(REPLAY, "attempt = 0", (), "id = ?", (1,), src=(SENT,))
+    with pytest.raises(IllegalTransition, match="not in the transition table"):
+        cas(Transition("resurrect", (SENT,), QUEUED), "attempt = 0", (), "id = ?", (1,))
+    # An audited move without its audit row (and the other way round) is refused too.
+    approve = Step(APPROVE, "decided_by = ?", ("anna",), "id = ?", (1,))
+    with pytest.raises(IllegalTransition, match="audited"):
+        Change((approve,))
+    sql, args = cas(REPLAY, "attempt = 0", (), "id = ?", (1,), src=(FAILED,))
+    assert sql == "UPDATE drafts SET status = ?, attempt = 0 WHERE id = ? AND status IN (?)"
+    assert args == (QUEUED, 1, FAILED)
+
+
+def test_every_status_has_a_way_in_and_every_unfinished_one_a_way_out():
+    into = {t.dst for t in TRANSITIONS.values()} | {QUEUED, SKIPPED}  # admit inserts those
+    out = {s for t in TRANSITIONS.values() for s in t.src}
+    assert into == set(Status)
+    assert out == set(Status) - {SENT}  # sent is final; /replay refuses it
+    assert {DRAFTING, READY, AWAITING, APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN,
+            FAILED, REJECTED, EXPIRED} <= out
+
+
+def test_the_contract_has_no_test_only_methods_and_requeue_expired_is_required():
+    abstract = Store.__abstractmethods__
+    assert "requeue_expired" in abstract
+    assert not {"find_drafts", "get_draft_by_key", "set_cursor", "recover_sending"} & abstract
+    assert {EXPIRED, REJECTED} <= set(REPLAY.src)
