@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+
 # Draft lifecycle. Every transition is a compare-and-set in the store, allowed only if
 # bot/store/transitions.py lists it.
 class Status(StrEnum):

@@ -305,6 +305,16 @@ def format_status_one(d: PipelineDetail) -> str:
     return "\n".join(lines)
 
 
+#: How `pending` names each unfinished state.
+_PENDING_STATE: dict[str, str] = {
+    QUEUED: "queued for drafting", DRAFTING: "being drafted",
+    READY: "not posted yet", AWAITING: "awaiting decision",
+    APPROVED: "approved, sending", SENDING: "sending",
+    SEND_FAILED: "send failed, Retry offered",
+    SEND_UNKNOWN: "send outcome unknown, being checked",
+}
+
+
 def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str:
     """One line per draft; with ``settings``, drafts of a pipeline that is not
     configured any more are flagged with what to do."""
@@ -321,11 +331,7 @@ def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str
             continue
         who = d.message.from_addr or d.message.slot
         subj = d.message.subject or "(no subject)"
-        state = {QUEUED: "queued for drafting", DRAFTING: "being drafted",
-                 READY: "not posted yet", AWAITING: "awaiting decision",
-                 APPROVED: "approved, sending", SENDING: "sending",
-                 SEND_FAILED: "send failed, Retry offered",
-                 SEND_UNKNOWN: "send outcome unknown, being checked"}.get(d.status, d.status)
+        state = _PENDING_STATE.get(d.status, d.status)
         where = f" · card {d.approval_chat}/{d.approval_message_id}" if d.approval_message_id else ""
         lines.append(f"{d.pipeline} #{d.id} v{d.version} · {state} · {who} · {subj[:60]}{where}")
     return "\n".join(lines)

@@ -9,16 +9,35 @@ import time
 import pytest
 
 from bot.models import (
-    APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, QUEUED, READY, REJECTED, SEND_FAILED,
-    SEND_UNKNOWN, SENDING, SENT, SKIPPED, Item, Status,
+    APPROVED,
+    AWAITING,
+    DRAFTING,
+    EXPIRED,
+    FAILED,
+    QUEUED,
+    READY,
+    REJECTED,
+    SEND_FAILED,
+    SEND_UNKNOWN,
+    SENDING,
+    SENT,
+    SKIPPED,
+    Item,
+    Status,
 )
 from bot.store.base import Store
 from bot.store.sql import Change
 from bot.store.transitions import (
-    APPROVE, REPLAY, TRANSITIONS, IllegalTransition, Step, Transition, cas,
+    APPROVE,
+    REPLAY,
+    TRANSITIONS,
+    IllegalTransition,
+    Step,
+    Transition,
+    cas,
 )
 
-from .test_store_contract import DAY, P, S, R, T0, _items, _msg
+from .test_store_contract import DAY, T0, P, R, S, _items, _msg
 
 ALLOWED = {(src, t.dst) for t in TRANSITIONS.values() for src in t.src}
 

@@ -8,6 +8,7 @@ helpers, so the store modules keep only what the running bot needs.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from typing import Any, Protocol
 
@@ -83,7 +84,7 @@ class _SQLiteCopier:
         def read(db: sqlite3.Connection) -> list[dict]:
             with closing(db.execute(sql, params + (int(limit),))) as cur:
                 names = [d[0] for d in cur.description]
-                return [dict(zip(names, row)) for row in cur.fetchall()]
+                return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
         return await self._store._read(read)
 
@@ -149,7 +150,7 @@ class _PostgresCopier:
             return 0
         # SQLite hands back whatever type a value was stored with; PostgreSQL wants the
         # column's own type.
-        convert = {"double precision": float, "bigint": int, "integer": int,
+        convert: dict[str, Callable[[Any], Any]] = {"double precision": float, "bigint": int, "integer": int,
                    "text": lambda v: _clean(str(v))}
         async with self._store._tx() as con:
             types = {r["column_name"]: r["data_type"] for r in await con.fetch(
@@ -157,8 +158,8 @@ class _PostgresCopier:
                 " WHERE table_schema=$1 AND table_name=$2", self._store._schema, table)}
             cols = [c for c in rows[0] if c in types]
             conv = [convert.get(types[c], lambda v: v) for c in cols]
-            values = [[None if row.get(c) is None else f(row[c]) for c, f in zip(cols, conv)]
-                      for row in rows]
+            values = [[None if row.get(c) is None else f(row[c])
+                       for c, f in zip(cols, conv, strict=True)] for row in rows]
             # One statement per batch: unnest() of one array per column.
             arrays = ", ".join(f"${i + 1}::{_ARRAY_TYPE[types[c]]}[]" for i, c in enumerate(cols))
             names = ", ".join(cols)

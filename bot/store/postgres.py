@@ -33,13 +33,37 @@ from ..errors import StoreError
 from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
 from ..redact import redact_url
 from ._copy import COPY_TABLES
-from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult,
-                   StoreMissing, SweepResult, replay_refusal, replay_without_draft)
+from .base import (
+    ABANDONED_SEND,
+    HEARTBEAT_PREFIX,
+    AdmitResult,
+    ReplayResult,
+    StoreMissing,
+    SweepResult,
+    replay_refusal,
+    replay_without_draft,
+)
 from .pg_schema import MIGRATIONS
-from .sql import (AUDIT_SQL, BEFORE_SQL, CURSOR_SQL, DRAFT_COLS, Change, SqlStore,
-                  audit_row, draft_from_row)
-from .transitions import (CLAIM, EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY,
-                          Transition, cas)
+from .sql import (
+    AUDIT_SQL,
+    BEFORE_SQL,
+    CURSOR_SQL,
+    DRAFT_COLS,
+    Change,
+    SqlStore,
+    audit_row,
+    draft_from_row,
+)
+from .transitions import (
+    CLAIM,
+    EXPIRE,
+    LEASE_FAIL,
+    LEASE_RETRY,
+    RECOVER_SEND,
+    REPLAY,
+    Transition,
+    cas,
+)
 
 # What a lost or refused connection can raise through asyncpg. InternalClientError
 # shows up when the server ends a session (restart, pg_terminate_backend) while the
@@ -348,7 +372,7 @@ class PostgresStore(SqlStore):
                 _ADMIT, pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors,
                 mark_seen, cursor)
         inserted = {r["key"] for r in rows}
-        for key, status in zip(keys, statuses):
+        for key, status in zip(keys, statuses, strict=True):
             if key in inserted:
                 (result.skipped if status == SKIPPED else result.new).append(key)
         result.already_seen += len(unique) - len(inserted)

@@ -14,14 +14,39 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from ..models import (
-    APPROVED, DRAFTING, PENDING_STATUSES, QUEUED, READY, SEND_UNKNOWN, SENDING, AuditEntry,
-    Draft, Message, Run, sha256_text,
+    APPROVED,
+    DRAFTING,
+    PENDING_STATUSES,
+    QUEUED,
+    READY,
+    SEND_UNKNOWN,
+    SENDING,
+    AuditEntry,
+    Draft,
+    Message,
+    Run,
+    sha256_text,
 )
 from ..redact import scrub
 from .base import Store
 from .transitions import (
-    APPROVE, BEGIN_SEND, CLAIM, EDIT, FAIL, FINISH, MARK_SEND_FAILED, MARK_SEND_UNKNOWN,
-    MARK_SENT, POST, REGENERATE, REJECT, RELEASE, RETRY, RETRY_SEND, IllegalTransition, Step,
+    APPROVE,
+    BEGIN_SEND,
+    CLAIM,
+    EDIT,
+    FAIL,
+    FINISH,
+    MARK_SEND_FAILED,
+    MARK_SEND_UNKNOWN,
+    MARK_SENT,
+    POST,
+    REGENERATE,
+    REJECT,
+    RELEASE,
+    RETRY,
+    RETRY_SEND,
+    IllegalTransition,
+    Step,
 )
 
 DRAFT_COLUMNS = (
@@ -375,7 +400,8 @@ class SqlStore(Store):
                              scrub(error_text), run_id))
 
     async def _runs(self, pipeline: str, status: str | None, limit: int) -> list[Run]:
-        where, args = "pipeline = ?", (pipeline,)
+        args: tuple[str, ...] = (pipeline,)
+        where = "pipeline = ?"
         if status is not None:
             where, args = where + " AND status = ?", (pipeline, status)
         rows = await self._query(f"SELECT * FROM pipeline_runs WHERE {where} "

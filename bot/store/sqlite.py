@@ -31,13 +31,19 @@ import aiosqlite
 
 from ..errors import StoreError
 from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
-from .base import (ABANDONED_SEND, HEARTBEAT_PREFIX, AdmitResult, ReplayResult,
-                   StoreMissing, SweepResult, replay_refusal, replay_without_draft)
-from .sql import (BEFORE_SQL, CURSOR_SQL, DRAFT_COLS, Change, SqlStore, audit_row,
-                  draft_from_row)
-from .transitions import (CLAIM, EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY,
-                          cas)
+from .base import (
+    ABANDONED_SEND,
+    HEARTBEAT_PREFIX,
+    AdmitResult,
+    ReplayResult,
+    StoreMissing,
+    SweepResult,
+    replay_refusal,
+    replay_without_draft,
+)
 from .schema import LATEST, MIGRATIONS
+from .sql import BEFORE_SQL, CURSOR_SQL, DRAFT_COLS, Change, SqlStore, audit_row, draft_from_row
+from .transitions import CLAIM, EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY, cas
 
 T = TypeVar("T")
 
@@ -480,6 +486,7 @@ def _seen_among(db: sqlite3.Connection, pipeline: str, scope: str, ids: list[str
 
 def _requeue_expired(db: sqlite3.Connection, pipeline: str | None, max_attempts: int,
                      now: float) -> tuple[int, int]:
+    params: tuple[str | float, ...]
     where, params = "lease_until < ?", (now,)
     if pipeline is not None:
         where, params = "pipeline = ? AND " + where, (pipeline,) + params

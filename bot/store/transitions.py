@@ -14,8 +14,20 @@ import functools
 from dataclasses import dataclass
 
 from ..models import (
-    APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, QUEUED, READY, REJECTED,
-    REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENDING, SENT, Status,
+    APPROVED,
+    AWAITING,
+    DRAFTING,
+    EXPIRED,
+    FAILED,
+    QUEUED,
+    READY,
+    REJECTED,
+    REPLAYABLE_STATUSES,
+    SEND_FAILED,
+    SEND_UNKNOWN,
+    SENDING,
+    SENT,
+    Status,
 )
 
 
