@@ -76,6 +76,14 @@ _PROMPT_TEXT = [
 ]
 
 
+async def _end(proc: asyncio.subprocess.Process) -> None:
+    """Kill a CLI process and read its pipes to the end (closing their transports)."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(proc.communicate(), 10)
+
+
 def _read_prompt(text: str | None) -> tuple[str, int, int] | None:
     for kind, rx in _PROMPT_TEXT:
         if m := rx.search(text or ""):
@@ -313,10 +321,7 @@ class Soak:
 
     async def _cleanup(self) -> None:
         for p in list(self.cli_procs):
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(p.wait(), 10)
+            await _end(p)
         for h in self.hosts:
             with contextlib.suppress(Exception):
                 h.ensure_dead()
@@ -686,6 +691,8 @@ class Soak:
         try:
             out, err = await asyncio.wait_for(proc.communicate(), 120)
         finally:
+            if proc.returncode is None:  # cancelled or timed out: end it and read its pipes
+                await _end(proc)         # to EOF, so no transport outlives the loop
             self.cli_procs.discard(proc)
         if proc.returncode not in (0, 1):
             self.o.say(f"draftgate {' '.join(args)} exited {proc.returncode}: "
