@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from . import scheduler
 from .config import PipelineConfig, Settings
-from .engine import utc_day
+from .clock import utc_day
 from .models import (APPROVED, AWAITING, DRAFTING, EXPIRED, FAILED, PENDING_STATUSES, QUEUED,
                      READY, REJECTED, SEND_FAILED, SEND_UNKNOWN, SENDING, SKIPPED, Draft, Run)
 from .store import ReplayResult, Store, SweepResult
