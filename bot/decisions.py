@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import Callable
 
-from .cards import Cards
+from .operators import Operators
 from .config import PipelineConfig, Settings
 from .drafting import Drafting
 from .errors import ConfigError, describe_error
@@ -27,10 +27,10 @@ log = logging.getLogger("draftgate.engine")
 class Decisions:
     """Implements :class:`bot.stages.Decisions`."""
 
-    def __init__(self, settings: Settings, store: Store, cards: Cards, drafting: Drafting,
+    def __init__(self, settings: Settings, store: Store, operators: Operators, drafting: Drafting,
                  sends: Sends, sender: Callable[[PipelineConfig], Sender],
                  clock: Callable[[], float], spawn: Callable[..., asyncio.Task]):
-        self.settings, self.store, self.cards = settings, store, cards
+        self.settings, self.store, self.operators = settings, store, operators
         self.drafting, self.sends, self._sender = drafting, sends, sender
         self.clock, self._spawn = clock, spawn
 
@@ -59,7 +59,7 @@ class Decisions:
         await self._require_configured(draft_id)
         d = await self.store.edit(draft_id, version, body, actor, now=self.clock())
         if d is not None:
-            await self.cards.post(self.settings.pipeline(d.pipeline), d)
+            await self.operators.post_card(self.settings.pipeline(d.pipeline), d)
             d = await self.store.get_draft(d.id)
         return d
 
@@ -86,10 +86,10 @@ class Decisions:
         drafted: list[Draft] = []
         await self.drafting.draft_one(p, claimed, RunCounts(), drafted.append)
         for ready in drafted:  # a card that cannot be updated now waits in ready
-            await self.cards.post(p, ready)
+            await self.operators.post_card(p, ready)
 
     async def reject(self, draft_id: int, version: int, actor: str, reason: str = "") -> Draft | None:
-        return await self.cards.update(
+        return await self.operators.update_card(
             await self.store.reject(draft_id, version, actor, reason, now=self.clock()))
 
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
@@ -122,5 +122,5 @@ class Decisions:
         for d in due:
             fresh = await self.store.get_draft(d.id)
             if fresh is not None and fresh.status == EXPIRED and self.settings.has_pipeline(d.pipeline):
-                await self.cards.update(fresh)
+                await self.operators.update_card(fresh)
         return result

@@ -14,7 +14,7 @@ import contextlib
 import logging
 from typing import Callable
 
-from .cards import Cards
+from .operators import Operators
 from .clock import utc_day
 from .config import PipelineConfig, Settings
 from .errors import (BudgetExhausted, DrafterError, DrafterRetryable, DrafterSetupError,
@@ -32,9 +32,9 @@ MAX_MODEL_HOLD = 3600.0
 
 
 class Drafting:
-    def __init__(self, settings: Settings, store: Store, leases: Leases, cards: Cards,
+    def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Operators,
                  drafter: Callable[[PipelineConfig], Drafter], clock: Callable[[], float]):
-        self.settings, self.store, self.leases, self.cards = settings, store, leases, cards
+        self.settings, self.store, self.leases, self.operators = settings, store, leases, operators
         self._drafter, self.clock = drafter, clock
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._model_trouble: set[str] = set()
@@ -60,7 +60,7 @@ class Drafting:
         await self._hold(p, f"daily token budget spent ({used:,} of {p.daily_token_budget:,} "
                             f"tokens); drafting resumes at 00:00 UTC, or raise "
                             f"daily_token_budget in {p.file}", until=midnight)
-        await self.cards.notify_once(
+        await self.operators.notify_once(
             f"budget|{p.name}|{day}",
             f"⏸ {p.name}: daily token budget spent ({used:,} of {p.daily_token_budget:,} "
             f"tokens on {day} UTC). Items stay queued and are drafted tomorrow; raise "
@@ -107,7 +107,7 @@ class Drafting:
             failed = 0
         if failed:
             counts.failed += failed
-            await self.cards.notify(f"⚠️ {p.name}: {failed} draft(s) failed: their drafting lease "
+            await self.operators.notify(f"⚠️ {p.name}: {failed} draft(s) failed: their drafting lease "
                                     f"expired on the last attempt. /pending and /status show them; "
                                     f"/replay retries one.")
         wait = self._not_before.get(p.name, 0.0) - self.clock()
@@ -141,7 +141,7 @@ class Drafting:
                 # here leaves it to post_unposted / the next tick.
                 for d in drafted:
                     if not channel_down.is_set() and not lost():
-                        if not await self.cards.post_counted(p, d, counts):
+                        if not await self.operators.post_counted(p, d, counts):
                             channel_down.set()  # the rest wait in ready for post_ready
 
         tasks = [asyncio.create_task(worker()) for _ in range(workers)]
@@ -170,7 +170,7 @@ class Drafting:
         except BudgetExhausted as exc:
             await self.store.release(d.id, d.fence)
             await self._hold(p, describe_error(exc))
-            await self.cards.notify(f"⏸ {p.name}: {exc}")
+            await self.operators.notify(f"⏸ {p.name}: {exc}")
             return False
         except DrafterSetupError as exc:
             # The model cannot be used at all (key, model name, base_url, prompt file):
@@ -181,7 +181,7 @@ class Drafting:
             await self._hold(p, f"setup error: {describe_error(exc)}; fix it (then restart "
                                 f"draftgate if you changed the configuration or an "
                                 f"environment variable)")
-            await self.cards.notify_once(
+            await self.operators.notify_once(
                 f"setup|{p.name}|{utc_day(self.clock())}",
                 f"⚠️ {p.name}: drafting is stopped: {describe_error(exc)}. Items wait in the "
                 f"queue; fix it (then restart draftgate if you changed the configuration "
@@ -231,9 +231,9 @@ class Drafting:
             if p.mark_seen == "on_success":  # final, like skipped (see bot.admit)
                 await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
             if after.approval_message_id:  # a regenerate that failed: say so on the card
-                await self.cards.update(after)
+                await self.operators.update_card(after)
             # The channel offers the replay (a button, or the command to type).
-            await self.cards.notify(f"⚠️ {p.name} #{d.id}: drafting failed after {after.attempt} "
+            await self.operators.notify(f"⚠️ {p.name} #{d.id}: drafting failed after {after.attempt} "
                                     f"attempt(s): {reason}.", retry_draft=after)
         if not retryable:
             return True
@@ -245,7 +245,7 @@ class Drafting:
             await self._hold(p, f"the model asked to wait ({reason}); drafting "
                                 f"resumes by itself", until=self.clock() + wait)
             if wait > 300:
-                await self.cards.notify_once(
+                await self.operators.notify_once(
                     f"hold|{p.name}|{utc_day(self.clock())}",
                     f"⏸ {p.name}: the model asked to wait {wait / 60:.0f} min "
                     f"({reason}); items stay queued and drafting resumes then.")

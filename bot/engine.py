@@ -5,7 +5,7 @@ A tick::
     fetch (at most max_per_tick new items) -> filter -> admit (bot.admit: batches,
           each one transaction) -> claim/draft/finish (bot.drafting, bounded in
           flight), each card posted as its draft is stored -> post cards still ready
-          (bot.cards) -> send approved drafts -> check unknown sends (bot.sending)
+          (bot.operators) -> send approved drafts -> check unknown sends (bot.sending)
     and one pipeline_runs row with the counts and the error, if any. When the source
     had more than max_per_tick, the pipeline's loop (bot.loop) runs the next tick at once.
 
@@ -27,7 +27,7 @@ from . import filters as _filters
 from . import scheduler
 from .admit import admit_fetched
 from .build import build_drafter, build_sender, build_source
-from .cards import Cards
+from .operators import Operators
 from .clock import wall
 from .config import PipelineConfig, Settings
 from .decisions import Decisions
@@ -74,13 +74,13 @@ class Engine:
         now, sender = (lambda: self.clock()), (lambda p: self.sender(p))
         drafter = lambda p: self.drafter(p)  # noqa: E731
         self.leases = Leases(store, self.pipelines, self._lease_now, self._spawn)
-        self.cards = Cards(settings, store, self.channels, now)
-        self.sends = Sends(settings, store, self.leases, self.cards, sender, now, self._spawn,
+        self.operators = Operators(settings, store, self.channels, now)
+        self.sends = Sends(settings, store, self.leases, self.operators, sender, now, self._spawn,
                            send_check_delay)
-        self.drafting = Drafting(settings, store, self.leases, self.cards, drafter, now)
-        self.decisions = Decisions(settings, store, self.cards, self.drafting, self.sends,
+        self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now)
+        self.decisions = Decisions(settings, store, self.operators, self.drafting, self.sends,
                                    sender, now, self._spawn)
-        self.loop = Loop(settings, store, self.cards, self.tick, self.sweep, now)
+        self.loop = Loop(settings, store, self.operators, self.tick, self.sweep, now)
 
     # -- stages (each built once, on first use) ------------------------------------------
     def source(self, p: PipelineConfig) -> Source:
@@ -93,7 +93,7 @@ class Engine:
         return _built(self._senders, p, build_sender, self.settings)
 
     def channel(self, p: PipelineConfig) -> ApprovalChannel:
-        return self.cards.channel(p)
+        return self.operators.channel(p)
 
     def pipeline(self, name: str) -> PipelineConfig:
         return self.settings.pipeline(name)
@@ -102,9 +102,9 @@ class Engine:
     async def start(self) -> None:
         """Recover from a crash, start the approval channels, post what waits."""
         await self.sends.recover()
-        for ch in self.cards.running():
+        for ch in self.operators.running():
             await ch.start(self)
-        await self.cards.resync()
+        await self.operators.resync_cards()
 
     async def stop(self) -> None:
         """Let in-flight work finish its current transition, then close stages."""
@@ -112,7 +112,7 @@ class Engine:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for ch in self.cards.running():
+        for ch in self.operators.running():
             try:
                 await ch.stop()
             except Exception:
@@ -149,7 +149,7 @@ class Engine:
         if scheduled_for is None:
             scheduled_for = scheduler.last_due(p, self.clock())
         counts = RunCounts()
-        await self.cards.resync()
+        await self.operators.resync_cards()
         # Set again only by a fetch of this tick that stops short (so a tick that does
         # not get that far, whatever the reason, never makes the loop hurry).
         self.loop.backlog.discard(name)
@@ -199,11 +199,11 @@ class Engine:
             return
         if previous is not None and previous.status in ("ok", "error") and previous.status != status:
             if status == "error":
-                await self.cards.notify(f"❌ {p.name} turned red: {error}")
+                await self.operators.notify(f"❌ {p.name} turned red: {error}")
             else:
-                await self.cards.notify(f"✅ {p.name} is green again")
+                await self.operators.notify(f"✅ {p.name} is green again")
         elif previous is None and status == "error":
-            await self.cards.notify(f"❌ {p.name} failed: {error}")
+            await self.operators.notify(f"❌ {p.name} failed: {error}")
 
     async def _fetch_and_admit(self, p: PipelineConfig, scheduled_for: float,
                                counts: RunCounts) -> None:
@@ -263,7 +263,7 @@ class Engine:
             waiting = await self.store.unposted(p.name, limit=batch)
             for d in waiting:
                 self.leases.still_held(p.name)
-                if not await self.cards.post_counted(p, d, counts):
+                if not await self.operators.post_counted(p, d, counts):
                     return  # the channel is unreachable: the rest wait in ready
             if len(waiting) < batch:
                 return
@@ -300,7 +300,7 @@ class Engine:
         return await self.decisions.sweep(days, self._lease_now)
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
-        await self.cards.notify(text, retry_draft=retry_draft)
+        await self.operators.notify(text, retry_draft=retry_draft)
 
     async def pause(self, name: str, actor: str) -> None:
         self.pipeline(name)

@@ -1,24 +1,117 @@
-"""Pipeline leases: one holder of a pipeline at a time, in this process and across hosts.
+"""Leases: which process holds what, and whether a holder is still alive.
 
-A lease is a short row in the store's lock table, renewed while held, so a process
-that dies holding it blocks the others (or its own restart) for seconds, not minutes.
+A holder name is ``home:pid:nonce``; ``home`` is host name, boot id and pid namespace,
+so two holders with the same home share a process table and a pid gone there is truly
+gone. A process elsewhere is known alive only by its heartbeat: a lock row
+``process:<holder>`` it renews every few seconds while it runs.
+
+A pipeline lease (``pipeline:<name>``) is held by one tick at a time, in this process
+and across hosts; it is short and renewed while held, so a process that dies holding
+it blocks the others (or its own restart) for seconds, not minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
+import socket
 import time
 import uuid
+from pathlib import Path
 from typing import Callable
 
 from .errors import StoreError, describe_error
-from .process import Heartbeat, gone_here, process_home
 from .store import Store
+from .store.base import HEARTBEAT_PREFIX
 
 log = logging.getLogger("draftgate.engine")
+
+
+
+@functools.lru_cache(maxsize=1)
+def process_home() -> str:
+    """Host name, boot and pid namespace of this process. DRAFTGATE_TEST_HOST replaces
+    it, so a test can run a process as if on another machine."""
+    if os.environ.get("DRAFTGATE_TEST_HOST"):
+        return os.environ["DRAFTGATE_TEST_HOST"]
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    pidns = ""
+    with contextlib.suppress(OSError):
+        pidns = os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    return f"{socket.gethostname()}/{boot}/{pidns}"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def gone_here(holder: str) -> bool:
+    """True if ``holder`` is a process of this machine and pid namespace, not this
+    one, that no longer exists."""
+    home, _, rest = holder.rpartition(":")[0].rpartition(":")
+    try:
+        pid = int(rest)
+    except ValueError:
+        return False
+    return home == process_home() and pid != os.getpid() and not pid_alive(pid)
+
+
+class Heartbeat:
+    """The ``process:<holder>`` lease row of a running process, renewed every third of
+    ``ttl`` until :meth:`stop`. Sends are begun only under a fresh one, so no other
+    host takes a send in flight for abandoned."""
+
+    def __init__(self, store: Store, holder: str, ttl: float,
+                 now: Callable[[], float | None]):
+        self.store, self.holder, self.ttl, self._now = store, holder, ttl, now
+        self.name = HEARTBEAT_PREFIX + holder
+        self._task: asyncio.Task | None = None
+
+    async def beat(self) -> None:
+        """Renew it now (raises StoreError if that fails) and keep renewing it."""
+        if not await self.store.try_lock(self.name, self.holder, self.ttl, now=self._now()):
+            raise StoreError(f"could not record this process's heartbeat ({self.name})")
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._renew(), name="heartbeat")
+
+    async def _renew(self) -> None:
+        while True:  # until stop(): a failed renewal is retried, never given up
+            await asyncio.sleep(self.ttl / 3)
+            await renew_once(self.store, self.name, self.holder, self.ttl, self._now,
+                             "renewing this process's heartbeat failed")
+
+    async def stop(self) -> None:
+        """Stop renewing and delete the row (nothing of this process is in flight)."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
+        with contextlib.suppress(Exception):
+            await self.store.unlock(self.name, self.holder)
+
+
+async def renew_once(store: Store, name: str, holder: str, ttl: float,
+                now: Callable[[], float | None], failed: str) -> bool | None:
+    """Renew lease ``name`` once: the store's answer, or None (logged with ``failed``)
+    if it failed or did not answer within a third of ``ttl`` (a hung connection)."""
+    try:
+        return await asyncio.wait_for(store.try_lock(name, holder, ttl, now=now()),
+                                      timeout=ttl / 3)
+    except Exception as exc:
+        log.warning("%s: %s", failed, describe_error(exc))
+        return None
 
 
 class Leases:
@@ -77,14 +170,8 @@ class Leases:
         renewed = time.monotonic()
         while True:
             await asyncio.sleep(self.ttl / 3)
-            try:
-                # Bounded: a hung store connection must count as a failed renewal.
-                ok: bool | None = await asyncio.wait_for(
-                    self.store.try_lock(name, self.holder, self.ttl, now=self.now()),
-                    timeout=self.ttl / 3)
-            except Exception as exc:
-                ok = None
-                log.warning("%s: renewing the lock failed: %s", name, describe_error(exc))
+            ok = await renew_once(self.store, name, self.holder, self.ttl, self.now,
+                             f"{name}: renewing the lock failed")
             if ok:
                 renewed = time.monotonic()
                 continue

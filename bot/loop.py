@@ -7,7 +7,7 @@ import logging
 from typing import Awaitable, Callable
 
 from . import scheduler
-from .cards import Cards
+from .operators import Operators
 from .clock import utc_day
 from .config import PipelineConfig, Settings
 from .errors import describe_error
@@ -27,10 +27,10 @@ async def _stopped(stop: asyncio.Event, within: float) -> bool:
 
 
 class Loop:
-    def __init__(self, settings: Settings, store: Store, cards: Cards,
+    def __init__(self, settings: Settings, store: Store, operators: Operators,
                  tick: Callable[[str, float], Awaitable[RunCounts]],
                  sweep: Callable[[], Awaitable[SweepResult]], clock: Callable[[], float]):
-        self.settings, self.store, self.cards = settings, store, cards
+        self.settings, self.store, self.operators = settings, store, operators
         self._tick, self._sweep, self.clock = tick, sweep, clock
         # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
         # once instead of waiting for the next slot, in bounded steps.
@@ -62,7 +62,7 @@ class Loop:
             except Exception as exc:
                 log.exception("%s: the pipeline loop failed; restarting it in %gs",
                               p.name, restart_after)
-                await self.cards.notify_once(
+                await self.operators.notify_once(
                     f"loop|{p.name}|{utc_day(self.clock())}",
                     f"⚠️ {p.name}: its schedule stopped working ({describe_error(exc)}); "
                     f"retrying every minute. Check `schedule` in {p.file}.")

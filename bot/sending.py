@@ -11,12 +11,12 @@ import logging
 import time
 from typing import Callable
 
-from .cards import Cards
+from .operators import Operators
 from .config import PipelineConfig, Settings
 from .errors import SendFailed, SendUnknown, describe_error
 from .lease import Leases
 from .models import SEND_UNKNOWN, Draft, RunCounts
-from .process import gone_here
+from .lease import gone_here
 from .stages import Sender
 from .store import Store
 
@@ -29,10 +29,10 @@ RECOVERED_SEND = "interrupted"
 
 
 class Sends:
-    def __init__(self, settings: Settings, store: Store, leases: Leases, cards: Cards,
+    def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Operators,
                  sender: Callable[[PipelineConfig], Sender], clock: Callable[[], float],
                  spawn: Callable[..., asyncio.Task], check_delay: float):
-        self.settings, self.store, self.leases, self.cards = settings, store, leases, cards
+        self.settings, self.store, self.leases, self.operators = settings, store, leases, operators
         self._sender, self.clock, self._spawn = sender, clock, spawn
         self.check_delay = check_delay
         # Unknown sends a check_later task of this process will check:
@@ -79,11 +79,11 @@ class Sends:
         else:
             after = await self.store.mark_sent(d.id, result.sent_id, now=self.clock())
             log.info("%s #%d sent (%s)", p.name, d.id, result.sent_id)
-        return await self.cards.update(after)
+        return await self.operators.update_card(after)
 
     async def found_sent(self, d: Draft, sent_id: str) -> Draft | None:
         """The other side has the reply: mark it sent and show it on the card."""
-        return await self.cards.update(
+        return await self.operators.update_card(
             await self.store.mark_sent(d.id, sent_id, now=self.clock()))
 
     async def _check_later(self, draft_id: int) -> None:
@@ -138,7 +138,7 @@ class Sends:
             found = await self._sender(p).check(d)
         except SendUnknown as exc:
             log.info("%s #%d: outcome still unknown: %s", p.name, d.id, exc)
-            await self.cards.notify_once(
+            await self.operators.notify_once(
                 _unknown_episode(d),
                 f"❓ {p.name} #{d.id}: cannot tell whether the reply was sent ({d.error}; "
                 f"{exc}). Check the mailbox; Retry sends it again.", retry_draft=d)
@@ -148,7 +148,7 @@ class Sends:
             return False
         if found:
             return await self.found_sent(d, found) is not None
-        await self.cards.notify_once(
+        await self.operators.notify_once(
             _unknown_episode(d),
             f"❓ {p.name} #{d.id}: the send timed out or failed midway ({d.error}) and the "
             f"message is not in Sent. Nothing was resent; tap Retry to send it.", retry_draft=d)

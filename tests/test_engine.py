@@ -702,7 +702,7 @@ def _dead_local_holder(nonce: str = "dead") -> str:
     import subprocess
     import sys
 
-    from bot.process import process_home
+    from bot.lease import process_home
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

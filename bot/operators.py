@@ -2,7 +2,7 @@
 
 Every post, re-render and notice goes through here, best effort where it must be: a
 card that cannot be posted waits in ``ready`` (the outbox), one that cannot be
-updated is re-rendered later (``resync``), a notice that fails is logged.
+updated is re-rendered later (``resync_cards``), a notice that fails is logged.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .store import Store
 log = logging.getLogger("draftgate.engine")
 
 
-class Cards:
+class Operators:
     def __init__(self, settings: Settings, store: Store, channels: dict[str, ApprovalChannel],
                  clock: Callable[[], float]):
         self.settings, self.store, self.channels, self.clock = settings, store, channels, clock
@@ -43,7 +43,7 @@ class Cards:
         return list({id(c): c for c in self.channels.values()}.values())
 
     # -- cards ------------------------------------------------------------------------
-    async def post(self, p: PipelineConfig, d: Draft) -> Draft | None:
+    async def post_card(self, p: PipelineConfig, d: Draft) -> Draft | None:
         """Post (or re-render) the card of a ready draft; the draft afterwards, or
         None if the channel is unreachable (the draft waits in ready). A version whose
         card this process is posting already (a Regenerate's own drafting next to a
@@ -78,7 +78,7 @@ class Cards:
         """Post ``d``'s card and count it; False if the channel is unreachable."""
         if (d.id, d.version) in self._posting:
             return True  # a Regenerate or an Edit is posting it right now
-        posted = await self.post(p, d)
+        posted = await self.post_card(p, d)
         if posted is None:
             return False
         counts.posted += 1
@@ -86,7 +86,7 @@ class Cards:
             counts.sent += 1
         return True
 
-    async def update(self, d: Draft | None) -> Draft | None:
+    async def update_card(self, d: Draft | None) -> Draft | None:
         """Re-render ``d``'s card after a transition (None: there was none); ``d``."""
         if d is None:
             return None
@@ -96,7 +96,7 @@ class Cards:
             log.warning("%s #%d: could not update the card: %s", d.pipeline, d.id, describe_error(exc))
         return d
 
-    async def resync(self) -> None:
+    async def resync_cards(self) -> None:
         """Cards whose last update failed are re-rendered until one succeeds."""
         for ch in self.running():
             try:
