@@ -35,7 +35,7 @@ from .drafting import Drafting
 from .errors import DraftgateError, StoreError, describe_error
 from .lease import Leases
 from .loop import Loop
-from .models import Draft, RunCounts
+from .models import RunCounts
 from .sending import Sends
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store, SweepResult
@@ -48,8 +48,8 @@ STOPPED_TEXT = "stopped: draftgate was stopped during this tick (Ctrl-C or SIGTE
 
 
 class Engine:
-    """Drives every configured pipeline: builds its parts, runs ticks, and hands
-    operator decisions (:class:`bot.stages.Decisions`) to :class:`Decisions`."""
+    """Drives every configured pipeline: builds its parts, runs the ticks, and is
+    what approval channels call (operator decisions are :class:`Decisions`')."""
 
     def __init__(self, settings: Settings, store: Store,
                  channels: dict[str, ApprovalChannel] | None = None, *,
@@ -81,6 +81,12 @@ class Engine:
         self.decisions = Decisions(settings, store, self.operators, self.drafting, self.sends,
                                    sender, now, self._spawn)
         self.loop = Loop(settings, store, self.operators, self.tick, self.sweep, now)
+        # Handed on: what approval channels call when an operator acts
+        # (bot.stages.Decisions), notices, and the schedule.
+        d = self.decisions
+        self.approve, self.edit, self.regenerate = d.approve, d.edit, d.regenerate
+        self.reject, self.retry_send = d.reject, d.retry_send
+        self.notify, self.run_forever = self.operators.notify, self.loop.run_forever
 
     # -- stages (each built once, on first use) ------------------------------------------
     def source(self, p: PipelineConfig) -> Source:
@@ -91,9 +97,6 @@ class Engine:
 
     def sender(self, p: PipelineConfig) -> Sender:
         return _built(self._senders, p, build_sender, self.settings)
-
-    def channel(self, p: PipelineConfig) -> ApprovalChannel:
-        return self.operators.channel(p)
 
     def pipeline(self, name: str) -> PipelineConfig:
         return self.settings.pipeline(name)
@@ -279,28 +282,9 @@ class Engine:
                     n += counts.posted
         return n
 
-    # -- decisions (called by approval channels) and operator controls -------------------
-    async def approve(self, draft_id: int, version: int, actor: str) -> Draft | None:
-        return await self.decisions.approve(draft_id, version, actor)
-
-    async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None:
-        return await self.decisions.edit(draft_id, version, body, actor)
-
-    async def regenerate(self, draft_id: int, version: int, actor: str,
-                         instruction: str = "") -> Draft | None:
-        return await self.decisions.regenerate(draft_id, version, actor, instruction)
-
-    async def reject(self, draft_id: int, version: int, actor: str, reason: str = "") -> Draft | None:
-        return await self.decisions.reject(draft_id, version, actor, reason)
-
-    async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
-        return await self.decisions.retry_send(draft_id, actor)
-
+    # -- operator controls -----------------------------------------------------------
     async def sweep(self, days: float | None = None) -> SweepResult:
         return await self.decisions.sweep(days, self._lease_now)
-
-    async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
-        await self.operators.notify(text, retry_draft=retry_draft)
 
     async def pause(self, name: str, actor: str) -> None:
         self.pipeline(name)
@@ -319,14 +303,12 @@ class Engine:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def run_forever(self, stop: asyncio.Event) -> None:
-        await self.loop.run_forever(stop)
-
 
 def _built(cache: dict, p: PipelineConfig, build: Callable, settings: Settings):
     if p.name not in cache:
         cache[p.name] = build(p, settings)
     return cache[p.name]
+
 
 def _own_addresses(p: PipelineConfig, settings: Settings) -> list[str]:
     own = [str(a) for a in p.filters.get("own_addresses", []) or []]

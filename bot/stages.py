@@ -61,8 +61,9 @@ class PostedRef:
 
 class Decisions(Protocol):
     """What an approval channel calls when an operator acts. Implemented by
-    ``bot.engine.Engine``. Each returns the draft after the transition, or ``None``
-    when the CAS did not match (double tap, old version, already decided)."""
+    ``bot.decisions.Decisions``, handed on by ``bot.engine.Engine``. Each returns the
+    draft after the transition, or ``None`` when the CAS did not match (double tap,
+    old version, already decided)."""
 
     async def approve(self, draft_id: int, version: int, actor: str) -> Draft | None: ...
     async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None: ...
