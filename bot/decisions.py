@@ -11,11 +11,11 @@ import asyncio
 import logging
 from typing import Callable
 
-from .operators import Operators
 from .config import PipelineConfig, Settings
 from .drafting import Drafting
 from .errors import ConfigError, describe_error
 from .models import AWAITING, EXPIRED, SEND_UNKNOWN, Draft, RunCounts
+from .operators import Operators
 from .ops import sweep
 from .sending import Sends
 from .stages import Sender

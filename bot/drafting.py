@@ -14,13 +14,13 @@ import contextlib
 import logging
 from typing import Callable
 
-from .operators import Operators
 from .clock import utc_day
 from .config import PipelineConfig, Settings
 from .errors import (BudgetExhausted, DrafterError, DrafterRetryable, DrafterSetupError,
                      DraftgateError, describe_error)
 from .lease import Leases
 from .models import FAILED, Draft, DraftRequest, RunCounts
+from .operators import Operators
 from .stages import Drafter
 from .store import Store
 

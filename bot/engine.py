@@ -27,7 +27,6 @@ from . import filters as _filters
 from . import scheduler
 from .admit import admit_fetched
 from .build import build_drafter, build_sender, build_source
-from .operators import Operators
 from .clock import wall
 from .config import PipelineConfig, Settings
 from .decisions import Decisions
@@ -36,6 +35,7 @@ from .errors import DraftgateError, StoreError, describe_error
 from .lease import Leases
 from .loop import Loop
 from .models import RunCounts
+from .operators import Operators
 from .sending import Sends
 from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
 from .store import Store, SweepResult
@@ -71,8 +71,8 @@ class Engine:
         self._tasks: set[asyncio.Task] = set()
         # The parts read the clock and the stages through the engine at each call
         # (late-bound), so one swapped on the engine (as tests do) holds for all.
-        now, sender = (lambda: self.clock()), (lambda p: self.sender(p))
-        drafter = lambda p: self.drafter(p)  # noqa: E731
+        now = lambda: self.clock()  # noqa: E731
+        sender, drafter = (lambda p: self.sender(p)), (lambda p: self.drafter(p))
         self.leases = Leases(store, self.pipelines, self._lease_now, self._spawn)
         self.operators = Operators(settings, store, self.channels, now)
         self.sends = Sends(settings, store, self.leases, self.operators, sender, now, self._spawn,

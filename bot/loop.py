@@ -7,11 +7,11 @@ import logging
 from typing import Awaitable, Callable
 
 from . import scheduler
-from .operators import Operators
 from .clock import utc_day
 from .config import PipelineConfig, Settings
 from .errors import describe_error
 from .models import RunCounts
+from .operators import Operators
 from .store import Store, SweepResult
 
 log = logging.getLogger("draftgate.engine")

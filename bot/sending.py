@@ -11,12 +11,11 @@ import logging
 import time
 from typing import Callable
 
-from .operators import Operators
 from .config import PipelineConfig, Settings
 from .errors import SendFailed, SendUnknown, describe_error
-from .lease import Leases
+from .lease import Leases, gone_here
 from .models import SEND_UNKNOWN, Draft, RunCounts
-from .lease import gone_here
+from .operators import Operators
 from .stages import Sender
 from .store import Store
 
@@ -33,10 +32,8 @@ class Sends:
                  sender: Callable[[PipelineConfig], Sender], clock: Callable[[], float],
                  spawn: Callable[..., asyncio.Task], check_delay: float):
         self.settings, self.store, self.leases, self.operators = settings, store, leases, operators
-        self._sender, self.clock, self._spawn = sender, clock, spawn
-        self.check_delay = check_delay
-        # Unknown sends a check_later task of this process will check:
-        # draft id -> (pipeline, task).
+        self._sender, self.clock, self._spawn, self.check_delay = sender, clock, spawn, check_delay
+        # Unknown sends this process's _check_later tasks will check: id -> (pipeline, task).
         self._checking: dict[int, tuple[str, asyncio.Task]] = {}
         # Only for `sending` rows with no send_holder (begun by a version that did not
         # record one): longer than any one send call can last, since such a row may be
