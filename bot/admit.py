@@ -13,6 +13,7 @@ import logging
 from typing import Callable
 
 from .config import PipelineConfig
+from .errors import describe_error
 from .models import FetchResult, Item, RunCounts, draft_key
 from .store import AdmitResult, Store
 
@@ -31,8 +32,6 @@ async def admit_fetched(store: Store, p: PipelineConfig, scope: str, result: Fet
     marks keep the others from being admitted twice). The cursor goes with the last
     batch, so a crash midway also re-lists from the old cursor. ``check`` raises if
     the tick must stop (its pipeline lock was lost)."""
-    from .engine import describe_error
-
     refused: list[tuple[str, str]] = []
     items = result.items
     batches = [items[i:i + ADMIT_BATCH] for i in range(0, len(items), ADMIT_BATCH)] or [[]]
@@ -80,8 +79,6 @@ async def _one_by_one(store: Store, p: PipelineConfig, scope: str, batch: list[I
     """Each item of ``batch`` in its own transaction; the refused ones are added to
     ``refused``. Three refusals in a row with none taken: the store is down, not one
     item, so the error is raised instead of trying the rest one by one."""
-    from .engine import describe_error
-
     results: list[AdmitResult] = []
     failures = 0
     for item in batch:

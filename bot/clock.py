@@ -30,3 +30,8 @@ _OFFSET = _offset()
 def wall() -> float:
     """time.time(), plus the test offset if one is set."""
     return time.time() + _OFFSET
+
+
+def utc_day(t: float) -> str:
+    """The UTC date of epoch seconds ``t`` (the key of daily budgets and notices)."""
+    return time.strftime("%Y-%m-%d", time.gmtime(t))

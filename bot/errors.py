@@ -20,6 +20,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from .redact import scrub
+
 
 class DraftgateError(Exception):
     """Base of every error draftgate raises on purpose."""
@@ -79,3 +83,14 @@ class SendFailed(SendError):
 
 class SendUnknown(SendError):
     """It may or may not have been delivered. Never retried blindly."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line error text for runs, cards and notifications."""
+    if isinstance(exc, DraftgateError):
+        text = str(exc)
+    elif isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        text = "timed out"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(scrub(text).split())[:500] or type(exc).__name__  # scrubbed before cut

@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from typing import overload
 
 from . import scheduler
+from .clock import utc_day
 from .config import PipelineConfig, Settings
-from .engine import utc_day
 from .models import (
     APPROVED,
     AWAITING,

@@ -16,7 +16,7 @@ Two jobs, one module, so that every outgoing text passes the same rules:
   included (PTB, httpx, googleapiclient...), and keeps tracebacks readable.
 
 Where text leaves, and passes here: the log handler (``__main__._setup_logging``);
-``engine.describe_error`` and ``Engine.notify``; the stores' writes of error texts and
+``errors.describe_error`` and ``Engine.notify``; the stores' writes of error texts and
 audit details; ``cards.status_line``; Telegram's plain messages (``_plain``); the
 console channel; the CLI's error and ``doctor`` output. A new way out should too.
 """

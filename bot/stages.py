@@ -61,8 +61,9 @@ class PostedRef:
 
 class Decisions(Protocol):
     """What an approval channel calls when an operator acts. Implemented by
-    ``bot.engine.Engine``. Each returns the draft after the transition, or ``None``
-    when the CAS did not match (double tap, old version, already decided)."""
+    ``bot.decisions.Decisions``, handed on by ``bot.engine.Engine``. Each returns the
+    draft after the transition, or ``None`` when the CAS did not match (double tap,
+    old version, already decided)."""
 
     async def approve(self, draft_id: int, version: int, actor: str) -> Draft | None: ...
     async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None: ...
@@ -98,6 +99,14 @@ class ApprovalChannel(Protocol):
     async def resync_cards(self) -> None:
         """Re-render cards whose last update failed (called at start and every tick).
         A channel that keeps no cards does nothing."""
+        ...
+
+    async def on_posted(self, draft: Draft) -> None:
+        """After ``draft``'s card is recorded as posted (a console may prompt here)."""
+        ...
+
+    async def discard(self, ref: PostedRef, draft: Draft) -> None:
+        """Take away a second card of ``draft`` (``ref``) that a tap made redundant."""
         ...
 
     async def stop(self) -> None: ...

@@ -368,7 +368,7 @@ async def test_when_one_drafting_worker_fails_the_others_stop_with_the_tick(worl
 async def test_a_tick_that_loses_its_pipeline_lock_stops_before_posting(world):
     """The lease could not be renewed and another process took the pipeline: this
     tick finishes the drafts in hand but posts nothing, so no two ticks overlap."""
-    world.engine.lock_ttl = 0.3
+    world.engine.leases.ttl = 0.3
     world.sources["alpha"].messages = [msg(1), msg(2)]
     entered, release = asyncio.Event(), asyncio.Event()
     plain = world.drafter.draft
@@ -383,7 +383,7 @@ async def test_a_tick_that_loses_its_pipeline_lock_stops_before_posting(world):
     await entered.wait()
     world.clock.t += 60  # the lease ran out; another host takes the pipeline
     assert await world.store.try_lock("pipeline:alpha", "otherhost:1:x", 60, now=world.clock())
-    await asyncio.wait_for(world.engine._lock_lost["alpha"].wait(), 10)
+    await asyncio.wait_for(world.engine.leases.lost["alpha"].wait(), 10)
     release.set()
     await tick
     assert world.channel.posts == []
@@ -417,7 +417,7 @@ async def test_a_pipeline_whose_schedule_fails_is_reported_and_retried_not_silen
     world.channel.notify = notify
     alpha = world.engine.pipeline("alpha")
     stop = asyncio.Event()
-    loop = asyncio.create_task(world.engine._supervised_loop(alpha, stop, restart_after=0.01))
+    loop = asyncio.create_task(world.engine.loop.supervised(alpha, stop, restart_after=0.01))
     await asyncio.wait_for(told.wait(), 10)
     await asyncio.wait_for(retried.wait(), 10)  # and it keeps trying
     stop.set()
@@ -709,7 +709,7 @@ def _dead_local_holder(nonce: str = "dead") -> str:
     import subprocess
     import sys
 
-    from bot.process import process_home
+    from bot.lease import process_home
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

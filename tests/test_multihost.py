@@ -193,7 +193,7 @@ async def test_sigkill_of_the_host_holding_a_draft_another_host_finishes_it_once
     host drafts it again, and the operator sees one card and sends one reply."""
     w = world
     # A healthy call ends inside its lease. Takeover is gated by the dead host's
-    # pipeline lock (Engine.lock_ttl, 15 s) more than by this lease, so a lease with
+    # pipeline lock (Leases.ttl, 15 s) more than by this lease, so a lease with
     # room to spare costs nothing and keeps a loaded machine from timing the call out
     # before the kill.
     cfg = w.deploy(lease="6s", model_timeout="4s")

@@ -699,7 +699,7 @@ async def test_a_second_card_after_a_lost_answer_goes_when_either_is_touched(wor
     d2 = await world.deliver(2)
     [orphan] = [m for m in fake.chat_messages(SUPPORT_CHAT) if m.message_id != left.message_id]
     assert await world.store.mark_posted(d2.id, 1, str(SUPPORT_CHAT), str(orphan.message_id))
-    after = await world.engine._post_one(world.settings.pipeline("support"), d2)
+    after = await world.engine.operators.post_card(world.settings.pipeline("support"), d2)
     assert after.approval_message_id == str(orphan.message_id)
     assert {m.message_id for m in fake.chat_messages(SUPPORT_CHAT)} == {left.message_id,
                                                                         orphan.message_id}

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from ..clock import utc_day
 from ..models import (
     APPROVED,
     DRAFTING,
@@ -94,10 +95,6 @@ def audit_row(t: float, actor: str, action: str, key: str | None, text: str | No
     """The INSERT of one audit row (sha256 of ``text`` when given)."""
     return AUDIT_SQL, (t, actor, action, key, None if text is None else sha256_text(text),
                        clean(scrub(detail)))
-
-
-def utc_day(t: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(t))
 
 
 def status_where(statuses: Iterable[str], pipeline: str | None) -> tuple[str, tuple]:
