@@ -338,6 +338,8 @@ class Soak:
 
     async def _all_up(self) -> bool:
         def up(i: int, h: Host) -> bool:
+            if h.proc.poll() is not None:
+                return False
             with h.log.open("rb") as f:
                 f.seek(self.log_start[i])
                 return b"draftgate running" in f.read()
@@ -415,15 +417,18 @@ class Soak:
     async def _supervise(self) -> None:
         """Restart every host that died; a death we did not cause is a finding."""
         while True:
-            for i, h in enumerate(list(self.hosts)):
-                code = h.proc.poll()
-                if code is None:
-                    continue
-                if not (code == -signal.SIGKILL and h.pid in self.killed):
-                    self.report.unexpected_exits.append(
-                        f"{h.name} pid {h.pid} exited with {code}: {h.text()[-1500:]}")
-                self._start_host(i)
+            self._restart_dead()
             await asyncio.sleep(0.2)
+
+    def _restart_dead(self) -> None:
+        for i, h in enumerate(list(self.hosts)):
+            code = h.proc.poll()
+            if code is None:
+                continue
+            if not (code == -signal.SIGKILL and h.pid in self.killed):
+                self.report.unexpected_exits.append(
+                    f"{h.name} pid {h.pid} exited with {code}: {h.text()[-1500:]}")
+            self._start_host(i)
 
     # -- kills ---------------------------------------------------------------------------------
     async def _kill_loop(self) -> None:
@@ -712,6 +717,9 @@ class Soak:
         audit = await self.view.rows("SELECT actor, action, draft_key, text_sha256 FROM audit")
         # A host restarted a moment ago is let finish starting: then SIGTERM stops it
         # cleanly (exit 0), which is judged too.
+        # A kill in the last moment of the chaos may have come after the supervisor's
+        # last look: such a host is started again here, so SIGTERM meets a live one.
+        self._restart_dead()
         await self._until(self._all_up, 60, "every host to finish starting")
         codes = await asyncio.gather(*(asyncio.to_thread(h.terminate) for h in self.hosts))
         rep.stop_codes = list(codes)
