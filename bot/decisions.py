@@ -21,6 +21,9 @@ from .sending import Sends
 from .stages import Sender
 from .store import Store, SweepResult
 
+#: The audit key under which a prompt message (chat, message id) records its draft.
+PROMPT_KEY = "prompt|{chat}|{message_id}"
+
 log = logging.getLogger("draftgate.engine")
 
 
@@ -34,18 +37,23 @@ class Decisions:
         self.drafting, self.sends, self._sender = drafting, sends, sender
         self.clock, self._spawn = clock, spawn
 
-    async def _require_configured(self, draft_id: int) -> Draft | None:
-        """The draft, refusing one whose pipeline left the configuration: it could be
-        approved but never sent (no sender), a silent dead end. Reject still works."""
-        d = await self.store.get_draft(draft_id)
+    async def _require_configured(self, draft_id: int, d: Draft | None = None) -> Draft | None:
+        """The draft (``d`` if the caller read it already), refusing one whose pipeline
+        left the configuration: it could be approved but never sent (no sender), a
+        silent dead end. Reject still works."""
+        if d is None or d.id != draft_id:
+            d = await self.store.get_draft(draft_id)
         if d is not None and not self.settings.has_pipeline(d.pipeline):
             raise ConfigError(
                 f"Pipeline {d.pipeline!r} is not configured any more: restore its YAML file "
                 "and restart to act on this draft (Reject still works).")
         return d
 
-    async def approve(self, draft_id: int, version: int, actor: str) -> Draft | None:
-        await self._require_configured(draft_id)
+    async def approve(self, draft_id: int, version: int, actor: str,
+                      draft: Draft | None = None) -> Draft | None:
+        """``draft``: the row the channel read to check the tap, so it is not read
+        again; the CAS below is the check that it is still this version, awaiting."""
+        await self._require_configured(draft_id, draft)
         d = await self.store.approve(draft_id, version, actor, now=self.clock())
         if d is None:
             return None
@@ -124,3 +132,39 @@ class Decisions:
             if fresh is not None and fresh.status == EXPIRED and self.settings.has_pipeline(d.pipeline):
                 await self.operators.update_card(fresh)
         return result
+
+    # -- what a channel reads and records (a channel never touches the store itself) -----
+    async def draft(self, draft_id: int) -> Draft | None:
+        """The draft as stored now (None: there is none)."""
+        return await self.store.get_draft(draft_id)
+
+    async def record_prompt(self, chat: int | str, message_id: int | str, record: str,
+                            actor: str) -> None:
+        """Remember what a prompt message asks about (``record``, the channel's own
+        format), so a reply to it finds its draft, also after a restart."""
+        await self.store.audit(actor, "prompt", detail=record,
+                               draft_key=PROMPT_KEY.format(chat=chat, message_id=message_id))
+
+    async def prompt_record(self, chat: int | str, message_id: int | str) -> str | None:
+        """What :meth:`record_prompt` kept for that message (None: not a prompt)."""
+        entries = await self.store.audit_log(
+            draft_key=PROMPT_KEY.format(chat=chat, message_id=message_id), limit=1)
+        return entries[0].detail if entries else None
+
+    async def adopt_card(self, d: Draft, chat: str, message_id: str) -> Draft:
+        """A card of ``d``'s version exists (an operator tapped it) though ``d`` still
+        waits to be posted: Telegram delivered a post whose answer was lost. That card
+        becomes its card, so no second one is posted. The draft afterwards."""
+        adopted = await self.store.mark_posted(d.id, d.version, chat, message_id)
+        if adopted is None:
+            return await self.store.get_draft(d.id) or d
+        log.info("#%d: adopted card %s/%s, whose post had looked failed", d.id, chat, message_id)
+        return adopted
+
+    async def card_stale(self, draft_id: int, stale: bool) -> None:
+        """Remember (or forget) that ``draft_id``'s card shows an old state."""
+        await self.store.mark_card_stale(draft_id, stale)
+
+    async def stale_cards(self, limit: int = 50) -> list[Draft]:
+        """Drafts whose card shows an old state, oldest first."""
+        return await self.store.stale_cards(limit=limit)

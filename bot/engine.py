@@ -86,6 +86,8 @@ class Engine:
         d = self.decisions
         self.approve, self.edit, self.regenerate = d.approve, d.edit, d.regenerate
         self.reject, self.retry_send = d.reject, d.retry_send
+        self.draft, self.record_prompt, self.prompt_record = d.draft, d.record_prompt, d.prompt_record
+        self.adopt_card, self.card_stale, self.stale_cards = d.adopt_card, d.card_stale, d.stale_cards
         self.notify, self.run_forever = self.operators.notify, self.loop.run_forever
 
     # -- stages (each built once, on first use) ------------------------------------------
@@ -104,6 +106,9 @@ class Engine:
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
         """Recover from a crash, start the approval channels, post what waits."""
+        for ch in self.operators.running():
+            if (bind := getattr(ch, "bind", None)) is not None:
+                bind(self)  # recovery may update its cards already
         await self.sends.recover()
         for ch in self.operators.running():
             await ch.start(self)

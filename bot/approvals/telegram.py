@@ -161,6 +161,11 @@ class TelegramChannel(ApprovalChannelBase):
         app.add_error_handler(self._on_error)
         return app
 
+    def bind(self, decisions: Decisions) -> None:
+        """What the channel reads and records goes through ``decisions`` (never the
+        store): bound before the engine's recovery, which may update cards."""
+        self.decisions = decisions
+
     async def start(self, decisions: Decisions) -> None:
         """Connect and start receiving updates. If Telegram cannot be reached, keep
         trying in the background: drafts wait in ``ready`` meanwhile."""
@@ -343,7 +348,7 @@ class TelegramChannel(ApprovalChannelBase):
         arrive out of order still end on the latest state. False if the edit failed: the
         card is then marked stale in the store, and :meth:`resync_cards` tries again."""
         async with self._lock(draft.id):
-            fresh = await self.store.get_draft(draft.id) or draft
+            fresh = await self.decisions.draft(draft.id) or draft
             ref = card_ref(fresh)
             ok = True
             if ref is not None:
@@ -363,7 +368,7 @@ class TelegramChannel(ApprovalChannelBase):
                                 "tick): %s", draft.id, exc)
             if fresh.card_stale == ok:  # the flag changes: stale now, or put right
                 try:
-                    await self.store.mark_card_stale(fresh.id, not ok)
+                    await self.decisions.card_stale(fresh.id, not ok)
                 except Exception as exc:
                     log.warning("could not record the card state of #%d: %s", draft.id, exc)
             if ok and fresh.status in TERMINAL_STATUSES:
@@ -377,7 +382,7 @@ class TelegramChannel(ApprovalChannelBase):
         on every tick; stops at the first failure, since Telegram is still in trouble."""
         if not self._connected:
             return
-        for d in await self.store.stale_cards(limit=50):
+        for d in await self.decisions.stale_cards(limit=50):
             if not await self.update(d):
                 return
 

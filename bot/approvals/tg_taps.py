@@ -3,7 +3,9 @@
 One CallbackQueryHandler per action family (data ``<action>:<draft id>:<version>``)
 and a last one for any other data; every query is answered. A tap acts only on the
 draft whose card (or notice) was tapped, through the engine's compare-and-set
-decisions. A prompt is known by its message id, recorded in the store when it is sent.
+decisions. A prompt is known by its message id, recorded (through the decisions) when
+it is sent. The channel never touches the store: it reads and records through
+``ch.decisions``.
 """
 
 from __future__ import annotations
@@ -47,11 +49,6 @@ Context = ContextTypes.DEFAULT_TYPE
 #: What a family decides once the tap is checked: (channel, query, callback, draft,
 #: chat id) -> the answer shown to the operator.
 Decide = Callable[[Any, Any, cards.Callback, Draft, int], Awaitable[str]]
-
-
-def prompt_key(chat_id: int, message_id: int) -> str:
-    """The audit key under which a prompt message's draft and version are recorded."""
-    return f"prompt|{chat_id}|{message_id}"
 
 
 async def _answered(ch: Any, query: Any, tap: Awaitable[str]) -> None:
@@ -104,7 +101,7 @@ async def _tap(ch: Any, query: Any, decide: Decide) -> str:
     except cards.BadCallback as exc:
         log.info("ignored callback data from user %s: %s", query.from_user.id, exc)
         return str(exc)
-    draft = await ch.store.get_draft(cb.draft_id)
+    draft = await ch.decisions.draft(cb.draft_id)
     message = query.message  # None: too old for Telegram to say which (no chat allows it)
     chat_id: int | None = message.chat.id if message is not None else None
     if draft is None or chat_id is None or not ch.chat_allowed(draft, chat_id, cb.action):
@@ -158,11 +155,7 @@ async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
         # A card of exactly this version exists (the tap came from it) though the
         # draft still waits to be posted: that card is its card. An older card
         # recorded for an earlier version does not change that.
-        adopted = await ch.store.mark_posted(draft.id, draft.version, str(chat_id), str(mid))
-        if adopted is None:
-            return await ch.store.get_draft(draft.id) or draft
-        log.info("#%d: adopted card %s/%s, whose post had looked failed", draft.id,
-                 chat_id, mid)
+        adopted: Draft = await ch.decisions.adopt_card(draft, str(chat_id), str(mid))
         return adopted
     ref = card_ref(draft)
     if draft.approval_message_id is None or ref is None or ref == (chat_id, mid):
@@ -177,7 +170,8 @@ async def _approve(ch: Any, query: Any, cb: cards.Callback, draft: Draft,
                    chat_id: int) -> str:
     if draft.status != AWAITING:
         return already(draft)
-    after = await ch.decisions.approve(draft.id, cb.version, actor(query.from_user))
+    # The draft read to check the tap goes with it: the decision does not read it again.
+    after = await ch.decisions.approve(draft.id, cb.version, actor(query.from_user), draft)
     return await _sent(ch, draft, after) or {
         SENT: "✅ Sent.", SEND_FAILED: "❌ Send failed; see the card.",
         SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
@@ -188,7 +182,7 @@ async def _sent(ch: Any, draft: Draft, after: Draft | None) -> str | None:
     """After Approve or Retry send: why nothing happened (None: it did). A send's
     outcome is on the card already (the engine shows it); any other state is shown."""
     if after is None:
-        return already(await ch.store.get_draft(draft.id) or draft)
+        return already(await ch.decisions.draft(draft.id) or draft)
     if after.status not in (SENT, SEND_FAILED, SEND_UNKNOWN):
         await ch.update(after)
     return None
@@ -209,8 +203,9 @@ async def _prompt(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id
         allow_sending_without_reply=True)
     # The prompt is known by its message id from now on (and after a restart); its
     # text is never read back.
-    await ch.store.audit(actor(user), "prompt", draft_key=prompt_key(chat_id, prompt.message_id),
-                         detail=cards.prompt_record(kind, draft.id, draft.version))
+    await ch.decisions.record_prompt(chat_id, prompt.message_id,
+                                     cards.prompt_record(kind, draft.id, draft.version),
+                                     actor(user))
     return {cards.EDIT: "Reply to the prompt with the new text.",
             cards.REGENERATE: "Reply with an instruction, or /skip.",
             cards.REJECT: "Reply with a reason, or /skip."}[cb.action]
@@ -290,15 +285,14 @@ async def _prompt_of(ch: Any, chat_id: int, target: Any) -> tuple[str, int, Draf
     """(kind, version, draft) of the bot message replied to: a prompt recorded when it
     was sent, or a draft's recorded card (kind ``card`` = edit). What a message says is
     not enough: a notice can quote outside text that looks alike."""
-    entries = await ch.store.audit_log(draft_key=prompt_key(chat_id, target.message_id),
-                                       limit=1)
-    if entries and (parsed := cards.parse_prompt_record(entries[0].detail)) is not None:
+    record = await ch.decisions.prompt_record(chat_id, target.message_id)
+    if (parsed := cards.parse_prompt_record(record)) is not None:
         kind, draft_id, version = parsed
-        return kind, version, await ch.store.get_draft(draft_id)
+        return kind, version, await ch.decisions.draft(draft_id)
     named = cards.parse_card_header(target.text)
     if named is None:
         return None
-    draft = await ch.store.get_draft(named[0])
+    draft = await ch.decisions.draft(named[0])
     if draft is None or card_ref(draft) != (chat_id, target.message_id):
         return None
     return cards.PROMPT_CARD, named[1], draft
@@ -348,7 +342,7 @@ async def _apply(update: Update, context: Context, kind: str, draft: Draft, text
             text if text.startswith("Not ") else f"Not applied: {text}"))
         return
     if after is None:
-        fresh = await ch.store.get_draft(draft.id) or draft
+        fresh = await ch.decisions.draft(draft.id) or draft
         await msg.reply_text(do_quote=True, text=f"Not applied: {already(fresh)}")
         return
     await ch.update(after)
