@@ -180,8 +180,7 @@ def collect_settings(config_file: str | os.PathLike, *,
         settings.telegram = _telegram(ck, ck.mapping(data["telegram"], "telegram"))
     gmail = ck.mapping(data.get("gmail"), "gmail")
     ck.unknown(gmail, {"accounts"}, "gmail")
-    accounts = ck.mapping(gmail.get("accounts"), "gmail.accounts")
-    for name, acc in accounts.items():
+    for name, acc in ck.mapping(gmail.get("accounts"), "gmail.accounts").items():
         settings.gmail_accounts[str(name)] = _gmail_account(ck, acc, f"gmail.accounts.{name}")
     _models(ck, ck.mapping(data.get("models"), "models"), settings)
     seen_names: dict[str, str] = {}

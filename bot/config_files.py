@@ -121,8 +121,7 @@ def pipeline_files(ck: Checker, data: dict, base: Path) -> list[Path]:
         else:
             ck.error(where, f"expected a file name or a glob like pipelines/*.yaml, got "
                             f"{_kind(pat)} {pat!r}")
-    files: list[Path] = []
-    taken: set[Path] = set()  # one file matched by two patterns is loaded once
+    files: dict[Path, Path] = {}  # resolved: as matched; one matched twice is loaded once
     for where, pat in patterns:
         full = os.path.expanduser(pat)
         full = full if os.path.isabs(full) else str(base / full)
@@ -142,10 +141,8 @@ def pipeline_files(ck: Checker, data: dict, base: Path) -> list[Path]:
             if not os.path.isdir(folder):
                 ck.error(where, f"no pipeline files match {pat}: folder {folder} not found")
         for m in matched:
-            if Path(m).resolve() not in taken:
-                taken.add(Path(m).resolve())
-                files.append(Path(m))
+            files.setdefault(Path(m).resolve(), Path(m))
     if patterns and not files and not ck.errors:
         ck.error("pipelines", "no pipeline files match "
                  + ", ".join(pat for _, pat in patterns) + f" (in {base})")
-    return files
+    return list(files.values())
