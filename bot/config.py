@@ -8,14 +8,11 @@ once; a model's options are checked by its drafter, through :class:`Checker`.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from . import options as _options
 from .checker import (  # noqa: F401
@@ -28,6 +25,7 @@ from .checker import (  # noqa: F401
     parse_size,
     url_problem,
 )
+from .config_files import load_yaml, pipeline_files
 from .errors import ConfigError
 from .options import ApprovalOptions, DrafterOptions, FilterOptions, SenderOptions, SourceOptions
 from .redact import register as redact_register
@@ -99,8 +97,7 @@ class PipelineConfig:
 
     def path(self, value: str) -> Path:
         """A path from this pipeline's file, relative to the deployment directory."""
-        p = Path(os.path.expanduser(value))
-        return p if p.is_absolute() else self.base_dir / p
+        return _resolve(self.base_dir, value)
 
 
 @dataclass
@@ -130,8 +127,13 @@ class Settings:
         raise ConfigError(f"unknown pipeline {name!r}; known pipelines: {known}")
 
     def resolve(self, value: str) -> Path:
-        p = Path(os.path.expanduser(value))
-        return p if p.is_absolute() else self.base_dir / p
+        return _resolve(self.base_dir, value)
+
+
+def _resolve(base: Path, value: str) -> Path:
+    """``value`` with ~ expanded, relative to ``base`` unless absolute."""
+    p = Path(os.path.expanduser(value))
+    return p if p.is_absolute() else base / p
 
 
 #: Default ``max_per_tick``: enough for any normal tick, small enough that a flood or a
@@ -142,98 +144,6 @@ _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
                   "daily_token_budget", "enabled", "max_per_tick"}
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader without YAML 1.1's base-60 numbers (``schedule: 9:00`` would be 540,
-    every 9 minutes; here it stays the string "9:00" and is explained), and with
-    duplicate keys refused (YAML keeps the last one silently)."""
-
-
-_INT = "tag:yaml.org,2002:int"
-_FLOAT = "tag:yaml.org,2002:float"
-_NO_SEXAGESIMAL = {
-    _INT: re.compile(r"""^(?:[-+]?0b[0-1_]+
-                    |[-+]?0[0-7_]+
-                    |[-+]?(?:0|[1-9][0-9_]*)
-                    |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
-    _FLOAT: re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
-                    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
-                    |[-+]?\.(?:inf|Inf|INF)
-                    |\.(?:nan|NaN|NAN))$""", re.X),
-}
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, _NO_SEXAGESIMAL.get(tag, rx)) for tag, rx in resolvers]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, message: str, line: int):
-        super().__init__(message)
-        self.line = line
-
-
-def _check_duplicate_keys(node: yaml.Node) -> None:
-    """Raise _DuplicateKey for the first mapping that names a key twice (merge keys
-    ``<<`` excepted: overriding a merged key is what they are for)."""
-    todo, done = [node], set()
-    while todo:
-        n = todo.pop()
-        if id(n) in done:
-            continue
-        done.add(id(n))
-        if isinstance(n, yaml.MappingNode):
-            first: dict[tuple[str, str], int] = {}
-            for key, value in n.value:
-                todo.append(value)
-                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
-                    continue
-                line = key.start_mark.line + 1
-                if (key.tag, key.value) in first:
-                    raise _DuplicateKey(
-                        f"duplicate key {key.value!r} (first on line "
-                        f"{first[(key.tag, key.value)]}); YAML would silently keep only the "
-                        f"last one, so delete or rename one of them", line)
-                first[(key.tag, key.value)] = line
-        elif isinstance(n, yaml.SequenceNode):
-            todo.extend(n.value)
-
-
-def _load_yaml(path: Path, ck: Checker) -> Any:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        ck.error("", "file not found; create it or pass another with -c FILE")
-        return None
-    except IsADirectoryError:
-        ck.error("", "is a folder; expected a YAML file")
-        return None
-    except OSError as exc:
-        ck.error("", f"cannot read: {exc.strerror or exc}")
-        return None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        ck.error("", f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-                     f"save it as UTF-8")
-        return None
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _check_duplicate_keys(node)
-        return loader.construct_document(node)
-    except _DuplicateKey as exc:
-        ck.error("", f"line {exc.line}: {exc}")
-        return None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        ck.error("", f"{where}not valid YAML: {getattr(exc, 'problem', exc)}")
-        return None
-    finally:
-        loader.dispose()
 
 
 def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] | None = None
@@ -255,11 +165,42 @@ def collect_settings(config_file: str | os.PathLike, *,
     base = path.parent.resolve()
     errors: list[str] = []
     ck = Checker(str(config_file), errors)
-    raw = _load_yaml(path, ck)
+    raw = load_yaml(path, ck)
     if errors:
         return None, errors
     data = ck.mapping(raw, "")
     ck.unknown(data, _TOP_KEYS, "")
+    settings = Settings(file=str(config_file), base_dir=base, store=_store(ck, data, base),
+                        pipelines=[])
+    settings.max_in_flight = ck.get(data, "max_in_flight", "", int, default=8)
+    if settings.max_in_flight is not None and settings.max_in_flight < 1:
+        ck.error("max_in_flight", "expected a whole number of at least 1")
+    _sweep(ck, ck.mapping(data.get("sweep"), "sweep"), settings)
+    if "telegram" in data and data["telegram"] is not None:
+        settings.telegram = _telegram(ck, ck.mapping(data["telegram"], "telegram"))
+    gmail = ck.mapping(data.get("gmail"), "gmail")
+    ck.unknown(gmail, {"accounts"}, "gmail")
+    for name, acc in ck.mapping(gmail.get("accounts"), "gmail.accounts").items():
+        settings.gmail_accounts[str(name)] = _gmail_account(ck, acc, f"gmail.accounts.{name}")
+    _models(ck, ck.mapping(data.get("models"), "models"), settings)
+    seen_names: dict[str, str] = {}
+    for f in pipeline_files(ck, data, base):
+        rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
+        pck = Checker(rel, errors)
+        p = _pipeline(pck, load_yaml(f, pck), settings, base)
+        if p is None or (only_pipelines is not None and p.name not in only_pipelines):
+            continue
+        if p.name in seen_names:
+            pck.error("name", f"duplicate pipeline name {p.name!r}, already used in "
+                              f"{seen_names[p.name]}; each pipeline needs its own name")
+            continue
+        seen_names[p.name] = rel
+        settings.pipelines.append(p)
+    return settings, errors
+
+
+def _store(ck: Checker, data: dict, base: Path) -> str:
+    """``store:``, a sqlite path made absolute against the deployment's folder."""
     store = ck.get(data, "store", "", str, default="sqlite:///draftgate.db")
     known_scheme = bool(store) and store.startswith(("sqlite://", "postgresql://", "postgres://"))
     if store and not known_scheme:
@@ -285,13 +226,10 @@ def collect_settings(config_file: str | os.PathLike, *,
             create_store(store)
         except (StoreError, ValueError) as exc:
             ck.error("store", str(exc))
+    return store or ""
 
-    settings = Settings(file=str(config_file), base_dir=base, store=store or "", pipelines=[])
-    settings.max_in_flight = ck.get(data, "max_in_flight", "", int, default=8)
-    if settings.max_in_flight is not None and settings.max_in_flight < 1:
-        ck.error("max_in_flight", "expected a whole number of at least 1")
 
-    sweep = ck.mapping(data.get("sweep"), "sweep")
+def _sweep(ck: Checker, sweep: dict, settings: Settings) -> None:
     ck.unknown(sweep, {"seen_ttl_days", "approval_ttl_days", "runs_keep_days", "every"}, "sweep")
     for key, default in (("seen_ttl_days", 90.0), ("approval_ttl_days", None),
                          ("runs_keep_days", 30.0)):
@@ -307,16 +245,8 @@ def collect_settings(config_file: str | os.PathLike, *,
                                 f"{sweep['every']!r}; the sweep would run without pause")
     settings.sweep_every = every if every is not None else 86400.0
 
-    if "telegram" in data and data["telegram"] is not None:
-        settings.telegram = _telegram(ck, ck.mapping(data["telegram"], "telegram"))
 
-    gmail = ck.mapping(data.get("gmail"), "gmail")
-    ck.unknown(gmail, {"accounts"}, "gmail")
-    accounts = ck.mapping(gmail.get("accounts"), "gmail.accounts")
-    for name, acc in accounts.items():
-        settings.gmail_accounts[str(name)] = _gmail_account(ck, acc, f"gmail.accounts.{name}")
-
-    models = ck.mapping(data.get("models"), "models")
+def _models(ck: Checker, models: dict, settings: Settings) -> None:
     for name, m in models.items():
         m = ck.mapping(m, f"models.{name}")
         provider = ck.get(m, "provider", f"models.{name}", str, choices=PROVIDERS)
@@ -325,62 +255,6 @@ def collect_settings(config_file: str | os.PathLike, *,
     if "template" not in settings.models:
         # The offline drafter is always available under this name.
         settings.models["template"] = ModelConfig("template", "template", {"provider": "template"})
-
-    pattern = ck.get(data, "pipelines", "", (str, list), default="pipelines/*.yaml")
-    if isinstance(pattern, list) and not pattern:
-        ck.error("pipelines", "expected at least one pipeline file or glob, like "
-                              "pipelines/*.yaml")
-    patterns: list[tuple[str, str]] = []  # (key path, pattern)
-    for i, pat in enumerate([pattern] if isinstance(pattern, str) else pattern or []):
-        where = "pipelines" if isinstance(pattern, str) else f"pipelines[{i}]"
-        if isinstance(pat, str) and pat.strip():
-            patterns.append((where, pat))
-        else:
-            ck.error(where, f"expected a file name or a glob like pipelines/*.yaml, got "
-                            f"{_kind(pat)} {pat!r}")
-    files: list[Path] = []
-    taken: set[Path] = set()  # one file matched by two patterns is loaded once
-    for where, pat in patterns:
-        full = os.path.expanduser(pat)
-        full = full if os.path.isabs(full) else str(base / full)
-        if not glob.has_magic(pat):
-            if os.path.isdir(full):
-                ck.error(where, f"{pat} is a folder; name its files with a glob like "
-                                f"{pat.rstrip('/')}/*.yaml")
-            elif not os.path.exists(full):
-                ck.error(where, f"{pat}: file not found (looked for {full})")
-        matched = [m for m in sorted(glob.glob(full)) if not os.path.isdir(m)]
-        if not matched and glob.has_magic(pat):
-            # A glob may well match nothing (*.yml beside *.yaml); a folder that does
-            # not exist is a typo (pipelnes/*.yaml) and is named.
-            folder = full
-            while glob.has_magic(folder):
-                folder = os.path.dirname(folder)
-            if not os.path.isdir(folder):
-                ck.error(where, f"no pipeline files match {pat}: folder {folder} not found")
-        for m in matched:
-            if Path(m).resolve() not in taken:
-                taken.add(Path(m).resolve())
-                files.append(Path(m))
-    if patterns and not files and not errors:
-        ck.error("pipelines", "no pipeline files match "
-                 + ", ".join(pat for _, pat in patterns) + f" (in {base})")
-    seen_names: dict[str, str] = {}
-    for f in files:
-        rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
-        pck = Checker(rel, errors)
-        p = _pipeline(pck, _load_yaml(f, pck), settings, base)
-        if p is None:
-            continue
-        if only_pipelines is not None and p.name not in only_pipelines:
-            continue
-        if p.name in seen_names:
-            pck.error("name", f"duplicate pipeline name {p.name!r}, already used in "
-                              f"{seen_names[p.name]}; each pipeline needs its own name")
-            continue
-        seen_names[p.name] = rel
-        settings.pipelines.append(p)
-    return settings, errors
 
 
 _GMAIL_ACCOUNT_KEYS = ("token_file", "address", "api_endpoint", "timeout", "backoff",
@@ -481,6 +355,42 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     name = ck.get(data, "name", "", str)
     if name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         ck.error("name", f"expected letters, digits, '-', '_' or '.', got {name!r}")
+    schedule, interval, cron = _schedule(ck, data)
+    raw_source = data.get("source")  # its account is the default of sender.account
+    ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
+                           raw_source.get("account") if isinstance(raw_source, dict) else None)
+    source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
+    filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
+    drafter = _drafter(ck, data, settings, base)
+    approval = _approval(ck, ck.mapping(data.get("approval"), "approval"), settings)
+    sender = _stage(ck, data, "sender", SENDER_TYPES, ctx)
+    recipe = ck.get(data, "recipe", "", (str, int), default="v1")
+    if recipe is not None and "|" in str(recipe):
+        ck.error("recipe", "must not contain '|'")
+    budget = ck.get(data, "daily_token_budget", "", int, default=None)
+    if budget == 0:
+        budget = None  # 0 means no budget, as leaving it out does
+    elif budget is not None and budget < 1:
+        ck.error("daily_token_budget", f"expected a whole number of tokens (0 or left out: "
+                                       f"no budget), got {budget}")
+    catchup, catchup_max = _catchup(ck, data)
+    lease, max_attempts, max_per_tick = _limits(ck, data)
+    if name is None:
+        return None
+    return PipelineConfig(
+        name=name, file=ck.file, schedule=str(schedule), interval=interval, cron=cron,
+        source=source, filters=filters, drafter=drafter,
+        recipe=str(recipe), approval=approval, sender=sender,
+        lease=600.0 if lease is None else lease, max_attempts=max_attempts or 3,
+        mark_seen=ck.get(data, "mark_seen", "", str, default="at_fetch", choices=MARK_SEEN),
+        catchup=catchup or "latest", catchup_max=catchup_max or 24,
+        daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
+        base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK,
+    )
+
+
+def _schedule(ck: Checker, data: dict) -> tuple[Any, float | None, str | None]:
+    """``schedule:`` as written, and its interval in seconds or its cron expression."""
     schedule = ck.get(data, "schedule", "", (str, int, float), default="5m")
     interval = cron = None
     bare = _DURATION.match(str(schedule))
@@ -506,13 +416,10 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
             ck.error("schedule", f"expected an interval like 5m or a cron expression like "
                                  f"'0 9 * * MON-FRI': {problem}")
         cron = schedule
+    return schedule, interval, cron
 
-    raw_source = data.get("source")  # its account is the default of sender.account
-    ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
-                           raw_source.get("account") if isinstance(raw_source, dict) else None)
-    source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
-    filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
 
+def _drafter(ck: Checker, data: dict, settings: Settings, base: Path) -> DrafterOptions:
     drafter = _options.parse_drafter(ck, ck.mapping(data.get("drafter"), "drafter"))
     if drafter.model and drafter.model not in settings.models:
         ck.error("drafter.model", f"unknown model {drafter.model!r}; define it under models in "
@@ -522,19 +429,19 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         ck.error("drafter.max_input", f"expected at least 200 characters of email, got "
                                       f"{drafter.max_input}")
     if drafter.prompt:
-        # Resolved exactly as PipelineConfig.path does when the drafter reads it.
-        found = Path(os.path.expanduser(drafter.prompt))
-        found = found if found.is_absolute() else base / found
+        found = _resolve(base, drafter.prompt)  # as PipelineConfig.path, when the drafter reads it
         if found.is_dir():
             ck.error("drafter.prompt", f"{drafter.prompt} is a folder ({found}); expected a file")
         elif not found.is_file():
             ck.error("drafter.prompt", f"file not found: {drafter.prompt} (looked for {found})")
+    return drafter
 
-    raw_approval = ck.mapping(data.get("approval"), "approval")
-    ck.unknown(raw_approval, {"channel", "chat"}, "approval")
-    channel = ck.get(raw_approval, "channel", "approval", str, default=ApprovalOptions.channel,
+
+def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
+    ck.unknown(raw, {"channel", "chat"}, "approval")
+    channel = ck.get(raw, "channel", "approval", str, default=ApprovalOptions.channel,
                      choices=CHANNELS)
-    chat = raw_approval.get("chat")
+    chat = raw.get("chat")
     if chat is not None and _chat_id(chat) is None:
         ck.error("approval.chat", f"expected a numeric Telegram chat id (like 123456789, or "
                                   f"-1001234567890 for a group), got {_kind(chat)} {chat!r}")
@@ -544,30 +451,25 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         elif chat is None and settings.telegram.approvals_chat is None:
             ck.error("approval.chat", f"missing; set the chat id here, or "
                                       f"telegram.approvals_chat in {settings.file}")
-    approval = ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat))
+    return ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat))
 
-    sender = _stage(ck, data, "sender", SENDER_TYPES, ctx)
 
-    recipe = ck.get(data, "recipe", "", (str, int), default="v1")
-    if recipe is not None and "|" in str(recipe):
-        ck.error("recipe", "must not contain '|'")
-    budget = ck.get(data, "daily_token_budget", "", int, default=None)
-    if budget == 0:
-        budget = None  # 0 means no budget, as leaving it out does
-    elif budget is not None and budget < 1:
-        ck.error("daily_token_budget", f"expected a whole number of tokens (0 or left out: "
-                                       f"no budget), got {budget}")
+def _catchup(ck: Checker, data: dict) -> tuple[str | None, int | None]:
+    """``catchup:``, a policy or ``{policy, max}``: the policy and the most slots."""
     catchup = data.get("catchup", "latest")
-    catchup_max = 24
-    if isinstance(catchup, dict):
-        ck.unknown(catchup, {"policy", "max"}, "catchup")
-        catchup_max = ck.get(catchup, "max", "catchup", int, default=24)
-        if catchup_max is not None and catchup_max < 1:
-            ck.error("catchup.max", f"expected a whole number of slots of at least 1, got "
-                                    f"{catchup_max}")
-        catchup = ck.get(catchup, "policy", "catchup", str, default="latest", choices=CATCHUP_POLICIES)
-    else:
-        catchup = ck.get(data, "catchup", "", str, default="latest", choices=CATCHUP_POLICIES)
+    if not isinstance(catchup, dict):
+        return ck.get(data, "catchup", "", str, default="latest", choices=CATCHUP_POLICIES), 24
+    ck.unknown(catchup, {"policy", "max"}, "catchup")
+    catchup_max = ck.get(catchup, "max", "catchup", int, default=24)
+    if catchup_max is not None and catchup_max < 1:
+        ck.error("catchup.max", f"expected a whole number of slots of at least 1, got "
+                                f"{catchup_max}")
+    return ck.get(catchup, "policy", "catchup", str, default="latest",
+                  choices=CATCHUP_POLICIES), catchup_max
+
+
+def _limits(ck: Checker, data: dict) -> tuple[float | None, int | None, int | None]:
+    """``lease``, ``max_attempts`` and ``max_per_tick``, as far as they are valid."""
     lease = ck.convert(data, "lease", "", parse_duration, default=600.0)
     if lease is not None and lease <= 0:
         ck.error("lease", f"expected a duration above 0 like 10m, got {data['lease']!r}; a "
@@ -580,18 +482,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         ck.error("max_per_tick", f"expected a whole number of messages of at least 1, like "
                                  f"{DEFAULT_MAX_PER_TICK}, got {max_per_tick}; it bounds how "
                                  f"many new items one tick fetches (the rest come next tick)")
-    if name is None:
-        return None
-    return PipelineConfig(
-        name=name, file=ck.file, schedule=str(schedule), interval=interval, cron=cron,
-        source=source, filters=filters, drafter=drafter,
-        recipe=str(recipe), approval=approval, sender=sender,
-        lease=600.0 if lease is None else lease, max_attempts=max_attempts or 3,
-        mark_seen=ck.get(data, "mark_seen", "", str, default="at_fetch", choices=MARK_SEEN),
-        catchup=catchup or "latest", catchup_max=catchup_max or 24,
-        daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
-        base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK,
-    )
+    return lease, max_attempts, max_per_tick
 
 
 def _stage(ck: Checker, data: dict, key: str, types: tuple, ctx: _options.Context) -> Any:

@@ -271,43 +271,17 @@ def run_cli(args, out=None) -> int:
     try:
         scopes, token = _scopes_for(args, out)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"error: {exc}")
     if not token:
-        print("error: --token FILE is required (or --account NAME with a config that names "
-              "its token_file)", file=sys.stderr)
-        return 2
+        return _fail("error: --token FILE is required (or --account NAME with a config that "
+                     "names its token_file)")
     # Before the browser: a consent given for a token that cannot be saved is wasted.
     problem = token_path_problem(token)
     if problem:
-        print(f"error: --token {token}: {problem}", file=sys.stderr)
-        return 2
-    from google_auth_oauthlib.flow import InstalledAppFlow
-
-    download = ("download the OAuth client (Desktop app) JSON from Google Cloud Console > "
-                "APIs & Services > Credentials")
-    try:
-        flow = InstalledAppFlow.from_client_secrets_file(args.client_secrets, scopes=scopes)
-    except FileNotFoundError:
-        print(f"error: client secrets file {args.client_secrets} not found; {download}",
-              file=sys.stderr)
-        return 2
-    except IsADirectoryError:
-        print(f"error: --client-secrets {args.client_secrets} is a folder; name the JSON file "
-              f"in it (client_secret_....json)", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"error: cannot read the client secrets file {args.client_secrets}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except (ValueError, AttributeError, TypeError, KeyError) as exc:
-        # JSON that is not {"installed": {...}} reaches the library's own code as an
-        # AttributeError or TypeError; the message is the same as for its ValueErrors.
-        detail = str(exc) if isinstance(exc, ValueError) else "expected {\"installed\": " \
-            "{\"client_id\": ..., \"client_secret\": ..., ...}}"
-        print(f"error: {args.client_secrets} is not an OAuth client secrets file: {detail}; "
-              f"{download}", file=sys.stderr)
-        return 2
+        return _fail(f"error: --token {token}: {problem}")
+    flow = _flow(args.client_secrets, scopes)
+    if isinstance(flow, int):
+        return flow
     # oauthlib logs the token request's body (with the client secret) at DEBUG.
     redact.register_oauth(flow.client_config, "OAuth client")
     print("Requesting scopes: " + ", ".join(s.rsplit("/", 1)[-1] for s in scopes), file=out)
@@ -323,14 +297,11 @@ def run_cli(args, out=None) -> int:
             authorization_prompt_message=prompt, timeout_seconds=args.timeout,
             success_message="draftgate is authorised; you can close this tab.")
     except Exception as exc:  # oauthlib/requests errors: show the kind, never a token
-        print(f"error: authorisation failed: {type(exc).__name__}: {redact.scrub(str(exc))}",
-              file=sys.stderr)
-        return 1
+        return _fail(f"error: authorisation failed: {type(exc).__name__}: "
+                     f"{redact.scrub(str(exc))}", 1)
     if creds is None or not getattr(creds, "refresh_token", None):
-        print("error: Google returned no refresh token; remove draftgate's access at "
-              "https://myaccount.google.com/permissions and run this command again",
-              file=sys.stderr)
-        return 1
+        return _fail("error: Google returned no refresh token; remove draftgate's access at "
+                     "https://myaccount.google.com/permissions and run this command again", 1)
     granted = getattr(creds, "granted_scopes", None) or scopes
     if isinstance(granted, str):
         granted = granted.split()
@@ -339,17 +310,45 @@ def run_cli(args, out=None) -> int:
     try:
         write_token(token, json.dumps(data))
     except OSError as exc:  # checked before the flow; the folder changed since
-        print(f"error: the token could not be written to {token}: {exc.strerror or exc}; "
-              f"nothing was saved. Fix the folder and run this command again",
-              file=sys.stderr)
-        return 1
+        return _fail(f"error: the token could not be written to {token}: "
+                     f"{exc.strerror or exc}; nothing was saved. Fix the folder and run this "
+                     f"command again", 1)
     print(f"Token written to {token} (mode 0600).", file=out)
     missing = missing_scopes(granted, scopes)
     if missing:
-        print("error: access was granted without " + ", ".join(missing) + "; run this "
-              "command again and leave every requested permission ticked", file=sys.stderr)
-        return 1
+        return _fail("error: access was granted without " + ", ".join(missing) + "; run this "
+                     "command again and leave every requested permission ticked", 1)
     return 0
+
+
+def _flow(client_secrets: str, scopes: list[str]):
+    """The installed-app flow for the OAuth client file, or the exit code (explained)."""
+    from google_auth_oauthlib.flow import InstalledAppFlow
+
+    download = ("download the OAuth client (Desktop app) JSON from Google Cloud Console > "
+                "APIs & Services > Credentials")
+    try:
+        return InstalledAppFlow.from_client_secrets_file(client_secrets, scopes=scopes)
+    except FileNotFoundError:
+        return _fail(f"error: client secrets file {client_secrets} not found; {download}")
+    except IsADirectoryError:
+        return _fail(f"error: --client-secrets {client_secrets} is a folder; name the JSON "
+                     f"file in it (client_secret_....json)")
+    except OSError as exc:
+        return _fail(f"error: cannot read the client secrets file {client_secrets}: "
+                     f"{exc.strerror or exc}")
+    except (ValueError, AttributeError, TypeError, KeyError) as exc:
+        # JSON that is not {"installed": {...}} reaches the library's own code as an
+        # AttributeError or TypeError; the message is the same as for its ValueErrors.
+        detail = str(exc) if isinstance(exc, ValueError) else "expected {\"installed\": " \
+            "{\"client_id\": ..., \"client_secret\": ..., ...}}"
+        return _fail(f"error: {client_secrets} is not an OAuth client secrets file: {detail}; "
+                     f"{download}")
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(message, file=sys.stderr)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

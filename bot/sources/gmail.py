@@ -34,7 +34,7 @@ an unparseable message becomes a skipped item with the reason.
 At most ``ctx.limit`` (the pipeline's ``max_per_tick``) unseen ids are downloaded per
 tick, oldest first. The ids found but not taken (new in history, listed for a backfill
 or a resync) are kept in the cursor as ``"backlog": [[id, kind], ...]`` (see
-:data:`_KINDS`); the next tick takes them before anything history adds after them.
+:data:`.gmail_cursor._KINDS`); the next tick takes them before anything history adds after them.
 So the historyId always moves on, nothing found is skipped, and memory and the
 cursor hold ids, never bodies, for what waits.
 
@@ -55,14 +55,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from .. import filters as _filters
 from ..config import PipelineConfig, Settings
@@ -72,15 +69,11 @@ from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message
 from ..options import FilterOptions, GmailSourceOptions, expect
 from ..stages import FetchContext
+from .gmail_cursor import Cursor, join_queues
 
 log = logging.getLogger("draftgate.sources.gmail")
 
 _NEVER = {"SENT", "DRAFT", "SPAM", "TRASH", "CHAT"}
-# Kinds of backlog entries (ids found but not taken yet because of max_per_tick):
-# "h" new in history (still to be matched against the query), "b" listed by the query
-# for a backfill (taken as they are), "r" listed by the query in a resync (taken
-# unless they arrived before the first run).
-_KINDS = {"h", "b", "r"}
 _PAGE = 500  # Gmail's maximum page size for list and history
 # How far before the last successful sync the history-expired fallback still lists:
 # clock differences between this host and Gmail, and mail stamped before it arrived.
@@ -95,91 +88,6 @@ RECHECK_WINDOW = 900.0
 # The most ids the cursor keeps to re-check (the oldest go first, logged): about 20 kB
 # of cursor, one page of search results.
 RECHECK_MAX = 500
-
-
-@dataclass
-class _Cursor:
-    """The stored sync position; see the module docstring."""
-
-    history_id: str
-    synced: float | None = None  # when history_id was current (taken before the call)
-    first: float | None = None  # when the first run took its cursor
-    # (gmail id, internalDate in ms): candidates the search has not returned yet
-    recheck: list[tuple[str, int]] = field(default_factory=list)
-    # (gmail id, kind), oldest first: found but not taken yet (max_per_tick); see _take
-    backlog: list[tuple[str, str]] = field(default_factory=list)
-
-    @classmethod
-    def parse(cls, value: str) -> "_Cursor":
-        value = value.strip()
-        if not value.startswith("{"):
-            return cls(value)  # a bare historyId, as stored before
-        try:
-            data = json.loads(value)
-            return cls(str(data.get("historyId") or ""), _seconds(data.get("synced")),
-                       _seconds(data.get("first")), _recheck(data.get("recheck")),
-                       _backlog(data.get("backlog")))
-        except (ValueError, AttributeError):
-            log.warning("gmail: unreadable stored cursor %r; resyncing by query", value[:80])
-            return cls("")  # the fallback (bounded by resync_window) takes it from here
-
-    def dump(self) -> str:
-        data: dict[str, Any] = {"historyId": self.history_id}
-        if self.synced is not None:
-            data["synced"] = self.synced
-        if self.first is not None:
-            data["first"] = self.first  # unrounded: compared with internalDate in ms
-        if self.recheck:
-            data["recheck"] = [[gid, date] for gid, date in self.recheck]
-        if self.backlog:
-            data["backlog"] = [[gid, kind] for gid, kind in self.backlog]
-        return json.dumps(data, separators=(",", ":"))
-
-
-def _seconds(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else None
-
-
-def _recheck(value: Any) -> list[tuple[str, int]]:
-    """The stored ``recheck`` list; entries that are not [id, ms] are left out (logged)."""
-    out: list[tuple[str, int]] = []
-    if value is not None and not isinstance(value, list):
-        log.warning("gmail: unreadable re-check list %r in the stored cursor; left out",
-                    value)
-    for entry in value if isinstance(value, list) else []:
-        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) \
-                and entry[0] and _seconds(entry[1]) is not None:
-            out.append((entry[0], int(entry[1])))
-        else:
-            log.warning("gmail: unreadable re-check entry %r in the stored cursor; left out",
-                        entry)
-    return out
-
-
-def _backlog(value: Any) -> list[tuple[str, str]]:
-    """The stored ``backlog``; an entry that is not [id, kind] is left out (logged)."""
-    out: list[tuple[str, str]] = []
-    if value is not None and not isinstance(value, list):
-        log.warning("gmail: unreadable backlog %r in the stored cursor; left out",
-                    str(value)[:80])
-    for entry in value if isinstance(value, list) else []:
-        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) \
-                and entry[0] and entry[1] in _KINDS:
-            out.append((entry[0], entry[1]))
-        else:
-            log.warning("gmail: unreadable backlog entry %r in the stored cursor; left out",
-                        entry)
-    return out
-
-
-def _queue(*lists: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The lists joined in order, each id once (its first place and kind)."""
-    out: dict[str, str] = {}
-    for entries in lists:
-        for gid, kind in entries:
-            out.setdefault(gid, kind)
-    return list(out.items())
 
 
 class GmailSource:
@@ -368,7 +276,7 @@ class GmailSource:
         if not ctx.cursor:
             result = await self._first_run(ctx)
         else:
-            stored = _Cursor.parse(ctx.cursor)
+            stored = Cursor.parse(ctx.cursor)
             try:
                 if not stored.history_id:
                     raise NotFound("no historyId in the stored cursor", 404)
@@ -378,7 +286,7 @@ class GmailSource:
         result.api_calls = self.client.calls - start_calls
         return result
 
-    async def _incremental(self, ctx: FetchContext, stored: _Cursor) -> FetchResult:
+    async def _incremental(self, ctx: FetchContext, stored: Cursor) -> FetchResult:
         label_id = await self._label()
         candidates: dict[str, None] = {}  # insertion-ordered set: O(1) per history entry
         started = time.time()  # every record after the cursor below is newer than this
@@ -405,10 +313,10 @@ class GmailSource:
             if not token:
                 break
 
-        cursor = _Cursor(history_id, synced=started, first=stored.first)
+        cursor = Cursor(history_id, synced=started, first=stored.first)
         if not candidates and not stored.recheck and not stored.backlog:
             return FetchResult([], cursor=cursor.dump())  # idle: the one history.list
-        queue = _queue(stored.backlog, [(gid, "h") for gid in candidates])
+        queue = join_queues(stored.backlog, [(gid, "h") for gid in candidates])
         items, cursor.recheck, cursor.backlog = await self._take(
             ctx, queue, stored.recheck, label_id, stored.first)
         return FetchResult(items, cursor=cursor.dump(), more=bool(cursor.backlog))
@@ -519,7 +427,7 @@ class GmailSource:
         label_id = await self._label()
         started = time.time()
         history_id = str((await self._profile())["historyId"])  # before listing: nothing missed
-        cursor = _Cursor(history_id, synced=started, first=started).dump()
+        cursor = Cursor(history_id, synced=started, first=started).dump()
         if not self.backfill:
             return FetchResult([], cursor=cursor,
                                note="first run: cursor recorded, old mail not drafted "
@@ -528,12 +436,12 @@ class GmailSource:
         # Listed newest first; drafted oldest first, max_per_tick per tick.
         items, _, rest = await self._take(ctx, [(gid, "b") for gid in reversed(ids)], [],
                                           label_id, None, progress=True)
-        cursor = _Cursor(history_id, synced=started, first=started, backlog=rest).dump()
+        cursor = Cursor(history_id, synced=started, first=started, backlog=rest).dump()
         later = f", {len(rest)} more on the next ticks" if rest else ""
         return FetchResult(items, cursor=cursor, more=bool(rest),
                            note=f"first run: cursor recorded, {len(items)} backfilled{later}")
 
-    async def _resync(self, ctx: FetchContext, stored: _Cursor) -> FetchResult:
+    async def _resync(self, ctx: FetchContext, stored: Cursor) -> FetchResult:
         """history.list said 404: the stored historyId is too old. List the query back
         to the last successful sync (less a margin; at most ``resync_window``, never
         before the first run) and admit whatever is not seen yet."""
@@ -555,10 +463,10 @@ class GmailSource:
         returned = set(listed)
         keep = [(gid, d) for gid, d in stored.recheck if gid not in returned]
         items, again, rest = await self._take(
-            ctx, _queue(stored.backlog, [(gid, "r") for gid in reversed(listed)]), [],
+            ctx, join_queues(stored.backlog, [(gid, "r") for gid in reversed(listed)]), [],
             label_id, stored.first)
         keep += [(gid, d) for gid, d in again if gid not in {g for g, _ in keep}]
-        cursor = _Cursor(history_id, synced=started, first=stored.first, recheck=keep,
+        cursor = Cursor(history_id, synced=started, first=stored.first, recheck=keep,
                          backlog=rest).dump()
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(since))
         later = f", {len(rest)} more on the next ticks" if rest else ""
