@@ -8,6 +8,10 @@ from __future__ import annotations
 
 # Times are float epoch seconds (double precision) exactly as in SQLite, so both
 # backends hand the engine the same values and a copy needs no conversion.
+#: Every table the migrations below create (``doctor`` reads each one).
+TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
+          "pipeline_flags", "locks", "schema_migrations")
+
 MIGRATIONS: list[tuple[int, str, str]] = [
     (
         1,

@@ -32,7 +32,6 @@ from ..clock import wall
 from ..errors import StoreError
 from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
 from ..redact import redact_url
-from ._copy import COPY_TABLES
 from .base import (
     ABANDONED_SEND,
     HEARTBEAT_PREFIX,
@@ -43,7 +42,7 @@ from .base import (
     replay_refusal,
     replay_without_draft,
 )
-from .pg_schema import MIGRATIONS
+from .pg_schema import MIGRATIONS, TABLES
 from .sql import (
     AUDIT_SQL,
     BEFORE_SQL,
@@ -488,7 +487,7 @@ class PostgresStore(SqlStore):
     # -- truthful status -------------------------------------------------------------------
     async def check(self) -> list[str]:
         problems = []
-        for table in (*COPY_TABLES, "locks", "schema_migrations"):
+        for table in TABLES:
             try:
                 async with self._conn() as con:
                     await con.fetchval(f"SELECT count(*) FROM {table}")
