@@ -54,7 +54,8 @@ class Operators:
         try:
             channel = self.channel(p)
             ref = await channel.post(d)
-            posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id)
+            posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id,
+                                                  now=self.clock())
         except ApprovalError as exc:
             log.warning("%s: cannot post #%d yet (%s); it waits in ready", p.name, d.id, exc)
             return None

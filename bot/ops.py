@@ -350,6 +350,23 @@ def format_replay(pipeline: str, item_id: str, r: ReplayResult) -> str:
     return f"{pipeline} {item_id}: not found (no seen mark and no draft for this item id)"
 
 
+#: Most items /emails lists at once.
+MAX_EMAILS = 50
+
+
+def format_emails(pipeline: str, drafts: list[Draft]) -> str:
+    """/emails: one line per admitted item, newest first: id, status, subject, item id
+    (what /reply takes)."""
+    if not drafts:
+        return f"{pipeline}: no admitted items you may see"
+    lines = []
+    for d in drafts:
+        subject = " ".join((d.message.subject or d.message.slot or "(no subject)").split())
+        reason = f" ({d.error[:60]})" if d.status == SKIPPED and d.error else ""
+        lines.append(f"#{d.id} {d.status}{reason} · {subject[:60]}\n   {d.item_id}")
+    return "\n".join(lines)
+
+
 def format_sweep(r: SweepResult) -> str:
     return (f"swept: {r.seen_deleted} seen marks deleted, {r.leases_requeued} expired leases "
             f"requeued, {r.leases_failed} failed after their last attempt, "

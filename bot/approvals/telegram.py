@@ -279,7 +279,7 @@ class TelegramChannel(ApprovalChannelBase):
         """Send the card (or edit the existing card for a new version)."""
         chat = self.approvals_chat(draft.pipeline)
         bot = self.bot
-        card = cards.render_card(draft)
+        card = cards.render_card(draft, *await self.decisions.votes(draft))
         markup = _markup(card)
         async with self._lock(draft.id):
             try:
@@ -352,7 +352,7 @@ class TelegramChannel(ApprovalChannelBase):
             ref = card_ref(fresh)
             ok = True
             if ref is not None:
-                card = cards.render_status(fresh)
+                card = cards.render_status(fresh, *await self.decisions.votes(fresh))
                 chat, mid = ref
                 try:
                     await self._edit(chat, mid, card.text, _markup(card))
