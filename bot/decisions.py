@@ -119,7 +119,7 @@ class Decisions:
         """/reply: draft (again) a reply to an admitted item, as a normal card, with the
         operator's ``instruction`` for the model. What happened, for the operator."""
         p = self.settings.pipeline(pipeline)  # ConfigError names the known ones
-        found = await self.store.find_drafts(pipeline, item_id)
+        found = await self.store.item_drafts(pipeline, item_id)
         if not found:
             await self.store.audit(actor, "reply", now=self.clock(),
                                    detail=f"not found: {pipeline} {item_id}")

@@ -30,6 +30,7 @@ from .build import build_drafter, build_sender, build_source
 from .clock import wall
 from .config import PipelineConfig, Settings
 from .decisions import Decisions
+from .desk import Desk
 from .drafting import Drafting
 from .errors import DraftgateError, StoreError, describe_error
 from .lease import Leases
@@ -80,7 +81,8 @@ class Engine:
         self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now)
         self.decisions = Decisions(settings, store, self.operators, self.drafting, self.sends,
                                    sender, now, self._spawn)
-        self.loop = Loop(settings, store, self.operators, self.tick, self.sweep, now)
+        self.desk = Desk(settings, store, self.operators, now)
+        self.loop = Loop(settings, store, self.operators, self.tick, self.sweep, now, self.desk)
         # Handed on: what approval channels call when an operator acts
         # (bot.stages.Decisions), notices, and the schedule.
         d = self.decisions

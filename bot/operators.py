@@ -103,6 +103,16 @@ class Operators:
             except Exception as exc:
                 log.warning("re-rendering stale cards failed: %s", describe_error(exc))
 
+    async def remind(self, p: PipelineConfig, d: Draft, text: str) -> None:
+        """A reminder of ``d``'s undecided card, where the card is (best effort)."""
+        remind = getattr(self.channel(p), "remind", None)  # the base class has a no-op
+        try:
+            if remind is not None:
+                await remind(d, text)
+        except Exception as exc:
+            log.warning("%s #%d: could not send a reminder: %s", p.name, d.id,
+                        describe_error(exc))
+
     # -- notices ----------------------------------------------------------------------
     async def notify_once(self, tag: str, text: str, *, retry_draft: Draft | None = None) -> None:
         """Notify once per ``tag`` across restarts and hosts: the audit log remembers

@@ -146,6 +146,10 @@ class ApprovalChannelBase:
     async def resync_cards(self) -> None:
         """Re-render cards whose last update failed (a channel with no cards: nothing)."""
 
+    async def remind(self, draft: Draft, text: str) -> None:
+        """Remind the operators of ``draft``'s undecided card (a channel without cards
+        has nothing to point at: nothing)."""
+
 
 @runtime_checkable
 class Sender(Protocol):

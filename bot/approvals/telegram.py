@@ -404,6 +404,16 @@ class TelegramChannel(ApprovalChannelBase):
         except TelegramError as exc:
             raise ApprovalError(f"could not notify the ops chat: {exc}") from exc
 
+    async def remind(self, draft: Draft, text: str) -> None:
+        """A reminder in the card's chat, as a reply to the card (Telegram links it)."""
+        if (ref := card_ref(draft)) is None:
+            return
+        try:
+            await self.bot.send_message(ref[0], text, reply_to_message_id=ref[1],
+                                        allow_sending_without_reply=True)
+        except TelegramError as exc:
+            raise ApprovalError(f"could not send a reminder for #{draft.id}: {exc}") from exc
+
     # -- the gate ------------------------------------------------------------------------
     async def _gate(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         """Drop every update whose user is not an operator, before any handler."""

@@ -224,7 +224,7 @@ class Store(abc.ABC):
         that ``version`` of the draft awaits a decision."""
 
     @abc.abstractmethod
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
+    async def item_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
         """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe), oldest first."""
 
     @abc.abstractmethod
@@ -321,6 +321,12 @@ class Store(abc.ABC):
                     text: str | None = None, detail: str | None = None,
                     now: float | None = None) -> None:
         """Append one audit row (sha256 of ``text`` when given)."""
+
+    @abc.abstractmethod
+    async def count_audit(self, action: str, key_prefix: str, since: float,
+                          until: float) -> int:
+        """Audit rows of ``action`` whose draft key starts with ``key_prefix``, written
+        in ``[since, until)`` (the digest's sent and rejected counts)."""
 
     @abc.abstractmethod
     async def audit_log(self, draft_key: str | None = None, limit: int = 100

@@ -362,8 +362,12 @@ class SqlStore(Store):
         found = await self._select_drafts("key = ?", (key,))
         return found[0] if found else None
 
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
+    async def item_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
         return await self._select_drafts("pipeline = ? AND item_id = ?", (pipeline, item_id))
+
+    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
+        """Not in the Store contract (tests and tools say this; see item_drafts)."""
+        return await self.item_drafts(pipeline, item_id)
 
     async def _by_status(self, statuses: Iterable[str], pipeline: str | None,
                          tail: str = "ORDER BY id") -> list[Draft]:
@@ -483,6 +487,13 @@ class SqlStore(Store):
             "SELECT id, at, actor, action, draft_key, text_sha256, detail FROM audit "
             f"{where} ORDER BY id DESC LIMIT ?", (*args, int(limit)))
         return [AuditEntry(*tuple(r)) for r in rows]
+
+    async def count_audit(self, action: str, key_prefix: str, since: float,
+                          until: float) -> int:
+        rows = await self._query(
+            "SELECT COUNT(*) FROM audit WHERE action = ? AND substr(draft_key, 1, ?) = ? "
+            "AND at >= ? AND at < ?", (action, len(key_prefix), key_prefix, since, until))
+        return int(rows[0][0])
 
     # -- flags, holds, locks, cards ----------------------------------------------------
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
