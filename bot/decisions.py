@@ -87,13 +87,16 @@ class Decisions:
     async def may_decide(self, d: Draft, actor: str, what: str) -> None:
         """Raise :class:`NotAllowed` (audited) if ``actor`` is not among the operators of
         ``d``'s pipeline (``approval.operators``); nothing else changes."""
-        if not self.settings.has_pipeline(d.pipeline) or self.settings.pipeline(
-                d.pipeline).approval.may_decide(telegram_user(actor)):
+        await self.may_act(d.pipeline, actor, f"{what} v{d.version}", d.key)
+
+    async def may_act(self, pipeline: str, actor: str, what: str, key: str | None = None
+                      ) -> None:
+        """:meth:`may_decide` for a command naming ``pipeline`` (/replay, /emails)."""
+        if self.may_see(pipeline, actor):
             return
-        await self.store.audit(actor, "refused", draft_key=d.key, now=self.clock(),
-                               detail=f"{what} v{d.version}: not in approval.operators of "
-                                      f"{d.pipeline}")
-        raise NotAllowed(f"Not yours to decide: {d.pipeline}'s cards are decided by its "
+        await self.store.audit(actor, "refused", draft_key=key, now=self.clock(),
+                               detail=f"{what}: not in approval.operators of {pipeline}")
+        raise NotAllowed(f"Not yours to decide: {pipeline}'s cards are decided by its "
                          "approval.operators.")
 
     def may_see(self, pipeline: str, actor: str) -> bool:
@@ -141,12 +144,11 @@ class Decisions:
         return f"{pipeline} {item_id}: not drafted: {why}."
 
     async def emails(self, pipeline: str, n: int, actor: str) -> list[Draft]:
-        """/emails: the newest ``n`` admitted items of ``pipeline``, newest first (none
-        for an operator who may not see it). Audited with who asked."""
+        """/emails: the newest ``n`` admitted items of ``pipeline``, newest first
+        (NotAllowed for an operator it does not list). Audited with who asked."""
         self.settings.pipeline(pipeline)
+        await self.may_act(pipeline, actor, "emails")
         await self.store.audit(actor, "emails", now=self.clock(), detail=f"{pipeline} {n}")
-        if not self.may_see(pipeline, actor):
-            return []
         return await self.store.recent(pipeline, STATUSES, limit=n)
 
     async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None:

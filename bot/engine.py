@@ -91,6 +91,7 @@ class Engine:
         self.draft, self.record_prompt, self.prompt_record = d.draft, d.record_prompt, d.prompt_record
         self.adopt_card, self.card_stale, self.stale_cards = d.adopt_card, d.card_stale, d.stale_cards
         self.votes, self.may_decide, self.may_see = d.votes, d.may_decide, d.may_see
+        self.may_act = d.may_act
         self.pending_for, self.reply, self.emails = d.pending_for, d.reply, d.emails
         self.notify, self.run_forever = self.operators.notify, self.loop.run_forever
 

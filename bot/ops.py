@@ -358,7 +358,7 @@ def format_emails(pipeline: str, drafts: list[Draft]) -> str:
     """/emails: one line per admitted item, newest first: id, status, subject, item id
     (what /reply takes)."""
     if not drafts:
-        return f"{pipeline}: no admitted items you may see"
+        return f"{pipeline}: no admitted items yet"
     lines = []
     for d in drafts:
         subject = " ".join((d.message.subject or d.message.slot or "(no subject)").split())

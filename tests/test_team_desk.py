@@ -7,6 +7,7 @@ reminders and the digest is the engine's clock, moved by the test.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import textwrap
 import time
@@ -172,6 +173,10 @@ async def test_an_operator_not_listed_for_the_pipeline_cannot_decide_and_sees_no
     assert "not in approval.operators of support" in refused[0][1]
     assert await say(w, "/pending", user=BO, name="Bo") == "nothing pending"
     assert f"support #{d.id} v1" in await say(w, "/pending")
+    for command in ("/emails support", f"/replay support {d.item_id}",
+                    f"/reply support {d.item_id} shorter"):
+        assert (await say(w, command, user=BO, name="Bo")).startswith("Not yours to decide")
+    assert (await w.draft(d)).version == 1
     assert await tap(w, d, "ap", ANNA, "Anna") == "✅ Sent."
 
 
@@ -270,3 +275,22 @@ async def test_the_digest_goes_to_the_ops_chat_once_per_slot(
     assert line == ("support: drafted 2 · sent 1 · rejected 0 · failed 0 · waiting 1 "
                     "(oldest 1h) · tokens 60")
     assert "sales: drafted 0" in digest and waiting.status == "awaiting"
+
+
+async def test_draftgate_run_sends_reminders_on_its_own(tmp_path, fake, monkeypatch, stop_worlds):
+    """The engine's loop (what `draftgate run` drives) looks for due reminders without
+    being asked: a card older than remind_after gets its reminder."""
+    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "remind_after: 1m")
+    clock = Clock(time.time())
+    w.engine.clock = clock
+    d = await w.deliver(1)
+    assert w.engine.desk.every == 30.0
+    clock.t += 61
+    stop = asyncio.Event()
+    running = asyncio.create_task(w.engine.run_forever(stop))
+    try:
+        [note] = await fake.await_for(lambda: _reminders(fake, d), WAIT)
+    finally:
+        stop.set()
+        await running
+    assert note.text.endswith("reminder 1 of 3.")

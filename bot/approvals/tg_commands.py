@@ -91,6 +91,10 @@ async def replay(update: Update, context: Context) -> None:
     if (problem := _unknown(context, name)) is not None:
         return await reply(update, problem)
     ch = channel_of(context)
+    try:
+        await ch.decisions.may_act(name, operator(update), "replay")
+    except NotAllowed as exc:
+        return await reply(update, str(exc))
     result = await ops.replay(ch.store, name, item_id, operator(update),
                               settings=ch.settings)
     await reply(update, ops.format_replay(name, item_id, result))
@@ -120,7 +124,10 @@ async def emails(update: Update, context: Context) -> None:
         return await reply(update, _USAGE["emails"] + f" (n: 1 to {ops.MAX_EMAILS})")
     if (problem := _unknown(context, args[0])) is not None:
         return await reply(update, problem)
-    found = await channel_of(context).decisions.emails(args[0], int(n), operator(update))
+    try:
+        found = await channel_of(context).decisions.emails(args[0], int(n), operator(update))
+    except NotAllowed as exc:
+        return await reply(update, str(exc))
     await reply(update, ops.format_emails(args[0], found), pre=True)
 
 
