@@ -136,6 +136,8 @@ class Decisions:
             await self.drafting.refuse_if_waiting(d)
             after = await self.store.redraft(d.id, actor, instruction, now=self.clock())
             if after is not None:
+                if after.approval_message_id:  # its card says so until the new version is up
+                    await self.operators.update_card(after)
                 self._spawn(self._redraft(after))
                 return f"✍️ {p.name} #{d.id}: drafting v{after.version}; its card follows."
             why = f"it is {d.status} now; wait for it to finish"

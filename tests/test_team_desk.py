@@ -165,8 +165,11 @@ async def test_an_operator_not_listed_for_the_pipeline_cannot_decide_and_sees_no
     for action in ("ap", "rj", "ed"):
         answer = await tap(w, d, action, BO, "Bo")
         assert answer.startswith("Not yours to decide"), answer
+    answer = await say(w, "Bo's own text.", user=BO, name="Bo",
+                       reply_to=int(d.approval_message_id))
+    assert answer.startswith("Not yours to decide"), answer
     assert (await w.draft(d)).status == "awaiting" and w.sender.sent == []
-    assert w.card(d).text == before
+    assert w.card(d).text == before and (await w.draft(d)).version == 1
     refused = [(e.actor, e.detail) for e in await w.store.audit_log(d.key)
                if e.action == "refused"]
     assert refused and all(a == f"tg:{BO} (Bo)" for a, _ in refused)
@@ -214,6 +217,18 @@ async def test_reply_drafts_a_skipped_item_with_the_instruction_and_emails_lists
     assert (d2.status, d2.version) == ("awaiting", 2)
     audit = {(e.action, e.actor) for e in await w.store.audit_log()}
     assert ("emails", f"tg:{ANNA} (Anna)") in audit and ("reply", f"tg:{ANNA} (Anna)") in audit
+    # Drafts again an item whose card waits (on that same card); a sent one never.
+    [first] = await w.store.find_drafts("support", "<order-1@customer.example>")
+    assert (await say(w, f"/reply support {first.item_id} friendlier")).endswith(
+        "drafting v2; its card follows.")
+    await fake.await_for(lambda: w.card(first).text.startswith(f"📨 support · #{first.id} v2"),
+                         WAIT)
+    assert "[friendlier]" in w.card(first).text
+    [second] = await w.store.find_drafts("support", "<order-2@customer.example>")
+    assert await tap(w, second, "ap", ANNA, "Anna") == "✅ Sent."
+    assert await say(w, f"/reply support {second.item_id}") == (
+        f"support {second.item_id}: not drafted: it was sent already; a sent item is never "
+        "drafted again.")
     assert (await say(w, "/reply support <nope@x>")).startswith("support <nope@x>: no such")
     assert (await say(w, "/emails support 0")).startswith("Usage: /emails")
 
