@@ -1,4 +1,5 @@
-"""Operator decisions: approve, edit, regenerate, reject, retry a send; and the sweep.
+"""Operator decisions: approve (with a quorum), edit, regenerate, reject, retry a send,
+draft on demand (/reply); who may decide a pipeline's cards; and the sweep.
 
 The one owner of the transitions an operator causes (and the sweep's expiry of
 approvals nobody decided) and of the card updates after them. Decisions do not wait for ticks: Approve sends at once, and a Regenerate's new
@@ -19,14 +20,13 @@ from .models import (
     EXPIRED,
     SEND_UNKNOWN,
     SENT,
-    STATUSES,
     Draft,
     RunCounts,
     operator_id,
     telegram_user,
 )
 from .operators import Operators
-from .ops import pending, sweep
+from .ops import emails, pending, sweep
 from .sending import Sends
 from .stages import Sender
 from .store import Store, SweepResult
@@ -150,8 +150,7 @@ class Decisions:
         (NotAllowed for an operator it does not list). Audited with who asked."""
         self.settings.pipeline(pipeline)
         await self.may_act(pipeline, actor, "emails")
-        await self.store.audit(actor, "emails", now=self.clock(), detail=f"{pipeline} {n}")
-        return await self.store.recent(pipeline, STATUSES, limit=n)
+        return await emails(self.store, self.settings, pipeline, n, actor, now=self.clock())
 
     async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None:
         body = body.strip()

@@ -29,6 +29,7 @@ from .models import (
     SEND_UNKNOWN,
     SENDING,
     SKIPPED,
+    STATUSES,
     Draft,
     Run,
 )
@@ -352,6 +353,15 @@ def format_replay(pipeline: str, item_id: str, r: ReplayResult) -> str:
 
 #: Most items /emails lists at once.
 MAX_EMAILS = 50
+
+
+async def emails(store: Store, settings: Settings, pipeline: str, n: int, actor: str,
+                 now: float | None = None) -> list[Draft]:
+    """The newest ``n`` admitted items of ``pipeline`` (any status), newest first, for an
+    operator picking one to /reply to. Audited with who asked."""
+    settings.pipeline(pipeline)  # raises with the list of known pipelines
+    await store.audit(actor, "emails", now=now, detail=f"{pipeline} {n}")
+    return await store.recent(pipeline, STATUSES, limit=n)
 
 
 def format_emails(pipeline: str, drafts: list[Draft]) -> str:

@@ -309,3 +309,23 @@ async def test_draftgate_run_sends_reminders_on_its_own(tmp_path, fake, monkeypa
         stop.set()
         await running
     assert note.text.endswith("reminder 1 of 3.")
+
+
+async def test_the_emails_command_lists_the_newest_items_and_is_audited(
+        tmp_path, fake, monkeypatch, stop_worlds, capsys):
+    """`draftgate emails support -n 2`: the same listing as /emails, from the terminal."""
+    from bot.__main__ import main
+
+    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "quorum: 1",
+                     extra='filters: {skip_subjects: ["^Order 2$"]}\n')
+    for n in (1, 2, 3):
+        await w.deliver(n)
+    code = await asyncio.to_thread(main, ["emails", "-c", str(w.cfg), "support", "-n", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert re.findall(r"<order-(\d)@customer\.example>", out) == ["3", "2"]
+    assert "skipped (subject matches" in out and "· Order 2" in out
+    assert any(e.action == "emails" and e.actor.startswith("cli:")
+               for e in await w.store.audit_log())
+    assert await asyncio.to_thread(main, ["emails", "-c", str(w.cfg), "support", "-n", "0"]) == 2
+    assert "-n: expected a number of items from 1 to 50" in capsys.readouterr().err
