@@ -484,7 +484,7 @@ def _team(ck: Checker, raw: dict, settings: Settings, channel: str | None
             elif everyone and op not in everyone:
                 ck.error(f"approval.operators[{i}]", f"{op} is not in telegram.operators of "
                          f"{settings.file}, so the bot drops their taps; add them there too")
-        if not listed:
+        if raw["operators"] == []:
             ck.error("approval.operators", "expected at least one numeric user id; leave it "
                                            "out to let every telegram.operators entry decide")
     deciders = len(operators) if operators is not None else len(everyone)

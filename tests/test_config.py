@@ -503,7 +503,8 @@ def test_bad_team_keys_are_refused_naming_the_path_and_the_fix(tmp_path):
     bad = GOOD.format(name="a") + ("approval: {channel: telegram, quorum: 3, operators: [1, 9, x],"
                                    " remind_after: 0s}\n")
     console = GOOD.format(name="b") + "approval: {channel: console, quorum: 2}\n"
-    cfg = write(tmp_path, {"a.yaml": bad, "b.yaml": console},
+    nobody = GOOD.format(name="c") + "approval: {channel: telegram, operators: []}\n"
+    cfg = write(tmp_path, {"a.yaml": bad, "b.yaml": console, "c.yaml": nobody},
                 TEAM_TOP + '  digest: "every morning"\n')
     assert errors_of(cfg) == [
         f"{cfg}: telegram.digest: expected a cron expression like '0 8 * * *' (every "
@@ -517,4 +518,6 @@ def test_bad_team_keys_are_refused_naming_the_path_and_the_fix(tmp_path):
         "pipelines/a.yaml: approval.remind_after: expected a duration of at least 1s like 4h, "
         "got '0s'",
         "pipelines/b.yaml: approval.quorum: needs approval.channel: telegram (a console "
-        "approval has one operator and no card)"]
+        "approval has one operator and no card)",
+        "pipelines/c.yaml: approval.operators: expected at least one numeric user id; leave "
+        "it out to let every telegram.operators entry decide"]
