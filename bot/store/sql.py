@@ -263,7 +263,10 @@ class SqlStore(Store):
             APPROVE, "decided_by = ?, decided_at = ?, updated_at = ?", (actor, t, t),
             f"id = ? AND version = ? AND {QUORUM_MET}", (draft_id, version, quorum)),),
             action="approve", actor=actor, at=t, detail=lambda d, _: detail,
-            before=draft_id if quorum > 1 else None, prelude=(vote, count), missed=partial))
+            # Quorum 1: the vote alone (the CAS approves at once), one round trip less.
+            before=draft_id if quorum > 1 else None,
+            prelude=(vote, count) if quorum > 1 else (vote,),
+            missed=partial if quorum > 1 else None))
 
     async def votes(self, draft_id: int, version: int) -> list[Vote]:
         rows = await self._query(VOTES_SQL, (draft_id, version))
