@@ -1,4 +1,5 @@
-"""Read-only and operator commands: validate, status, pending, replay, sweep, review, doctor."""
+"""Read-only and operator commands: validate, status, pending, replay, emails, sweep, review,
+doctor."""
 
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ def add_cli(subparsers) -> None:
     p.add_argument("pipeline")
     p.add_argument("item_id", help="the item id (Message-ID, slot, ...) as shown by "
                                    "`status PIPELINE` or `pending --json`")
+    p = command("emails", _emails, "the newest admitted items of a pipeline, with ids",
+                "The newest N admitted items of PIPELINE, newest first: draft number, status "
+                "(a skip with its reason), subject and item id (what /reply and `replay` "
+                "take), as /emails in Telegram. Audited.", json=True)
+    p.add_argument("pipeline")
+    p.add_argument("-n", type=int, default=10, help=f"how many (1 to {ops.MAX_EMAILS}, "
+                                                    "default 10)")
     command("sweep", _sweep, "expire old seen marks, leases, approvals and runs",
             "Delete seen marks older than the TTL (--days, default sweep.seen_ttl_days, itself "
             "90 by default), return expired drafting leases to the queue, expire stale "
@@ -175,6 +183,24 @@ async def _replay(args) -> int:
         result = await ops.replay(store, args.pipeline, args.item_id, _actor(), settings)
         print(ops.format_replay(args.pipeline, args.item_id, result))
         return 0 if result.outcome in ("requeued", "unseen") else 1
+
+
+async def _emails(args) -> int:
+    _text_argument("pipeline", args.pipeline)
+    if not 1 <= args.n <= ops.MAX_EMAILS:
+        raise ConfigError(f"-n: expected a number of items from 1 to {ops.MAX_EMAILS}, "
+                          f"got {args.n}")
+    settings = load(args.config)
+    async with existing_store(settings) as store:
+        found = await ops.emails(store, settings, args.pipeline, args.n, _actor())
+    if args.json:
+        print(json.dumps([{"id": d.id, "item_id": d.item_id, "status": d.status,
+                           "reason": d.error if d.status == "skipped" else None,
+                           "subject": d.message.subject, "from": d.message.from_addr,
+                           "created_at": d.created_at} for d in found], indent=2))
+    else:
+        print(ops.format_emails(args.pipeline, found))
+    return 0
 
 
 async def _sweep(args) -> int:

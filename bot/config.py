@@ -63,6 +63,7 @@ class TelegramConfig:
     receive: str = "polling"  # polling | webhook | off
     webhook: TelegramWebhook = TelegramWebhook()
     poll_timeout: float = 30.0
+    digest: str | None = None  # cron (UTC) of the daily summary to the ops chat; None: none
 
 
 @dataclass
@@ -297,7 +298,7 @@ def _gmail_account(ck: Checker, raw: Any, path: str) -> dict[str, Any]:
 
 def _telegram(ck: Checker, t: dict) -> TelegramConfig:
     ck.unknown(t, {"token", "token_env", "base_url", "base_file_url", "operators", "approvals_chat",
-                   "ops_chat", "receive", "webhook", "poll_timeout"}, "telegram")
+                   "ops_chat", "receive", "webhook", "poll_timeout", "digest"}, "telegram")
     cfg = TelegramConfig()
     cfg.token_env = ck.env_name(t, "token_env", "telegram", default=cfg.token_env)
     if "token" in t:
@@ -323,6 +324,14 @@ def _telegram(ck: Checker, t: dict) -> TelegramConfig:
     cfg.poll_timeout = ck.convert(t, "poll_timeout", "telegram", parse_duration, default=30.0)
     if cfg.poll_timeout is not None and cfg.poll_timeout <= 0:
         ck.error("telegram.poll_timeout", "expected a duration above 0, like 30s")
+    cfg.digest = ck.get(t, "digest", "telegram", str, default=None)
+    if cfg.digest is not None:
+        from .scheduler import validate_cron
+
+        if problem := validate_cron(cfg.digest):
+            ck.error("telegram.digest", f"expected a cron expression like '0 8 * * *' (every "
+                                        f"day at 08:00 UTC): {problem}")
+            cfg.digest = None
     return cfg
 
 
@@ -438,7 +447,7 @@ def _drafter(ck: Checker, data: dict, settings: Settings, base: Path) -> Drafter
 
 
 def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
-    ck.unknown(raw, {"channel", "chat"}, "approval")
+    ck.unknown(raw, {"channel", "chat", "quorum", "operators", "remind_after"}, "approval")
     channel = ck.get(raw, "channel", "approval", str, default=ApprovalOptions.channel,
                      choices=CHANNELS)
     chat = raw.get("chat")
@@ -451,7 +460,48 @@ def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
         elif chat is None and settings.telegram.approvals_chat is None:
             ck.error("approval.chat", f"missing; set the chat id here, or "
                                       f"telegram.approvals_chat in {settings.file}")
-    return ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat))
+    team = _team(ck, raw, settings, channel)
+    return ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat), *team)
+
+
+def _team(ck: Checker, raw: dict, settings: Settings, channel: str | None
+          ) -> tuple[int, tuple[int, ...] | None, float | None]:
+    """``approval.quorum``, ``approval.operators`` and ``approval.remind_after``."""
+    quorum = ck.get(raw, "quorum", "approval", int, default=1)
+    if quorum is not None and quorum < 1:
+        ck.error("approval.quorum", f"expected a whole number of operators of at least 1, "
+                                    f"got {quorum}")
+        quorum = None
+    everyone = settings.telegram.operators if settings.telegram is not None else []
+    operators: tuple[int, ...] | None = None
+    if "operators" in raw:
+        listed = ck.get(raw, "operators", "approval", list, default=[]) or []
+        operators = tuple(op for op in listed if isinstance(op, int) and not isinstance(op, bool))
+        for i, op in enumerate(listed):
+            if op not in operators:
+                ck.error(f"approval.operators[{i}]", f"expected a numeric Telegram user id, "
+                                                     f"got {op!r}")
+            elif everyone and op not in everyone:
+                ck.error(f"approval.operators[{i}]", f"{op} is not in telegram.operators of "
+                         f"{settings.file}, so the bot drops their taps; add them there too")
+        if raw["operators"] == []:
+            ck.error("approval.operators", "expected at least one numeric user id; leave it "
+                                           "out to let every telegram.operators entry decide")
+    deciders = len(operators) if operators is not None else len(everyone)
+    if quorum and quorum > 1 and deciders and quorum > deciders:
+        ck.error("approval.quorum", f"{quorum} approvals needed but only {deciders} operator(s) "
+                                    f"may decide this pipeline's cards; nothing could be sent")
+    remind = ck.convert(raw, "remind_after", "approval", parse_duration, default=None)
+    if remind is not None and remind < 1:
+        ck.error("approval.remind_after", f"expected a duration of at least 1s like 4h, got "
+                                          f"{raw['remind_after']!r}")
+        remind = None
+    if channel != "telegram":
+        for key in ("operators", "remind_after") + (("quorum",) if (quorum or 1) > 1 else ()):
+            if key in raw:
+                ck.error(f"approval.{key}", "needs approval.channel: telegram (a console "
+                                            "approval has one operator and no card)")
+    return quorum or 1, operators, remind
 
 
 def _catchup(ck: Checker, data: dict) -> tuple[str | None, int | None]:

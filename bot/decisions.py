@@ -1,4 +1,5 @@
-"""Operator decisions: approve, edit, regenerate, reject, retry a send; and the sweep.
+"""Operator decisions: approve (with a quorum), edit, regenerate, reject, retry a send,
+draft on demand (/reply); who may decide a pipeline's cards; and the sweep.
 
 The one owner of the transitions an operator causes (and the sweep's expiry of
 approvals nobody decided) and of the card updates after them. Decisions do not wait for ticks: Approve sends at once, and a Regenerate's new
@@ -13,10 +14,19 @@ from typing import Callable
 
 from .config import PipelineConfig, Settings
 from .drafting import Drafting
-from .errors import ConfigError, describe_error
-from .models import AWAITING, EXPIRED, SEND_UNKNOWN, Draft, RunCounts
+from .errors import ConfigError, NotAllowed, describe_error
+from .models import (
+    AWAITING,
+    EXPIRED,
+    SEND_UNKNOWN,
+    SENT,
+    Draft,
+    RunCounts,
+    operator_id,
+    telegram_user,
+)
 from .operators import Operators
-from .ops import sweep
+from .ops import emails, pending, sweep
 from .sending import Sends
 from .stages import Sender
 from .store import Store, SweepResult
@@ -52,19 +62,102 @@ class Decisions:
     async def approve(self, draft_id: int, version: int, actor: str,
                       draft: Draft | None = None) -> Draft | None:
         """``draft``: the row the channel read to check the tap, so it is not read
-        again; the CAS below is the check that it is still this version, awaiting."""
-        await self._require_configured(draft_id, draft)
-        d = await self.store.approve(draft_id, version, actor, now=self.clock())
+        again; the CAS below is the check that it is still this version, awaiting.
+        Below the pipeline's quorum the vote is recorded and the draft comes back
+        still ``awaiting`` (None: the vote did not count, e.g. an old version)."""
+        seen = await self._require_configured(draft_id, draft)
+        quorum = 1
+        if seen is not None:
+            await self.may_decide(seen, actor, "approve")
+            quorum = self.settings.pipeline(seen.pipeline).approval.quorum
+        same = seen is not None and seen.version == version
+        d = await self.store.approve(draft_id, version, actor, now=self.clock(), quorum=quorum,
+                                     body=seen.body if same and seen else None,
+                                     key=seen.key if seen else None)
         if d is None:
+            if quorum > 1 and seen is not None and any(
+                    v.operator == operator_id(actor)
+                    for v in await self.store.votes(draft_id, version)):
+                return seen  # counted; the quorum is not met yet
             return None
         log.info("%s #%d v%d approved by %s", d.pipeline, d.id, d.version, actor)
         return await self.sends.send(d)
+
+    # -- the team: who may decide, how many must approve ---------------------------------
+    async def may_decide(self, d: Draft, actor: str, what: str) -> None:
+        """Raise :class:`NotAllowed` (audited) if ``actor`` is not among the operators of
+        ``d``'s pipeline (``approval.operators``); nothing else changes."""
+        await self.may_act(d.pipeline, actor, f"{what} v{d.version}", d.key)
+
+    async def may_act(self, pipeline: str, actor: str, what: str, key: str | None = None
+                      ) -> None:
+        """:meth:`may_decide` for a command naming ``pipeline`` (/replay, /emails)."""
+        if self.may_see(pipeline, actor):
+            return
+        await self.store.audit(actor, "refused", draft_key=key, now=self.clock(),
+                               detail=f"{what}: not in approval.operators of {pipeline}")
+        raise NotAllowed(f"Not yours to decide: {pipeline}'s cards are decided by its "
+                         "approval.operators.")
+
+    def may_see(self, pipeline: str, actor: str) -> bool:
+        """Does ``pipeline`` show its drafts to ``actor`` (/pending, /emails)?"""
+        return not self.settings.has_pipeline(pipeline) or self.settings.pipeline(
+            pipeline).approval.may_decide(telegram_user(actor))
+
+    async def votes(self, d: Draft) -> tuple[list[str], int]:
+        """(who approved ``d``'s current version so far, the quorum), for its card."""
+        quorum = (self.settings.pipeline(d.pipeline).approval.quorum
+                  if self.settings.has_pipeline(d.pipeline) else 1)
+        if quorum <= 1 or d.status != AWAITING:
+            return [], quorum
+        return [v.actor for v in await self.store.votes(d.id, d.version)], quorum
+
+    async def pending_for(self, actor: str) -> list[Draft]:
+        """/pending: the unfinished drafts of the pipelines ``actor`` may decide."""
+        return [d for d in await pending(self.store, self.settings)
+                if self.may_see(d.pipeline, actor)]
+
+    # -- on demand: /reply and /emails ----------------------------------------------------
+    async def reply(self, pipeline: str, item_id: str, instruction: str, actor: str) -> str:
+        """/reply: draft (again) a reply to an admitted item, as a normal card, with the
+        operator's ``instruction`` for the model. What happened, for the operator."""
+        p = self.settings.pipeline(pipeline)  # ConfigError names the known ones
+        found = await self.store.item_drafts(pipeline, item_id)
+        if not found:
+            await self.store.audit(actor, "reply", now=self.clock(),
+                                   detail=f"not found: {pipeline} {item_id}")
+            return (f"{pipeline} {item_id}: no such admitted item; /emails {pipeline} lists "
+                    "the newest with their ids.")
+        d = found[-1]  # the newest recipe's
+        await self.may_decide(d, actor, "reply")
+        why = "it was sent already; a sent item is never drafted again" if d.status == SENT \
+            else None
+        if why is None:
+            await self.drafting.refuse_if_waiting(d)
+            after = await self.store.redraft(d.id, actor, instruction, now=self.clock())
+            if after is not None:
+                if after.approval_message_id:  # its card says so until the new version is up
+                    await self.operators.update_card(after)
+                self._spawn(self._redraft(after))
+                return f"✍️ {p.name} #{d.id}: drafting v{after.version}; its card follows."
+            why = f"it is {d.status} now; wait for it to finish"
+        await self.store.audit(actor, "reply", draft_key=d.key, now=self.clock(),
+                               detail=f"refused: {why}")
+        return f"{pipeline} {item_id}: not drafted: {why}."
+
+    async def emails(self, pipeline: str, n: int, actor: str) -> list[Draft]:
+        """/emails: the newest ``n`` admitted items of ``pipeline``, newest first
+        (NotAllowed for an operator it does not list). Audited with who asked."""
+        self.settings.pipeline(pipeline)
+        await self.may_act(pipeline, actor, "emails")
+        return await emails(self.store, self.settings, pipeline, n, actor, now=self.clock())
 
     async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None:
         body = body.strip()
         if not body:
             return None
-        await self._require_configured(draft_id)
+        if (seen := await self._require_configured(draft_id)) is not None:
+            await self.may_decide(seen, actor, "edit")
         d = await self.store.edit(draft_id, version, body, actor, now=self.clock())
         if d is not None:
             await self.operators.post_card(self.settings.pipeline(d.pipeline), d)
@@ -75,6 +168,7 @@ class Decisions:
                          instruction: str = "") -> Draft | None:
         d = await self._require_configured(draft_id)
         if d is not None:
+            await self.may_decide(d, actor, "regenerate")
             await self.drafting.refuse_if_waiting(d)
         d = await self.store.regenerate(draft_id, version, actor, instruction, now=self.clock())
         if d is not None:
@@ -97,11 +191,15 @@ class Decisions:
             await self.operators.post_card(p, ready)
 
     async def reject(self, draft_id: int, version: int, actor: str, reason: str = "") -> Draft | None:
+        if (d := await self.store.get_draft(draft_id)) is not None:
+            await self.may_decide(d, actor, "reject")
         return await self.operators.update_card(
             await self.store.reject(draft_id, version, actor, reason, now=self.clock()))
 
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
         d = await self._require_configured(draft_id)
+        if d is not None:
+            await self.may_decide(d, actor, "retry send")
         if d is not None and d.status == SEND_UNKNOWN:
             # Ask once more before sending again: a reply that did arrive meanwhile
             # must not go out twice because Retry was tapped before the check ran.
@@ -155,7 +253,7 @@ class Decisions:
         """A card of ``d``'s version exists (an operator tapped it) though ``d`` still
         waits to be posted: Telegram delivered a post whose answer was lost. That card
         becomes its card, so no second one is posted. The draft afterwards."""
-        adopted = await self.store.mark_posted(d.id, d.version, chat, message_id)
+        adopted = await self.store.mark_posted(d.id, d.version, chat, message_id, now=self.clock())
         if adopted is None:
             return await self.store.get_draft(d.id) or d
         log.info("#%d: adopted card %s/%s, whose post had looked failed", d.id, chat, message_id)

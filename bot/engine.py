@@ -30,6 +30,7 @@ from .build import build_drafter, build_sender, build_source
 from .clock import wall
 from .config import PipelineConfig, Settings
 from .decisions import Decisions
+from .desk import Desk
 from .drafting import Drafting
 from .errors import DraftgateError, StoreError, describe_error
 from .lease import Leases
@@ -80,7 +81,8 @@ class Engine:
         self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now)
         self.decisions = Decisions(settings, store, self.operators, self.drafting, self.sends,
                                    sender, now, self._spawn)
-        self.loop = Loop(settings, store, self.operators, self.tick, self.sweep, now)
+        self.desk = Desk(settings, store, self.operators, now)
+        self.loop = Loop(settings, store, self.operators, self.tick, self.sweep, now, self.desk)
         # Handed on: what approval channels call when an operator acts
         # (bot.stages.Decisions), notices, and the schedule.
         d = self.decisions
@@ -88,6 +90,9 @@ class Engine:
         self.reject, self.retry_send = d.reject, d.retry_send
         self.draft, self.record_prompt, self.prompt_record = d.draft, d.record_prompt, d.prompt_record
         self.adopt_card, self.card_stale, self.stale_cards = d.adopt_card, d.card_stale, d.stale_cards
+        self.votes, self.may_decide, self.may_see = d.votes, d.may_decide, d.may_see
+        self.may_act = d.may_act
+        self.pending_for, self.reply, self.emails = d.pending_for, d.reply, d.emails
         self.notify, self.run_forever = self.operators.notify, self.loop.run_forever
 
     # -- stages (each built once, on first use) ------------------------------------------

@@ -13,6 +13,7 @@
     │   │                      wrong, not the item: it goes back to queued (no attempt)
     │   └── BudgetExhausted    daily token budget spent: items stay queued
     ├── ApprovalError          the approval channel is unreachable: drafts wait in ``ready``
+    ├── NotAllowed             an operator not in the pipeline's approval.operators acted
     └── SendError
         ├── SendFailed         definite failure before delivery -> send_failed, Retry offered
         └── SendUnknown        timeout, reset, 5xx: may have been delivered -> send_unknown
@@ -71,6 +72,11 @@ class BudgetExhausted(DrafterError):
 
 class ApprovalError(DraftgateError):
     pass
+
+
+class NotAllowed(DraftgateError):
+    """An operator acted on a pipeline whose ``approval.operators`` does not list them:
+    nothing changed (it is audited). ``str(exc)`` is the answer they get."""
 
 
 class SendError(DraftgateError):

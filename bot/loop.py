@@ -9,6 +9,7 @@ from typing import Awaitable, Callable
 from . import scheduler
 from .clock import utc_day
 from .config import PipelineConfig, Settings
+from .desk import Desk
 from .errors import describe_error
 from .models import RunCounts
 from .operators import Operators
@@ -29,9 +30,10 @@ async def _stopped(stop: asyncio.Event, within: float) -> bool:
 class Loop:
     def __init__(self, settings: Settings, store: Store, operators: Operators,
                  tick: Callable[[str, float], Awaitable[RunCounts]],
-                 sweep: Callable[[], Awaitable[SweepResult]], clock: Callable[[], float]):
+                 sweep: Callable[[], Awaitable[SweepResult]], clock: Callable[[], float],
+                 desk: Desk | None = None):
         self.settings, self.store, self.operators = settings, store, operators
-        self._tick, self._sweep, self.clock = tick, sweep, clock
+        self._tick, self._sweep, self.clock, self.desk = tick, sweep, clock, desk
         # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
         # once instead of waiting for the next slot, in bounded steps.
         self.backlog: set[str] = set()
@@ -43,6 +45,8 @@ class Loop:
         loops = [asyncio.create_task(self.supervised(p, stop), name=f"loop:{p.name}")
                  for p in self.settings.pipelines if p.enabled]
         loops.append(asyncio.create_task(self._sweep_loop(stop), name="sweep"))
+        if self.desk is not None:  # reminders and the digest
+            loops.append(asyncio.create_task(self.desk.run(stop), name="desk"))
         await stop.wait()
         for t in loops:
             t.cancel()

@@ -225,6 +225,27 @@ class Run:
     scheduled_for: float | None = None
 
 
+def operator_id(actor: str) -> str:
+    """The stable part of an actor (``"tg:42 (Anna)"`` -> ``"tg:42"``): a quorum counts
+    people, and a first name can change between two taps."""
+    return actor.split(" (", 1)[0]
+
+
+def telegram_user(actor: str) -> int | None:
+    """The Telegram user id of a ``tg:<id> (...)`` actor; None for any other actor."""
+    head = operator_id(actor)
+    return int(head[3:]) if head.startswith("tg:") and head[3:].isdigit() else None
+
+
+@dataclass(frozen=True)
+class Vote:
+    """One operator's approval of one version of a draft (quorum)."""
+
+    operator: str  # operator_id(actor)
+    actor: str
+    at: float
+
+
 @dataclass
 class AuditEntry:
     id: int

@@ -54,7 +54,8 @@ class Operators:
         try:
             channel = self.channel(p)
             ref = await channel.post(d)
-            posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id)
+            posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id,
+                                                  now=self.clock())
         except ApprovalError as exc:
             log.warning("%s: cannot post #%d yet (%s); it waits in ready", p.name, d.id, exc)
             return None
@@ -101,6 +102,16 @@ class Operators:
                 await ch.resync_cards()
             except Exception as exc:
                 log.warning("re-rendering stale cards failed: %s", describe_error(exc))
+
+    async def remind(self, p: PipelineConfig, d: Draft, text: str) -> None:
+        """A reminder of ``d``'s undecided card, where the card is (best effort)."""
+        remind = getattr(self.channel(p), "remind", None)  # the base class has a no-op
+        try:
+            if remind is not None:
+                await remind(d, text)
+        except Exception as exc:
+            log.warning("%s #%d: could not send a reminder: %s", p.name, d.id,
+                        describe_error(exc))
 
     # -- notices ----------------------------------------------------------------------
     async def notify_once(self, tag: str, text: str, *, retry_draft: Draft | None = None) -> None:

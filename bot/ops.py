@@ -29,6 +29,7 @@ from .models import (
     SEND_UNKNOWN,
     SENDING,
     SKIPPED,
+    STATUSES,
     Draft,
     Run,
 )
@@ -348,6 +349,32 @@ def format_replay(pipeline: str, item_id: str, r: ReplayResult) -> str:
     if r.outcome == "refused":  # the store's detail starts with "pipeline item_id: " too
         return f"{pipeline} {item_id}: refused: {r.detail.removeprefix(prefix)}"
     return f"{pipeline} {item_id}: not found (no seen mark and no draft for this item id)"
+
+
+#: Most items /emails lists at once.
+MAX_EMAILS = 50
+
+
+async def emails(store: Store, settings: Settings, pipeline: str, n: int, actor: str,
+                 now: float | None = None) -> list[Draft]:
+    """The newest ``n`` admitted items of ``pipeline`` (any status), newest first, for an
+    operator picking one to /reply to. Audited with who asked."""
+    settings.pipeline(pipeline)  # raises with the list of known pipelines
+    await store.audit(actor, "emails", now=now, detail=f"{pipeline} {n}")
+    return await store.recent(pipeline, STATUSES, limit=n)
+
+
+def format_emails(pipeline: str, drafts: list[Draft]) -> str:
+    """/emails: one line per admitted item, newest first: id, status, subject, item id
+    (what /reply takes)."""
+    if not drafts:
+        return f"{pipeline}: no admitted items yet"
+    lines = []
+    for d in drafts:
+        subject = " ".join((d.message.subject or d.message.slot or "(no subject)").split())
+        reason = f" ({d.error[:60]})" if d.status == SKIPPED and d.error else ""
+        lines.append(f"#{d.id} {d.status}{reason} · {subject[:60]}\n   {d.item_id}")
+    return "\n".join(lines)
 
 
 def format_sweep(r: SweepResult) -> str:

@@ -41,6 +41,14 @@ class FilterOptions:
 class ApprovalOptions:
     channel: str = "console"  # console | telegram
     chat: int | None = None  # None: telegram.approvals_chat
+    quorum: int = 1  # distinct operators who must approve the same version
+    operators: tuple[int, ...] | None = None  # who may decide; None: telegram.operators
+    remind_after: float | None = None  # seconds; None: no reminders
+
+    def may_decide(self, user_id: int | None) -> bool:
+        """May this Telegram user decide the pipeline's cards? (None: not a Telegram
+        user, e.g. the console: whoever has the terminal.)"""
+        return self.operators is None or user_id is None or user_id in self.operators
 
 
 @dataclass(frozen=True)

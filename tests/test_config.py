@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -477,3 +478,46 @@ def test_a_wrong_stage_option_is_reported_when_the_configuration_loads(tmp_path)
                                      "timeout: soon}\n"})
     assert errors_of(cfg) == ["pipelines/a.yaml: sender.timeout: expected a duration like 30s, "
                               "5m, 1h or 2d, got 'soon'"]
+
+
+TEAM_TOP = "telegram:\n  token_env: T\n  operators: [1, 2]\n  approvals_chat: 5\n"
+
+
+def test_the_team_keys_load_typed_with_their_defaults(tmp_path):
+    """approval.quorum/operators/remind_after and telegram.digest become typed options;
+    left out, one approval by any operator, no reminders, no digest."""
+    team = GOOD.format(name="a") + ("approval: {channel: telegram, quorum: 2, operators: [1, 2],"
+                                    " remind_after: 4h}\n")
+    plain = GOOD.format(name="b") + "approval: {channel: telegram}\n"
+    s = load_settings(write(tmp_path, {"a.yaml": team, "b.yaml": plain},
+                            TEAM_TOP + '  digest: "0 8 * * *"\n'))
+    a, b = s.pipelines
+    assert (a.approval.quorum, a.approval.operators, a.approval.remind_after) == (2, (1, 2), 14400.0)
+    assert (b.approval.quorum, b.approval.operators, b.approval.remind_after) == (1, None, None)
+    assert s.telegram.digest == "0 8 * * *"
+    assert a.approval.may_decide(1) and not dataclasses.replace(
+        a.approval, operators=(2,)).may_decide(1)
+
+
+def test_bad_team_keys_are_refused_naming_the_path_and_the_fix(tmp_path):
+    bad = GOOD.format(name="a") + ("approval: {channel: telegram, quorum: 3, operators: [1, 9, x],"
+                                   " remind_after: 0s}\n")
+    console = GOOD.format(name="b") + "approval: {channel: console, quorum: 2}\n"
+    nobody = GOOD.format(name="c") + "approval: {channel: telegram, operators: []}\n"
+    cfg = write(tmp_path, {"a.yaml": bad, "b.yaml": console, "c.yaml": nobody},
+                TEAM_TOP + '  digest: "every morning"\n')
+    assert errors_of(cfg) == [
+        f"{cfg}: telegram.digest: expected a cron expression like '0 8 * * *' (every "
+        "day at 08:00 UTC): 'every morning' has 2 fields, cron needs 5 (minute hour day month "
+        "weekday)",
+        "pipelines/a.yaml: approval.operators[1]: 9 is not in telegram.operators of "
+        f"{cfg}, so the bot drops their taps; add them there too",
+        "pipelines/a.yaml: approval.operators[2]: expected a numeric Telegram user id, got 'x'",
+        "pipelines/a.yaml: approval.quorum: 3 approvals needed but only 2 operator(s) may "
+        "decide this pipeline's cards; nothing could be sent",
+        "pipelines/a.yaml: approval.remind_after: expected a duration of at least 1s like 4h, "
+        "got '0s'",
+        "pipelines/b.yaml: approval.quorum: needs approval.channel: telegram (a console "
+        "approval has one operator and no card)",
+        "pipelines/c.yaml: approval.operators: expected at least one numeric user id; leave "
+        "it out to let every telegram.operators entry decide"]

@@ -58,6 +58,13 @@ async def _old_sqlite_store(url: str) -> dict:
         sent = await s.approve(cards[5].id, cards[5].version, "anna", now=2004.0)
         await s.begin_send(sent.id)
         await s.mark_sent(sent.id, "gmail-abc", now=2005.0)
+        # The team desk: one of two approvals of card 2, a reminder and a digest sent.
+        half = cards[2]
+        assert await s.approve(half.id, half.version, "tg:1 (Anna)", now=2004.5, quorum=2,
+                               body=half.body, key=half.key) is None
+        assert await s.claim_notice(f"remind|{cards[3].id}|1|1", 2004.6, draft_id=cards[3].id,
+                                    version=1)
+        assert await s.claim_notice("digest|1970-01-01T08:00", 2004.7)
         run = await s.start_run("support", now=2000.0)
         await s.end_run(run, "ok", {"fetched": 6, "new": 6}, now=2006.0)
         await s.set_paused("posts", True, "anna")
@@ -115,6 +122,17 @@ async def test_sqlite_to_postgres_nothing_fetched_or_drafted_again(tmp_path, pg_
         approved = await pg.approve(card.id, 2, "anna")
         assert approved is not None and approved.status == "approved"
         assert await pg.approve(card.id, 2, "anna") is None  # a second tap
+
+        # The team desk's rows came along: the half-approved card needs one more
+        # operator, and no reminder or digest already sent goes out again.
+        half = facts["cards"][2]
+        assert [v.operator for v in await pg.votes(half.id, 1)] == ["tg:1"]
+        assert not await pg.claim_notice(f"remind|{facts['cards'][3].id}|1|1", draft_id=facts[
+            "cards"][3].id, version=1)
+        assert not await pg.claim_notice("digest|1970-01-01T08:00")
+        assert await pg.approve(half.id, 1, "tg:1 (Anna)", quorum=2, key=half.key) is None
+        assert (await pg.approve(half.id, 1, "tg:2 (Bo)", quorum=2, key=half.key)).status \
+            == "approved"
 
         # New work after the switch gets fresh ids and fences, never reused ones.
         fresh = await pg.admit("support", "inbox", "v1", [_item(100)])

@@ -388,6 +388,75 @@ class TestStoreContract:
         [entry] = await store.audit_log(d.key)
         assert entry.action == "reject" and "not a customer" in entry.detail
 
+    # -- the team desk: quorum, on demand, notices once --------------------------------------
+
+    async def test_a_quorum_of_two_needs_two_distinct_operators(self, store):
+        """One vote moves nothing (and is audited with its count); the same operator
+        again counts once; a second operator's vote is the CAS that approves."""
+        d = await _awaiting(store, body="Team text")
+        vote = dict(quorum=2, body=d.body, key=d.key)
+        assert await store.approve(d.id, d.version, "tg:1 (Anna)", now=T0, **vote) is None
+        assert await store.approve(d.id, d.version, "tg:1 (Anny)", now=T0 + 1, **vote) is None
+        assert [(v.operator, v.actor) for v in await store.votes(d.id, d.version)] == [
+            ("tg:1", "tg:1 (Anna)")]
+        assert (await store.get_draft(d.id)).status == "awaiting"
+        done = await store.approve(d.id, d.version, "tg:2 (Bo)", now=T0 + 2, **vote)
+        assert (done.status, done.decided_by) == ("approved", "tg:2 (Bo)")
+        entries = [(e.actor, e.detail, e.text_sha256) for e in await store.audit_log(d.key)]
+        assert entries == [("tg:2 (Bo)", "v1: 2/2 approvals", sha256_text("Team text")),
+                           ("tg:1 (Anna)", "v1: 1/2 approvals", sha256_text("Team text"))]
+
+    async def test_concurrent_votes_move_a_draft_once_at_quorum_two_and_never_at_three(
+            self, store):
+        """Two operators approving at the same moment: exactly one CAS approves with a
+        quorum of 2, none with 3 (each round on a fresh draft)."""
+        for quorum, rounds in ((2, 8), (3, 3)):
+            for i in range(rounds):
+                d = await _awaiting(store, item_id=f"q{quorum}-{i}")
+                moved = await asyncio.gather(*(
+                    store.approve(d.id, d.version, f"tg:{u} (Op)", now=T0, quorum=quorum,
+                                  body=d.body, key=d.key) for u in (1, 2)))
+                assert sum(m is not None for m in moved) == (1 if quorum == 2 else 0)
+                assert len(await store.votes(d.id, d.version)) == 2
+                assert (await store.get_draft(d.id)).status == (
+                    "approved" if quorum == 2 else "awaiting")
+
+    async def test_a_new_version_starts_without_votes_and_a_reject_ends_it(self, store):
+        d = await _awaiting(store)
+        assert await store.approve(d.id, 1, "tg:1 (Anna)", quorum=2, key=d.key) is None
+        edited = await store.edit(d.id, 1, "v2 text", "tg:1 (Anna)")
+        await store.mark_posted(d.id, edited.version, "-100123", "77")
+        assert await store.votes(d.id, 2) == []
+        assert await store.approve(d.id, 2, "tg:1 (Anna)", quorum=2, key=d.key) is None
+        assert (await store.reject(d.id, 2, "tg:3 (Cy)")).status == "rejected"
+        assert await store.approve(d.id, 2, "tg:2 (Bo)", quorum=2, key=d.key) is None
+        assert [v.operator for v in await store.votes(d.id, 2)] == ["tg:1"]
+
+    async def test_redraft_takes_back_a_skipped_item_with_the_instruction(self, store):
+        await store.admit(P, S, R, _items("s1", skip={"s1": "mailing list"}), now=T0)
+        [d] = await store.item_drafts(P, "s1")
+        again = await store.redraft(d.id, "tg:1 (Anna)", "shorter please", now=T0 + 1)
+        assert (again.status, again.version, again.instruction, again.error) == (
+            "queued", 2, "shorter please", None)
+        assert await store.redraft(d.id, "tg:1 (Anna)") is None  # queued: in flight
+        [entry] = await store.audit_log(d.key)
+        assert (entry.action, entry.actor) == ("reply", "tg:1 (Anna)")
+        assert entry.detail == "v1 -> v2 (was skipped): shorter please"
+        sent = await _sending(store, "m9")
+        await store.mark_sent(sent.id, "x")
+        assert await store.redraft(sent.id, "tg:1 (Anna)") is None
+
+    async def test_a_notice_is_claimed_once_and_a_reminder_only_while_awaiting(self, store):
+        assert await store.claim_notice("digest|2026-12-01T08:00", T0)
+        assert not await store.claim_notice("digest|2026-12-01T08:00", T0 + 1)
+        d = await _awaiting(store)
+        claims = await asyncio.gather(*(store.claim_notice(
+            f"remind|{d.id}|1|1", T0, draft_id=d.id, version=1) for _ in range(3)))
+        assert sorted(claims) == [False, False, True]
+        assert not await store.claim_notice(f"remind|{d.id}|2|1", T0, draft_id=d.id, version=2)
+        await store.approve(d.id, 1, "anna")
+        assert not await store.claim_notice(f"remind|{d.id}|1|2", T0, draft_id=d.id, version=1)
+
     # -- sending -----------------------------------------------------------------------------
 
     async def test_send_path_is_one_way_and_audited_with_the_sent_text(self, store):

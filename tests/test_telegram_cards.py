@@ -205,3 +205,23 @@ def test_a_notice_shows_code_not_backticks_and_escapes_the_rest():
     assert parse_html(out) == "Check schedule in <a.yaml> & x<y; a lone ` stays"
     huge = cards.notice_html("`a` " + "<" * 5000)
     assert cards.units(parse_html(huge)) <= cards.MAX_TEXT
+
+
+@pytest.mark.parametrize("votes, quorum, line", [
+    ((), 1, None),
+    (("tg:42 (Anna)",), 1, None),
+    ((), 2, "👥 needs 2 approvals"),
+    (("tg:42 (Anna)",), 2, "✅ 1/2 · Anna"),
+    (("tg:42 (Anna)", "tg:43 (<Bo>)"), 3, "✅ 2/3 · Anna, <Bo>"),
+])
+def test_a_quorum_card_says_who_approved_this_version_so_far(votes, quorum, line):
+    """Under the header, escaped; the header stays the first line (replies find it)."""
+    card = cards.render_card(_draft(), votes, quorum)
+    lines = parse_html(card.text).split("\n")
+    assert lines[0] == "📨 support · #1234 v2"
+    assert cards.parse_card_header(card.text) == (1234, 2)
+    if line is None:
+        assert not lines[1].startswith(("✅", "👥"))
+    else:
+        assert lines[1] == line
+    assert cards.render_status(_draft(), votes, quorum).text == card.text

@@ -207,9 +207,23 @@ def _decision_buttons(draft: Draft, cut: bool) -> list[list[Button]]:
     return rows
 
 
-def render_card(draft: Draft) -> Card:
-    """The card an operator decides on, with its buttons (for ``post``)."""
-    text, cut = _with_body(_header(draft), draft)
+def quorum_line(votes: list[str] | tuple[str, ...], quorum: int) -> str | None:
+    """``✅ 1/2 · Anna`` under a card's header (escaped HTML); None at quorum 1."""
+    if quorum <= 1:
+        return None
+    if not votes:
+        return f"👥 needs {quorum} approvals"
+    names = ", ".join(actor_name(v) for v in votes)
+    return f"✅ {len(votes)}/{quorum} · {clip(names, _FIELD['name'] * 2)[0]}"
+
+
+def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1) -> Card:
+    """The card an operator decides on, with its buttons (for ``post``); with a quorum,
+    who approved this version so far."""
+    top = _header(draft)
+    if (line := quorum_line(votes, quorum)) is not None:
+        top.insert(1, line)
+    text, cut = _with_body(top, draft)
     return Card(text, _decision_buttons(draft, cut), cut)
 
 
@@ -246,12 +260,14 @@ def status_line(draft: Draft) -> str | None:
     return f"{html.escape(s)} · {t}"
 
 
-def render_status(draft: Draft) -> Card:
+def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (),
+                  quorum: int = 1) -> Card:
     """The card after (or while) something happened: a status line on top, no decision
-    buttons; Retry for a send that failed or whose outcome is unknown."""
+    buttons; Retry for a send that failed or whose outcome is unknown. (Waiting for a
+    decision: the card, with ``votes`` of ``quorum``.)"""
     line = status_line(draft)
     if line is None:
-        return render_card(draft)
+        return render_card(draft, votes, quorum)
     if draft.status in (QUEUED, DRAFTING):
         return Card(line + "\n\n" + "\n".join(_header(draft)), [])
     text, cut = _with_body([line, ""] + _header(draft), draft)

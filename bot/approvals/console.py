@@ -125,7 +125,10 @@ class ConsoleChannel(ApprovalChannelBase):
         answer = (await _terminal(
             _ask, "   [a]pprove & send, [e]dit, re[g]enerate, [r]eject, Enter = later: ")).strip().lower()
         if answer in ("a", "approve"):
-            await self._decisions.approve(draft.id, draft.version, self.actor)
+            after = await self._decisions.approve(draft.id, draft.version, self.actor)
+            if after is not None and after.status == "awaiting":  # approval.quorum
+                self._print("   your approval counts; this pipeline needs more operators' "
+                            "(approval.quorum) before it sends")
         elif answer in ("e", "edit"):
             self._print("   New text; end with a line containing only '.':")
             body = await _terminal(_read_block)

@@ -279,7 +279,7 @@ class TelegramChannel(ApprovalChannelBase):
         """Send the card (or edit the existing card for a new version)."""
         chat = self.approvals_chat(draft.pipeline)
         bot = self.bot
-        card = cards.render_card(draft)
+        card = cards.render_card(draft, *await self.decisions.votes(draft))
         markup = _markup(card)
         async with self._lock(draft.id):
             try:
@@ -352,7 +352,7 @@ class TelegramChannel(ApprovalChannelBase):
             ref = card_ref(fresh)
             ok = True
             if ref is not None:
-                card = cards.render_status(fresh)
+                card = cards.render_status(fresh, *await self.decisions.votes(fresh))
                 chat, mid = ref
                 try:
                     await self._edit(chat, mid, card.text, _markup(card))
@@ -403,6 +403,16 @@ class TelegramChannel(ApprovalChannelBase):
                                         reply_markup=markup, link_preview_options=NO_PREVIEW)
         except TelegramError as exc:
             raise ApprovalError(f"could not notify the ops chat: {exc}") from exc
+
+    async def remind(self, draft: Draft, text: str) -> None:
+        """A reminder in the card's chat, as a reply to the card (Telegram links it)."""
+        if (ref := card_ref(draft)) is None:
+            return
+        try:
+            await self.bot.send_message(ref[0], text, reply_to_message_id=ref[1],
+                                        allow_sending_without_reply=True)
+        except TelegramError as exc:
+            raise ApprovalError(f"could not send a reminder for #{draft.id}: {exc}") from exc
 
     # -- the gate ------------------------------------------------------------------------
     async def _gate(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:

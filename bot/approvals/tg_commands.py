@@ -11,7 +11,7 @@ from telegram.constants import ParseMode
 from telegram.ext import BaseHandler, CommandHandler, ContextTypes
 
 from .. import ops
-from ..errors import ConfigError
+from ..errors import ConfigError, DrafterError, NotAllowed
 from ..models import Draft
 from . import cards
 from .tg_common import NO_PREVIEW, channel_of, message_of, operator, reply
@@ -21,6 +21,9 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("status", "[pipeline]", "health of every pipeline, or one pipeline's recent runs"),
     ("pending", "", "drafts waiting for a decision"),
     ("replay", "<pipeline> <item_id>", "draft a failed, rejected, skipped or expired item again"),
+    ("reply", "<pipeline> <item_id> [instruction]",
+     "draft a reply to any admitted item now (also a skipped one), with an instruction"),
+    ("emails", "<pipeline> [n]", "the newest admitted items with their ids, status and subject"),
     ("sweep", "[days]", "delete old seen marks, requeue expired leases, prune runs"),
     ("pause", "<pipeline>", "stop ticking a pipeline"),
     ("resume", "<pipeline>", "tick a paused pipeline again"),
@@ -60,7 +63,7 @@ async def pending(update: Update, context: Context) -> None:
     if context.args:
         return await reply(update, _USAGE["pending"])
     ch = channel_of(context)
-    drafts = await ops.pending(ch.store, ch.settings)
+    drafts = await ch.decisions.pending_for(operator(update))
     if not drafts:
         return await reply(update, ops.format_pending(drafts))
     lines: list[str] = []
@@ -88,9 +91,44 @@ async def replay(update: Update, context: Context) -> None:
     if (problem := _unknown(context, name)) is not None:
         return await reply(update, problem)
     ch = channel_of(context)
+    try:
+        await ch.decisions.may_act(name, operator(update), "replay")
+    except NotAllowed as exc:
+        return await reply(update, str(exc))
     result = await ops.replay(ch.store, name, item_id, operator(update),
                               settings=ch.settings)
     await reply(update, ops.format_replay(name, item_id, result))
+
+
+async def reply_cmd(update: Update, context: Context) -> None:
+    """/reply <pipeline> <item_id> [instruction]"""
+    parts = (message_of(update).text or "").split(None, 3)[1:]
+    if len(parts) < 2:
+        return await reply(update, _USAGE["reply"])
+    name, item_id, instruction = parts[0], parts[1], (parts[2] if len(parts) > 2 else "")
+    if (problem := _unknown(context, name)) is not None:
+        return await reply(update, problem)
+    try:
+        text = await channel_of(context).decisions.reply(name, item_id, instruction.strip(),
+                                                         operator(update))
+    except (NotAllowed, DrafterError) as exc:  # not theirs; budget spent, model hold
+        text = str(exc)
+    await reply(update, text)
+
+
+async def emails(update: Update, context: Context) -> None:
+    """/emails <pipeline> [n]"""
+    args = context.args or []
+    n = args[1] if len(args) == 2 else "10"
+    if not 1 <= len(args) <= 2 or not n.isdigit() or not 1 <= int(n) <= ops.MAX_EMAILS:
+        return await reply(update, _USAGE["emails"] + f" (n: 1 to {ops.MAX_EMAILS})")
+    if (problem := _unknown(context, args[0])) is not None:
+        return await reply(update, problem)
+    try:
+        found = await channel_of(context).decisions.emails(args[0], int(n), operator(update))
+    except NotAllowed as exc:
+        return await reply(update, str(exc))
+    await reply(update, ops.format_emails(args[0], found), pre=True)
 
 
 async def sweep(update: Update, context: Context) -> None:
@@ -158,6 +196,7 @@ async def help_(update: Update, context: Context) -> None:
 def handlers() -> list[BaseHandler]:
     """One CommandHandler per command (/start is /help)."""
     table = {"status": status, "pending": pending, "replay": replay, "sweep": sweep,
+             "reply": reply_cmd, "emails": emails,
              "pause": pause, "resume": resume, "run": run, "help": help_, "start": help_}
     return [CommandHandler(name, fn) for name, fn in table.items()]
 

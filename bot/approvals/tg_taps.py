@@ -29,7 +29,7 @@ from telegram.ext import (
 )
 
 from .. import ops
-from ..errors import ApprovalError, ConfigError, DrafterError
+from ..errors import ApprovalError, ConfigError, DrafterError, NotAllowed
 from ..models import AWAITING, READY, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENT, Draft
 from ..stages import PostedRef
 from . import cards
@@ -111,6 +111,11 @@ async def _tap(ch: Any, query: Any, decide: Decide) -> str:
         if cb.action == cards.REPLAY:
             return f"Already replayed: #{draft.id} is v{draft.version} now ({draft.status})."
         return f"Old version (v{cb.version}); the card now shows v{draft.version}."
+    if cb.action != cards.FULL_TEXT:  # reading is not deciding
+        try:
+            await ch.decisions.may_decide(draft, actor(query.from_user), f"tap {cb.action}")
+        except NotAllowed as exc:
+            return str(exc)
     mid: int = message.message_id
     on_card = card_ref(draft) == (chat_id, mid)
     if not on_card and not _ours(query, cb):
@@ -172,6 +177,10 @@ async def _approve(ch: Any, query: Any, cb: cards.Callback, draft: Draft,
         return already(draft)
     # The draft read to check the tap goes with it: the decision does not read it again.
     after = await ch.decisions.approve(draft.id, cb.version, actor(query.from_user), draft)
+    if after is not None and after.status == AWAITING:  # the quorum is not met yet
+        await ch.update(after)
+        votes, quorum = await ch.decisions.votes(after)
+        return f"✅ Your approval counts ({len(votes)}/{quorum}); it sends at {quorum}."
     return await _sent(ch, draft, after) or {
         SENT: "✅ Sent.", SEND_FAILED: "❌ Send failed; see the card.",
         SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
@@ -336,7 +345,7 @@ async def _apply(update: Update, context: Context, kind: str, draft: Draft, text
         else:
             after = await ch.decisions.reject(draft.id, draft.version, who, reason=text)
             done = f"🗑 #{draft.id} rejected." if after else ""
-    except (ConfigError, DrafterError) as exc:  # pipeline gone; budget spent; model hold
+    except (ConfigError, DrafterError, NotAllowed) as exc:  # pipeline gone; budget; not theirs
         text = str(exc)
         await msg.reply_text(do_quote=True, text=plain(
             text if text.startswith("Not ") else f"Not applied: {text}"))

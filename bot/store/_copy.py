@@ -24,6 +24,8 @@ COPY_TABLES: dict[str, tuple[str, ...]] = {
     "audit": ("id",),
     "token_usage": ("pipeline", "day"),
     "pipeline_flags": ("pipeline",),
+    "approvals": ("draft_id", "version", "operator"),
+    "sent_notices": ("key",),
 }
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..errors import StoreError
-from ..models import REPLAYABLE_STATUSES, SENT, AuditEntry, Draft, Item, Run
+from ..models import REPLAYABLE_STATUSES, SENT, AuditEntry, Draft, Item, Run, Vote
 
 
 class StoreMissing(StoreError):
@@ -191,15 +191,41 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def mark_posted(self, draft_id: int, version: int, chat: str,
-                          message_id: str) -> Draft | None:
+                          message_id: str, now: float | None = None) -> Draft | None:
         """CAS ``ready -> awaiting`` for that version, keeping the card's chat and
-        message id."""
+        message id; ``updated_at`` becomes ``now`` (reminders count from it)."""
 
     @abc.abstractmethod
     async def approve(self, draft_id: int, version: int, actor: str,
+                      now: float | None = None, *, quorum: int = 1,
+                      body: str | None = None, key: str | None = None) -> Draft | None:
+        """Record ``actor``'s vote for ``version`` (one per operator and version, only
+        while it awaits a decision), then CAS ``awaiting -> approved`` if ``quorum``
+        distinct operators voted for it; audit row with the sha256 of the body the
+        operator saw. ``None`` if the draft did not move: anything differs, or the
+        quorum is not met yet (then a new vote is audited, with ``body`` and ``key``
+        of the version voted for)."""
+
+    @abc.abstractmethod
+    async def votes(self, draft_id: int, version: int) -> list[Vote]:
+        """The approvals of that version, oldest first."""
+
+    @abc.abstractmethod
+    async def redraft(self, draft_id: int, actor: str, instruction: str = "",
                       now: float | None = None) -> Draft | None:
-        """CAS ``awaiting -> approved`` for exactly ``version``; audit row with the
-        sha256 of the body the operator saw. ``None`` if anything differs."""
+        """/reply: CAS an ``awaiting``, skipped, rejected, failed or expired draft to
+        ``queued`` with version + 1 and ``instruction`` for the drafter. Audited."""
+
+    @abc.abstractmethod
+    async def claim_notice(self, key: str, now: float | None = None, *,
+                           draft_id: int | None = None, version: int | None = None) -> bool:
+        """Claim the right to send the notice ``key`` (a reminder, a digest) once, across
+        restarts and hosts: True for exactly one caller. With ``draft_id``, only while
+        that ``version`` of the draft awaits a decision."""
+
+    @abc.abstractmethod
+    async def item_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
+        """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe), oldest first."""
 
     @abc.abstractmethod
     async def edit(self, draft_id: int, version: int, body: str, actor: str,
@@ -295,6 +321,12 @@ class Store(abc.ABC):
                     text: str | None = None, detail: str | None = None,
                     now: float | None = None) -> None:
         """Append one audit row (sha256 of ``text`` when given)."""
+
+    @abc.abstractmethod
+    async def count_audit(self, action: str, key_prefix: str, since: float,
+                          until: float) -> int:
+        """Audit rows of ``action`` whose draft key starts with ``key_prefix``, written
+        in ``[since, until)`` (the digest's sent and rejected counts)."""
 
     @abc.abstractmethod
     async def audit_log(self, draft_key: str | None = None, limit: int = 100

@@ -10,7 +10,7 @@ from __future__ import annotations
 # backends hand the engine the same values and a copy needs no conversion.
 #: Every table the migrations below create (``doctor`` reads each one).
 TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
-          "pipeline_flags", "locks", "schema_migrations")
+          "pipeline_flags", "locks", "schema_migrations", "approvals", "sent_notices")
 
 MIGRATIONS: list[tuple[int, str, str]] = [
     (
@@ -129,6 +129,24 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE drafts ADD COLUMN send_holder TEXT;
         ALTER TABLE pipeline_flags ADD COLUMN hold_reason TEXT;
         ALTER TABLE pipeline_flags ADD COLUMN hold_until DOUBLE PRECISION;
+        """,
+    ),
+    (
+        3,
+        "team approval desk: approvals (quorum votes), sent_notices (reminders, digests)",
+        """
+        CREATE TABLE approvals (
+            draft_id BIGINT NOT NULL,
+            version INTEGER NOT NULL,
+            operator TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (draft_id, version, operator)
+        );
+        CREATE TABLE sent_notices (
+            key TEXT PRIMARY KEY,
+            at DOUBLE PRECISION NOT NULL
+        );
         """,
     ),
 ]

@@ -304,12 +304,15 @@ class PostgresStore(SqlStore):
             old = None
             if change.before is not None:
                 old = await con.fetchrow(_dollars(BEFORE_SQL + " FOR UPDATE"), change.before)
+            pre = [await con.fetch(_dollars(sql), *args) for sql, args in change.prelude]
             for step in change.steps:
                 sql, args = step.sql(DRAFT_COLS)
                 row = await con.fetchrow(_dollars(sql), *args)
                 if row is not None:
                     break
             else:
+                for sql, args in change.missed(pre, _clean) if change.missed else ():
+                    await con.execute(_dollars(sql), *args)
                 return None
             draft = draft_from_row(row)
             for sql, args in change.followups(draft, old, _clean):

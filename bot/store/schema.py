@@ -120,8 +120,28 @@ _V2 = [
     "ALTER TABLE pipeline_flags ADD COLUMN hold_until REAL",
 ]
 
+# Team approval desk (issue 14): quorum votes, and reminders/digests sent once.
+_V_DESK = [
+    # One row per operator approving one version of a draft: the quorum is counted
+    # here, so the same operator twice counts once and a new version starts with none.
+    """CREATE TABLE approvals (
+        draft_id INTEGER NOT NULL,
+        version  INTEGER NOT NULL,
+        operator TEXT NOT NULL,
+        actor    TEXT NOT NULL,
+        at       REAL NOT NULL,
+        PRIMARY KEY (draft_id, version, operator)
+    )""",
+    # A reminder (remind|draft|version|n) or a digest (digest|slot) is claimed here
+    # before it is sent, so no restart or second host sends it twice.
+    """CREATE TABLE sent_notices (
+        key TEXT PRIMARY KEY,
+        at  REAL NOT NULL
+    )""",
+]
+
 #: Each entry is the list of statements of one migration, in order.
-MIGRATIONS: list[list[str]] = [_V1, _V2]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V_DESK]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 from ..clock import utc_day
 from ..models import (
     APPROVED,
+    AWAITING,
     DRAFTING,
     PENDING_STATUSES,
     QUEUED,
@@ -26,6 +27,8 @@ from ..models import (
     Draft,
     Message,
     Run,
+    Vote,
+    operator_id,
     sha256_text,
 )
 from ..redact import scrub
@@ -40,12 +43,16 @@ from .transitions import (
     MARK_SEND_FAILED,
     MARK_SEND_UNKNOWN,
     MARK_SENT,
+    ON_DEMAND,
     POST,
+    QUORUM_MET,
     REGENERATE,
     REJECT,
     RELEASE,
     RETRY,
     RETRY_SEND,
+    VOTE_SQL,
+    VOTES_SQL,
     IllegalTransition,
     Step,
 )
@@ -119,6 +126,10 @@ class Change:
     at: float = 0.0
     before: int | None = None
     tokens: int = 0
+    #: Statements run first, in the same transaction (a quorum vote); their rows go
+    #: to ``missed``, which gives the statements to run when no step matched.
+    prelude: tuple[tuple[str, tuple], ...] = ()
+    missed: Callable[[list[list[Any]], Callable], list[tuple[str, tuple]]] | None = None
 
     def __post_init__(self) -> None:
         for step in self.steps:
@@ -130,7 +141,7 @@ class Change:
     def single(self) -> bool:
         """One statement and nothing after it (no transaction needed)."""
         return (len(self.steps) == 1 and self.action is None and not self.tokens
-                and self.before is None)
+                and self.before is None and not self.prelude)
 
     def followups(self, d: Draft, old: Any, clean: Callable) -> list[tuple[str, tuple]]:
         out = []
@@ -217,23 +228,70 @@ class SqlStore(Store):
 
     # -- approval --------------------------------------------------------------------
     async def mark_posted(self, draft_id: int, version: int, chat: str,
-                          message_id: str) -> Draft | None:
+                          message_id: str, now: float | None = None) -> Draft | None:
+        # updated_at is when the card went up: reminders count from it.
         return await self._change(_one(Step(
             POST, "approval_chat = ?, approval_message_id = ?, updated_at = ?",
-            (str(chat), str(message_id), time.time()),
+            (str(chat), str(message_id), self._now(now)),
             "id = ? AND version = ?", (draft_id, version))))
 
     async def _decide(self, step: Step, action: str, actor: str, t: float,
-                      detail: Callable[[Draft, Any], str]) -> Draft | None:
-        return await self._change(_one(step, action=action, actor=actor, detail=detail, at=t))
+                      detail: Callable[[Draft, Any], str], before: int | None = None
+                      ) -> Draft | None:
+        return await self._change(_one(step, action=action, actor=actor, detail=detail, at=t,
+                                       before=before))
 
     async def approve(self, draft_id: int, version: int, actor: str,
+                      now: float | None = None, *, quorum: int = 1,
+                      body: str | None = None, key: str | None = None) -> Draft | None:
+        t = self._now(now)
+        # The vote and the CAS in one transaction, under the draft's row lock (where the
+        # backend has row locks), so of two operators tapping at once the later one sees
+        # the earlier vote: exactly one of them moves the draft, or neither (quorum 3).
+        vote = (VOTE_SQL, (operator_id(actor), actor, t, draft_id, version, AWAITING))
+        count = ("SELECT COUNT(*) FROM approvals WHERE draft_id = ? AND version = ?",
+                 (draft_id, version))
+
+        def partial(pre: list[list[Any]], clean: Callable) -> list[tuple[str, tuple]]:
+            if not pre[0] or key is None:  # no new vote (stale, or the same operator)
+                return []
+            return [audit_row(t, actor, "approve", key, body,
+                              f"v{version}: {pre[1][0][0]}/{quorum} approvals", clean)]
+
+        detail = f"v{version}" + (f": {quorum}/{quorum} approvals" if quorum > 1 else "")
+        return await self._change(Change((Step(
+            APPROVE, "decided_by = ?, decided_at = ?, updated_at = ?", (actor, t, t),
+            f"id = ? AND version = ? AND {QUORUM_MET}", (draft_id, version, quorum)),),
+            action="approve", actor=actor, at=t, detail=lambda d, _: detail,
+            # Quorum 1: the vote alone (the CAS approves at once), one round trip less.
+            before=draft_id if quorum > 1 else None,
+            prelude=(vote, count) if quorum > 1 else (vote,),
+            missed=partial if quorum > 1 else None))
+
+    async def votes(self, draft_id: int, version: int) -> list[Vote]:
+        rows = await self._query(VOTES_SQL, (draft_id, version))
+        return [Vote(r[0], r[1], float(r[2])) for r in rows]
+
+    async def redraft(self, draft_id: int, actor: str, instruction: str = "",
                       now: float | None = None) -> Draft | None:
         t = self._now(now)
         return await self._decide(Step(
-            APPROVE, "decided_by = ?, decided_at = ?, updated_at = ?", (actor, t, t),
-            "id = ? AND version = ?", (draft_id, version)),
-            "approve", actor, t, lambda d, _: f"v{version}")
+            ON_DEMAND, "version = version + 1, instruction = ?, attempt = 0, lease_until = NULL, "
+                       "error = NULL, decided_by = NULL, decided_at = NULL, updated_at = ?",
+            (self._clean(instruction), t), "id = ?", (draft_id,)),
+            "reply", actor, t, lambda d, old: f"v{d.version - 1} -> v{d.version} (was "
+            f"{old['status']})" + (f": {instruction}" if instruction else ""), before=draft_id)
+
+    async def claim_notice(self, key: str, now: float | None = None, *,
+                           draft_id: int | None = None, version: int | None = None) -> bool:
+        # ? IS NULL: a digest; otherwise a reminder, claimed only while that version of
+        # the draft still waits for a decision.
+        return await self._execute(
+            "INSERT INTO sent_notices (key, at) SELECT CAST(? AS TEXT), CAST(? AS DOUBLE "
+            "PRECISION) WHERE CAST(? AS INTEGER) IS NULL OR EXISTS ("
+            "SELECT 1 FROM drafts WHERE id = ? AND version = ? AND status = ?) "
+            "ON CONFLICT (key) DO NOTHING",
+            (key, self._now(now), draft_id, draft_id, version, AWAITING)) == 1
 
     async def edit(self, draft_id: int, version: int, body: str, actor: str,
                    now: float | None = None) -> Draft | None:
@@ -307,10 +365,12 @@ class SqlStore(Store):
         found = await self._select_drafts("key = ?", (key,))
         return found[0] if found else None
 
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        """Not in the Store contract: for tests and tools. Every draft of ``item_id``
-        in ``pipeline`` (any scope or recipe)."""
+    async def item_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
         return await self._select_drafts("pipeline = ? AND item_id = ?", (pipeline, item_id))
+
+    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
+        """Not in the Store contract (tests and tools say this; see item_drafts)."""
+        return await self.item_drafts(pipeline, item_id)
 
     async def _by_status(self, statuses: Iterable[str], pipeline: str | None,
                          tail: str = "ORDER BY id") -> list[Draft]:
@@ -430,6 +490,13 @@ class SqlStore(Store):
             "SELECT id, at, actor, action, draft_key, text_sha256, detail FROM audit "
             f"{where} ORDER BY id DESC LIMIT ?", (*args, int(limit)))
         return [AuditEntry(*tuple(r)) for r in rows]
+
+    async def count_audit(self, action: str, key_prefix: str, since: float,
+                          until: float) -> int:
+        rows = await self._query(
+            "SELECT COUNT(*) FROM audit WHERE action = ? AND substr(draft_key, 1, ?) = ? "
+            "AND at >= ? AND at < ?", (action, len(key_prefix), key_prefix, since, until))
+        return int(rows[0][0])
 
     # -- flags, holds, locks, cards ----------------------------------------------------
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:

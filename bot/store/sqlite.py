@@ -115,11 +115,14 @@ def _drafts(db: sqlite3.Connection, where: str, params: Iterable[Any] = (),
 def _apply(db: sqlite3.Connection, change: Change) -> Draft | None:
     """Run ``change`` (see SqlStore) inside the caller's transaction."""
     old = _rows(db, BEFORE_SQL, (change.before,)) if change.before is not None else None
+    pre = [_rows(db, sql, args) for sql, args in change.prelude]
     for step in change.steps:
         rows = _rows(db, *step.sql(DRAFT_COLS))
         if rows:
             break
     else:
+        for sql, args in change.missed(pre, lambda t: t) if change.missed else ():
+            _exec(db, sql, args)
         return None
     draft = draft_from_row(rows[0])
     for sql, args in change.followups(draft, old[0] if old else None, lambda t: t):

@@ -64,11 +64,28 @@ RECOVER_SEND = Transition("recover_send", (SENDING,), SEND_UNKNOWN)  # its sende
 RETRY_SEND = Transition("retry_send", (SEND_FAILED, SEND_UNKNOWN), APPROVED, audited=True)
 REPLAY = Transition("replay", tuple(Status(s) for s in REPLAYABLE_STATUSES), QUEUED,
                     audited=True)
+# /reply: an operator asks for a (new) draft of an item that waits for a decision or
+# ended without a send (skipped, rejected, failed, expired); never of a sent one.
+ON_DEMAND = Transition("on_demand", (AWAITING, *REPLAY.src), QUEUED, audited=True)
+
+#: APPROVE's extra condition: as many distinct operators approved this very version as
+#: the quorum (``?``). Votes are rows of ``approvals`` (see :data:`VOTE_SQL`), so the
+#: CAS that moves the draft is the one that sees the quorum met, whoever tapped last.
+QUORUM_MET = ("(SELECT COUNT(*) FROM approvals WHERE approvals.draft_id = drafts.id"
+              " AND approvals.version = drafts.version) >= ?")
+#: One operator's vote for one version, only while that version awaits a decision; the
+#: same operator twice is one row. Args: operator, actor, at, draft id, version, AWAITING.
+VOTE_SQL = ("INSERT INTO approvals (draft_id, version, operator, actor, at)"
+            " SELECT id, version, CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS DOUBLE PRECISION)"
+            " FROM drafts WHERE id = ? AND version = ? AND status = ?"
+            " ON CONFLICT (draft_id, version, operator) DO NOTHING RETURNING operator")
+VOTES_SQL = ("SELECT operator, actor, at FROM approvals WHERE draft_id = ? AND version = ?"
+             " ORDER BY at, operator")
 
 TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
     CLAIM, FINISH, RETRY, FAIL, RELEASE, LEASE_RETRY, LEASE_FAIL, POST, APPROVE, EDIT,
     REGENERATE, REJECT, EXPIRE, BEGIN_SEND, MARK_SENT, MARK_SEND_FAILED, MARK_SEND_UNKNOWN,
-    RECOVER_SEND, RETRY_SEND, REPLAY)}
+    RECOVER_SEND, RETRY_SEND, REPLAY, ON_DEMAND)}
 
 
 def allowed(t: Transition, src: tuple[str, ...] | None = None) -> tuple[Status, ...]:
