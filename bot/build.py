@@ -13,7 +13,7 @@ import importlib
 from .config import PipelineConfig, Settings
 from .errors import ConfigError
 from .options import ApprovalOptions, DrafterOptions, FilterOptions, WebhookSenderOptions
-from .stages import Drafter, Sender, Source
+from .stages import Drafter, Sender, Source, Triager
 
 _SOURCES = {"maildir": "bot.sources.maildir", "schedule": "bot.sources.schedule",
             "gmail": "bot.sources.gmail"}
@@ -38,14 +38,28 @@ def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
     return importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
 
 
+def build_triager(pipeline: PipelineConfig, settings: Settings) -> Triager | None:
+    """The pipeline's triage (``None`` without ``triage:``): its model's LLM client,
+    checked against the pipeline's lease like a drafter's."""
+    if pipeline.triage is None:
+        return None
+    from .drafters.triage import Triager as _Triager
+
+    model = settings.models[pipeline.triage.model]
+    llm = importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
+    return _Triager(llm, pipeline.triage.rules)
+
+
 def check_all(settings: Settings) -> list[str]:
     """Build every stage; return every ConfigError message."""
     errors: list[str] = _check_telegram(settings)
     for p in settings.pipelines:
         # A stage that is missing or wrong was reported by the loader (which `validate`
         # lets run on, so one pass lists every problem): nothing to build.
-        known = (p.source is not None, p.drafter.model in settings.models, p.sender is not None)
-        for build, ok in zip((build_source, build_drafter, build_sender), known, strict=True):
+        known = (p.source is not None, p.drafter.model in settings.models, p.sender is not None,
+                 p.triage is not None)
+        for build, ok in zip((build_source, build_drafter, build_sender, build_triager), known,
+                             strict=True):
             if not ok:
                 continue
             try:
@@ -61,6 +75,7 @@ def _check_unused_models(settings: Settings) -> list[str]:
     refused wherever it is written). The drafter checks a model together with a
     pipeline, so a stand-in pipeline is used and only the model's own errors kept."""
     used = {p.drafter.model for p in settings.pipelines}
+    used |= {p.triage.model for p in settings.pipelines if p.triage is not None}
     errors: list[str] = []
     for name, model in settings.models.items():
         if name in used:
@@ -101,19 +116,22 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
     by_model: dict[str, list[str]] = {}
     for p in pipelines:
         by_model.setdefault(p.drafter.model, []).append(p.name)
+        if p.triage is not None and p.triage.model != p.drafter.model:
+            by_model.setdefault(p.triage.model, []).append(p.name)
         secret_env = p.sender.secret_env if isinstance(p.sender, WebhookSenderOptions) else None
         if secret_env and not os.environ.get(secret_env, "").strip():
             out.append(f"{p.file}: sender.secret_env: environment variable "
                        f"{secret_env} is not set; export it with the webhook's token")
     for name, users in by_model.items():
         p = next(q for q in pipelines if q.name == users[0])
-        try:
-            opts = getattr(build_drafter(p, settings), "opts", None)
+        model = settings.models[name]
+        try:  # the drafter's model or the triage's: built the same way
+            stage = importlib.import_module(_DRAFTERS[model.provider]).create(model, p, settings)
+            opts = getattr(stage, "opts", None)
         except ConfigError:
             continue  # reported by check_all
         var = getattr(opts, "api_key_env", None)
         if var and not os.environ.get(var, ""):
-            model = settings.models[name]
             out.append(f"{settings.file}: models.{name}.api_key_env: environment variable {var} "
                        f"is not set (used by {', '.join(users)}); export it with the "
                        f"{model.provider} API key")

@@ -144,6 +144,7 @@ async def _pending(args) -> int:
                                "from": d.message.from_addr, "subject": d.message.subject,
                                "card": [d.approval_chat, d.approval_message_id],
                                "created_at": d.created_at,
+                               "triage": d.triage, "triage_reason": d.triage_reason,
                                "configured": settings.has_pipeline(d.pipeline),
                                "held": holds.get(d.pipeline) if d.status == "queued" else None}
                               for d in drafts], indent=2))
@@ -200,14 +201,18 @@ async def _review(args) -> int:
         await console.start(engine)
         mine = [d for d in await ops.pending(store, settings) if settings.has_pipeline(d.pipeline)]
         waiting = [d for d in mine if d.status == "awaiting"]
+        fyi = [d for d in mine if d.status == "notified"]  # triage said notify
         # A send that failed or whose outcome is unknown: Retry, as the Telegram card
         # offers (it asks the other side first whether the reply arrived after all).
         unsent = [d for d in mine if d.status in ("send_failed", "send_unknown")]
-        if not waiting and not unsent:
+        if not waiting and not unsent and not fyi:
             print("nothing awaiting a decision")
         for d in waiting:
             await console.post(d)
             await console.ask(console.review, d)
+        for d in fyi:
+            await console.post(d)
+            await console.ask(console.review_fyi, d)
         for d in unsent:
             await console.ask(console.review_send, d)
         await engine.wait_idle()  # a regenerated draft is shown and asked about now

@@ -131,4 +131,12 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE pipeline_flags ADD COLUMN hold_until DOUBLE PRECISION;
         """,
     ),
+    (
+        3,
+        "triage decision (issue 13): stored with the draft, so never made twice",
+        """
+        ALTER TABLE drafts ADD COLUMN triage TEXT;
+        ALTER TABLE drafts ADD COLUMN triage_reason TEXT;
+        """,
+    ),
 ]

@@ -120,8 +120,15 @@ _V2 = [
     "ALTER TABLE pipeline_flags ADD COLUMN hold_until REAL",
 ]
 
+# Triage (issue 13): the decision (reply | notify | skip) and the model's reason, stored
+# with the draft key, so a crash or a restart never triages an email twice.
+_V3_TRIAGE = [
+    "ALTER TABLE drafts ADD COLUMN triage TEXT",
+    "ALTER TABLE drafts ADD COLUMN triage_reason TEXT",
+]
+
 #: Each entry is the list of statements of one migration, in order.
-MIGRATIONS: list[list[str]] = [_V1, _V2]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3_TRIAGE]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)
