@@ -87,7 +87,8 @@ async def _validate(args) -> int:
     for p in settings.pipelines:
         assert p.source is not None and p.sender is not None  # no problems: both were read
         print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.type}, "
-              f"drafter {p.drafter.model}, approval "
+              f"drafter {p.drafter.model}, "
+              + (f"triage {p.triage.model}, " if p.triage is not None else "") + "approval "
               f"{p.approval.channel}, sender {p.sender.type}, "
               f"recipe {p.recipe}"
               + ("" if p.enabled else " (enabled: false)"))

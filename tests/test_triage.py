@@ -218,3 +218,41 @@ def test_triage_defaults_to_the_drafters_model_and_a_template_drafter_cannot_tri
         text.replace("model: llm, prompt: prompt.md", "model: template, prompt: prompt.md"))
     with pytest.raises(ConfigError, match="triage: triage needs an LLM model"):
         load_settings(tmp_path / "draftgate.yaml")
+
+
+async def test_an_fyi_card_that_could_not_be_posted_waits_and_is_posted_later(world, fake):
+    """notify while the approval channel is down: the FYI card waits in the store (the
+    outbox) and goes out once the channel is back; the email is triaged once."""
+    from bot.errors import ApprovalError
+
+    post = world.cards.post
+
+    async def down(draft):
+        raise ApprovalError("channel down")
+
+    world.cards.post = down
+    fake.script(fake.reply(answer("notify", "A lawyer's letter.")))
+    d = await world.deliver(1)
+    assert (d.status, d.approval_message_id) == ("notified", None)
+    assert "FYI card not posted yet" in ops.format_pending(await ops.pending(world.store,
+                                                                              world.settings))
+    world.cards.post = post
+    assert await world.engine.post_unposted() == 1
+    after = await world.store.get_draft(d.id)
+    assert (after.status, after.approval_message_id) == ("notified", f"card-{d.id}")
+    assert world.cards.cards == [d.id] and len(fake.requests) == 1
+    assert await world.engine.post_unposted() == 0
+
+
+def test_validate_shows_triage_and_names_the_triage_models_unset_key(tmp_path, fake, capsys):
+    from bot.__main__ import main
+
+    cfg = deploy(tmp_path, fake, triage="triage:\n  model: cheap\n  rules: Skip newsletters.\n")
+    cfg.write_text(cfg.read_text() + f"  cheap:\n    provider: anthropic\n    base_url: {fake.url}\n"
+                   "    model: small\n    timeout: 10s\n    retries: 0\n"
+                   "    api_key_env: DG_TRIAGE_UNSET_KEY\n")
+    assert main(["validate", "-c", str(cfg)]) == 0  # a notice: `run` needs it, validate not
+    out = capsys.readouterr().out
+    assert "support: every 5m, source maildir, drafter llm, triage cheap," in out
+    assert ("models.cheap.api_key_env: environment variable DG_TRIAGE_UNSET_KEY is not set "
+            "(used by support)") in out
