@@ -256,3 +256,34 @@ def test_validate_shows_triage_and_names_the_triage_models_unset_key(tmp_path, f
     assert "support: every 5m, source maildir, drafter llm, triage cheap," in out
     assert ("models.cheap.api_key_env: environment variable DG_TRIAGE_UNSET_KEY is not set "
             "(used by support)") in out
+
+
+async def test_the_triage_decision_is_fenced_and_comes_with_its_audit_row_and_tokens(store):
+    """On every backend: a decision is stored with the draft, its audit row and its
+    tokens in one transaction; a worker whose claim was taken over stores nothing."""
+    from bot.clock import utc_day
+    from tests.test_store_contract import T0, P, R, S, _items
+
+    result = await store.admit(P, S, R, _items("a", "b"), now=T0)
+    [a, b] = [await store.get_draft_by_key(k) for k in result.new]
+    a = await store.claim_key(a.key, 60, now=T0)
+    stale = a.fence
+    await store.requeue_expired(P, max_attempts=5, now=T0 + 61)  # the lease ran out
+    a = await store.claim_key(a.key, 60, now=T0 + 62)
+    assert await store.record_triage(a.id, stale, "skip", "late", tokens=5,
+                                     lease_seconds=60, now=T0 + 63) is None
+    skipped = await store.record_triage(a.id, a.fence, "skip", "A newsletter.", tokens=40,
+                                        lease_seconds=60, now=T0 + 63)
+    assert (skipped.status, skipped.error, skipped.lease_until) == (
+        "skipped", "triage: A newsletter.", None)
+    assert await store.tokens_used(P, utc_day(T0)) == 40
+    [entry] = await store.audit_log(a.key)
+    assert (entry.action, entry.detail, entry.actor) == ("triage", "skip: A newsletter.",
+                                                         "draftgate")
+    b = await store.claim_key(b.key, 60, now=T0)
+    kept = await store.record_triage(b.id, b.fence, "reply", "A customer.", lease_seconds=600,
+                                     now=T0 + 30)
+    assert (kept.status, kept.fence, kept.triage) == ("drafting", b.fence, "reply")
+    assert kept.lease_until == pytest.approx(T0 + 630)  # renewed for the drafting to come
+    with pytest.raises(ValueError, match="unknown triage action"):
+        await store.record_triage(b.id, b.fence, "archive", "x", lease_seconds=60)
