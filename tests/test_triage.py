@@ -287,3 +287,30 @@ async def test_the_triage_decision_is_fenced_and_comes_with_its_audit_row_and_to
     assert kept.lease_until == pytest.approx(T0 + 630)  # renewed for the drafting to come
     with pytest.raises(ValueError, match="unknown triage action"):
         await store.record_triage(b.id, b.fence, "archive", "x", lease_seconds=60)
+
+
+def test_review_in_the_terminal_offers_draft_a_reply_and_dismiss_for_fyi_items(
+        tmp_path, fake, monkeypatch, capsys):
+    """Without Telegram, `draftgate review` shows each FYI with the triage's reason and
+    offers Draft a reply (drafted at once, then asked about) or Dismiss."""
+    from bot.__main__ import main
+    from bot.approvals import console
+
+    cfg = deploy(tmp_path, fake)
+    for n in (1, 2):
+        (tmp_path / "inbox" / f"{n}.eml").write_bytes(email(n))
+    fake.script(fake.reply(answer("notify", "An invoice.")),
+                fake.reply(answer("notify", "A lawyer's letter.")))
+    assert main(["run", "--once", "-c", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("🔔 FYI, no reply drafted. Triage: ") == 2
+    assert "FYI only: `draftgate review` offers Draft a reply or Dismiss" in out
+    answers = iter(["d", "x", ""])  # draft the first, dismiss the second, leave the draft
+    monkeypatch.setattr(console, "_ask", lambda prompt: next(answers, ""))
+    assert main(["review", "-c", str(cfg)]) == 0
+    assert "drafting a reply; its card follows" in capsys.readouterr().out
+    assert main(["pending", "-c", str(cfg), "--json"]) == 0
+    [left] = json.loads(capsys.readouterr().out)
+    assert (left["status"], left["version"], left["triage"]) == ("awaiting", 2, "notify")
+    assert left["triage_reason"] in ("An invoice.", "A lawyer's letter.")  # drafted in parallel
+    assert [is_triage(r) for r in fake.requests] == [True, True, False]
