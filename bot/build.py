@@ -33,9 +33,15 @@ def build_sender(pipeline: PipelineConfig, settings: Settings) -> Sender:
     return importlib.import_module(_SENDERS[pipeline.sender.type]).create(pipeline, settings)
 
 
-def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
-    model = settings.models[pipeline.drafter.model]
+def build_model(pipeline: PipelineConfig, settings: Settings, name: str) -> Drafter:
+    """The drafter of ``models.<name>`` checked for ``pipeline`` (its lease): the
+    pipeline's drafter, or the client its triage asks."""
+    model = settings.models[name]
     return importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
+
+
+def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
+    return build_model(pipeline, settings, pipeline.drafter.model)
 
 
 def build_triager(pipeline: PipelineConfig, settings: Settings) -> Triager | None:
@@ -43,10 +49,11 @@ def build_triager(pipeline: PipelineConfig, settings: Settings) -> Triager | Non
     checked against the pipeline's lease like a drafter's."""
     if pipeline.triage is None:
         return None
+    from .drafters._retry import LLMDrafter
     from .drafters.triage import Triager as _Triager
 
-    model = settings.models[pipeline.triage.model]
-    llm = importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
+    llm = build_model(pipeline, settings, pipeline.triage.model)
+    assert isinstance(llm, LLMDrafter), "the loader refuses triage with the template model"
     return _Triager(llm, pipeline.triage.rules)
 
 
@@ -124,17 +131,15 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
                        f"{secret_env} is not set; export it with the webhook's token")
     for name, users in by_model.items():
         p = next(q for q in pipelines if q.name == users[0])
-        model = settings.models[name]
         try:  # the drafter's model or the triage's: built the same way
-            stage = importlib.import_module(_DRAFTERS[model.provider]).create(model, p, settings)
-            opts = getattr(stage, "opts", None)
+            opts = getattr(build_model(p, settings, name), "opts", None)
         except ConfigError:
             continue  # reported by check_all
         var = getattr(opts, "api_key_env", None)
         if var and not os.environ.get(var, ""):
             out.append(f"{settings.file}: models.{name}.api_key_env: environment variable {var} "
                        f"is not set (used by {', '.join(users)}); export it with the "
-                       f"{model.provider} API key")
+                       f"{settings.models[name].provider} API key")
     t = settings.telegram
     if t is not None:
         for key, var, what in (("token_env", t.token_env, "the bot token from @BotFather"),
@@ -174,20 +179,21 @@ def register_secrets(settings: Settings) -> None:
     for p in settings.pipelines:
         if isinstance(p.sender, WebhookSenderOptions):
             env(p.sender.secret_env)
-        try:
-            opts = getattr(build_drafter(p, settings), "opts", None)
-        except Exception:  # a bad model entry: check_all reports it
-            continue
-        if opts is None:  # the template drafter
-            continue
-        env(opts.api_key_env)
-        try:
-            url = urlsplit(opts.base_url or "")
-            redact.register(url.password, f"{opts.where}.base_url password")
-            if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
-                redact.register(url.username, f"{opts.where}.base_url user")
-        except ValueError:
-            pass
+        for name in {p.drafter.model, *([p.triage.model] if p.triage is not None else [])}:
+            try:
+                opts = getattr(build_model(p, settings, name), "opts", None)
+            except Exception:  # a bad model entry: check_all reports it
+                continue
+            if opts is None:  # the template drafter
+                continue
+            env(opts.api_key_env)
+            try:
+                url = urlsplit(opts.base_url or "")
+                redact.register(url.password, f"{opts.where}.base_url password")
+                if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
+                    redact.register(url.username, f"{opts.where}.base_url user")
+            except ValueError:
+                pass
     # The store URL's password is not registered: it shows only inside that URL, which
     # scrub() hides anyway, and a weak one ("postgres") would garble every line.
     for name, account in settings.gmail_accounts.items():

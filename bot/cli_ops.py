@@ -249,17 +249,19 @@ async def _doctor(args) -> int:
 
 
 async def _doctor_models(settings: Settings) -> list[tuple[str, bool, str]]:
-    """One minimal request to each model endpoint that a pipeline uses."""
-    from .build import build_drafter
+    """One minimal request to each model endpoint that a pipeline uses (to draft or to
+    triage)."""
+    from .build import build_model
 
     out: list[tuple[str, bool, str]] = []
     done: set[str] = set()
-    for p in settings.pipelines:
-        name = p.drafter.model
+    used = [(p, p.drafter.model) for p in settings.pipelines]
+    used += [(p, p.triage.model) for p in settings.pipelines if p.triage is not None]
+    for p, name in used:
         if name in done:
             continue
         done.add(name)
-        drafter = build_drafter(p, settings)
+        drafter = build_model(p, settings, name)
         ping = getattr(drafter, "ping", None)
         if ping is None:
             out.append((f"model {name}", True, "offline template drafter"))

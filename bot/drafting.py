@@ -239,6 +239,7 @@ class Drafting:
             d.id, d.fence, decision.action, decision.reason, tokens=decision.tokens,
             lease_seconds=p.lease, now=self.clock())
         if decision.failed:
+            counts.triage_failed += 1
             await self.operators.notify_once(
                 f"triage|{p.name}|{utc_day(self.clock())}",
                 f"⚠️ {p.name}: triage is not working ({decision.reason}). Every email is "

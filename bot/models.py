@@ -224,6 +224,7 @@ class RunCounts:
     drafted: int = 0
     skipped: int = 0
     notified: int = 0  # triage: FYI cards instead of drafts
+    triage_failed: int = 0  # triage answered unusably or not at all: drafted to be safe
     failed: int = 0
     posted: int = 0
     sent: int = 0

@@ -124,6 +124,11 @@ def _assess(p: PipelineConfig, paused: bool, runs: list[Run], hold: dict | None,
             return "backlog", (f"{len(waiting)} item(s) waiting to be drafted since "
                                f"{_when(since)}; is `draftgate run` running? Its log says "
                                f"why drafting stalls")
+    if done is not None and done.counts.get("triage_failed"):
+        # Not a failure (every email was drafted), but triage is not doing its job.
+        return "healthy", (f"triage failed for {done.counts['triage_failed']} email(s) in "
+                           f"the last tick, so they were drafted to be safe; check "
+                           f"triage.model in {p.file}")
     if done is None:
         if not runs:
             return "never run", ""

@@ -157,6 +157,9 @@ async def test_any_doubt_is_a_normal_draft(world, fake, steps):
     assert world.cards.cards == [d.id]
     assert [is_triage(r) for r in fake.requests] == [True] * len(script) + [False]
     assert len([n for n in world.cards.notes if "triage is not working" in n]) == 1
+    [status] = await ops.status_all(world.store, world.settings, now=world.clock())
+    assert status.health == "healthy" and status.problem.startswith(
+        "triage failed for 1 email(s) in the last tick, so they were drafted to be safe")
     fake.script(*steps(fake))
     await world.deliver(2)  # the next failure of the day is not told again
     assert len([n for n in world.cards.notes if "triage is not working" in n]) == 1
