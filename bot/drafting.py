@@ -233,7 +233,12 @@ class Drafting:
         triager = self._triager(p) if d.version == 1 else None
         if triager is None or d.triage is not None:
             return d
-        decision = await triager.triage(d.message)
+        try:
+            decision = await triager.triage(d.message)
+        except asyncio.CancelledError:  # shutting down: the item goes straight back
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.release(d.id, d.fence))
+            raise
         counts.tokens += decision.tokens
         after = await self.store.record_triage(
             d.id, d.fence, decision.action, decision.reason, tokens=decision.tokens,

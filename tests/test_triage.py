@@ -317,3 +317,32 @@ def test_review_in_the_terminal_offers_draft_a_reply_and_dismiss_for_fyi_items(
     assert (left["status"], left["version"], left["triage"]) == ("awaiting", 2, "notify")
     assert left["triage_reason"] in ("An invoice.", "A lawyer's letter.")  # drafted in parallel
     assert [is_triage(r) for r in fake.requests] == [True, True, False]
+
+
+def test_fyi_cards_render_escaped_with_canonical_buttons_and_end_without_them():
+    """The FYI card as Telegram gets it: the reason escaped, the two buttons' data
+    canonical (what parse_callback accepts), and no buttons once decided."""
+    from bot.approvals import cards
+    from bot.models import Draft, Message
+
+    msg = Message(from_name="Law & Co", from_addr="clerk@law.example", subject="Notice <1>",
+                  body="Please find our letter attached.", date="2025-11-29T09:00:00+00:00")
+    d = Draft(id=7, key="k", pipeline="support", scope="s", item_id="i", recipe="v1",
+              status="notified", message=msg, triage="notify",
+              triage_reason="A lawyer's <letter> & notice.")
+    card = cards.render_card(d)
+    assert "Triage: A lawyer's &lt;letter&gt; &amp; notice." in card.text
+    assert "Law &amp; Co" in card.text and "Notice &lt;1&gt;" in card.text
+    assert cards.parse_card_header(card.text) == (7, 1)
+    assert [data for row in card.buttons for _, data in row] == ["dr:7:1", "dm:7:1"]
+    assert [cards.parse_callback(data).action for row in card.buttons for _, data in row] == [
+        "dr", "dm"]
+    assert cards.render_status(d).text == card.text  # waiting: the same card
+    for status, line in (("dismissed", "👋 Dismissed by Anna at "),
+                         ("expired", "⌛ Expired without a decision")):
+        d.status, d.decided_by, d.decided_at = status, "tg:42 (Anna)", 1_764_410_400.0
+        done = cards.render_status(d)
+        assert done.text.startswith(line) and done.buttons == []
+        assert "FYI, no reply drafted" in done.text
+    d.status, d.version = "queued", 2  # Draft a reply was tapped
+    assert cards.render_status(d).text.startswith("✍️ Drafting a reply · #7 v2 …")
