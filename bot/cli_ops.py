@@ -34,8 +34,9 @@ def add_cli(subparsers) -> None:
             "send failed or has an unknown outcome. --json also gives each draft's item_id.",
             json=True)
     p = command("replay", _replay, "send an item back through the pipeline",
-                "A failed, rejected, skipped or expired item goes back to queued; an item "
-                "only seen loses its seen mark. Sent items are refused. Audited. Item ids: "
+                "A failed, rejected, skipped, dismissed or expired item goes back to queued "
+                "and is drafted without triage; an item only seen loses its seen mark. Sent "
+                "items are refused. Audited. Item ids: "
                 "`draftgate status PIPELINE` lists the newest failed and skipped ones; "
                 "`draftgate pending --json` shows item_id.")
     p.add_argument("pipeline")

@@ -20,7 +20,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     # (command, arguments, description) -- the description goes to setMyCommands.
     ("status", "[pipeline]", "health of every pipeline, or one pipeline's recent runs"),
     ("pending", "", "drafts waiting for a decision"),
-    ("replay", "<pipeline> <item_id>", "draft a failed, rejected, skipped or expired item again"),
+    ("replay", "<pipeline> <item_id>", "draft a failed, rejected, skipped, dismissed or expired item again"),
     ("sweep", "[days]", "delete old seen marks, requeue expired leases, prune runs"),
     ("pause", "<pipeline>", "stop ticking a pipeline"),
     ("resume", "<pipeline>", "tick a paused pipeline again"),
