@@ -1,7 +1,7 @@
 """Triage's FYI card in Telegram (issue 13): the real python-telegram-bot against the
-fake Bot API, the real openai SDK against the fake model server for triage, the real
-engine and SQLite store. notify posts an FYI card with Draft a reply and Dismiss;
-Draft a reply turns it into a normal card; Dismiss ends it. Both are audited."""
+fake Bot API, the real openai SDK against the fake model server (triage and drafting),
+the real engine and SQLite store. notify posts an FYI card with Draft a reply and
+Dismiss; Draft a reply turns it into a normal card; Dismiss ends it. Both audited."""
 
 from __future__ import annotations
 
