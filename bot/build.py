@@ -13,7 +13,7 @@ import importlib
 from .config import PipelineConfig, Settings
 from .errors import ConfigError
 from .options import ApprovalOptions, DrafterOptions, FilterOptions, WebhookSenderOptions
-from .stages import Drafter, Sender, Source
+from .stages import Drafter, Sender, Source, Triager
 
 _SOURCES = {"maildir": "bot.sources.maildir", "schedule": "bot.sources.schedule",
             "gmail": "bot.sources.gmail"}
@@ -33,9 +33,28 @@ def build_sender(pipeline: PipelineConfig, settings: Settings) -> Sender:
     return importlib.import_module(_SENDERS[pipeline.sender.type]).create(pipeline, settings)
 
 
-def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
-    model = settings.models[pipeline.drafter.model]
+def build_model(pipeline: PipelineConfig, settings: Settings, name: str) -> Drafter:
+    """The drafter of ``models.<name>`` checked for ``pipeline`` (its lease): the
+    pipeline's drafter, or the client its triage asks."""
+    model = settings.models[name]
     return importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
+
+
+def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
+    return build_model(pipeline, settings, pipeline.drafter.model)
+
+
+def build_triager(pipeline: PipelineConfig, settings: Settings) -> Triager | None:
+    """The pipeline's triage (``None`` without ``triage:``): its model's LLM client,
+    checked against the pipeline's lease like a drafter's."""
+    if pipeline.triage is None:
+        return None
+    from .drafters._retry import LLMDrafter
+    from .drafters.triage import Triager as _Triager
+
+    llm = build_model(pipeline, settings, pipeline.triage.model)
+    assert isinstance(llm, LLMDrafter), "the loader refuses triage with the template model"
+    return _Triager(llm, pipeline.triage.rules)
 
 
 def check_all(settings: Settings) -> list[str]:
@@ -44,8 +63,10 @@ def check_all(settings: Settings) -> list[str]:
     for p in settings.pipelines:
         # A stage that is missing or wrong was reported by the loader (which `validate`
         # lets run on, so one pass lists every problem): nothing to build.
-        known = (p.source is not None, p.drafter.model in settings.models, p.sender is not None)
-        for build, ok in zip((build_source, build_drafter, build_sender), known, strict=True):
+        known = (p.source is not None, p.drafter.model in settings.models, p.sender is not None,
+                 p.triage is not None)
+        for build, ok in zip((build_source, build_drafter, build_sender, build_triager), known,
+                             strict=True):
             if not ok:
                 continue
             try:
@@ -61,6 +82,7 @@ def _check_unused_models(settings: Settings) -> list[str]:
     refused wherever it is written). The drafter checks a model together with a
     pipeline, so a stand-in pipeline is used and only the model's own errors kept."""
     used = {p.drafter.model for p in settings.pipelines}
+    used |= {p.triage.model for p in settings.pipelines if p.triage is not None}
     errors: list[str] = []
     for name, model in settings.models.items():
         if name in used:
@@ -101,22 +123,23 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
     by_model: dict[str, list[str]] = {}
     for p in pipelines:
         by_model.setdefault(p.drafter.model, []).append(p.name)
+        if p.triage is not None and p.triage.model != p.drafter.model:
+            by_model.setdefault(p.triage.model, []).append(p.name)
         secret_env = p.sender.secret_env if isinstance(p.sender, WebhookSenderOptions) else None
         if secret_env and not os.environ.get(secret_env, "").strip():
             out.append(f"{p.file}: sender.secret_env: environment variable "
                        f"{secret_env} is not set; export it with the webhook's token")
     for name, users in by_model.items():
         p = next(q for q in pipelines if q.name == users[0])
-        try:
-            opts = getattr(build_drafter(p, settings), "opts", None)
+        try:  # the drafter's model or the triage's: built the same way
+            opts = getattr(build_model(p, settings, name), "opts", None)
         except ConfigError:
             continue  # reported by check_all
         var = getattr(opts, "api_key_env", None)
         if var and not os.environ.get(var, ""):
-            model = settings.models[name]
             out.append(f"{settings.file}: models.{name}.api_key_env: environment variable {var} "
                        f"is not set (used by {', '.join(users)}); export it with the "
-                       f"{model.provider} API key")
+                       f"{settings.models[name].provider} API key")
     t = settings.telegram
     if t is not None:
         for key, var, what in (("token_env", t.token_env, "the bot token from @BotFather"),
@@ -156,20 +179,21 @@ def register_secrets(settings: Settings) -> None:
     for p in settings.pipelines:
         if isinstance(p.sender, WebhookSenderOptions):
             env(p.sender.secret_env)
-        try:
-            opts = getattr(build_drafter(p, settings), "opts", None)
-        except Exception:  # a bad model entry: check_all reports it
-            continue
-        if opts is None:  # the template drafter
-            continue
-        env(opts.api_key_env)
-        try:
-            url = urlsplit(opts.base_url or "")
-            redact.register(url.password, f"{opts.where}.base_url password")
-            if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
-                redact.register(url.username, f"{opts.where}.base_url user")
-        except ValueError:
-            pass
+        for name in {p.drafter.model, *([p.triage.model] if p.triage is not None else [])}:
+            try:
+                opts = getattr(build_model(p, settings, name), "opts", None)
+            except Exception:  # a bad model entry: check_all reports it
+                continue
+            if opts is None:  # the template drafter
+                continue
+            env(opts.api_key_env)
+            try:
+                url = urlsplit(opts.base_url or "")
+                redact.register(url.password, f"{opts.where}.base_url password")
+                if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
+                    redact.register(url.username, f"{opts.where}.base_url user")
+            except ValueError:
+                pass
     # The store URL's password is not registered: it shows only inside that URL, which
     # scrub() hides anyway, and a weak one ("postgres") would garble every line.
     for name, account in settings.gmail_accounts.items():

@@ -35,8 +35,9 @@ def add_cli(subparsers) -> None:
             "send failed or has an unknown outcome. --json also gives each draft's item_id.",
             json=True)
     p = command("replay", _replay, "send an item back through the pipeline",
-                "A failed, rejected, skipped or expired item goes back to queued; an item "
-                "only seen loses its seen mark. Sent items are refused. Audited. Item ids: "
+                "A failed, rejected, skipped, dismissed or expired item goes back to queued "
+                "and is drafted without triage; an item only seen loses its seen mark. Sent "
+                "items are refused. Audited. Item ids: "
                 "`draftgate status PIPELINE` lists the newest failed and skipped ones; "
                 "`draftgate pending --json` shows item_id.")
     p.add_argument("pipeline")
@@ -95,7 +96,8 @@ async def _validate(args) -> int:
     for p in settings.pipelines:
         assert p.source is not None and p.sender is not None  # no problems: both were read
         print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.type}, "
-              f"drafter {p.drafter.model}, approval "
+              f"drafter {p.drafter.model}, "
+              + (f"triage {p.triage.model}, " if p.triage is not None else "") + "approval "
               f"{p.approval.channel}, sender {p.sender.type}, "
               f"recipe {p.recipe}"
               + ("" if p.enabled else " (enabled: false)"))
@@ -152,6 +154,7 @@ async def _pending(args) -> int:
                                "from": d.message.from_addr, "subject": d.message.subject,
                                "card": [d.approval_chat, d.approval_message_id],
                                "created_at": d.created_at,
+                               "triage": d.triage, "triage_reason": d.triage_reason,
                                "configured": settings.has_pipeline(d.pipeline),
                                "held": holds.get(d.pipeline) if d.status == "queued" else None}
                               for d in drafts], indent=2))
@@ -226,14 +229,18 @@ async def _review(args) -> int:
         await console.start(engine)
         mine = [d for d in await ops.pending(store, settings) if settings.has_pipeline(d.pipeline)]
         waiting = [d for d in mine if d.status == "awaiting"]
+        fyi = [d for d in mine if d.status == "notified"]  # triage said notify
         # A send that failed or whose outcome is unknown: Retry, as the Telegram card
         # offers (it asks the other side first whether the reply arrived after all).
         unsent = [d for d in mine if d.status in ("send_failed", "send_unknown")]
-        if not waiting and not unsent:
+        if not waiting and not unsent and not fyi:
             print("nothing awaiting a decision")
         for d in waiting:
             await console.post(d)
             await console.ask(console.review, d)
+        for d in fyi:
+            await console.post(d)
+            await console.ask(console.review_fyi, d)
         for d in unsent:
             await console.ask(console.review_send, d)
         await engine.wait_idle()  # a regenerated draft is shown and asked about now
@@ -269,17 +276,19 @@ async def _doctor(args) -> int:
 
 
 async def _doctor_models(settings: Settings) -> list[tuple[str, bool, str]]:
-    """One minimal request to each model endpoint that a pipeline uses."""
-    from .build import build_drafter
+    """One minimal request to each model endpoint that a pipeline uses (to draft or to
+    triage)."""
+    from .build import build_model
 
     out: list[tuple[str, bool, str]] = []
     done: set[str] = set()
-    for p in settings.pipelines:
-        name = p.drafter.model
+    used = [(p, p.drafter.model) for p in settings.pipelines]
+    used += [(p, p.triage.model) for p in settings.pipelines if p.triage is not None]
+    for p, name in used:
         if name in done:
             continue
         done.add(name)
-        drafter = build_drafter(p, settings)
+        drafter = build_model(p, settings, name)
         ping = getattr(drafter, "ping", None)
         if ping is None:
             out.append((f"model {name}", True, "offline template drafter"))

@@ -27,7 +27,14 @@ from .checker import (  # noqa: F401
 )
 from .config_files import load_yaml, pipeline_files
 from .errors import ConfigError
-from .options import ApprovalOptions, DrafterOptions, FilterOptions, SenderOptions, SourceOptions
+from .options import (
+    ApprovalOptions,
+    DrafterOptions,
+    FilterOptions,
+    SenderOptions,
+    SourceOptions,
+    TriageOptions,
+)
 from .redact import register as redact_register
 
 SOURCE_TYPES = ("maildir", "schedule", "gmail")
@@ -95,6 +102,7 @@ class PipelineConfig:
     enabled: bool = True
     base_dir: Path = Path(".")
     max_per_tick: int = 200  # new items fetched and admitted per tick; the rest wait
+    triage: TriageOptions | None = None  # None: every admitted email is drafted
 
     def path(self, value: str) -> Path:
         """A path from this pipeline's file, relative to the deployment directory."""
@@ -144,7 +152,7 @@ DEFAULT_MAX_PER_TICK = 200
 _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
-                  "daily_token_budget", "enabled", "max_per_tick"}
+                  "daily_token_budget", "enabled", "max_per_tick", "triage"}
 
 
 def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] | None = None
@@ -371,6 +379,9 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
     filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
     drafter = _drafter(ck, data, settings, base)
+    triage = None if "triage" not in data else _options.parse_triage(
+        ck, data["triage"], drafter.model,
+        {n: m.provider for n, m in settings.models.items()}, settings.file)
     approval = _approval(ck, ck.mapping(data.get("approval"), "approval"), settings)
     sender = _stage(ck, data, "sender", SENDER_TYPES, ctx)
     recipe = ck.get(data, "recipe", "", (str, int), default="v1")
@@ -394,7 +405,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         mark_seen=ck.get(data, "mark_seen", "", str, default="at_fetch", choices=MARK_SEEN),
         catchup=catchup or "latest", catchup_max=catchup_max or 24,
         daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
-        base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK,
+        base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK, triage=triage,
     )
 
 

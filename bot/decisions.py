@@ -18,6 +18,7 @@ from .errors import ConfigError, NotAllowed, describe_error
 from .models import (
     AWAITING,
     EXPIRED,
+    NOTIFIED,
     SEND_UNKNOWN,
     SENT,
     Draft,
@@ -196,6 +197,27 @@ class Decisions:
         return await self.operators.update_card(
             await self.store.reject(draft_id, version, actor, reason, now=self.clock()))
 
+    # -- FYI cards (triage said notify) --------------------------------------------------
+    async def draft_reply(self, draft_id: int, version: int, actor: str) -> Draft | None:
+        """Draft a reply on an FYI card: the item is drafted after all, without triage
+        (a human asked), at once like a Regenerate; its card becomes the draft's card."""
+        d = await self._require_configured(draft_id)
+        if d is not None:
+            await self.may_decide(d, actor, "draft a reply")
+            await self.drafting.refuse_if_waiting(d)
+        d = await self.store.draft_reply(draft_id, version, actor, now=self.clock())
+        if d is not None:
+            log.info("%s #%d: %s asked for a reply to an FYI", d.pipeline, d.id, actor)
+            self._spawn(self._redraft(d))
+        return d
+
+    async def dismiss(self, draft_id: int, version: int, actor: str) -> Draft | None:
+        """Dismiss an FYI card: the item ends there (audited; /replay drafts it)."""
+        if (d := await self.store.get_draft(draft_id)) is not None:
+            await self.may_decide(d, actor, "dismiss")
+        return await self.operators.update_card(
+            await self.store.dismiss(draft_id, version, actor, now=self.clock()))
+
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
         d = await self._require_configured(draft_id)
         if d is not None:
@@ -222,7 +244,7 @@ class Decisions:
         # their buttons go and they say why (the sweep itself is one SQL statement).
         due = [] if ttl is None else [
             d for d in await self.store.pending()
-            if d.status == AWAITING and d.updated_at < now - ttl * 86400.0]
+            if d.status in (AWAITING, NOTIFIED) and d.updated_at < now - ttl * 86400.0]
         # lease_now: on a shared store the sweep's lease expiry is the database's call.
         result = await sweep(self.store, self.settings, days=days, now=lease_now())
         for d in due:

@@ -25,9 +25,9 @@ from .errors import (
     describe_error,
 )
 from .lease import Leases
-from .models import FAILED, Draft, DraftRequest, RunCounts
+from .models import FAILED, NOTIFIED, SKIPPED, Draft, DraftRequest, RunCounts
 from .operators import Operators
-from .stages import Drafter
+from .stages import Drafter, Triager
 from .store import Store
 
 log = logging.getLogger("draftgate.engine")
@@ -39,9 +39,10 @@ MAX_MODEL_HOLD = 3600.0
 
 class Drafting:
     def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Operators,
-                 drafter: Callable[[PipelineConfig], Drafter], clock: Callable[[], float]):
+                 drafter: Callable[[PipelineConfig], Drafter], clock: Callable[[], float],
+                 triager: Callable[[PipelineConfig], Triager | None] = lambda p: None):
         self.settings, self.store, self.leases, self.operators = settings, store, leases, operators
-        self._drafter, self.clock = drafter, clock
+        self._drafter, self.clock, self._triager = drafter, clock, triager
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._model_trouble: set[str] = set()
         self._not_before: dict[str, float] = {}
@@ -163,7 +164,12 @@ class Drafting:
     async def draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts,
                         ready: Callable[[Draft], None] | None = None) -> bool:
         """Draft one claimed item; False when the model is in trouble (stop claiming).
-        ``ready`` gets the stored draft (status ``ready``) when one was made."""
+        ``ready`` gets the stored draft (status ``ready``) when one was made, or the
+        ``notified`` one whose FYI card is to be posted when triage said notify."""
+        triaged = await self._triaged(p, d, counts, ready)
+        if triaged is None:
+            return True
+        d = triaged
         request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
                                previous_body=d.body, draft_key=d.key)
         try:
@@ -216,6 +222,49 @@ class Drafting:
         if ready is not None:
             ready(stored)
         return True
+
+    async def _triaged(self, p: PipelineConfig, d: Draft, counts: RunCounts,
+                       ready: Callable[[Draft], None] | None) -> Draft | None:
+        """Triage a claimed draft before drafting it: the draft to draft now, or None
+        when there is nothing to draft (notified, skipped, or its lease was lost).
+        Only version 1 is triaged, once: the decision is stored with the draft (a
+        claim after a crash finds it), and a later version is one a human asked for
+        (replay, Draft a reply, regenerate)."""
+        triager = self._triager(p) if d.version == 1 else None
+        if triager is None or d.triage is not None:
+            return d
+        try:
+            decision = await triager.triage(d.message)
+        except asyncio.CancelledError:  # shutting down: the item goes straight back
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.release(d.id, d.fence))
+            raise
+        counts.tokens += decision.tokens
+        after = await self.store.record_triage(
+            d.id, d.fence, decision.action, decision.reason, tokens=decision.tokens,
+            lease_seconds=p.lease, now=self.clock())
+        if decision.failed:
+            counts.triage_failed += 1
+            await self.operators.notify_once(
+                f"triage|{p.name}|{utc_day(self.clock())}",
+                f"⚠️ {p.name}: triage is not working ({decision.reason}). Every email is "
+                f"drafted until it works again; check the triage model in {p.file}.")
+        if after is None:  # the lease was lost: the new claim finds no decision, or this one
+            log.warning("%s: triage of %s arrived after its lease was lost", p.name, d.key)
+            await self.store.add_tokens(p.name, decision.tokens, now=self.clock())
+            return None
+        log.info("%s #%d: triage %s: %s", p.name, d.id, decision.action, decision.reason)
+        if after.status in (SKIPPED, NOTIFIED):
+            if after.status == SKIPPED:
+                counts.skipped += 1
+            else:
+                counts.notified += 1
+            if p.mark_seen == "on_success":  # final (or up to an operator), like skipped
+                await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
+            if after.status == NOTIFIED and ready is not None:
+                ready(after)  # its FYI card goes out like a draft's card
+            return None
+        return after
 
     async def _failed(self, p: PipelineConfig, d: Draft, exc: Exception, counts: RunCounts) -> bool:
         """Record a failed drafting call; False when the model may be in trouble."""

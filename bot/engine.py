@@ -26,7 +26,7 @@ from typing import Callable
 from . import filters as _filters
 from . import scheduler
 from .admit import admit_fetched
-from .build import build_drafter, build_sender, build_source
+from .build import build_drafter, build_sender, build_source, build_triager
 from .clock import wall
 from .config import PipelineConfig, Settings
 from .decisions import Decisions
@@ -38,7 +38,7 @@ from .loop import Loop
 from .models import RunCounts
 from .operators import Operators
 from .sending import Sends
-from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source
+from .stages import ApprovalChannel, Drafter, FetchContext, Sender, Source, Triager
 from .store import Store, SweepResult
 
 log = logging.getLogger("draftgate.engine")
@@ -68,6 +68,7 @@ class Engine:
         self._drafters = dict(drafters or {})
         self._senders = dict(senders or {})
         self._sources = dict(sources or {})
+        self._triagers: dict[str, Triager | None] = {}
         self._progress = progress  # (label, done, total): backfills on the CLI
         self._tasks: set[asyncio.Task] = set()
         # The parts read the clock and the stages through the engine at each call
@@ -78,7 +79,8 @@ class Engine:
         self.operators = Operators(settings, store, self.channels, now)
         self.sends = Sends(settings, store, self.leases, self.operators, sender, now, self._spawn,
                            send_check_delay)
-        self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now)
+        self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now,
+                                 lambda p: self.triager(p))
         self.decisions = Decisions(settings, store, self.operators, self.drafting, self.sends,
                                    sender, now, self._spawn)
         self.desk = Desk(settings, store, self.operators, now)
@@ -88,6 +90,7 @@ class Engine:
         d = self.decisions
         self.approve, self.edit, self.regenerate = d.approve, d.edit, d.regenerate
         self.reject, self.retry_send = d.reject, d.retry_send
+        self.draft_reply, self.dismiss = d.draft_reply, d.dismiss
         self.draft, self.record_prompt, self.prompt_record = d.draft, d.record_prompt, d.prompt_record
         self.adopt_card, self.card_stale, self.stale_cards = d.adopt_card, d.card_stale, d.stale_cards
         self.votes, self.may_decide, self.may_see = d.votes, d.may_decide, d.may_see
@@ -101,6 +104,9 @@ class Engine:
 
     def drafter(self, p: PipelineConfig) -> Drafter:
         return _built(self._drafters, p, build_drafter, self.settings)
+
+    def triager(self, p: PipelineConfig) -> Triager | None:
+        return _built(self._triagers, p, build_triager, self.settings)
 
     def sender(self, p: PipelineConfig) -> Sender:
         return _built(self._senders, p, build_sender, self.settings)
@@ -130,8 +136,9 @@ class Engine:
                 await ch.stop()
             except Exception:
                 log.exception("stopping approval channel %s", getattr(ch, "name", ch))
-        stages: list[Source | Drafter | Sender] = [
-            *self._sources.values(), *self._drafters.values(), *self._senders.values()]
+        stages: list[Source | Drafter | Sender | Triager] = [
+            *self._sources.values(), *self._drafters.values(), *self._senders.values(),
+            *filter(None, self._triagers.values())]
         for stage in stages:
             try:
                 await stage.close()

@@ -34,18 +34,24 @@ class Status(StrEnum):
     SKIPPED = "skipped"
     REJECTED = "rejected"
     EXPIRED = "expired"
+    # Triage (issue 13): an FYI card with no draft, waiting for Draft a reply or
+    # Dismiss; and the end of one an operator dismissed.
+    NOTIFIED = "notified"
+    DISMISSED = "dismissed"
 
 
 # Module-level names, as the rest of the code spells them (a Status is a str).
 (QUEUED, DRAFTING, READY, AWAITING, APPROVED, SENDING, SENT, SEND_FAILED, SEND_UNKNOWN,
- FAILED, SKIPPED, REJECTED, EXPIRED) = STATUSES = tuple(Status)
+ FAILED, SKIPPED, REJECTED, EXPIRED, NOTIFIED, DISMISSED) = STATUSES = tuple(Status)
 #: States an operator has to act on or watch (shown by /pending): waiting for a
-#: decision, or approved and not yet known to be sent.
-PENDING_STATUSES = (READY, AWAITING, APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN)
+#: decision (a draft, or an FYI card), or approved and not yet known to be sent.
+PENDING_STATUSES = (READY, AWAITING, APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN, NOTIFIED)
 #: States nothing moves any more, except /replay.
-TERMINAL_STATUSES = (SENT, FAILED, SKIPPED, REJECTED, EXPIRED)
+TERMINAL_STATUSES = (SENT, FAILED, SKIPPED, REJECTED, EXPIRED, DISMISSED)
 #: States /replay may send back to queued.
-REPLAYABLE_STATUSES = (FAILED, REJECTED, SKIPPED, EXPIRED)
+REPLAYABLE_STATUSES = (FAILED, REJECTED, SKIPPED, EXPIRED, DISMISSED)
+#: What triage may decide (bot.drafters.triage); anything else is taken as reply.
+TRIAGE_ACTIONS = ("reply", "notify", "skip")
 
 
 def sha256_text(text: str) -> str:
@@ -171,6 +177,8 @@ class Draft:
     updated_at: float = 0.0
     card_stale: bool = False  # the card's last edit failed; re-render it
     send_holder: str | None = None  # process that moved it to `sending`
+    triage: str | None = None  # reply | notify | skip, decided for version 1; None: not triaged
+    triage_reason: str | None = None  # the model's one sentence (or why triage failed)
 
 
 @dataclass
@@ -193,6 +201,17 @@ class DraftResult:
     model: str = ""
 
 
+@dataclass(frozen=True)
+class TriageDecision:
+    """What triage decided for one email, and what it cost. ``failed``: the model's
+    answer could not be used (or there was none), so the action is ``reply``."""
+
+    action: str
+    reason: str
+    tokens: int = 0
+    failed: bool = False
+
+
 @dataclass
 class SendResult:
     sent_id: str  # Gmail message id, outbox file name, webhook answer id
@@ -204,6 +223,8 @@ class RunCounts:
     new: int = 0
     drafted: int = 0
     skipped: int = 0
+    notified: int = 0  # triage: FYI cards instead of drafts
+    triage_failed: int = 0  # triage answered unusably or not at all: drafted to be safe
     failed: int = 0
     posted: int = 0
     sent: int = 0

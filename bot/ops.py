@@ -18,9 +18,11 @@ from .config import PipelineConfig, Settings
 from .models import (
     APPROVED,
     AWAITING,
+    DISMISSED,
     DRAFTING,
     EXPIRED,
     FAILED,
+    NOTIFIED,
     PENDING_STATUSES,
     QUEUED,
     READY,
@@ -80,7 +82,7 @@ _RESTORE = "restore its pipeline file and restart to finish them (or Reject on a
 #: Drafts that something still has to move: queued or being drafted, or pending.
 UNFINISHED_STATUSES = (QUEUED, DRAFTING, *PENDING_STATUSES)
 #: What `status <pipeline>` lists by item id, so an operator can `replay` it.
-ATTENTION_STATUSES = (FAILED, SKIPPED, REJECTED, SEND_FAILED, SEND_UNKNOWN, EXPIRED)
+ATTENTION_STATUSES = (FAILED, SKIPPED, REJECTED, SEND_FAILED, SEND_UNKNOWN, EXPIRED, DISMISSED)
 
 
 @overload
@@ -123,6 +125,11 @@ def _assess(p: PipelineConfig, paused: bool, runs: list[Run], hold: dict | None,
             return "backlog", (f"{len(waiting)} item(s) waiting to be drafted since "
                                f"{_when(since)}; is `draftgate run` running? Its log says "
                                f"why drafting stalls")
+    if done is not None and done.counts.get("triage_failed"):
+        # Not a failure (every email was drafted), but triage is not doing its job.
+        return "healthy", (f"triage failed for {done.counts['triage_failed']} email(s) in "
+                           f"the last tick, so they were drafted to be safe; check "
+                           f"triage.model in {p.file}")
     if done is None:
         if not runs:
             return "never run", ""
@@ -246,7 +253,7 @@ def _when(t: float | None) -> str:
 
 
 def _counts(c: dict) -> str:
-    keys = ("fetched", "new", "drafted", "skipped", "failed", "posted", "sent")
+    keys = ("fetched", "new", "drafted", "skipped", "notified", "failed", "posted", "sent")
     return " ".join(f"{k} {c.get(k, 0)}" for k in keys if k in c)
 
 
@@ -313,6 +320,7 @@ _PENDING_STATE: dict[str, str] = {
     APPROVED: "approved, sending", SENDING: "sending",
     SEND_FAILED: "send failed, Retry offered",
     SEND_UNKNOWN: "send outcome unknown, being checked",
+    NOTIFIED: "FYI card, no draft (Draft a reply or Dismiss)",
 }
 
 
@@ -333,6 +341,8 @@ def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str
         who = d.message.from_addr or d.message.slot
         subj = d.message.subject or "(no subject)"
         state = _PENDING_STATE.get(d.status, d.status)
+        if d.status == NOTIFIED and not d.approval_message_id:
+            state = "FYI card not posted yet"
         where = f" · card {d.approval_chat}/{d.approval_message_id}" if d.approval_message_id else ""
         lines.append(f"{d.pipeline} #{d.id} v{d.version} · {state} · {who} · {subj[:60]}{where}")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""A pipeline's ``source:``, ``filters:``, ``drafter:``, ``approval:`` and ``sender:``,
+"""A pipeline's ``source:``, ``filters:``, ``drafter:``, ``triage:``, ``approval:`` and ``sender:``,
 parsed once when the configuration loads into the frozen objects below (as httpx's
 ``_config.py`` has ``Limits`` and ``Timeout``). Every default is written here; nothing
 downstream reads a YAML mapping. Each problem is recorded in the :class:`Checker`."""
@@ -58,6 +58,45 @@ class DrafterOptions:
     max_input: int = 8000  # characters of email the model sees
     signature: str = ""
     language: str = "auto"  # "auto": the sender's language; otherwise e.g. "German"
+
+
+@dataclass(frozen=True)
+class TriageOptions:
+    """``triage:`` (optional): before drafting, one short model call sorts each email
+    by the operator's ``rules`` into reply (drafted), notify (an FYI card, no draft)
+    or skip (recorded with the reason). Any doubt is reply."""
+
+    rules: str  # plain text, the operator's own words (instructions, not data)
+    model: str  # a models: entry; default the drafter's model
+
+
+def parse_triage(ck: Checker, raw: Any, drafter_model: str, providers: dict[str, str],
+                 settings_file: str) -> TriageOptions | None:
+    """``triage:`` as written; ``None`` with the problems recorded. ``providers``: each
+    ``models:`` entry's provider. Triage needs an LLM: the template drafter cannot
+    read rules, so a template model is refused here rather than triaging nothing."""
+    if raw is None:
+        ck.error("triage", "empty; expected rules: (and optionally model:), or leave "
+                           "triage: out to draft every admitted email")
+        return None
+    raw = ck.mapping(raw, "triage")
+    ck.unknown(raw, _keys(TriageOptions), "triage")
+    rules = ck.get(raw, "rules", "triage", str)
+    if rules is not None and not rules.strip():
+        ck.error("triage.rules", "empty; write in plain words which email to reply to, "
+                                 "which only to notify about and which to skip")
+    model = ck.get(raw, "model", "triage", str, default=drafter_model)
+    where = "triage.model" if "model" in raw else "triage"
+    if model is not None and model not in providers:
+        ck.error(where, f"unknown model {model!r}; define it under models in {settings_file} "
+                        f"(known: {', '.join(sorted(providers))})")
+    elif model is not None and providers[model] == "template":
+        ck.error(where, f"triage needs an LLM model (provider openai or anthropic), and "
+                        f"{model!r} is the offline template drafter, which cannot read rules; "
+                        f"set triage.model to one, or leave triage: out")
+    elif rules and rules.strip() and model:
+        return TriageOptions(rules=rules.strip(), model=model)
+    return None
 
 
 @dataclass(frozen=True)

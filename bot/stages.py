@@ -12,7 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol, runtime_checkable
 
-from .models import Draft, DraftRequest, DraftResult, FetchResult, SendResult
+from .models import (
+    Draft,
+    DraftRequest,
+    DraftResult,
+    FetchResult,
+    Message,
+    SendResult,
+    TriageDecision,
+)
 
 
 @dataclass
@@ -53,6 +61,18 @@ class Drafter(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class Triager(Protocol):
+    name: str
+
+    async def triage(self, message: Message) -> TriageDecision:
+        """reply | notify | skip for ``message``; never raises for model trouble: any
+        doubt is reply (see bot.drafters.triage)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 @dataclass
 class PostedRef:
     chat: str
@@ -73,6 +93,9 @@ class Decisions(Protocol):
     async def reject(self, draft_id: int, version: int, actor: str,
                      reason: str = "") -> Draft | None: ...
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None: ...
+    # An FYI card (triage said notify): draft a reply after all, or dismiss it.
+    async def draft_reply(self, draft_id: int, version: int, actor: str) -> Draft | None: ...
+    async def dismiss(self, draft_id: int, version: int, actor: str) -> Draft | None: ...
 
     # What a channel reads and records goes through here too: it never touches the store.
     async def draft(self, draft_id: int) -> Draft | None: ...

@@ -11,9 +11,11 @@ import pytest
 from bot.models import (
     APPROVED,
     AWAITING,
+    DISMISSED,
     DRAFTING,
     EXPIRED,
     FAILED,
+    NOTIFIED,
     QUEUED,
     READY,
     REJECTED,
@@ -120,15 +122,37 @@ async def test_every_move_of_both_stores_is_in_the_table_and_every_row_is_used(s
     await rec.admit("skipped", skip={"skipped": "newsletter"})
     await rec(st.replay(P, "skipped", "anna", now=T0))
 
+    # Triage: reply keeps the claim (a move onto itself), notify and skip end drafting;
+    # an FYI card is recorded (onto itself too), then drafted after all or dismissed.
+    for item, action in (("t-reply", "reply"), ("t-skip", "skip"), ("t-fyi", "notify"),
+                         ("t-dismiss", "notify")):
+        [d] = await rec.admit(item)
+        d = await rec(st.claim_key(d.key, 600, now=T0))
+        d = await rec(st.record_triage(d.id, d.fence, action, "why", lease_seconds=60, now=T0))
+        if d.status in (DRAFTING, NOTIFIED):
+            d = await rec(st.mark_posted(d.id, d.version, "-100", "8")) \
+                if d.status == NOTIFIED else d
+            rec.seen.add((d.status, d.status))
+        if d.status == DRAFTING:  # reply: drafting goes on under the same claim
+            assert await rec(st.release(d.id, d.fence))
+    fyi = await st.get_draft_by_key(f"{P}|{S}|t-fyi|{R}")
+    assert (await rec(st.draft_reply(fyi.id, fyi.version, "anna", now=T0))).status == QUEUED
+    gone = await st.get_draft_by_key(f"{P}|{S}|t-dismiss|{R}")
+    assert (await rec(st.dismiss(gone.id, gone.version, "anna", now=T0))).status == DISMISSED
+    await rec(st.replay(P, "t-dismiss", "anna", now=T0))
+    [d] = await rec.admit("t-expires")
+    d = await rec(st.claim_key(d.key, 600, now=T0))
+    await rec(st.record_triage(d.id, d.fence, "notify", "an invoice", lease_seconds=60, now=T0))
+
     # Leases and approvals that run out (the other drafts are queued again by now).
     n = len(await rec(st.claim(P, 60, limit=10, now=T0)))
-    assert n == 4 and await rec(st.requeue_expired(P, max_attempts=5, now=T0 + 61)) == (n, 0)
+    assert n == 7 and await rec(st.requeue_expired(P, max_attempts=5, now=T0 + 61)) == (n, 0)
     await rec(st.claim(P, 60, limit=10, now=T0 + 61))
     assert await rec(st.requeue_expired(P, max_attempts=1, now=T0 + 200)) == (0, n)
     d = await _awaiting(rec, "expires")
     later = time.time() + 2 * DAY  # mark_posted stamps the real time
     res = await rec(st.sweep(seen_ttl_days=3650, approval_ttl_days=1, now=later))
-    assert res.approvals_expired == 1
+    assert res.approvals_expired == 2  # the card and the FYI card nobody decided on
     await rec(st.replay(P, "expires", "anna", now=later))
 
     assert rec.seen == ALLOWED, f"never made: {sorted(ALLOWED - rec.seen)}"
@@ -138,7 +162,8 @@ async def test_statuses_are_stored_and_serialised_as_the_same_plain_strings(stor
     """The StrEnum changes no stored row and no JSON: the values are the old strings."""
     assert [s.value for s in Status] == [
         "queued", "drafting", "ready", "awaiting", "approved", "sending", "sent",
-        "send_failed", "send_unknown", "failed", "skipped", "rejected", "expired"]
+        "send_failed", "send_unknown", "failed", "skipped", "rejected", "expired",
+        "notified", "dismissed"]
     assert json.dumps({"s": SEND_UNKNOWN}) == '{"s": "send_unknown"}'
     assert f"{QUEUED}" == "queued" and QUEUED == "queued"
     await store.admit(P, S, R, [Item("m1", _msg("m1"))], now=T0)
@@ -167,7 +192,7 @@ def test_every_status_has_a_way_in_and_every_unfinished_one_a_way_out():
     assert into == set(Status)
     assert out == set(Status) - {SENT}  # sent is final; /replay refuses it
     assert {DRAFTING, READY, AWAITING, APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN,
-            FAILED, REJECTED, EXPIRED} <= out
+            FAILED, REJECTED, EXPIRED, NOTIFIED, DISMISSED} <= out
 
 
 def test_the_contract_has_no_test_only_methods_and_requeue_expired_is_required():

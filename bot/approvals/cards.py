@@ -21,9 +21,11 @@ from datetime import datetime, timezone
 from ..models import (
     APPROVED,
     AWAITING,
+    DISMISSED,
     DRAFTING,
     EXPIRED,
     FAILED,
+    NOTIFIED,
     QUEUED,
     READY,
     REJECTED,
@@ -42,7 +44,8 @@ CUT_MARKER = "\n\n✂️ … (cut; tap 📄 Full text for the whole draft as a f
 
 APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT = "ap", "ed", "rg", "rj", "rt", "ft"
 REPLAY = "rp"  # on a failure notice: the same operation as /replay
-ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY)
+DRAFT_REPLY, DISMISS = "dr", "dm"  # on an FYI card (triage said notify)
+ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS)
 # Canonical numbers only (no leading zeros): data we did not make byte for byte is refused.
 _CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[1-9][0-9]{0,17}):"
                        r"(?P<version>[1-9][0-9]{0,8})")
@@ -207,6 +210,26 @@ def _decision_buttons(draft: Draft, cut: bool) -> list[list[Button]]:
     return rows
 
 
+def _is_fyi(draft: Draft) -> bool:
+    """An FYI card's draft: triage said notify and nothing was drafted (yet)."""
+    return draft.status == NOTIFIED or (draft.triage == "notify" and not draft.body
+                                        and draft.status in (DISMISSED, EXPIRED))
+
+
+def render_fyi(draft: Draft, status: str | None = None) -> Card:
+    """An FYI card: the email, the triage's reason, no draft. Waiting (``status``
+    None): buttons Draft a reply and Dismiss; otherwise ``status`` on top, no buttons."""
+    reason = clip(_one_line(draft.triage_reason or ""), _FIELD["reason"])[0] or "no reason given"
+    lines = ([status, ""] if status else []) + _header(draft) + [
+        "", f"🔔 <b>FYI, no reply drafted.</b> Triage: {reason}"]
+    if status:
+        return Card("\n".join(lines), [])
+    lines.append("Tap ✍️ Draft a reply to get a draft to approve, or 👋 Dismiss.")
+    return Card("\n".join(lines), [[
+        ("✍️ Draft a reply", callback_data(DRAFT_REPLY, draft.id, draft.version)),
+        ("👋 Dismiss", callback_data(DISMISS, draft.id, draft.version))]])
+
+
 def quorum_line(votes: list[str] | tuple[str, ...], quorum: int) -> str | None:
     """``✅ 1/2 · Anna`` under a card's header (escaped HTML); None at quorum 1."""
     if quorum <= 1:
@@ -220,6 +243,8 @@ def quorum_line(votes: list[str] | tuple[str, ...], quorum: int) -> str | None:
 def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1) -> Card:
     """The card an operator decides on, with its buttons (for ``post``); with a quorum,
     who approved this version so far."""
+    if draft.status == NOTIFIED:
+        return render_fyi(draft)
     top = _header(draft)
     if (line := quorum_line(votes, quorum)) is not None:
         top.insert(1, line)
@@ -234,7 +259,7 @@ def status_line(draft: Draft) -> str | None:
     at = hhmm(draft.decided_at)
     error = clip(_one_line(scrub(draft.error or "")), _FIELD["error"])[0]
     s, t = draft.status, tag(draft)
-    if s == AWAITING:
+    if s in (AWAITING, NOTIFIED):
         return None
     if s == SENT:
         return f"✅ Sent by {who} at {hhmm(draft.updated_at or draft.decided_at)} · {t}"
@@ -249,8 +274,10 @@ def status_line(draft: Draft) -> str | None:
     if s == SEND_UNKNOWN:
         return (f"❓ Send outcome unknown (approved by {who} at {at}) · {t}\n"
                 f"{error or 'interrupted'}\nCheck the mailbox before you tap Retry.")
-    if s in (QUEUED, DRAFTING):
-        return f"🔁 Regenerating · {t} …"
+    if s in (QUEUED, DRAFTING):  # no body yet: a first draft an operator asked for
+        return f"🔁 Regenerating · {t} …" if draft.body else f"✍️ Drafting a reply · {t} …"
+    if s == DISMISSED:
+        return f"👋 Dismissed by {who} at {at} · {t}"
     if s == READY:
         return f"⏳ {t} is ready; updating the card…"
     if s == EXPIRED:
@@ -268,6 +295,8 @@ def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (),
     line = status_line(draft)
     if line is None:
         return render_card(draft, votes, quorum)
+    if _is_fyi(draft):
+        return render_fyi(draft, line)
     if draft.status in (QUEUED, DRAFTING):
         return Card(line + "\n\n" + "\n".join(_header(draft)), [])
     text, cut = _with_body([line, ""] + _header(draft), draft)

@@ -22,7 +22,7 @@ import threading
 from typing import Any, TextIO
 
 from ..errors import DraftgateError
-from ..models import REPLAYABLE_STATUSES, Draft
+from ..models import NOTIFIED, REPLAYABLE_STATUSES, Draft
 from ..redact import escape_controls, scrub
 from ..stages import ApprovalChannelBase, Decisions, PostedRef
 
@@ -45,6 +45,9 @@ def render(draft: Draft, *, width: int = 76, excerpt: int = 400) -> str:
         if original:
             cut = original[:excerpt] + ("…" if len(original) > excerpt else "")
             lines.append("» " + "\n  ".join(textwrap.wrap(cut, width - 2)))
+    if draft.status == NOTIFIED:  # triage said notify: an FYI, no draft
+        lines.append(f"🔔 FYI, no reply drafted. Triage: {draft.triage_reason or 'no reason given'}")
+        return "\n".join(lines)
     lines.append("Draft:")
     # The exact text that would be sent: never re-wrapped or shortened.
     lines.append(draft.body)
@@ -91,6 +94,12 @@ class ConsoleChannel(ApprovalChannelBase):
     async def on_posted(self, draft: Draft) -> None:
         """Called by the engine once the card is recorded as awaiting a decision."""
         if self._decisions is None:
+            return
+        if draft.status == NOTIFIED:
+            if self.interactive:
+                await self.ask(self.review_fyi, draft)
+            else:
+                self._print("   FYI only: `draftgate review` offers Draft a reply or Dismiss")
             return
         if self.auto_approve:
             self._print(f"   [DEMO MODE] auto-approving #{draft.id} v{draft.version} "
@@ -149,6 +158,24 @@ class ConsoleChannel(ApprovalChannelBase):
         else:
             self._print("   left pending")
 
+    async def review_fyi(self, draft: Draft) -> None:
+        """An FYI (triage said notify): draft a reply after all, or dismiss it."""
+        assert self._decisions is not None
+        if self._shown_last != (draft.id, draft.version):
+            self._show(draft)
+        answer = (await _terminal(
+            _ask, "   [d]raft a reply, dismiss [x], Enter = later: ")).strip().lower()
+        try:
+            if answer in ("d", "draft"):
+                if await self._decisions.draft_reply(draft.id, draft.version, self.actor):
+                    self._print("   drafting a reply; its card follows")
+            elif answer in ("x", "dismiss"):
+                await self._decisions.dismiss(draft.id, draft.version, self.actor)
+            else:
+                self._print("   left pending")
+        except DraftgateError as exc:  # budget spent, model hold, pipeline gone
+            self._print(f"   {exc}")
+
     async def review_send(self, draft: Draft) -> None:
         """A reply whose send failed or whose outcome is unknown: offer Retry."""
         assert self._decisions is not None
@@ -172,6 +199,7 @@ class ConsoleChannel(ApprovalChannelBase):
         text = {
             "sent": f"✅ Sent by {who} · #{draft.id} v{draft.version} ({draft.sent_id})",
             "rejected": f"🗑 Rejected by {who} · #{draft.id} v{draft.version}",
+            "dismissed": f"👋 Dismissed by {who} · #{draft.id} v{draft.version}",
             "send_failed": f"⚠️ Send failed · #{draft.id}: {draft.error}",
             "send_unknown": f"❓ Send outcome unknown · #{draft.id}: {draft.error}",
         }.get(draft.status, f"#{draft.id} v{draft.version}: {draft.status}")

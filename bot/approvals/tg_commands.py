@@ -20,7 +20,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     # (command, arguments, description) -- the description goes to setMyCommands.
     ("status", "[pipeline]", "health of every pipeline, or one pipeline's recent runs"),
     ("pending", "", "drafts waiting for a decision"),
-    ("replay", "<pipeline> <item_id>", "draft a failed, rejected, skipped or expired item again"),
+    ("replay", "<pipeline> <item_id>", "draft a failed, rejected, skipped, dismissed or expired item again"),
     ("reply", "<pipeline> <item_id> [instruction]",
      "draft a reply to any admitted item now (also a skipped one), with an instruction"),
     ("emails", "<pipeline> [n]", "the newest admitted items with their ids, status and subject"),

@@ -13,7 +13,9 @@ from telegram.ext import ContextTypes
 
 from ..models import (
     APPROVED,
+    DISMISSED,
     DRAFTING,
+    NOTIFIED,
     QUEUED,
     READY,
     REJECTED,
@@ -127,7 +129,12 @@ def already(draft: Draft) -> str:
         return f"Already approved by {who}; " + ("sending." if s in (APPROVED, SENDING) else
                                                  "the send needs attention (see the card).")
     if s in (QUEUED, DRAFTING):
-        return "Being regenerated; wait for the new version."
+        return ("Being regenerated; wait for the new version." if draft.body else
+                "A reply is being drafted; the card turns into it.")
+    if s == NOTIFIED:
+        return "This is an FYI card: tap ✍️ Draft a reply or 👋 Dismiss."
+    if s == DISMISSED:
+        return f"Already dismissed by {who}."
     if s == READY:
         return "A new version is being posted; use the updated card."
     return f"Nothing to do: the draft is {s}."

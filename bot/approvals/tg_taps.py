@@ -29,8 +29,17 @@ from telegram.ext import (
 )
 
 from .. import ops
-from ..errors import ApprovalError, ConfigError, DrafterError, NotAllowed
-from ..models import AWAITING, READY, REPLAYABLE_STATUSES, SEND_FAILED, SEND_UNKNOWN, SENT, Draft
+from ..errors import ApprovalError, ConfigError, DrafterError, DraftgateError, NotAllowed
+from ..models import (
+    AWAITING,
+    NOTIFIED,
+    READY,
+    REPLAYABLE_STATUSES,
+    SEND_FAILED,
+    SEND_UNKNOWN,
+    SENT,
+    Draft,
+)
 from ..stages import PostedRef
 from . import cards
 from .tg_common import (
@@ -156,7 +165,7 @@ async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
     tapped copy is removed. The tap then acts as on the recorded card. (``_tap``
     checked that the message carries this tap's data and names this draft and
     version in its header: it is a copy of this draft's card, never another's.)"""
-    if draft.status == READY:
+    if draft.status == READY or (draft.status == NOTIFIED and draft.approval_message_id is None):
         # A card of exactly this version exists (the tap came from it) though the
         # draft still waits to be posted: that card is its card. An older card
         # recorded for an earlier version does not change that.
@@ -242,6 +251,26 @@ async def _replay(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id
     return f"♻️ #{draft.id} is back in the queue; the next tick drafts it."
 
 
+async def _fyi(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """Draft a reply / Dismiss on an FYI card (triage said notify)."""
+    if draft.status != NOTIFIED:
+        return already(draft)
+    who = actor(query.from_user)
+    try:
+        if cb.action == cards.DISMISS:
+            after = await ch.decisions.dismiss(draft.id, cb.version, who)
+        else:
+            after = await ch.decisions.draft_reply(draft.id, cb.version, who)
+    except DraftgateError as exc:  # budget spent, model hold: refused with the reason
+        return str(exc).replace("Not regenerated", "Not drafted")
+    if after is None:
+        return already(await ch.decisions.draft(draft.id) or draft)
+    if cb.action == cards.DISMISS:
+        return "👋 Dismissed."
+    await ch.update(after)
+    return "✍️ Drafting a reply; this card turns into it."
+
+
 async def _full_text(ch: Any, query: Any, cb: cards.Callback, draft: Draft,
                      chat_id: int) -> str:
     message = query.message
@@ -256,7 +285,8 @@ async def _full_text(ch: Any, query: Any, cb: cards.Callback, draft: Draft,
 
 _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
     ((cards.APPROVE,), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
-    ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text)]
+    ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
+    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi)]
 
 
 # -- replies to prompts and cards ---------------------------------------------------------------

@@ -429,7 +429,10 @@ class LLMDrafter:
     def _new_client(self, api_key: str) -> Any:
         raise NotImplementedError
 
-    async def _call(self, client: Any, p: _prompt.Prompt, max_tokens: int) -> Answer:
+    async def _call(self, client: Any, p: _prompt.Prompt, max_tokens: int,
+                    schema: dict[str, Any] | None = None) -> Answer:
+        """One SDK call; ``schema``: ask for JSON of that schema with the provider's
+        structured-output feature."""
         raise NotImplementedError
 
     def _classify(self, exc: BaseException) -> Failure | None:
@@ -461,6 +464,16 @@ class LLMDrafter:
             err.tokens = answer.tokens_in + answer.tokens_out
             raise err from None
         return DraftResult(body, answer.tokens_in, answer.tokens_out, answer.model or self.opts.model)
+
+    async def ask_json(self, p: _prompt.Prompt, schema: dict[str, Any],
+                       max_tokens: int) -> Answer:
+        """One answer constrained to ``schema`` (triage), with the same bounded retries
+        as a draft; what it says is the caller's to check."""
+        client = self._get_client()
+        return await call_with_retries(
+            self.opts, lambda: self._call(client, p, min(max_tokens, self.opts.max_output_tokens),
+                                          schema),
+            self._classify, budget=self._budget)
 
     async def ping(self) -> str:
         """A minimal request for ``draftgate doctor``: one attempt, a one-token answer.

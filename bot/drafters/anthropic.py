@@ -15,6 +15,8 @@ option is refused with a config error rather than sent and answered with a 400.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anthropic
 
 from ..config import ModelConfig, PipelineConfig, Settings
@@ -49,12 +51,17 @@ class AnthropicDrafter(LLMDrafter):
         return anthropic.AsyncAnthropic(api_key=api_key, base_url=self.opts.base_url,
                                         timeout=self.opts.timeout, max_retries=0)
 
-    async def _call(self, client: anthropic.AsyncAnthropic, p: Prompt, max_tokens: int) -> Answer:
+    async def _call(self, client: anthropic.AsyncAnthropic, p: Prompt, max_tokens: int,
+                    schema: dict[str, Any] | None = None) -> Answer:
+        # Structured outputs (output_config.format, GA in anthropic 2.x): the text
+        # block holds JSON matching the schema.
+        extra: dict[str, Any] = {} if schema is None else {
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}}
         # The raw answer, checked here: a proxy or a web page at base_url can answer
         # 200 with anything, and the SDK would hand back a string.
         raw = await client.messages.with_raw_response.create(
             model=self.opts.model, max_tokens=max_tokens, system=p.system,
-            messages=[{"role": "user", "content": p.user}])
+            messages=[{"role": "user", "content": p.user}], **extra)
         return self._answer(await raw.read(), raw.headers.get("content-type"))
 
     def _answer(self, body: bytes, content_type: str | None) -> Answer:

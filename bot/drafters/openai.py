@@ -48,10 +48,14 @@ class OpenAIDrafter(LLMDrafter):
         return openai.AsyncOpenAI(api_key=api_key, base_url=self.opts.base_url,
                                   timeout=self.opts.timeout, max_retries=0)
 
-    async def _call(self, client: openai.AsyncOpenAI, p: Prompt, max_tokens: int) -> Answer:
+    async def _call(self, client: openai.AsyncOpenAI, p: Prompt, max_tokens: int,
+                    schema: dict[str, Any] | None = None) -> Answer:
         extra: dict[str, Any] = {}
         if self.opts.temperature is not None:
             extra["temperature"] = self.opts.temperature
+        if schema is not None:  # Structured Outputs: the answer must match the schema
+            extra["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "answer", "strict": True, "schema": schema}}
         # max_tokens rather than max_completion_tokens: every compatible server knows it.
         # The raw answer: a "compatible" server (or a proxy, or a web page where the
         # API should be) can answer 200 with anything, and the SDK would hand back a

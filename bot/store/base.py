@@ -177,6 +177,16 @@ class Store(abc.ABC):
         shutdown)."""
 
     @abc.abstractmethod
+    async def record_triage(self, draft_id: int, fence: int, action: str, reason: str, *,
+                            tokens: int = 0, lease_seconds: float,
+                            now: float | None = None) -> Draft | None:
+        """Fenced, one transaction: store the triage decision (``reply | notify | skip``)
+        and its reason with the draft, add ``tokens`` to the day's usage and append an
+        audit row. ``reply``: stays ``drafting`` with its lease renewed for
+        ``lease_seconds``; ``notify``: ``notified`` (an FYI card to post); ``skip``:
+        ``skipped`` with the reason as error text. ``None`` when the fence moved."""
+
+    @abc.abstractmethod
     async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
         """Count tokens spent that did not end in a stored draft (failed attempts)."""
 
@@ -187,13 +197,26 @@ class Store(abc.ABC):
     # -- approval ------------------------------------------------------------------
     @abc.abstractmethod
     async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        """Drafts in ``ready`` (never posted, or re-drafted), oldest first."""
+        """Drafts in ``ready`` (never posted, or re-drafted) and ``notified`` ones whose
+        FYI card was never posted, oldest first."""
 
     @abc.abstractmethod
     async def mark_posted(self, draft_id: int, version: int, chat: str,
                           message_id: str, now: float | None = None) -> Draft | None:
         """CAS ``ready -> awaiting`` for that version, keeping the card's chat and
-        message id; ``updated_at`` becomes ``now`` (reminders count from it)."""
+        message id; for a ``notified`` draft (an FYI card) the status stays;
+        ``updated_at`` becomes ``now`` (reminders count from it)."""
+
+    @abc.abstractmethod
+    async def draft_reply(self, draft_id: int, version: int, actor: str,
+                          now: float | None = None) -> Draft | None:
+        """CAS ``notified -> queued`` for ``version`` (an operator tapped Draft a reply
+        on the FYI card): version + 1, so it is drafted without triage. Audited."""
+
+    @abc.abstractmethod
+    async def dismiss(self, draft_id: int, version: int, actor: str,
+                      now: float | None = None) -> Draft | None:
+        """CAS ``notified -> dismissed`` for ``version``. Audited."""
 
     @abc.abstractmethod
     async def approve(self, draft_id: int, version: int, actor: str,

@@ -149,4 +149,12 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        4,
+        "triage decision (issue 13): stored with the draft, so never made twice",
+        """
+        ALTER TABLE drafts ADD COLUMN triage TEXT;
+        ALTER TABLE drafts ADD COLUMN triage_reason TEXT;
+        """,
+    ),
 ]

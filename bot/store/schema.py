@@ -140,8 +140,15 @@ _V_DESK = [
     )""",
 ]
 
+# Triage (issue 13): the decision (reply | notify | skip) and the model's reason, stored
+# with the draft key, so a crash or a restart never triages an email twice.
+_V_TRIAGE = [
+    "ALTER TABLE drafts ADD COLUMN triage TEXT",
+    "ALTER TABLE drafts ADD COLUMN triage_reason TEXT",
+]
+
 #: Each entry is the list of statements of one migration, in order.
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V_DESK]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V_DESK, _V_TRIAGE]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -18,6 +18,7 @@ from ..models import (
     APPROVED,
     AWAITING,
     DRAFTING,
+    NOTIFIED,
     PENDING_STATUSES,
     QUEUED,
     READY,
@@ -37,6 +38,8 @@ from .transitions import (
     APPROVE,
     BEGIN_SEND,
     CLAIM,
+    DISMISS,
+    DRAFT_REPLY,
     EDIT,
     FAIL,
     FINISH,
@@ -45,12 +48,16 @@ from .transitions import (
     MARK_SENT,
     ON_DEMAND,
     POST,
+    POST_FYI,
     QUORUM_MET,
     REGENERATE,
     REJECT,
     RELEASE,
     RETRY,
     RETRY_SEND,
+    TRIAGE_NOTIFY,
+    TRIAGE_REPLY,
+    TRIAGE_SKIP,
     VOTE_SQL,
     VOTES_SQL,
     IllegalTransition,
@@ -61,7 +68,8 @@ DRAFT_COLUMNS = (
     "id", "key", "pipeline", "scope", "item_id", "recipe", "status", "payload", "attempt",
     "lease_until", "fence", "body", "version", "instruction", "approval_chat",
     "approval_message_id", "decided_by", "decided_at", "sent_id", "error", "tokens_in",
-    "tokens_out", "created_at", "updated_at", "card_stale", "send_holder",
+    "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "triage",
+    "triage_reason",
 )
 DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
 SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
@@ -88,6 +96,7 @@ def draft_from_row(row: Any) -> Draft:
         error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
         created_at=row["created_at"], updated_at=row["updated_at"],
         card_stale=bool(row["card_stale"]), send_holder=row["send_holder"],
+        triage=row["triage"], triage_reason=row["triage_reason"],
     )
 
 
@@ -226,14 +235,56 @@ class SqlStore(Store):
             RELEASE, "lease_until = NULL, updated_at = ?", (time.time(),),
             "id = ? AND fence = ?", (draft_id, fence)))) is not None
 
+    async def record_triage(self, draft_id: int, fence: int, action: str, reason: str, *,
+                            tokens: int = 0, lease_seconds: float,
+                            now: float | None = None) -> Draft | None:
+        t = self._now(now)
+        assign, args = "triage = ?, triage_reason = ?, updated_at = ?", (
+            action, self._clean(reason), t)
+        if action == "reply":  # drafting goes on under this claim, with a fresh lease
+            clock, arg = self._db_clock(now)
+            step = Step(TRIAGE_REPLY, assign + f", lease_until = {clock} + ?",
+                        (*args, arg, float(lease_seconds)), "id = ? AND fence = ?",
+                        (draft_id, fence))
+        elif action == "notify":
+            step = Step(TRIAGE_NOTIFY, assign + ", lease_until = NULL", args,
+                        "id = ? AND fence = ?", (draft_id, fence))
+        elif action == "skip":  # the reason is what `status <pipeline>` lists
+            step = Step(TRIAGE_SKIP, assign + ", lease_until = NULL, error = ?",
+                        (*args, self._clean(scrub(f"triage: {reason}"))),
+                        "id = ? AND fence = ?", (draft_id, fence))
+        else:
+            raise ValueError(f"unknown triage action {action!r}")
+        return await self._change(_one(step, action="triage", at=t, tokens=tokens,
+                                       detail=lambda d, _: f"{action}: {reason}"))
+
     # -- approval --------------------------------------------------------------------
     async def mark_posted(self, draft_id: int, version: int, chat: str,
                           message_id: str, now: float | None = None) -> Draft | None:
         # updated_at is when the card went up: reminders count from it.
-        return await self._change(_one(Step(
-            POST, "approval_chat = ?, approval_message_id = ?, updated_at = ?",
-            (str(chat), str(message_id), self._now(now)),
-            "id = ? AND version = ?", (draft_id, version))))
+        assign = "approval_chat = ?, approval_message_id = ?, updated_at = ?"
+        args = (str(chat), str(message_id), self._now(now))
+        where = "id = ? AND version = ?", (draft_id, version)
+        # A draft's card (ready -> awaiting), or an FYI card (stays notified).
+        return await self._change(Change((Step(POST, assign, args, *where),
+                                          Step(POST_FYI, assign, args, *where))))
+
+    async def draft_reply(self, draft_id: int, version: int, actor: str,
+                          now: float | None = None) -> Draft | None:
+        t = self._now(now)
+        return await self._decide(Step(
+            DRAFT_REPLY, "version = version + 1, attempt = 0, lease_until = NULL, "
+                         "error = NULL, updated_at = ?", (t,),
+            "id = ? AND version = ?", (draft_id, version)),
+            "draft_reply", actor, t, lambda d, _: f"v{version} -> v{d.version}")
+
+    async def dismiss(self, draft_id: int, version: int, actor: str,
+                      now: float | None = None) -> Draft | None:
+        t = self._now(now)
+        return await self._decide(Step(
+            DISMISS, "decided_by = ?, decided_at = ?, updated_at = ?", (actor, t, t),
+            "id = ? AND version = ?", (draft_id, version)),
+            "dismiss", actor, t, lambda d, _: f"v{version}")
 
     async def _decide(self, step: Step, action: str, actor: str, t: float,
                       detail: Callable[[Draft, Any], str], before: int | None = None
@@ -380,7 +431,11 @@ class SqlStore(Store):
         return await self._by_status(PENDING_STATUSES, pipeline)
 
     async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        return await self._by_status((READY,), pipeline, f"ORDER BY id LIMIT {int(limit)}")
+        where = "(status = ? OR (status = ? AND approval_message_id IS NULL))"
+        args: tuple = (READY, NOTIFIED)
+        if pipeline is not None:
+            where, args = "pipeline = ? AND " + where, (pipeline, *args)
+        return await self._select_drafts(where, args, f"ORDER BY id LIMIT {int(limit)}")
 
     async def approved(self, pipeline: str | None = None) -> list[Draft]:
         return await self._by_status((APPROVED,), pipeline)

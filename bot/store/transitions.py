@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from ..models import (
     APPROVED,
     AWAITING,
+    DISMISSED,
     DRAFTING,
     EXPIRED,
     FAILED,
+    NOTIFIED,
     QUEUED,
     READY,
     REJECTED,
@@ -27,6 +29,7 @@ from ..models import (
     SEND_UNKNOWN,
     SENDING,
     SENT,
+    SKIPPED,
     Status,
 )
 
@@ -55,18 +58,27 @@ APPROVE = Transition("approve", (AWAITING,), APPROVED, audited=True)
 EDIT = Transition("edit", (AWAITING,), READY, audited=True)
 REGENERATE = Transition("regenerate", (AWAITING,), QUEUED, audited=True)
 REJECT = Transition("reject", (AWAITING,), REJECTED, audited=True)
-EXPIRE = Transition("expire", (AWAITING,), EXPIRED)
+EXPIRE = Transition("expire", (AWAITING, NOTIFIED), EXPIRED)
 BEGIN_SEND = Transition("begin_send", (APPROVED,), SENDING)
 MARK_SENT = Transition("sent", (SENDING, SEND_UNKNOWN), SENT, audited=True)
 MARK_SEND_FAILED = Transition("send_failed", (SENDING,), SEND_FAILED)
 MARK_SEND_UNKNOWN = Transition("send_unknown", (SENDING,), SEND_UNKNOWN)
 RECOVER_SEND = Transition("recover_send", (SENDING,), SEND_UNKNOWN)  # its sender is gone
 RETRY_SEND = Transition("retry_send", (SEND_FAILED, SEND_UNKNOWN), APPROVED, audited=True)
+# Triage (before drafting version 1): its decision is stored with the draft and audited
+# in the same transaction. reply keeps the claim (and renews its lease) for drafting.
+TRIAGE_REPLY = Transition("triage_reply", (DRAFTING,), DRAFTING, audited=True)
+TRIAGE_NOTIFY = Transition("triage_notify", (DRAFTING,), NOTIFIED, audited=True)
+TRIAGE_SKIP = Transition("triage_skip", (DRAFTING,), SKIPPED, audited=True)
+POST_FYI = Transition("post_fyi", (NOTIFIED,), NOTIFIED)  # its FYI card is recorded
+DRAFT_REPLY = Transition("draft_reply", (NOTIFIED,), QUEUED, audited=True)  # an operator asks
+DISMISS = Transition("dismiss", (NOTIFIED,), DISMISSED, audited=True)
 REPLAY = Transition("replay", tuple(Status(s) for s in REPLAYABLE_STATUSES), QUEUED,
                     audited=True)
 # /reply: an operator asks for a (new) draft of an item that waits for a decision or
-# ended without a send (skipped, rejected, failed, expired); never of a sent one.
-ON_DEMAND = Transition("on_demand", (AWAITING, *REPLAY.src), QUEUED, audited=True)
+# ended without a send (skipped, rejected, failed, expired, dismissed), or an FYI card
+# (as Draft a reply does); never of a sent one.
+ON_DEMAND = Transition("on_demand", (AWAITING, NOTIFIED, *REPLAY.src), QUEUED, audited=True)
 
 #: APPROVE's extra condition: as many distinct operators approved this very version as
 #: the quorum (``?``). Votes are rows of ``approvals`` (see :data:`VOTE_SQL`), so the
@@ -85,7 +97,8 @@ VOTES_SQL = ("SELECT operator, actor, at FROM approvals WHERE draft_id = ? AND v
 TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
     CLAIM, FINISH, RETRY, FAIL, RELEASE, LEASE_RETRY, LEASE_FAIL, POST, APPROVE, EDIT,
     REGENERATE, REJECT, EXPIRE, BEGIN_SEND, MARK_SENT, MARK_SEND_FAILED, MARK_SEND_UNKNOWN,
-    RECOVER_SEND, RETRY_SEND, REPLAY, ON_DEMAND)}
+    RECOVER_SEND, RETRY_SEND, REPLAY, ON_DEMAND, TRIAGE_REPLY, TRIAGE_NOTIFY, TRIAGE_SKIP,
+    POST_FYI, DRAFT_REPLY, DISMISS)}
 
 
 def allowed(t: Transition, src: tuple[str, ...] | None = None) -> tuple[Status, ...]:
