@@ -97,7 +97,6 @@ def _clean(text: str | None) -> str | None:
     return text.replace("\x00", "\ufffd") if text and "\x00" in text else text
 
 
-
 def _now(now: float | None) -> float:
     return wall() if now is None else float(now)
 
@@ -123,13 +122,8 @@ def parse_pg_url(url: str) -> tuple[str, str]:
     if parts.scheme not in ("postgresql", "postgres"):
         raise StoreError(f"not a PostgreSQL URL: {redact_url(url)!r}; expected postgresql://user@host/db")
     query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = "public"
-    rest = []
-    for k, v in query:
-        if k == "schema":
-            schema = v
-        else:
-            rest.append((k, v))
+    schema = ([v for k, v in query if k == "schema"] or ["public"])[-1]
+    rest = [(k, v) for k, v in query if k != "schema"]
     if not _SCHEMA_NAME.match(schema):
         raise StoreError(
             f"store URL {redact_url(url)!r}: schema={schema!r} is not a plain identifier; "

@@ -34,18 +34,10 @@ CURSOR_SQL = ("INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES (
 
 
 def draft_from_row(row: Any) -> Draft:
-    return Draft(
-        id=row["id"], key=row["key"], pipeline=row["pipeline"], scope=row["scope"],
-        item_id=row["item_id"], recipe=row["recipe"], status=row["status"],
-        message=Message.from_json(row["payload"]), attempt=row["attempt"],
-        lease_until=row["lease_until"], fence=row["fence"], body=row["body"],
-        version=row["version"], instruction=row["instruction"],
-        approval_chat=row["approval_chat"], approval_message_id=row["approval_message_id"],
-        decided_by=row["decided_by"], decided_at=row["decided_at"], sent_id=row["sent_id"],
-        error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
-        created_at=row["created_at"], updated_at=row["updated_at"],
-        card_stale=bool(row["card_stale"]), send_holder=row["send_holder"],
-    )
+    fields = {c: row[c] for c in DRAFT_COLUMNS}  # the Draft's fields, but for these two:
+    fields["message"] = Message.from_json(fields.pop("payload"))
+    fields["card_stale"] = bool(fields["card_stale"])
+    return Draft(**fields)
 
 
 def run_from_row(row: Any) -> Run:

@@ -19,8 +19,10 @@ from ..models import (
     PENDING_STATUSES,
     QUEUED,
     READY,
+    REPLAYABLE_STATUSES,
     SEND_UNKNOWN,
     SENDING,
+    SENT,
     AuditEntry,
     Draft,
     Run,
@@ -32,8 +34,6 @@ from .base import (
     ReplayResult,
     Store,
     SweepResult,
-    replay_refusal,
-    replay_without_draft,
 )
 from .rows import (
     BEFORE_SQL,
@@ -449,14 +449,22 @@ class SqlStore(Store):
         async def tx(db: Db) -> ReplayResult:
             drafts = await select_drafts(db, "pipeline = ? AND item_id = ?", (pipeline, item_id),
                                          "ORDER BY id" + self.FOR_UPDATE)
-            refusal = replay_refusal(drafts)
+            # A sent item is never replayed, nor one still in flight.
+            sent = [d for d in drafts if d.status == SENT]
+            busy = [d for d in drafts if d.status not in REPLAYABLE_STATUSES]
             if not drafts:
                 removed = await db.run("DELETE FROM seen_items WHERE pipeline = ? AND item_id = ?",
                                        (pipeline, item_id))
-                result = replay_without_draft(pipeline, item_id, removed)
+                result = ReplayResult("unseen", f"{where}: seen mark removed; the next fetch "
+                                                "takes it again") if removed else ReplayResult(
+                    "not_found", f"{where}: no seen mark and no draft; check the pipeline "
+                                 "name and the item id")
                 key, detail = None, f"{result.outcome}: {where}"
-            elif refusal is not None:
-                d, why = refusal
+            elif sent or busy:
+                d = (sent or busy)[-1]
+                why = (f"draft #{d.id} was already sent; a sent item is never replayed" if sent
+                       else f"draft #{d.id} is still {d.status}; decide on it or let it finish "
+                            "first")
                 result = ReplayResult("refused", f"{where}: {why}", d)
                 key, detail = d.key, f"refused: {why}"
             else:

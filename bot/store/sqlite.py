@@ -69,7 +69,6 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text
 
 
-
 def _chunks(seq: list, size: int = _CHUNK) -> Iterable[list]:
     for i in range(0, len(seq), size):
         yield seq[i:i + size]
