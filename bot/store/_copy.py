@@ -43,9 +43,6 @@ def key_columns(table: str) -> tuple[str, ...]:
 
 def copier(store: Any) -> Copier:
     """The copier of an opened store."""
-    if all(callable(getattr(store, m, None)) for m in
-           ("copy_count", "export_rows", "import_rows", "finish_import")):
-        return store
     from .postgres import PostgresStore
     from .sqlite import SQLiteStore
 
@@ -109,7 +106,7 @@ class _PostgresCopier(_SqlCopier):
     async def import_rows(self, table: str, rows: list[dict]) -> int:
         """Insert copied rows as they are (ids included); a row whose key or id is
         already present is left alone. Returns how many were inserted."""
-        from .postgres import _clean, _count  # (the postgres module imports this one)
+        from .postgres import _count  # (the postgres module imports this one)
 
         key_columns(table)
         if not rows:
@@ -117,7 +114,7 @@ class _PostgresCopier(_SqlCopier):
         # SQLite hands back whatever type a value was stored with; PostgreSQL wants the
         # column's own type.
         convert: dict[str, Callable[[Any], Any]] = {"double precision": float, "bigint": int, "integer": int,
-                   "text": lambda v: _clean(str(v))}
+                   "text": lambda v: self._store._clean(str(v))}
         async with self._store._tx() as con:
             types = {r["column_name"]: r["data_type"] for r in await con.fetch(
                 "SELECT column_name, data_type FROM information_schema.columns"

@@ -91,16 +91,6 @@ SELECT key FROM ins
 """
 
 
-def _clean(text: str | None) -> str | None:
-    """PostgreSQL text cannot hold NUL (SQLite can): a model answer or an error text
-    carrying one would fail every retry, so NUL becomes U+FFFD, visibly."""
-    return text.replace("\x00", "\ufffd") if text and "\x00" in text else text
-
-
-def _now(now: float | None) -> float:
-    return wall() if now is None else float(now)
-
-
 @functools.lru_cache(maxsize=512)
 def _dollars(sql: str) -> str:
     """asyncpg's placeholders for the shared ``?`` ones: the n-th ``?`` becomes ``$n``."""
@@ -260,10 +250,12 @@ class PostgresStore(SqlStore):
 
     # -- the shared transitions' primitives (see SqlStore) ---------------------------
     def _now(self, now: float | None) -> float:
-        return _now(now)
+        return wall() if now is None else float(now)
 
     def _clean(self, text: str | None) -> str | None:
-        return _clean(text)
+        """PostgreSQL text cannot hold NUL (SQLite can): a model answer or an error text
+        carrying one would fail every retry, so NUL becomes U+FFFD, visibly."""
+        return text.replace("\x00", "\ufffd") if text and "\x00" in text else text
 
     def _db_clock(self, now: float | None) -> tuple[str, Any]:
         return _DB_NOW, now  # None: the database's clock (see _DB_NOW)
@@ -283,7 +275,7 @@ class PostgresStore(SqlStore):
     async def admit(self, pipeline: str, scope: str, recipe: str, items: list[Item], *,
                     cursor: str | None = None, mark_seen: bool = True,
                     now: float | None = None) -> AdmitResult:
-        t = _now(now)
+        t = self._now(now)
         result = AdmitResult()
         unique: dict[str, Item] = {}
         for item in items:
@@ -301,7 +293,7 @@ class PostgresStore(SqlStore):
             statuses.append(SKIPPED if item.skip_reason else QUEUED)
             item_ids.append(item.item_id)
             payloads.append(item.message.to_json())
-            errors.append(_clean(item.skip_reason))
+            errors.append(self._clean(item.skip_reason))
         async with self._conn() as con:
             rows = await con.fetch(
                 _ADMIT, pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors,
@@ -321,14 +313,14 @@ class PostgresStore(SqlStore):
             await con.execute(
                 "INSERT INTO seen_items (pipeline, scope, item_id, seen_at)"
                 " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i ON CONFLICT DO NOTHING",
-                pipeline, scope, list(dict.fromkeys(item_ids)), _now(now))
+                pipeline, scope, list(dict.fromkeys(item_ids)), self._now(now))
 
     # -- drafting ------------------------------------------------------------------
     async def claim(self, pipeline: str, lease_seconds: float, *, limit: int = 1,
                     now: float | None = None) -> list[Draft]:
         if limit <= 0:
             return []
-        t = _now(now)
+        t = self._now(now)
         async with self._conn() as con:
             # SKIP LOCKED: a row another process is claiming right now is passed over
             # instead of waited for, so N hosts claim N disjoint batches. MATERIALIZED
