@@ -13,7 +13,6 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _SIZES = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, None: 1}
 
 
-
 def parse_duration(value: Any) -> float:
     """``"5m"`` -> 300.0; a bare number is seconds. Raises ValueError."""
     if isinstance(value, bool):

@@ -30,7 +30,6 @@ from .store.base import HEARTBEAT_PREFIX
 log = logging.getLogger("draftgate.engine")
 
 
-
 @functools.lru_cache(maxsize=1)
 def process_home() -> str:
     """Host name, boot and pid namespace of this process. DRAFTGATE_TEST_HOST replaces

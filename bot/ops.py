@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import overload
 
 from . import scheduler
+from .approvals.cards import hhmm
 from .clock import utc_day
 from .config import PipelineConfig, Settings
 from .models import (
@@ -240,12 +241,6 @@ async def sweep(store: Store, settings: Settings, days: float | None = None,
 _ICON = {"ok": "✅", "error": "❌", "running": "⏳", "stopped": "⏹"}
 
 
-def _hhmm(t: float | None) -> str:
-    if not t:
-        return "--:--"
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M")
-
-
 def _when(t: float | None) -> str:
     if not t:
         return "never"
@@ -279,7 +274,7 @@ def format_status_all(items: list[PipelineStatus]) -> str:
             continue
         icon = {"failing": "❌", "held": "⚠", "backlog": "⚠"}.get(s.health) \
             or _ICON.get(r["status"], "?")
-        lines.append(f"{s.name:<{width}}  {icon} {_hhmm(r['started_at'])}  {s.schedule}  "
+        lines.append(f"{s.name:<{width}}  {icon} {hhmm(r['started_at'])}  {s.schedule}  "
                      f"pending {s.pending}{queued}{tail}")
     return "\n".join(lines)
 
@@ -294,7 +289,7 @@ def format_status_one(d: PipelineDetail) -> str:
         for r in d.runs:
             dur = f"{r['duration']:.1f}s" if r.get("duration") is not None else "running"
             err = f"  {r['error_text']}" if r.get("error_text") else ""
-            lines.append(f"{_hhmm(r['started_at'])} {r['status']} {dur} {_counts(r['counts'])}{err}")
+            lines.append(f"{hhmm(r['started_at'])} {r['status']} {dur} {_counts(r['counts'])}{err}")
     else:
         lines.append("no runs yet")
     lines.append(f"last green {_when(d.last_green['started_at']) if d.last_green else 'never'}")

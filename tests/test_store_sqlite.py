@@ -37,8 +37,8 @@ async def _wait_for(predicate, timeout: float = 10.0) -> None:
 async def test_open_creates_directories_and_a_wal_database(tmp_path):
     path = tmp_path / "a" / "b" / "state.db"
     async with create_store(f"sqlite:///{path}") as store:
-        pragmas = await store._read(lambda db: [db.execute(f"PRAGMA {p}").fetchone()[0]
-                                                for p in ("journal_mode", "synchronous", "busy_timeout")])
+        pragmas = [(await store._query(f"PRAGMA {p}"))[0][0]
+                   for p in ("journal_mode", "synchronous", "busy_timeout")]
     assert pragmas == ["wal", 1, 5000]  # synchronous 1 = NORMAL
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA user_version").fetchone()[0] == LATEST
@@ -171,7 +171,7 @@ async def test_a_cancelled_caller_leaves_no_open_transaction(tmp_path):
         # Every admit either happened completely or not at all, and the store still works.
         count = await store.seen_count("p")
         assert (await store.count_by_status("p")).get("queued", 0) == count
-        assert await store._read(lambda db: db.in_transaction) is False
+        assert store._conn.in_transaction is False
         assert len((await store.admit("p", "s", "v1", _items("late"))).new) == 1
 
 

@@ -7,12 +7,11 @@ helpers, so the store modules keep only what the running bot needs.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
-from contextlib import closing
 from typing import Any, Protocol
 
 from ..errors import StoreError
+from .rows import Db
 
 #: Tables migrate-store copies, with the key columns a batch is ordered and resumed by.
 #: ``locks`` is left out on purpose: its leases belong to the old store's processes.
@@ -46,9 +45,6 @@ def key_columns(table: str) -> tuple[str, ...]:
 
 def copier(store: Any) -> Copier:
     """The copier of an opened store."""
-    if all(callable(getattr(store, m, None)) for m in
-           ("copy_count", "export_rows", "import_rows", "finish_import")):
-        return store
     from .postgres import PostgresStore
     from .sqlite import SQLiteStore
 
@@ -59,20 +55,19 @@ def copier(store: Any) -> Copier:
     raise StoreError(f"migrate-store cannot copy a {type(store).__name__}")
 
 
-class _SQLiteCopier:
-    def __init__(self, store):
+class _SqlCopier:
+    """Counting and reading, alike on both backends (through the store's own SQL helpers)."""
+
+    def __init__(self, store: Any):
         self._store = store
 
     async def copy_count(self, table: str) -> int:
         key_columns(table)
-
-        def read(db: sqlite3.Connection) -> int:
-            with closing(db.execute(f"SELECT count(*) FROM {table}")) as cur:
-                return int(cur.fetchone()[0])
-
-        return await self._store._read(read)
+        return int((await self._store._query(f"SELECT count(*) FROM {table}"))[0][0])
 
     async def export_rows(self, table: str, after: tuple | None, limit: int) -> list[dict]:
+        """Up to ``limit`` rows of ``table`` whose key columns sort after ``after``,
+        in key order, as plain dicts."""
         key = key_columns(table)
         cols = ", ".join(key)
         sql = f"SELECT * FROM {table}"
@@ -81,34 +76,27 @@ class _SQLiteCopier:
             # Row values compare like a composite index: one range scan per batch.
             sql += f" WHERE ({cols}) > ({', '.join('?' * len(key))})"
             params = tuple(after)
-        sql += f" ORDER BY {cols} LIMIT ?"
+        rows = await self._store._query(f"{sql} ORDER BY {cols} LIMIT ?", (*params, int(limit)))
+        return [dict(zip(r.keys(), r, strict=True)) for r in rows]
 
-        def read(db: sqlite3.Connection) -> list[dict]:
-            with closing(db.execute(sql, params + (int(limit),))) as cur:
-                names = [d[0] for d in cur.description]
-                return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-        return await self._store._read(read)
-
+class _SQLiteCopier(_SqlCopier):
     async def import_rows(self, table: str, rows: list[dict]) -> int:
         key_columns(table)
         if not rows:
             return 0
 
-        def tx(db: sqlite3.Connection) -> int:
-            with closing(db.execute(f"PRAGMA table_info({table})")) as cur:
-                have = {r[1] for r in cur.fetchall()}
+        async def tx(db: Db) -> int:
+            have = {r[1] for r in await db.rows(f"PRAGMA table_info({table})")}
             cols = [c for c in rows[0] if c in have]
-            before = db.total_changes
+            before = (await db.rows("SELECT total_changes()"))[0][0]
             # OR IGNORE: with --force, a row whose key or id is already there is kept.
-            with closing(db.executemany(
-                    f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) "
-                    f"VALUES ({', '.join('?' * len(cols))})",
-                    [tuple(r.get(c) for c in cols) for r in rows])):
-                pass
-            return db.total_changes - before
+            await db.many(f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) "
+                          f"VALUES ({', '.join('?' * len(cols))})",
+                          [tuple(r.get(c) for c in cols) for r in rows])
+            return (await db.rows("SELECT total_changes()"))[0][0] - before
 
-        return await self._store._write(tx)
+        return await self._store._run(tx)
 
     async def finish_import(self) -> None:
         # Ids are INTEGER PRIMARY KEY (next = max + 1) and fences grow per draft
@@ -116,36 +104,11 @@ class _SQLiteCopier:
         return None
 
 
-class _PostgresCopier:
-    def __init__(self, store):
-        self._store = store
-
-    async def copy_count(self, table: str) -> int:
-        """Rows in one of the copied tables (see ``COPY_TABLES``)."""
-        key_columns(table)
-        async with self._store._conn() as con:
-            return await con.fetchval(f"SELECT count(*) FROM {table}")
-
-    async def export_rows(self, table: str, after: tuple | None, limit: int) -> list[dict]:
-        """Up to ``limit`` rows of ``table`` whose key columns sort after ``after``,
-        in key order, as plain dicts (a keyset scan: each batch is one index range)."""
-        pk = key_columns(table)
-        cols = ", ".join(pk)
-        where = ""
-        args: list[Any] = [limit]
-        if after is not None:
-            marks = ", ".join(f"${i + 2}" for i in range(len(pk)))
-            where = f"WHERE ({cols}) > ({marks})"
-            args += list(after)
-        async with self._store._tx() as con:
-            rows = await con.fetch(
-                f"SELECT * FROM {table} {where} ORDER BY {cols} LIMIT $1", *args)
-        return [dict(r) for r in rows]
-
+class _PostgresCopier(_SqlCopier):
     async def import_rows(self, table: str, rows: list[dict]) -> int:
         """Insert copied rows as they are (ids included); a row whose key or id is
         already present is left alone. Returns how many were inserted."""
-        from .postgres import _clean, _count  # (the postgres module imports this one)
+        from .postgres import _count  # (the postgres module imports this one)
 
         key_columns(table)
         if not rows:
@@ -153,7 +116,7 @@ class _PostgresCopier:
         # SQLite hands back whatever type a value was stored with; PostgreSQL wants the
         # column's own type.
         convert: dict[str, Callable[[Any], Any]] = {"double precision": float, "bigint": int, "integer": int,
-                   "text": lambda v: _clean(str(v))}
+                   "text": lambda v: self._store._clean(str(v))}
         async with self._store._tx() as con:
             types = {r["column_name"]: r["data_type"] for r in await con.fetch(
                 "SELECT column_name, data_type FROM information_schema.columns"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..errors import StoreError
-from ..models import REPLAYABLE_STATUSES, SENT, AuditEntry, Draft, Item, Run, Vote
+from ..models import AuditEntry, Draft, Item, Run, Vote
 
 
 class StoreMissing(StoreError):
@@ -62,28 +62,6 @@ class ReplayResult:
     outcome: str  # "requeued" | "unseen" | "refused" | "not_found"
     detail: str = ""
     draft: Draft | None = None
-
-
-def replay_without_draft(pipeline: str, item_id: str, removed: int) -> ReplayResult:
-    """The answer to /replay for an item with no draft: its seen mark was removed
-    (``removed`` > 0), or nothing is known of it. Shared so every backend says the same."""
-    where = f"{pipeline} {item_id}"
-    if removed:
-        return ReplayResult("unseen", f"{where}: seen mark removed; the next fetch takes it again")
-    return ReplayResult("not_found", f"{where}: no seen mark and no draft; check the "
-                                     "pipeline name and the item id")
-
-
-def replay_refusal(drafts: list[Draft]) -> tuple[Draft, str] | None:
-    """Why /replay must not touch these drafts of one item, if it must not: one was
-    sent (never replayed), or one is still in flight. ``None``: replay may proceed."""
-    sent = [d for d in drafts if d.status == SENT]
-    busy = [d for d in drafts if d.status not in REPLAYABLE_STATUSES]
-    if not (sent or busy):
-        return None
-    d = (sent or busy)[-1]
-    return d, (f"draft #{d.id} was already sent; a sent item is never replayed" if sent else
-               f"draft #{d.id} is still {d.status}; decide on it or let it finish first")
 
 
 class Store(abc.ABC):

@@ -23,7 +23,7 @@ import functools
 import hashlib
 import re
 import time
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
@@ -32,37 +32,13 @@ from ..clock import wall
 from ..errors import StoreError
 from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
 from ..redact import redact_url
-from .base import (
-    ABANDONED_SEND,
-    HEARTBEAT_PREFIX,
-    AdmitResult,
-    ReplayResult,
-    StoreMissing,
-    SweepResult,
-    replay_refusal,
-    replay_without_draft,
-)
+from .base import AdmitResult, StoreMissing
 from .pg_schema import MIGRATIONS, TABLES
-from .sql import (
-    AUDIT_SQL,
-    BEFORE_SQL,
-    CURSOR_SQL,
-    DRAFT_COLS,
-    Change,
-    SqlStore,
-    audit_row,
-    draft_from_row,
-)
-from .transitions import (
-    CLAIM,
-    EXPIRE,
-    LEASE_FAIL,
-    LEASE_RETRY,
-    RECOVER_SEND,
-    REPLAY,
-    Transition,
-    cas,
-)
+from .rows import CURSOR_SQL, DRAFT_COLS, Db, draft_from_row
+from .sql import SqlStore
+from .transitions import CLAIM, cas
+
+T = TypeVar("T")
 
 # What a lost or refused connection can raise through asyncpg. InternalClientError
 # shows up when the server ends a session (restart, pg_terminate_backend) while the
@@ -70,7 +46,6 @@ from .transitions import (
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError,
               OSError, TimeoutError)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_DAY = 86400.0
 
 # One primary-key probe per id, whatever the planner's statistics say. The plain
 # `item_id = ANY($3)` form was planned, on a table grown since its last ANALYZE, as a
@@ -116,17 +91,6 @@ SELECT key FROM ins
 """
 
 
-def _clean(text: str | None) -> str | None:
-    """PostgreSQL text cannot hold NUL (SQLite can): a model answer or an error text
-    carrying one would fail every retry, so NUL becomes U+FFFD, visibly."""
-    return text.replace("\x00", "\ufffd") if text and "\x00" in text else text
-
-
-
-def _now(now: float | None) -> float:
-    return wall() if now is None else float(now)
-
-
 @functools.lru_cache(maxsize=512)
 def _dollars(sql: str) -> str:
     """asyncpg's placeholders for the shared ``?`` ones: the n-th ``?`` becomes ``$n``."""
@@ -148,13 +112,8 @@ def parse_pg_url(url: str) -> tuple[str, str]:
     if parts.scheme not in ("postgresql", "postgres"):
         raise StoreError(f"not a PostgreSQL URL: {redact_url(url)!r}; expected postgresql://user@host/db")
     query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = "public"
-    rest = []
-    for k, v in query:
-        if k == "schema":
-            schema = v
-        else:
-            rest.append((k, v))
+    schema = ([v for k, v in query if k == "schema"] or ["public"])[-1]
+    rest = [(k, v) for k, v in query if k != "schema"]
     if not _SCHEMA_NAME.match(schema):
         raise StoreError(
             f"store URL {redact_url(url)!r}: schema={schema!r} is not a plain identifier; "
@@ -172,6 +131,7 @@ class PostgresStore(SqlStore):
     """Store on PostgreSQL through an asyncpg pool (1..``max_size`` connections)."""
 
     NEXT_FENCE = "nextval('draft_fence_seq')"
+    FOR_UPDATE = " FOR UPDATE"
 
     def __init__(self, url: str, *, max_size: int = 10):
         self.url = url
@@ -290,54 +250,19 @@ class PostgresStore(SqlStore):
 
     # -- the shared transitions' primitives (see SqlStore) ---------------------------
     def _now(self, now: float | None) -> float:
-        return _now(now)
+        return wall() if now is None else float(now)
 
     def _clean(self, text: str | None) -> str | None:
-        return _clean(text)
+        """PostgreSQL text cannot hold NUL (SQLite can): a model answer or an error text
+        carrying one would fail every retry, so NUL becomes U+FFFD, visibly."""
+        return text.replace("\x00", "\ufffd") if text and "\x00" in text else text
 
     def _db_clock(self, now: float | None) -> tuple[str, Any]:
         return _DB_NOW, now  # None: the database's clock (see _DB_NOW)
 
-    async def _change(self, change: Change) -> Draft | None:
-        # One statement needs no transaction: autocommit saves BEGIN and COMMIT.
-        async with (self._conn() if change.single else self._tx()) as con:
-            old = None
-            if change.before is not None:
-                old = await con.fetchrow(_dollars(BEFORE_SQL + " FOR UPDATE"), change.before)
-            pre = [await con.fetch(_dollars(sql), *args) for sql, args in change.prelude]
-            for step in change.steps:
-                sql, args = step.sql(DRAFT_COLS)
-                row = await con.fetchrow(_dollars(sql), *args)
-                if row is not None:
-                    break
-            else:
-                for sql, args in change.missed(pre, _clean) if change.missed else ():
-                    await con.execute(_dollars(sql), *args)
-                return None
-            draft = draft_from_row(row)
-            for sql, args in change.followups(draft, old, _clean):
-                await con.execute(_dollars(sql), *args)
-        return draft
-
-    async def _query(self, sql: str, args: tuple = (), *, write: bool = False) -> list[Any]:
-        async with self._conn() as con:
-            return await con.fetch(_dollars(sql), *args)
-
-    async def _execute(self, sql: str, args: tuple = ()) -> int:
-        async with self._conn() as con:
-            return _count(await con.execute(_dollars(sql), *args))
-
-    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
-        async with self._tx() as con:
-            for sql, args in statements:
-                await con.execute(_dollars(sql), *args)
-
-    async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
-                             ) -> list[Draft]:
-        async with self._conn() as con:
-            rows = await con.fetch(_dollars(f"SELECT {DRAFT_COLS} FROM drafts WHERE {where} {tail}"),
-                                   *args)
-        return [draft_from_row(r) for r in rows]
+    async def _run(self, fn: Callable[[Db], Awaitable[T]], *, tx: bool = True) -> T:
+        async with (self._tx() if tx else self._conn()) as con:
+            return await fn(_PgDb(con))
 
     # -- fetch side ----------------------------------------------------------------
     async def unseen(self, pipeline: str, scope: str, item_ids: list[str]) -> set[str]:
@@ -350,7 +275,7 @@ class PostgresStore(SqlStore):
     async def admit(self, pipeline: str, scope: str, recipe: str, items: list[Item], *,
                     cursor: str | None = None, mark_seen: bool = True,
                     now: float | None = None) -> AdmitResult:
-        t = _now(now)
+        t = self._now(now)
         result = AdmitResult()
         unique: dict[str, Item] = {}
         for item in items:
@@ -368,7 +293,7 @@ class PostgresStore(SqlStore):
             statuses.append(SKIPPED if item.skip_reason else QUEUED)
             item_ids.append(item.item_id)
             payloads.append(item.message.to_json())
-            errors.append(_clean(item.skip_reason))
+            errors.append(self._clean(item.skip_reason))
         async with self._conn() as con:
             rows = await con.fetch(
                 _ADMIT, pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors,
@@ -388,14 +313,14 @@ class PostgresStore(SqlStore):
             await con.execute(
                 "INSERT INTO seen_items (pipeline, scope, item_id, seen_at)"
                 " SELECT $1, $2, i, $4 FROM unnest($3::text[]) AS i ON CONFLICT DO NOTHING",
-                pipeline, scope, list(dict.fromkeys(item_ids)), _now(now))
+                pipeline, scope, list(dict.fromkeys(item_ids)), self._now(now))
 
     # -- drafting ------------------------------------------------------------------
     async def claim(self, pipeline: str, lease_seconds: float, *, limit: int = 1,
                     now: float | None = None) -> list[Draft]:
         if limit <= 0:
             return []
-        t = _now(now)
+        t = self._now(now)
         async with self._conn() as con:
             # SKIP LOCKED: a row another process is claiming right now is passed over
             # instead of waited for, so N hosts claim N disjoint batches. MATERIALIZED
@@ -411,82 +336,6 @@ class PostgresStore(SqlStore):
                 pipeline, *CLAIM.src, limit, *args)
         return sorted((draft_from_row(r) for r in rows), key=lambda d: d.id)
 
-    # -- operations --------------------------------------------------------------------
-    async def replay(self, pipeline: str, item_id: str, actor: str,
-                     now: float | None = None) -> ReplayResult:
-        t = _now(now)
-        async with self._tx() as con:
-            rows = await con.fetch(
-                "SELECT * FROM drafts WHERE pipeline=$1 AND item_id=$2 ORDER BY id FOR UPDATE",
-                pipeline, item_id)
-            return await _replay(con, pipeline, item_id, actor, [draft_from_row(r) for r in rows], t)
-
-    async def sweep(self, *, seen_ttl_days: float, max_attempts: int = 3,
-                    approval_ttl_days: float | None = None, runs_keep_days: float = 30,
-                    now: float | None = None) -> SweepResult:
-        t = _now(now)
-        res = SweepResult()
-        async with self._tx() as con:
-            # Deleting a mark whose item has a draft is safe: admit also checks the
-            # draft key, so the item is never queued twice.
-            res.seen_deleted = _count(await con.execute(
-                "DELETE FROM seen_items WHERE seen_at < $1", t - seen_ttl_days * _DAY))
-            # Leases by the database's clock unless a time was given (see _DB_NOW).
-            res.leases_requeued, res.leases_failed = await _requeue_expired(
-                con, None, max_attempts, now)
-            if approval_ttl_days is not None:
-                sql, args = cas(EXPIRE, "error = ?, updated_at = ?",
-                                (f"no decision within {approval_ttl_days:g} days", t),
-                                "updated_at < ?", (t - approval_ttl_days * _DAY,))
-                res.approvals_expired = _count(await con.execute(_dollars(sql), *args))
-            res.runs_pruned = _count(await con.execute(
-                "DELETE FROM pipeline_runs WHERE started_at < $1", t - runs_keep_days * _DAY))
-        return res
-
-    async def requeue_expired(self, pipeline: str, *, max_attempts: int,
-                              now: float | None = None) -> tuple[int, int]:
-        async with self._tx() as con:
-            return await _requeue_expired(con, pipeline, max_attempts, now)
-
-    async def recover_sending(self, older_than: float | None = None,
-                              now: float | None = None) -> int:
-        """Not in the Store contract (the engine uses recover_abandoned_sends): for tests.
-        Every ``sending`` row -> ``send_unknown``; with ``older_than``, only rows that
-        began sending more than that many seconds before ``now``."""
-        return await self._execute(*cas(
-            RECOVER_SEND, "error = ?, updated_at = ?",
-            ("interrupted mid-send by a restart; it may have been delivered", _now(now)),
-            f"(?::float8 IS NULL OR updated_at < {_DB_NOW} - ?)", (older_than, now, older_than)))
-
-    # -- leader / locks ---------------------------------------------------------------------
-    async def try_lock(self, name: str, holder: str, ttl_seconds: float,
-                       now: float | None = None) -> bool:
-        rows = await self._query(
-            f"INSERT INTO locks (name, holder, expires_at) VALUES (?, ?, {_DB_NOW} + ?)"
-            " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
-            " expires_at = excluded.expires_at"
-            f" WHERE locks.holder = excluded.holder OR locks.expires_at <= {_DB_NOW}"
-            " RETURNING holder", (name, holder, now, float(ttl_seconds), now), write=True)
-        return bool(rows)
-
-    # -- crashed sends (send_holder and process heartbeats) ----------------------------------
-    async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
-                                      grace: float, now: float | None = None) -> int:
-        async with self._tx() as con:
-            sql, args = cas(
-                RECOVER_SEND, "error = ?, updated_at = ?", (ABANDONED_SEND, _now(now)),
-                "(send_holder = ANY(?::text[])"
-                " OR (send_holder IS NOT NULL AND send_holder IS DISTINCT FROM ?::text"
-                "     AND NOT EXISTS (SELECT 1 FROM locks WHERE name = ?::text || drafts.send_holder"
-                f"        AND expires_at > {_DB_NOW}))"
-                f" OR (send_holder IS NULL AND updated_at < {_DB_NOW} - ?))",
-                (list(dead), alive, HEARTBEAT_PREFIX, now, now, float(grace)))
-            n = _count(await con.execute(_dollars(sql), *args))
-            # Heartbeats of processes gone for a day: nothing can refer to them any more.
-            await con.execute(_dollars(f"DELETE FROM locks WHERE name LIKE ? AND expires_at < "
-                                       f"{_DB_NOW} - 86400"), HEARTBEAT_PREFIX + "%", now)
-        return n
-
     # -- truthful status -------------------------------------------------------------------
     async def check(self) -> list[str]:
         problems = []
@@ -499,58 +348,20 @@ class PostgresStore(SqlStore):
         return problems
 
 
-async def _requeue_expired(con, pipeline: str | None, max_attempts: int,
-                           t: float | None) -> tuple[int, int]:
-    """Expired ``drafting`` leases (of one pipeline, or all) -> queued or failed.
-    ``t`` None: expired by the database's clock (see _DB_NOW)."""
-    where = f"lease_until < {_DB_NOW} AND (?::text IS NULL OR pipeline = ?)"
-    # A new fence on every expired lease, so the stale worker's update loses.
-    requeued = await _cas_count(con, LEASE_RETRY, (
-        "attempt = attempt + 1, lease_until = NULL, fence = nextval('draft_fence_seq'), "
-        "error = 'lease expired; retrying', updated_at = ?"), (_now(t),),
-        where + " AND attempt + 1 < ?", (t, pipeline, pipeline, max_attempts))
-    failed = await _cas_count(con, LEASE_FAIL, (
-        "attempt = attempt + 1, lease_until = NULL, fence = nextval('draft_fence_seq'), "
-        "error = 'lease expired after ' || (attempt + 1) || ' attempts', updated_at = ?"),
-        (_now(t),), where, (t, pipeline, pipeline))
-    return requeued, failed
+class _PgDb:
+    """A pooled connection inside ``_run`` (see :class:`~bot.store.sql.Db`)."""
 
+    def __init__(self, con: asyncpg.Connection):
+        self.con = con
 
-async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Draft],
-                  t: float) -> ReplayResult:
-    where = f"{pipeline} {item_id}"
+    async def rows(self, sql: str, args: Iterable[Any] = ()) -> list[Any]:
+        return await self.con.fetch(_dollars(sql), *args)
 
-    async def audit(con, actor, action, key, text, detail, t) -> None:
-        await con.execute(_dollars(AUDIT_SQL), *audit_row(t, actor, action, key, text, detail,
-                                                          _clean)[1])
-    if not drafts:
-        removed = _count(await con.execute(
-            "DELETE FROM seen_items WHERE pipeline=$1 AND item_id=$2", pipeline, item_id))
-        result = replay_without_draft(pipeline, item_id, removed)
-        await audit(con, actor, "replay", None, None, f"{result.outcome}: {where}", t)
-        return result
-    refusal = replay_refusal(drafts)
-    if refusal is not None:
-        d, why = refusal
-        await audit(con, actor, "replay", d.key, None, f"refused: {why}", t)
-        return ReplayResult("refused", f"{where}: {why}", d)
-    old = drafts[-1]  # the newest recipe's draft
-    # version + 1 makes the old card's buttons stale; the card's chat and message id
-    # stay so the channel can edit that same card.
-    sql, args = cas(
-        REPLAY, "attempt = 0, version = version + 1, lease_until = NULL, error = NULL, "
-                "decided_by = NULL, decided_at = NULL, instruction = '', updated_at = ?",
-        (t,), "id = ?", (old.id,), src=(old.status,), returning=DRAFT_COLS)
-    draft = draft_from_row(await con.fetchrow(_dollars(sql), *args))  # the rows are locked FOR UPDATE: nothing else moved it
-    detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
-    await audit(con, actor, "replay", draft.key, None, detail, t)
-    return ReplayResult("requeued", f"{where}: {detail}", draft)
+    async def run(self, sql: str, args: Iterable[Any] = ()) -> int:
+        return _count(await self.con.execute(_dollars(sql), *args))
 
-
-async def _cas_count(con, t: Transition, assign: str, assign_args: tuple, where: str,
-                     where_args: tuple) -> int:
-    sql, args = cas(t, assign, assign_args, where, where_args)
-    return _count(await con.execute(_dollars(sql), *args))
+    async def many(self, sql: str, rows: list[tuple]) -> None:
+        await self.con.executemany(_dollars(sql), rows)
 
 
 def _count(status: str) -> int:

@@ -1,8 +1,8 @@
-"""What the SQL stores share (huey's ``BaseSqlStorage`` pattern): every single-draft
-transition and every draft listing is written here once, on top of two primitives each
-backend provides: ``_change`` (run a :class:`Change` in one transaction) and
-``_select_drafts``. SQL here uses ``?`` placeholders; the backend keeps only what its
-SQL does differently (admit, claim, leases by the database's clock, locks, migrations).
+"""What the SQL stores share (huey's ``BaseSqlStorage`` pattern): every transition,
+listing and multi-step operation is written here once, on top of one primitive each
+backend provides: ``_run`` (statements on one connection, in one transaction or as one
+atomic statement). SQL here uses ``?`` placeholders; the backend keeps only what its SQL
+does differently (admit, claim, migrations, the lease clock, row locks).
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import abc
 import json
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
 from ..clock import utc_day
 from ..models import (
@@ -26,14 +25,28 @@ from ..models import (
     SENDING,
     AuditEntry,
     Draft,
-    Message,
     Run,
     Vote,
     operator_id,
-    sha256_text,
 )
 from ..redact import scrub
-from .base import Store
+from .base import (
+    Store,
+)
+from .rows import (
+    BEFORE_SQL,
+    CURSOR_SQL,
+    DRAFT_COLS,
+    TOKENS_SQL,
+    Change,
+    Db,
+    audit_row,
+    draft_from_row,
+    run_from_row,
+    select_drafts,
+    status_where,
+)
+from .sql_ops import SqlOps
 from .transitions import (
     APPROVE,
     BEGIN_SEND,
@@ -60,117 +73,24 @@ from .transitions import (
     TRIAGE_SKIP,
     VOTE_SQL,
     VOTES_SQL,
-    IllegalTransition,
     Step,
 )
 
-DRAFT_COLUMNS = (
-    "id", "key", "pipeline", "scope", "item_id", "recipe", "status", "payload", "attempt",
-    "lease_until", "fence", "body", "version", "instruction", "approval_chat",
-    "approval_message_id", "decided_by", "decided_at", "sent_id", "error", "tokens_in",
-    "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "triage",
-    "triage_reason",
-)
-DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
-SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
-AUDIT_SQL = ("INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail) "
-             "VALUES (?, ?, ?, ?, ?, ?)")
-TOKENS_SQL = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES (?, ?, ?) "
-              "ON CONFLICT (pipeline, day) DO UPDATE SET "
-              "tokens = token_usage.tokens + excluded.tokens")
-BEFORE_SQL = "SELECT status, error FROM drafts WHERE id = ?"
-CURSOR_SQL = ("INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES (?, ?, ?, ?) "
-              "ON CONFLICT (pipeline, scope) DO UPDATE SET value = excluded.value, "
-              "updated_at = excluded.updated_at")
-
-
-def draft_from_row(row: Any) -> Draft:
-    return Draft(
-        id=row["id"], key=row["key"], pipeline=row["pipeline"], scope=row["scope"],
-        item_id=row["item_id"], recipe=row["recipe"], status=row["status"],
-        message=Message.from_json(row["payload"]), attempt=row["attempt"],
-        lease_until=row["lease_until"], fence=row["fence"], body=row["body"],
-        version=row["version"], instruction=row["instruction"],
-        approval_chat=row["approval_chat"], approval_message_id=row["approval_message_id"],
-        decided_by=row["decided_by"], decided_at=row["decided_at"], sent_id=row["sent_id"],
-        error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
-        created_at=row["created_at"], updated_at=row["updated_at"],
-        card_stale=bool(row["card_stale"]), send_holder=row["send_holder"],
-        triage=row["triage"], triage_reason=row["triage_reason"],
-    )
-
-
-def run_from_row(row: Any) -> Run:
-    return Run(id=row["id"], pipeline=row["pipeline"], started_at=row["started_at"],
-               ended_at=row["ended_at"], status=row["status"], error_text=row["error_text"],
-               counts=json.loads(row["counts"] or "{}"), scheduled_for=row["scheduled_for"])
-
-
-def audit_row(t: float, actor: str, action: str, key: str | None, text: str | None,
-              detail: str | None, clean: Callable = lambda x: x) -> tuple[str, tuple]:
-    """The INSERT of one audit row (sha256 of ``text`` when given)."""
-    return AUDIT_SQL, (t, actor, action, key, None if text is None else sha256_text(text),
-                       clean(scrub(detail)))
-
-
-def status_where(statuses: Iterable[str], pipeline: str | None) -> tuple[str, tuple]:
-    wanted = tuple(statuses)
-    where = f"status IN ({', '.join('?' * len(wanted))})"
-    if pipeline is not None:
-        return "pipeline = ? AND " + where, (pipeline, *wanted)
-    return where, wanted
-
-
-@dataclass(frozen=True)
-class Change:
-    """One transaction on one draft: the first of ``steps`` whose CAS matches wins; if
-    one did, its audit row (``action``; hash of the body after it) and token count
-    follow in the same transaction. ``before``: that draft's old status and error are
-    read first (under a row lock where the backend has them) for ``detail``."""
-
-    steps: tuple[Step, ...]
-    action: str | None = None
-    actor: str | None = None  # None: whoever decided the draft, else SYSTEM
-    detail: Callable[[Draft, Any], str] | None = None
-    at: float = 0.0
-    before: int | None = None
-    tokens: int = 0
-    #: Statements run first, in the same transaction (a quorum vote); their rows go
-    #: to ``missed``, which gives the statements to run when no step matched.
-    prelude: tuple[tuple[str, tuple], ...] = ()
-    missed: Callable[[list[list[Any]], Callable], list[tuple[str, tuple]]] | None = None
-
-    def __post_init__(self) -> None:
-        for step in self.steps:
-            if step.t.audited != (self.action is not None):
-                raise IllegalTransition(f"{step.t.name}: audited is {step.t.audited}, "
-                                        f"but the change has action {self.action!r}")
-
-    @property
-    def single(self) -> bool:
-        """One statement and nothing after it (no transaction needed)."""
-        return (len(self.steps) == 1 and self.action is None and not self.tokens
-                and self.before is None and not self.prelude)
-
-    def followups(self, d: Draft, old: Any, clean: Callable) -> list[tuple[str, tuple]]:
-        out = []
-        if self.action is not None and self.detail is not None:
-            out.append(audit_row(self.at, self.actor or d.decided_by or SYSTEM, self.action,
-                                 d.key, d.body, self.detail(d, old), clean))
-        if self.tokens:
-            out.append((TOKENS_SQL, (d.pipeline, utc_day(self.at), int(self.tokens))))
-        return out
-
+T = TypeVar("T")
+DAY = 86400.0
 
 def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(Store):
+class SqlStore(SqlOps, Store):
     """The shared half of :class:`SQLiteStore` and :class:`PostgresStore`."""
 
     #: SQL giving a draft a fence token no earlier claim of it had.
     NEXT_FENCE: str = "fence + 1"
+    #: What a read that precedes a write in the same transaction appends to lock its
+    #: rows (SQLite's BEGIN IMMEDIATE already holds the only write lock).
+    FOR_UPDATE: str = ""
 
     def _now(self, now: float | None) -> float:
         return time.time() if now is None else float(now)
@@ -184,24 +104,42 @@ class SqlStore(Store):
         return "?", self._now(now)
 
     @abc.abstractmethod
+    async def _run(self, fn: Callable[[Db], Awaitable[T]], *, tx: bool = True) -> T:
+        """``fn`` on one connection: inside one transaction, or (``tx`` False: one
+        statement, atomic on its own) without one."""
+
     async def _change(self, change: Change) -> Draft | None:
         """Run ``change`` in one transaction; the draft after it, or None."""
+        async def run(db: Db) -> Draft | None:
+            old = None
+            if change.before is not None:
+                found = await db.rows(BEFORE_SQL + self.FOR_UPDATE, (change.before,))
+                old = found[0] if found else None
+            pre = [await db.rows(sql, args) for sql, args in change.prelude]
+            for step in change.steps:
+                rows = await db.rows(*step.sql(DRAFT_COLS))
+                if rows:
+                    break
+            else:
+                for sql, args in change.missed(pre, self._clean) if change.missed else ():
+                    await db.run(sql, args)
+                return None
+            draft = draft_from_row(rows[0])
+            for sql, args in change.followups(draft, old, self._clean):
+                await db.run(sql, args)
+            return draft
 
-    @abc.abstractmethod
-    async def _query(self, sql: str, args: tuple = (), *, write: bool = False) -> list[Any]:
-        """The rows of one statement (``write``: it changes something)."""
+        return await self._run(run, tx=not change.single)
 
-    @abc.abstractmethod
+    async def _query(self, sql: str, args: tuple = ()) -> list[Any]:
+        return await self._run(lambda db: db.rows(sql, args), tx=False)
+
     async def _execute(self, sql: str, args: tuple = ()) -> int:
-        """Run one writing statement; its row count."""
+        return await self._run(lambda db: db.run(sql, args), tx=False)
 
-    @abc.abstractmethod
-    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
-        """Run the statements in one transaction."""
-
-    @abc.abstractmethod
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
-                             ) -> list[Draft]: ...
+                             ) -> list[Draft]:
+        return await self._run(lambda db: select_drafts(db, where, args, tail), tx=False)
 
     # -- drafting --------------------------------------------------------------------
     async def claim_key(self, key: str, lease_seconds: float,
@@ -501,7 +439,7 @@ class SqlStore(Store):
         rows = await self._query(
             "INSERT INTO pipeline_runs (pipeline, scheduled_for, started_at, status, counts) "
             "VALUES (?, ?, ?, 'running', '{}') RETURNING id",
-            (pipeline, scheduled_for, self._now(now)), write=True)
+            (pipeline, scheduled_for, self._now(now)))
         return int(rows[0][0])
 
     async def end_run(self, run_id: int, status: str, counts: dict[str, int],
@@ -556,12 +494,16 @@ class SqlStore(Store):
     # -- flags, holds, locks, cards ----------------------------------------------------
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
         t = time.time()
-        await self._script([
-            ("INSERT INTO pipeline_flags (pipeline, paused, updated_at, updated_by) "
-             "VALUES (?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
-             "paused = excluded.paused, updated_at = excluded.updated_at, "
-             "updated_by = excluded.updated_by", (pipeline, int(paused), t, actor)),
-            self._audit_row(t, actor, "pause" if paused else "resume", None, None, pipeline)])
+
+        async def tx(db: Db) -> None:
+            await db.run("INSERT INTO pipeline_flags (pipeline, paused, updated_at, updated_by) "
+                         "VALUES (?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
+                         "paused = excluded.paused, updated_at = excluded.updated_at, "
+                         "updated_by = excluded.updated_by", (pipeline, int(paused), t, actor))
+            await db.run(*self._audit_row(t, actor, "pause" if paused else "resume", None, None,
+                                          pipeline))
+
+        await self._run(tx)
 
     async def paused(self) -> set[str]:
         rows = await self._query("SELECT pipeline FROM pipeline_flags WHERE paused = 1")
@@ -595,3 +537,13 @@ class SqlStore(Store):
         rows = await self._query("SELECT DISTINCT send_holder FROM drafts WHERE status = ? "
                                  "AND send_holder IS NOT NULL", (SENDING,))
         return [r[0] for r in rows]
+
+    async def try_lock(self, name: str, holder: str, ttl_seconds: float,
+                       now: float | None = None) -> bool:
+        clock, arg = self._db_clock(now)
+        return bool(await self._query(
+            f"INSERT INTO locks (name, holder, expires_at) VALUES (?, ?, {clock} + ?)"
+            " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
+            " expires_at = excluded.expires_at"
+            f" WHERE locks.holder = excluded.holder OR locks.expires_at <= {clock}"
+            " RETURNING holder", (name, holder, arg, float(ttl_seconds), arg)))

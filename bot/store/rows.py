@@ -1,0 +1,123 @@
+"""Rows and SQL texts both SQL stores share: the draft columns, row -> object, the audit
+and token rows, and :class:`Change`, one transaction on one draft (see ``SqlStore``).
+SQL here uses ``?`` placeholders.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol
+
+from ..clock import utc_day
+from ..models import Draft, Message, Run, sha256_text
+from ..redact import scrub
+from .transitions import IllegalTransition, Step
+
+DRAFT_COLUMNS = (
+    "id", "key", "pipeline", "scope", "item_id", "recipe", "status", "payload", "attempt",
+    "lease_until", "fence", "body", "version", "instruction", "approval_chat",
+    "approval_message_id", "decided_by", "decided_at", "sent_id", "error", "tokens_in",
+    "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "triage",
+    "triage_reason",
+)
+DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
+SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
+AUDIT_SQL = ("INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail) "
+             "VALUES (?, ?, ?, ?, ?, ?)")
+TOKENS_SQL = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES (?, ?, ?) "
+              "ON CONFLICT (pipeline, day) DO UPDATE SET "
+              "tokens = token_usage.tokens + excluded.tokens")
+BEFORE_SQL = "SELECT status, error FROM drafts WHERE id = ?"
+CURSOR_SQL = ("INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES (?, ?, ?, ?) "
+              "ON CONFLICT (pipeline, scope) DO UPDATE SET value = excluded.value, "
+              "updated_at = excluded.updated_at")
+
+
+def draft_from_row(row: Any) -> Draft:
+    fields = {c: row[c] for c in DRAFT_COLUMNS}  # the Draft's fields, but for these two:
+    fields["message"] = Message.from_json(fields.pop("payload"))
+    fields["card_stale"] = bool(fields["card_stale"])
+    return Draft(**fields)
+
+
+def run_from_row(row: Any) -> Run:
+    return Run(id=row["id"], pipeline=row["pipeline"], started_at=row["started_at"],
+               ended_at=row["ended_at"], status=row["status"], error_text=row["error_text"],
+               counts=json.loads(row["counts"] or "{}"), scheduled_for=row["scheduled_for"])
+
+
+def audit_row(t: float, actor: str, action: str, key: str | None, text: str | None,
+              detail: str | None, clean: Callable = lambda x: x) -> tuple[str, tuple]:
+    """The INSERT of one audit row (sha256 of ``text`` when given)."""
+    return AUDIT_SQL, (t, actor, action, key, None if text is None else sha256_text(text),
+                       clean(scrub(detail)))
+
+
+def status_where(statuses: Iterable[str], pipeline: str | None) -> tuple[str, tuple]:
+    wanted = tuple(statuses)
+    where = f"status IN ({', '.join('?' * len(wanted))})"
+    if pipeline is not None:
+        return "pipeline = ? AND " + where, (pipeline, *wanted)
+    return where, wanted
+
+
+@dataclass(frozen=True)
+class Change:
+    """One transaction on one draft: the first of ``steps`` whose CAS matches wins; if
+    one did, its audit row (``action``; hash of the body after it) and token count
+    follow in the same transaction. ``before``: that draft's old status and error are
+    read first (under a row lock where the backend has them) for ``detail``."""
+
+    steps: tuple[Step, ...]
+    action: str | None = None
+    actor: str | None = None  # None: whoever decided the draft, else SYSTEM
+    detail: Callable[[Draft, Any], str] | None = None
+    at: float = 0.0
+    before: int | None = None
+    tokens: int = 0
+    #: Statements run first, in the same transaction (a quorum vote); their rows go
+    #: to ``missed``, which gives the statements to run when no step matched.
+    prelude: tuple[tuple[str, tuple], ...] = ()
+    missed: Callable[[list[list[Any]], Callable], list[tuple[str, tuple]]] | None = None
+
+    def __post_init__(self) -> None:
+        for step in self.steps:
+            if step.t.audited != (self.action is not None):
+                raise IllegalTransition(f"{step.t.name}: audited is {step.t.audited}, "
+                                        f"but the change has action {self.action!r}")
+
+    @property
+    def single(self) -> bool:
+        """One statement and nothing after it (no transaction needed)."""
+        return (len(self.steps) == 1 and self.action is None and not self.tokens
+                and self.before is None and not self.prelude)
+
+    def followups(self, d: Draft, old: Any, clean: Callable) -> list[tuple[str, tuple]]:
+        out = []
+        if self.action is not None and self.detail is not None:
+            out.append(audit_row(self.at, self.actor or d.decided_by or SYSTEM, self.action,
+                                 d.key, d.body, self.detail(d, old), clean))
+        if self.tokens:
+            out.append((TOKENS_SQL, (d.pipeline, utc_day(self.at), int(self.tokens))))
+        return out
+
+
+class Db(Protocol):
+    """One connection inside :meth:`SqlStore._run`; SQL with ``?`` placeholders."""
+
+    async def rows(self, sql: str, args: Iterable[Any] = ()) -> list[Any]: ...
+
+    async def run(self, sql: str, args: Iterable[Any] = ()) -> int:
+        """Run one writing statement; its row count."""
+
+    async def many(self, sql: str, rows: list[tuple]) -> None:
+        """Run one writing statement once per row of arguments."""
+
+
+async def select_drafts(db: Db, where: str, args: Iterable[Any],
+                        tail: str = "ORDER BY id") -> list[Draft]:
+    rows = await db.rows(f"SELECT {DRAFT_COLS} FROM drafts WHERE {where} {tail}", args)
+    return [draft_from_row(r) for r in rows]
+
+

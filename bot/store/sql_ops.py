@@ -1,0 +1,164 @@
+"""Replay, sweep and recovery of abandoned work, written once for both SQL stores (a
+mixin of :class:`bot.store.sql.SqlStore`, on the same ``_run`` primitive)."""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
+
+from ..models import REPLAYABLE_STATUSES, SENT
+from .base import ABANDONED_SEND, HEARTBEAT_PREFIX, ReplayResult, SweepResult
+from .rows import DRAFT_COLS, Db, draft_from_row, select_drafts
+from .transitions import EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY, cas
+
+T = TypeVar("T")
+DAY = 86400.0
+
+
+class SqlOps:
+    """Operations over many drafts; needs the SqlStore primitives below."""
+
+    FOR_UPDATE = ""
+    NEXT_FENCE = "fence + 1"
+
+    async def _run(self, fn: Callable[[Db], Awaitable[T]], *, tx: bool = True) -> T:
+        raise NotImplementedError
+
+    async def _execute(self, sql: str, args: tuple = ()) -> int:
+        raise NotImplementedError
+
+    def _now(self, now: float | None) -> float:
+        raise NotImplementedError
+
+    def _db_clock(self, now: float | None) -> tuple[str, Any]:
+        raise NotImplementedError
+
+    def _audit_row(self, t: float, actor: str, action: str, key: str | None,
+                   text: str | None, detail: str | None) -> tuple[str, tuple]:
+        raise NotImplementedError
+
+    # -- operations --------------------------------------------------------------------
+    async def replay(self, pipeline: str, item_id: str, actor: str,
+                     now: float | None = None) -> ReplayResult:
+        t = self._now(now)
+        where = f"{pipeline} {item_id}"
+
+        async def tx(db: Db) -> ReplayResult:
+            drafts = await select_drafts(db, "pipeline = ? AND item_id = ?", (pipeline, item_id),
+                                         "ORDER BY id" + self.FOR_UPDATE)
+            # A sent item is never replayed, nor one still in flight.
+            sent = [d for d in drafts if d.status == SENT]
+            busy = [d for d in drafts if d.status not in REPLAYABLE_STATUSES]
+            if not drafts:
+                removed = await db.run("DELETE FROM seen_items WHERE pipeline = ? AND item_id = ?",
+                                       (pipeline, item_id))
+                result = ReplayResult("unseen", f"{where}: seen mark removed; the next fetch "
+                                                "takes it again") if removed else ReplayResult(
+                    "not_found", f"{where}: no seen mark and no draft; check the pipeline "
+                                 "name and the item id")
+                key, detail = None, f"{result.outcome}: {where}"
+            elif sent or busy:
+                d = (sent or busy)[-1]
+                why = (f"draft #{d.id} was already sent; a sent item is never replayed" if sent
+                       else f"draft #{d.id} is still {d.status}; decide on it or let it finish "
+                            "first")
+                result = ReplayResult("refused", f"{where}: {why}", d)
+                key, detail = d.key, f"refused: {why}"
+            else:
+                old = drafts[-1]  # the newest recipe's draft
+                # version + 1 makes the old card's buttons stale; the card's chat and
+                # message id stay so the channel can edit that same card.
+                rows = await db.rows(*cas(
+                    REPLAY, "attempt = 0, version = version + 1, lease_until = NULL, "
+                            "error = NULL, decided_by = NULL, decided_at = NULL, "
+                            "instruction = '', updated_at = ?",
+                    (t,), "id = ?", (old.id,), src=(old.status,), returning=DRAFT_COLS))
+                draft = draft_from_row(rows[0])  # the rows are locked: nothing else moved it
+                detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
+                result, key = ReplayResult("requeued", f"{where}: {detail}", draft), draft.key
+            await db.run(*self._audit_row(t, actor, "replay", key, None, detail))
+            return result
+
+        return await self._run(tx)
+
+    async def sweep(self, *, seen_ttl_days: float, max_attempts: int = 3,
+                    approval_ttl_days: float | None = None, runs_keep_days: float = 30,
+                    now: float | None = None) -> SweepResult:
+        t = self._now(now)
+
+        async def tx(db: Db) -> SweepResult:
+            res = SweepResult()
+            # Deleting a mark whose item has a draft is safe: admit also checks the
+            # draft key, so the item is never queued twice.
+            res.seen_deleted = await db.run("DELETE FROM seen_items WHERE seen_at < ?",
+                                            (t - seen_ttl_days * DAY,))
+            res.leases_requeued, res.leases_failed = await self._requeue(db, None, max_attempts,
+                                                                         now)
+            if approval_ttl_days is not None:
+                res.approvals_expired = await db.run(*cas(
+                    EXPIRE, "error = ?, updated_at = ?",
+                    (f"no decision within {approval_ttl_days:g} days", t),
+                    "updated_at < ?", (t - approval_ttl_days * DAY,)))
+            res.runs_pruned = await db.run("DELETE FROM pipeline_runs WHERE started_at < ?",
+                                           (t - runs_keep_days * DAY,))
+            return res
+
+        return await self._run(tx)
+
+    async def requeue_expired(self, pipeline: str, *, max_attempts: int,
+                              now: float | None = None) -> tuple[int, int]:
+        return await self._run(lambda db: self._requeue(db, pipeline, max_attempts, now))
+
+    async def _requeue(self, db: Db, pipeline: str | None, max_attempts: int,
+                       now: float | None) -> tuple[int, int]:
+        """Expired ``drafting`` leases (of one pipeline, or all) -> queued or failed,
+        expired by the lease clock (see ``_db_clock``)."""
+        clock, arg = self._db_clock(now)
+        args: tuple[Any, ...] = (arg,)
+        where = f"lease_until < {clock}"
+        if pipeline is not None:
+            where, args = "pipeline = ? AND " + where, (pipeline, arg)
+        # A new fence on every expired lease, so the stale worker's update loses.
+        assign = f"attempt = attempt + 1, lease_until = NULL, fence = {self.NEXT_FENCE}, "
+        t = (self._now(now),)
+        requeued = await db.run(*cas(
+            LEASE_RETRY, assign + "error = 'lease expired; retrying', updated_at = ?", t,
+            where + " AND attempt + 1 < ?", (*args, max_attempts)))
+        failed = await db.run(*cas(
+            LEASE_FAIL, assign + "error = 'lease expired after ' || (attempt + 1) || "
+                                 "' attempts', updated_at = ?", t, where, args))
+        return requeued, failed
+
+    async def recover_sending(self, older_than: float | None = None,
+                              now: float | None = None) -> int:
+        """Not in the Store contract (the engine uses recover_abandoned_sends): for tests.
+        Every ``sending`` row -> ``send_unknown``; with ``older_than``, only rows that
+        began sending more than that many seconds before ``now``."""
+        clock, arg = self._db_clock(now)
+        return await self._execute(*cas(
+            RECOVER_SEND, "error = ?, updated_at = ?",
+            ("interrupted mid-send by a restart; it may have been delivered", self._now(now)),
+            f"(CAST(? AS float8) IS NULL OR updated_at < {clock} - ?)",
+            (older_than, arg, older_than)))
+
+    async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
+                                      grace: float, now: float | None = None) -> int:
+        clock, arg = self._db_clock(now)
+        dead = list(dead)
+        marks = ", ".join("?" * len(dead)) or "NULL"
+
+        async def tx(db: Db) -> int:
+            n = await db.run(*cas(
+                RECOVER_SEND, "error = ?, updated_at = ?", (ABANDONED_SEND, self._now(now)),
+                f"(send_holder IN ({marks})"
+                " OR (send_holder IS NOT NULL AND (CAST(? AS text) IS NULL OR send_holder <> ?)"
+                "     AND NOT EXISTS (SELECT 1 FROM locks"
+                "                     WHERE name = CAST(? AS text) || drafts.send_holder"
+                f"                    AND expires_at > {clock}))"
+                f" OR (send_holder IS NULL AND updated_at < {clock} - ?))",
+                (*dead, alive, alive, HEARTBEAT_PREFIX, arg, arg, float(grace))))
+            # Heartbeats of processes gone for a day: nothing can refer to them any more.
+            await db.run(f"DELETE FROM locks WHERE name LIKE ? AND expires_at < {clock} - ?",
+                         (HEARTBEAT_PREFIX + "%", arg, DAY))
+            return n
+
+        return await self._run(tx)
