@@ -16,6 +16,7 @@ from typing import Callable
 
 from .clock import utc_day
 from .config import PipelineConfig, Settings
+from .context import ContextBuilder
 from .errors import (
     BudgetExhausted,
     DrafterError,
@@ -27,7 +28,7 @@ from .errors import (
 from .lease import Leases
 from .models import FAILED, Draft, DraftRequest, RunCounts
 from .operators import Operators
-from .stages import Drafter
+from .stages import Drafter, Source
 from .store import Store
 
 log = logging.getLogger("draftgate.engine")
@@ -39,9 +40,12 @@ MAX_MODEL_HOLD = 3600.0
 
 class Drafting:
     def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Operators,
-                 drafter: Callable[[PipelineConfig], Drafter], clock: Callable[[], float]):
+                 drafter: Callable[[PipelineConfig], Drafter], clock: Callable[[], float],
+                 source: Callable[[PipelineConfig], Source] | None = None):
         self.settings, self.store, self.leases, self.operators = settings, store, leases, operators
         self._drafter, self.clock = drafter, clock
+        # What a draft is based on besides the email (thread, examples, knowledge).
+        self.context = ContextBuilder(store, source or (lambda p: None))
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._model_trouble: set[str] = set()
         self._not_before: dict[str, float] = {}
@@ -164,8 +168,9 @@ class Drafting:
                         ready: Callable[[Draft], None] | None = None) -> bool:
         """Draft one claimed item; False when the model is in trouble (stop claiming).
         ``ready`` gets the stored draft (status ``ready``) when one was made."""
+        context = await self.context.build(p, d)
         request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
-                               previous_body=d.body, draft_key=d.key)
+                               previous_body=d.body, draft_key=d.key, context=context)
         try:
             # The drafter times out on its own; this bound keeps a misbehaving one
             # inside its lease so a stale answer can never race a newer claim.
@@ -202,7 +207,8 @@ class Drafting:
         await self._hold(p, None)  # drafting works (again)
         body = (result.body or "").strip()
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
-                                               tokens_out=result.tokens_out, now=self.clock())
+                                               tokens_out=result.tokens_out, now=self.clock(),
+                                               used=context.used())
         counts.tokens += result.tokens_in + result.tokens_out
         if stored is None:
             # The lease was lost (swept and re-claimed): this answer is stale.

@@ -77,7 +77,8 @@ class Engine:
         self.operators = Operators(settings, store, self.channels, now)
         self.sends = Sends(settings, store, self.leases, self.operators, sender, now, self._spawn,
                            send_check_delay)
-        self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now)
+        self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now,
+                                 lambda p: self.source(p))
         self.decisions = Decisions(settings, store, self.operators, self.drafting, self.sends,
                                    sender, now, self._spawn)
         self.loop = Loop(settings, store, self.operators, self.tick, self.sweep, now)

@@ -6,7 +6,10 @@
 
 Fields: ``{from_name}``, ``{first_name}``, ``{from_addr}``, ``{subject}``, ``{date}``,
 ``{excerpt}`` (the start of the body on one line), ``{quote}`` (the same excerpt
-wrapped at 72 columns, each line starting with ``> ``), ``{slot}``, ``{instruction}``.
+wrapped at 72 columns, each line starting with ``> ``), ``{slot}``, ``{instruction}``,
+``{thread}`` (the thread's earlier messages, one ``> From (date): text`` line each,
+when ``drafter.thread`` gives any) and ``{knowledge}`` (the most relevant passage of
+``drafter.knowledge``, under its file name and heading; empty without one).
 ``{{`` and ``}}`` are literal braces.
 
 Only the template has fields. Substitution is one pass with a fixed table: text from
@@ -29,11 +32,11 @@ from pathlib import Path
 
 from ..config import Checker, ModelConfig, PipelineConfig, Settings
 from ..errors import ConfigError, DrafterError, DrafterSetupError
-from ..models import DraftRequest, DraftResult, Message
+from ..models import Context, DraftRequest, DraftResult, Message
 from .prompt import has_visible_text
 
 FIELDS = ("from_name", "first_name", "from_addr", "subject", "date", "excerpt", "quote",
-          "slot", "instruction")
+          "slot", "instruction", "thread", "knowledge")
 EXCERPT_CHARS = 300
 _FIELD = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -52,8 +55,10 @@ def render(template: str, values: dict[str, str]) -> str:
     return _FIELD.sub(one, template)
 
 
-def fields_for(message: Message, instruction: str = "") -> dict[str, str]:
-    """The template fields for ``message``."""
+def fields_for(message: Message, instruction: str = "", context: Context | None = None
+               ) -> dict[str, str]:
+    """The template fields for ``message`` (and the draft's context)."""
+    context = context or Context()
     name = message.from_name.strip()
     excerpt = _excerpt(message.body)
     return {
@@ -67,6 +72,9 @@ def fields_for(message: Message, instruction: str = "") -> dict[str, str]:
                                break_long_words=False, break_on_hyphens=False) or ">",
         "slot": message.slot,
         "instruction": instruction.strip(),
+        "thread": "\n".join(f"> {t.sender} ({_human_date(t.date)}): {_excerpt(t.text)}"
+                            for t in context.thread),
+        "knowledge": "\n".join(f"{p.name}:\n{p.text}" for p in context.passages[:1]),
     }
 
 
@@ -81,7 +89,7 @@ class TemplateDrafter:
 
     async def draft(self, request: DraftRequest) -> DraftResult:
         template = await asyncio.to_thread(self._read)
-        values = fields_for(request.message, request.instruction)
+        values = fields_for(request.message, request.instruction, request.context)
         body = render(template, values).strip()
         if not has_visible_text(body):
             # An empty card could be approved and sent as an empty email.

@@ -171,6 +171,7 @@ def _lock_key(label: str) -> int:
 class PostgresStore(SqlStore):
     """Store on PostgreSQL through an asyncpg pool (1..``max_size`` connections)."""
 
+    FTS = "postgres"
     NEXT_FENCE = "nextval('draft_fence_seq')"
 
     def __init__(self, url: str, *, max_size: int = 10):

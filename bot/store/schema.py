@@ -120,8 +120,60 @@ _V2 = [
     "ALTER TABLE pipeline_flags ADD COLUMN hold_until REAL",
 ]
 
+# Version 3: context for drafts (issue 13): team memory (examples), knowledge passages,
+# and what each draft was given. Full-text search is FTS5 (bm25) over external-content
+# tables kept in step by triggers; porter stemming so "refund" finds "Refunds".
+_V3_CONTEXT = [
+    # One sent reply with its original email: an example of how its pipeline answers.
+    """CREATE TABLE examples (
+        id        INTEGER PRIMARY KEY,
+        pipeline  TEXT NOT NULL,
+        item_id   TEXT NOT NULL,
+        draft_key TEXT NOT NULL UNIQUE,
+        original  TEXT NOT NULL,
+        reply     TEXT NOT NULL,
+        edited    INTEGER NOT NULL DEFAULT 0,
+        sent_at   REAL NOT NULL
+    )""",
+    "CREATE INDEX examples_pipeline_item ON examples (pipeline, item_id)",
+    """CREATE VIRTUAL TABLE examples_fts USING fts5(original, content='examples',
+        content_rowid='id', tokenize='porter unicode61')""",
+    """CREATE TRIGGER examples_fts_insert AFTER INSERT ON examples BEGIN
+        INSERT INTO examples_fts (rowid, original) VALUES (new.id, new.original); END""",
+    """CREATE TRIGGER examples_fts_delete AFTER DELETE ON examples BEGIN
+        INSERT INTO examples_fts (examples_fts, rowid, original)
+        VALUES ('delete', old.id, old.original); END""",
+    # The knowledge files of each pipeline as last indexed (re-indexed when the hash changes).
+    """CREATE TABLE knowledge_files (
+        pipeline TEXT NOT NULL,
+        path     TEXT NOT NULL,
+        sha256   TEXT NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        size     INTEGER NOT NULL,
+        PRIMARY KEY (pipeline, path)
+    )""",
+    """CREATE TABLE knowledge_passages (
+        id       INTEGER PRIMARY KEY,
+        pipeline TEXT NOT NULL,
+        path     TEXT NOT NULL,
+        heading  TEXT NOT NULL,
+        text     TEXT NOT NULL
+    )""",
+    "CREATE INDEX knowledge_passages_file ON knowledge_passages (pipeline, path)",
+    """CREATE VIRTUAL TABLE knowledge_fts USING fts5(heading, text,
+        content='knowledge_passages', content_rowid='id', tokenize='porter unicode61')""",
+    """CREATE TRIGGER knowledge_fts_insert AFTER INSERT ON knowledge_passages BEGIN
+        INSERT INTO knowledge_fts (rowid, heading, text)
+        VALUES (new.id, new.heading, new.text); END""",
+    """CREATE TRIGGER knowledge_fts_delete AFTER DELETE ON knowledge_passages BEGIN
+        INSERT INTO knowledge_fts (knowledge_fts, rowid, heading, text)
+        VALUES ('delete', old.id, old.heading, old.text); END""",
+    # What the draft's request was given (JSON), for its card and `pending --json`.
+    "ALTER TABLE drafts ADD COLUMN used TEXT",
+]
+
 #: Each entry is the list of statements of one migration, in order.
-MIGRATIONS: list[list[str]] = [_V1, _V2]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3_CONTEXT]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

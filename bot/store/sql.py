@@ -30,6 +30,7 @@ from ..models import (
 )
 from ..redact import scrub
 from .base import Store
+from .context_sql import ContextSql
 from .transitions import (
     APPROVE,
     BEGIN_SEND,
@@ -54,7 +55,7 @@ DRAFT_COLUMNS = (
     "id", "key", "pipeline", "scope", "item_id", "recipe", "status", "payload", "attempt",
     "lease_until", "fence", "body", "version", "instruction", "approval_chat",
     "approval_message_id", "decided_by", "decided_at", "sent_id", "error", "tokens_in",
-    "tokens_out", "created_at", "updated_at", "card_stale", "send_holder",
+    "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "used",
 )
 DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
 SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
@@ -81,6 +82,7 @@ def draft_from_row(row: Any) -> Draft:
         error=row["error"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
         created_at=row["created_at"], updated_at=row["updated_at"],
         card_stale=bool(row["card_stale"]), send_holder=row["send_holder"],
+        used=json.loads(row["used"]) if row["used"] else {},
     )
 
 
@@ -95,6 +97,26 @@ def audit_row(t: float, actor: str, action: str, key: str | None, text: str | No
     """The INSERT of one audit row (sha256 of ``text`` when given)."""
     return AUDIT_SQL, (t, actor, action, key, None if text is None else sha256_text(text),
                        clean(scrub(detail)))
+
+
+#: Characters of the original email kept with an example (its start says what it asks).
+EXAMPLE_ORIGINAL_CHARS = 4000
+
+
+def example_row(d: Draft, t: float, clean: Callable) -> list[tuple[str, tuple]]:
+    """The sent reply of ``d`` with its original email, as an example of its pipeline
+    (written in the transaction that records the send). Edited: the version sent is
+    the one an operator's edit made. A scheduled post answers no email: no example."""
+    m = d.message
+    if m.kind == "slot":
+        return []
+    original = f"{m.subject}\n{m.body}".strip()[:EXAMPLE_ORIGINAL_CHARS]
+    return [("INSERT INTO examples (pipeline, item_id, draft_key, original, reply, edited, "
+             "sent_at) SELECT ?, ?, ?, ?, ?, CASE WHEN EXISTS (SELECT 1 FROM audit WHERE "
+             "draft_key = ? AND action = 'edit' AND detail LIKE ?) THEN 1 ELSE 0 END, ? "
+             "ON CONFLICT (draft_key) DO NOTHING",
+             (d.pipeline, d.item_id, d.key, clean(original), clean(d.body), d.key,
+              f"%-> v{d.version}", t))]
 
 
 def status_where(statuses: Iterable[str], pipeline: str | None) -> tuple[str, tuple]:
@@ -119,6 +141,7 @@ class Change:
     at: float = 0.0
     before: int | None = None
     tokens: int = 0
+    then: Callable[[Draft], list[tuple[str, tuple]]] | None = None  # more, same transaction
 
     def __post_init__(self) -> None:
         for step in self.steps:
@@ -130,7 +153,7 @@ class Change:
     def single(self) -> bool:
         """One statement and nothing after it (no transaction needed)."""
         return (len(self.steps) == 1 and self.action is None and not self.tokens
-                and self.before is None)
+                and self.before is None and self.then is None)
 
     def followups(self, d: Draft, old: Any, clean: Callable) -> list[tuple[str, tuple]]:
         out = []
@@ -139,6 +162,8 @@ class Change:
                                  d.key, d.body, self.detail(d, old), clean))
         if self.tokens:
             out.append((TOKENS_SQL, (d.pipeline, utc_day(self.at), int(self.tokens))))
+        if self.then is not None:
+            out += self.then(d)
         return out
 
 
@@ -146,7 +171,7 @@ def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(Store):
+class SqlStore(ContextSql, Store):
     """The shared half of :class:`SQLiteStore` and :class:`PostgresStore`."""
 
     #: SQL giving a draft a fence token no earlier claim of it had.
@@ -193,12 +218,14 @@ class SqlStore(Store):
 
     async def finish_draft(self, draft_id: int, fence: int, body: str, *,
                            tokens_in: int = 0, tokens_out: int = 0,
-                           now: float | None = None) -> Draft | None:
+                           now: float | None = None,
+                           used: dict[str, Any] | None = None) -> Draft | None:
         t = self._now(now)
         return await self._change(_one(Step(
             FINISH, "body = ?, lease_until = NULL, error = NULL, tokens_in = tokens_in + ?, "
-                    "tokens_out = tokens_out + ?, updated_at = ?",
-            (self._clean(body), int(tokens_in), int(tokens_out), t),
+                    "tokens_out = tokens_out + ?, updated_at = ?, used = ?",
+            (self._clean(body), int(tokens_in), int(tokens_out), t,
+             self._clean(json.dumps(used)) if used else None),
             "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out))
 
     async def fail_draft(self, draft_id: int, fence: int, error: str, *, retryable: bool,
@@ -277,7 +304,8 @@ class SqlStore(Store):
         return await self._change(_one(Step(
             MARK_SENT, "sent_id = ?, error = NULL, updated_at = ?", (str(sent_id), t),
             "id = ?", (draft_id,)), action="sent", at=t,
-            detail=lambda d, _: f"v{d.version} sent as {sent_id}"))
+            detail=lambda d, _: f"v{d.version} sent as {sent_id}",
+            then=lambda d: example_row(d, t, self._clean)))
 
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
         return await self._change(_one(Step(
