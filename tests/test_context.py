@@ -88,7 +88,8 @@ class Deployment:
 
     async def close(self) -> None:
         if self.engine is not None:
-            await self.engine.stop()
+            engine, self.engine = self.engine, None
+            await engine.stop()
             await self.store.close()
 
     async def draft(self, pipeline: str, n: int | str, raw: bytes):
@@ -152,6 +153,8 @@ async def test_a_gmail_reply_gets_the_earlier_messages_of_its_thread_oldest_firs
                               refs="<m1@customer.example> <m2@customer.example>"),
                           thread_id=tid)
         await w.engine.tick("support")
+        [d] = await w.store.pending("support")
+        await w.close()  # its Gmail connections, before the fake Gmail stops
     [req] = fake.requests
     assert "can I return them" in block(req, "EMAIL")
     earlier = block(req, "THREAD")
@@ -164,7 +167,6 @@ async def test_a_gmail_reply_gets_the_earlier_messages_of_its_thread_oldest_firs
     assert "From: Alice Buyer <alice@customer.example>" in earlier
     assert "From: Shop <support@shop.example> (our reply)" in earlier
     assert "can I return them" not in earlier
-    [d] = await w.store.pending("support")
     assert used_line(d.used) == "📎 thread 2"
     assert "📎 thread 2" in render_card(d).text
 

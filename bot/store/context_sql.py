@@ -19,7 +19,10 @@ from ..models import Example, Passage
 
 #: Terms of the new email a search uses at most (the longest ones: rarer, and fewer
 #: terms keep an OR query over 50,000 examples fast).
-MAX_TERMS = 16
+MAX_TERMS = 8
+#: Team memory searches the newest this many examples of a pipeline: relevance ranking
+#: costs per matching reply, and common words ("order") match most of them.
+MEMORY_WINDOW = 1000
 _WORD = re.compile(r"[^\W_]{3,}")
 _STOP = frozenset(
     "the and for are but not you your with this that have has had was were will would "
@@ -34,6 +37,7 @@ _SEARCH = {
     "sqlite": {
         "examples": f"SELECT {_EXAMPLE_COLS} FROM examples_fts JOIN examples e "
                     "ON e.id = examples_fts.rowid WHERE examples_fts MATCH ? AND e.pipeline = ? "
+                    "AND examples_fts.rowid >= ? "
                     "ORDER BY bm25(examples_fts) * (1 + e.edited), e.sent_at DESC LIMIT ?",
         "knowledge": "SELECT p.path, p.heading, p.text FROM knowledge_fts JOIN "
                      "knowledge_passages p ON p.id = knowledge_fts.rowid "
@@ -42,7 +46,7 @@ _SEARCH = {
     },
     "postgres": {
         "examples": f"SELECT {_EXAMPLE_COLS} FROM examples e, to_tsquery('english', ?) q "
-                    "WHERE e.pipeline = ? AND e.tsv @@ q "
+                    "WHERE e.pipeline = ? AND e.id >= ? AND e.tsv @@ q "
                     "ORDER BY ts_rank(e.tsv, q) * (1 + e.edited) DESC, e.sent_at DESC LIMIT ?",
         "knowledge": "SELECT p.path, p.heading, p.text FROM knowledge_passages p, "
                      "to_tsquery('english', ?) q WHERE p.pipeline = ? AND p.tsv @@ q "
@@ -89,8 +93,11 @@ class ContextSql:
         terms = search_terms(text)
         if not terms or limit < 1:
             return []
+        oldest = await self._query("SELECT id FROM examples WHERE pipeline = ? ORDER BY id DESC "
+                                   "LIMIT 1 OFFSET ?", (pipeline, MEMORY_WINDOW - 1))
         rows = await self._query(_SEARCH[self.FTS]["examples"],
-                                 (_match(self.FTS, terms), pipeline, int(limit)))
+                                 (_match(self.FTS, terms), pipeline, oldest[0][0] if oldest else 0,
+                                  int(limit)))
         return [_example(r) for r in rows]
 
     async def list_examples(self, pipeline: str, limit: int = 50) -> list[Example]:

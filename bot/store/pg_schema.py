@@ -150,6 +150,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', original)) STORED
         );
         CREATE INDEX examples_pipeline_item ON examples (pipeline, item_id);
+        CREATE INDEX examples_pipeline_id ON examples (pipeline, id);
         CREATE INDEX examples_tsv ON examples USING GIN (tsv);
 
         CREATE TABLE knowledge_files (

@@ -136,6 +136,7 @@ _V3_CONTEXT = [
         sent_at   REAL NOT NULL
     )""",
     "CREATE INDEX examples_pipeline_item ON examples (pipeline, item_id)",
+    "CREATE INDEX examples_pipeline_id ON examples (pipeline, id)",  # the memory window
     """CREATE VIRTUAL TABLE examples_fts USING fts5(original, content='examples',
         content_rowid='id', tokenize='porter unicode61')""",
     """CREATE TRIGGER examples_fts_insert AFTER INSERT ON examples BEGIN
