@@ -70,21 +70,22 @@ class ContextBuilder:
         return fit(ctx, d.message, p.drafter.max_input)
 
     async def _gather(self, p: PipelineConfig, m: Message) -> Context:
+        # The three parts are read at once: the thread from the source (Gmail's pool),
+        # examples and knowledge from the store.
         o, query = p.drafter, query_text(m)
-        thread: list[ThreadMessage] = []
-        if o.thread and m.kind == "email" and m.references:
-            thread = await self.thread(p, m)
-        examples: list[Example] = []
-        if o.examples and m.kind == "email":
-            examples = await self.store.examples_for(p.name, query, o.examples)
-        passages: list[Passage] = []
-        if o.knowledge:
-            knowledge = self._knowledge.get(p.name)
-            if knowledge is None or knowledge.pipeline is not p:
-                knowledge = self._knowledge[p.name] = Knowledge(self.store, p)
-            await knowledge.sync()
-            passages = await self.store.passages_for(p.name, query, PASSAGES)
+        thread, examples, passages = await asyncio.gather(
+            self.thread(p, m) if o.thread and m.kind == "email" and m.references else _none(),
+            self.store.examples_for(p.name, query, o.examples)
+            if o.examples and m.kind == "email" else _none(),
+            self._passages(p, query) if o.knowledge else _none())
         return Context(thread, examples, passages)
+
+    async def _passages(self, p: PipelineConfig, query: str) -> list[Passage]:
+        knowledge = self._knowledge.get(p.name)
+        if knowledge is None or knowledge.pipeline is not p:
+            knowledge = self._knowledge[p.name] = Knowledge(self.store, p)
+        await knowledge.sync()
+        return await self.store.passages_for(p.name, query, PASSAGES)
 
     async def thread(self, p: PipelineConfig, m: Message) -> list[ThreadMessage]:
         """The earlier messages of ``m``'s thread from the pipeline's source (a source
@@ -98,6 +99,10 @@ class ContextBuilder:
             log.warning("%s: thread of %s not read, drafting without it: %s", p.name,
                         m.source_id or m.message_id, describe_error(exc))
             return []
+
+
+async def _none() -> list:
+    return []
 
 
 def fit(ctx: Context, m: Message, max_input: int) -> Context:

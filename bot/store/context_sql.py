@@ -34,15 +34,21 @@ _INSERT_ROWS = 200  # passages per INSERT statement
 _EXAMPLE_COLS = "e.pipeline, e.item_id, e.original, e.reply, e.edited, e.sent_at"
 # An operator-edited reply counts double; newer above older on ties.
 _SEARCH = {
+    # Ranked inside the full-text query, then the few winners joined (a ranked join
+    # costs 3x more). The pipeline is tested on the join; if other pipelines crowded
+    # it out of the candidates, the search runs again with the pipeline in the MATCH
+    # (exact but slower: that token matches every row of the pipeline).
     "sqlite": {
-        "examples": f"SELECT {_EXAMPLE_COLS} FROM examples_fts JOIN examples e "
-                    "ON e.id = examples_fts.rowid WHERE examples_fts MATCH ? AND e.pipeline = ? "
-                    "AND examples_fts.rowid >= ? "
-                    "ORDER BY bm25(examples_fts) * (1 + e.edited), e.sent_at DESC LIMIT ?",
-        "knowledge": "SELECT p.path, p.heading, p.text FROM knowledge_fts JOIN "
-                     "knowledge_passages p ON p.id = knowledge_fts.rowid "
-                     "WHERE knowledge_fts MATCH ? AND p.pipeline = ? "
-                     "ORDER BY bm25(knowledge_fts, 2.0, 1.0), p.id LIMIT ?",
+        "examples": f"SELECT {_EXAMPLE_COLS} FROM (SELECT rowid, bm25(examples_fts, 0.0, 1.0) "
+                    "AS score FROM examples_fts WHERE examples_fts MATCH ? AND rowid >= ? "
+                    "ORDER BY score LIMIT ?) f JOIN examples e ON e.id = f.rowid "
+                    "WHERE e.pipeline = ? "
+                    "ORDER BY f.score * (1 + e.edited), e.sent_at DESC LIMIT ?",
+        "knowledge": "SELECT p.path, p.heading, p.text FROM (SELECT rowid, "
+                     "bm25(knowledge_fts, 0.0, 2.0, 1.0) AS score FROM knowledge_fts WHERE "
+                     "knowledge_fts MATCH ? AND rowid >= ? ORDER BY score LIMIT ?) f "
+                     "JOIN knowledge_passages p ON p.id = f.rowid WHERE p.pipeline = ? "
+                     "ORDER BY f.score, p.id LIMIT ?",
     },
     "postgres": {
         "examples": f"SELECT {_EXAMPLE_COLS} FROM examples e, to_tsquery('english', ?) q "
@@ -62,10 +68,17 @@ def search_terms(text: str, limit: int = MAX_TERMS) -> list[str]:
     return sorted(words, key=len, reverse=True)[:limit]
 
 
-def _match(fts: str, terms: list[str]) -> str:
-    if fts == "sqlite":
-        return " OR ".join(f'"{t}"' for t in terms)
-    return " | ".join(terms)
+def _match(fts: str, terms: list[str], columns: str, pipeline: str | None = None) -> str:
+    """The full-text query for ``terms`` in ``columns`` (SQLite), and only in
+    ``pipeline``'s rows when given (pipeline names are letters, digits, "-", "_", ".")."""
+    if fts != "sqlite":
+        return " | ".join(terms)
+    match = f"{{{columns}}} : (" + " OR ".join(f'"{t}"' for t in terms) + ")"
+    return f'pipeline : "{pipeline}" AND {match}' if pipeline else match
+
+
+#: Candidates ranked in the full-text query before the edited / newer order decides.
+_CANDIDATES = 10
 
 
 class ContextSql:
@@ -95,9 +108,13 @@ class ContextSql:
             return []
         oldest = await self._query("SELECT id FROM examples WHERE pipeline = ? ORDER BY id DESC "
                                    "LIMIT 1 OFFSET ?", (pipeline, MEMORY_WINDOW - 1))
-        rows = await self._query(_SEARCH[self.FTS]["examples"],
-                                 (_match(self.FTS, terms), pipeline, oldest[0][0] if oldest else 0,
-                                  int(limit)))
+        since = oldest[0][0] if oldest else 0
+        if self.FTS != "sqlite":
+            rows = await self._query(_SEARCH[self.FTS]["examples"],
+                                     (_match(self.FTS, terms, ""), pipeline, since, int(limit)))
+        else:
+            rows = await self._fts(_SEARCH["sqlite"]["examples"], terms, "original", pipeline,
+                                   since, int(limit))
         return [_example(r) for r in rows]
 
     async def list_examples(self, pipeline: str, limit: int = 50) -> list[Example]:
@@ -157,9 +174,23 @@ class ContextSql:
         terms = search_terms(text)
         if not terms or limit < 1:
             return []
-        rows = await self._query(_SEARCH[self.FTS]["knowledge"],
-                                 (_match(self.FTS, terms), pipeline, int(limit)))
+        if self.FTS != "sqlite":
+            rows = await self._query(_SEARCH[self.FTS]["knowledge"],
+                                     (_match(self.FTS, terms, ""), pipeline, int(limit)))
+        else:
+            rows = await self._fts(_SEARCH["sqlite"]["knowledge"], terms, "heading text",
+                                   pipeline, 0, int(limit))
         return [Passage(r[0], r[1], r[2]) for r in rows]
+
+
+    async def _fts(self, sql: str, terms: list[str], columns: str, pipeline: str, since: int,
+                   limit: int) -> list[Any]:
+        """SQLite: the fast search, then the exact one if it found too few (see _SEARCH)."""
+        args = (since, _CANDIDATES * limit, pipeline, limit)
+        rows = await self._query(sql, (_match(self.FTS, terms, columns), *args))
+        if len(rows) < limit:
+            rows = await self._query(sql, (_match(self.FTS, terms, columns, pipeline), *args))
+        return rows
 
 
 def _example(r: Any) -> Example:

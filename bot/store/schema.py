@@ -137,13 +137,15 @@ _V3_CONTEXT = [
     )""",
     "CREATE INDEX examples_pipeline_item ON examples (pipeline, item_id)",
     "CREATE INDEX examples_pipeline_id ON examples (pipeline, id)",  # the memory window
-    """CREATE VIRTUAL TABLE examples_fts USING fts5(original, content='examples',
+    # The pipeline is indexed too, so a search ranks only its own pipeline's rows.
+    """CREATE VIRTUAL TABLE examples_fts USING fts5(pipeline, original, content='examples',
         content_rowid='id', tokenize='porter unicode61')""",
     """CREATE TRIGGER examples_fts_insert AFTER INSERT ON examples BEGIN
-        INSERT INTO examples_fts (rowid, original) VALUES (new.id, new.original); END""",
+        INSERT INTO examples_fts (rowid, pipeline, original)
+        VALUES (new.id, new.pipeline, new.original); END""",
     """CREATE TRIGGER examples_fts_delete AFTER DELETE ON examples BEGIN
-        INSERT INTO examples_fts (examples_fts, rowid, original)
-        VALUES ('delete', old.id, old.original); END""",
+        INSERT INTO examples_fts (examples_fts, rowid, pipeline, original)
+        VALUES ('delete', old.id, old.pipeline, old.original); END""",
     # The knowledge files of each pipeline as last indexed (re-indexed when the hash changes).
     """CREATE TABLE knowledge_files (
         pipeline TEXT NOT NULL,
@@ -161,14 +163,14 @@ _V3_CONTEXT = [
         text     TEXT NOT NULL
     )""",
     "CREATE INDEX knowledge_passages_file ON knowledge_passages (pipeline, path)",
-    """CREATE VIRTUAL TABLE knowledge_fts USING fts5(heading, text,
+    """CREATE VIRTUAL TABLE knowledge_fts USING fts5(pipeline, heading, text,
         content='knowledge_passages', content_rowid='id', tokenize='porter unicode61')""",
     """CREATE TRIGGER knowledge_fts_insert AFTER INSERT ON knowledge_passages BEGIN
-        INSERT INTO knowledge_fts (rowid, heading, text)
-        VALUES (new.id, new.heading, new.text); END""",
+        INSERT INTO knowledge_fts (rowid, pipeline, heading, text)
+        VALUES (new.id, new.pipeline, new.heading, new.text); END""",
     """CREATE TRIGGER knowledge_fts_delete AFTER DELETE ON knowledge_passages BEGIN
-        INSERT INTO knowledge_fts (knowledge_fts, rowid, heading, text)
-        VALUES ('delete', old.id, old.heading, old.text); END""",
+        INSERT INTO knowledge_fts (knowledge_fts, rowid, pipeline, heading, text)
+        VALUES ('delete', old.id, old.pipeline, old.heading, old.text); END""",
     # What the draft's request was given (JSON), for its card and `pending --json`.
     "ALTER TABLE drafts ADD COLUMN used TEXT",
 ]
