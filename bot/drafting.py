@@ -208,7 +208,8 @@ class Drafting:
         body = (result.body or "").strip()
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
                                                tokens_out=result.tokens_out, now=self.clock(),
-                                               used=context.used())
+                                               used=result.used if result.used is not None
+                                               else context.used())
         counts.tokens += result.tokens_in + result.tokens_out
         if stored is None:
             # The lease was lost (swept and re-claimed): this answer is stale.

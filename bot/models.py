@@ -258,6 +258,7 @@ class DraftResult:
     tokens_in: int = 0
     tokens_out: int = 0
     model: str = ""
+    used: dict[str, Any] | None = None  # what of the context it used; None: all of it
 
 
 @dataclass

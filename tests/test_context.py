@@ -60,7 +60,7 @@ class Deployment:
 
     def __init__(self, tmp: Path, fake: FakeLLM, provider: str, store_url: str,
                  drafter: str = "", source: str = "{type: maildir, path: inbox}",
-                 extra_yaml: str = ""):
+                 extra_yaml: str = "", model: str = "llm"):
         self.tmp, self.fake = tmp, fake
         for folder in ("pipelines", "inbox", "sales-inbox"):
             (tmp / folder).mkdir(exist_ok=True)
@@ -71,7 +71,7 @@ class Deployment:
         for name, inbox in (("support", source), ("sales", "{type: maildir, path: sales-inbox}")):
             (tmp / "pipelines" / f"{name}.yaml").write_text(
                 f"name: {name}\nschedule: 5m\nsource: {inbox}\n"
-                f"drafter: {{model: llm{', ' + drafter if drafter else ''}}}\n"
+                f"drafter: {{model: {model}{', ' + drafter if drafter else ''}}}\n"
                 f"sender: {{type: outbox, path: out-{name}, from: 'Shop <support@shop.example>'}}\n"
                 "lease: 60s\n")
         self.config = str(tmp / "draftgate.yaml")
@@ -98,8 +98,10 @@ class Deployment:
         (self.tmp / folder / f"{n}.eml").write_bytes(raw)
         before = len(self.fake.requests)
         await self.engine.tick(pipeline)
-        assert len(self.fake.requests) == before + 1, "one model call for the new email"
         [d] = [d for d in await self.store.pending(pipeline) if d.item_id == f"<m{n}@customer.example>"]
+        if self.settings.models[self.settings.pipeline(pipeline).drafter.model].provider == "template":
+            return d, None
+        assert len(self.fake.requests) == before + 1, "one model call for the new email"
         return d, self.fake.requests[-1]
 
 
@@ -257,6 +259,23 @@ async def test_knowledge_gives_the_relevant_passage_and_follows_an_edit_without_
     shown = {d["item_id"]: d for d in json.loads(capsys.readouterr().out)}
     assert shown["<m1@customer.example>"]["used_line"] == "📎 returns.md › Refunds"
     assert shown["<m1@customer.example>"]["used"]["knowledge"] == ["returns.md › Refunds"]
+
+
+async def test_the_template_drafter_fills_thread_and_knowledge_fields(tmp_path, fake, deployments):
+    """{thread} and {knowledge}, offline; the card counts only what the template used."""
+    (tmp_path / "kb").mkdir()
+    (tmp_path / "kb" / "returns.md").write_text(KNOWLEDGE)
+    (tmp_path / "t.txt").write_text("Hi {first_name},\n{thread}\n\n{knowledge}\n")
+    w = await deployments(fake, "openai", f"sqlite:///{tmp_path}/s.db", model="template",
+                          drafter="prompt: t.txt, knowledge: [kb/*.md]")
+    await w.draft("support", 1, eml(1, "Refund", "I sent the jacket back last week."))
+    d, _ = await w.draft("support", 2, eml(2, "Re: Refund", "When is my refund paid?",
+                                           refs="<m1@customer.example>"))
+    assert "> Alice Buyer <alice@customer.example> (Sun 29 Nov 2026 10:02): I sent the jacket " \
+           "back last week." in d.body
+    assert "returns.md › Refunds:\nRefunds are paid back to the card" in d.body
+    assert used_line(d.used) == "📎 thread 1 · returns.md › Refunds"
+    assert fake.requests == []
 
 
 def test_a_knowledge_glob_that_matches_nothing_is_a_validate_error(tmp_path, capsys):

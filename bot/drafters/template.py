@@ -8,8 +8,10 @@ Fields: ``{from_name}``, ``{first_name}``, ``{from_addr}``, ``{subject}``, ``{da
 ``{excerpt}`` (the start of the body on one line), ``{quote}`` (the same excerpt
 wrapped at 72 columns, each line starting with ``> ``), ``{slot}``, ``{instruction}``,
 ``{thread}`` (the thread's earlier messages, one ``> From (date): text`` line each,
-when ``drafter.thread`` gives any) and ``{knowledge}`` (the most relevant passage of
-``drafter.knowledge``, under its file name and heading; empty without one).
+when ``drafter.thread`` gives any) and ``{knowledge}`` (the most relevant passages of
+``drafter.knowledge``, each under its file name and heading; empty without one). Past
+replies (``drafter.examples``) are for models; the card counts only what the
+template's fields used.
 ``{{`` and ``}}`` are literal braces.
 
 Only the template has fields. Substitution is one pass with a fixed table: text from
@@ -74,7 +76,7 @@ def fields_for(message: Message, instruction: str = "", context: Context | None 
         "instruction": instruction.strip(),
         "thread": "\n".join(f"> {t.sender} ({_human_date(t.date)}): {_excerpt(t.text)}"
                             for t in context.thread),
-        "knowledge": "\n".join(f"{p.name}:\n{p.text}" for p in context.passages[:1]),
+        "knowledge": "\n\n".join(f"{p.name}:\n{p.text}" for p in context.passages),
     }
 
 
@@ -103,8 +105,11 @@ class TemplateDrafter:
             # Regenerate with an instruction: a template cannot follow it, so it is
             # carried as a visible note for the operator to act on when editing.
             body += f"\n\n[Note: {values['instruction']}]"
+        ctx = request.context  # a template uses only the fields it has
+        used = Context(ctx.thread if "{thread}" in template else [], [],
+                       ctx.passages if "{knowledge}" in template else []).used()
         return DraftResult(body=body + "\n", tokens_in=0, tokens_out=0,
-                           model=f"template:{self.path.name}")
+                           model=f"template:{self.path.name}", used=used)
 
     async def close(self) -> None:
         return None
