@@ -35,9 +35,10 @@ _EXAMPLE_COLS = "e.pipeline, e.item_id, e.original, e.reply, e.edited, e.sent_at
 # An operator-edited reply counts double; newer above older on ties.
 _SEARCH = {
     # Ranked inside the full-text query, then the few winners joined (a ranked join
-    # costs 3x more). The pipeline is tested on the join; if other pipelines crowded
-    # it out of the candidates, the search runs again with the pipeline in the MATCH
-    # (exact but slower: that token matches every row of the pipeline).
+    # costs 3x more). Examples: the pipeline is named in the MATCH, so only its rows in
+    # the window are ranked. Knowledge: the pipeline is tested on the join; if other
+    # pipelines crowded it out of the candidates, the search runs again with the
+    # pipeline in the MATCH (exact but slower: that token matches all its rows).
     "sqlite": {
         "examples": f"SELECT {_EXAMPLE_COLS} FROM (SELECT rowid, bm25(examples_fts, 0.0, 1.0) "
                     "AS score FROM examples_fts WHERE examples_fts MATCH ? AND rowid >= ? "
@@ -78,7 +79,7 @@ def _match(fts: str, terms: list[str], columns: str, pipeline: str | None = None
 
 
 #: Candidates ranked in the full-text query before the edited / newer order decides.
-_CANDIDATES = 10
+_CANDIDATES = 50
 
 
 class ContextSql:
@@ -113,8 +114,10 @@ class ContextSql:
             rows = await self._query(_SEARCH[self.FTS]["examples"],
                                      (_match(self.FTS, terms, ""), pipeline, since, int(limit)))
         else:
-            rows = await self._fts(_SEARCH["sqlite"]["examples"], terms, "original", pipeline,
-                                   since, int(limit))
+            # The window holds other pipelines' rows too: name the pipeline in the MATCH.
+            rows = await self._query(_SEARCH["sqlite"]["examples"], (
+                _match(self.FTS, terms, "original", pipeline), since, _CANDIDATES * int(limit),
+                pipeline, int(limit)))
         return [_example(r) for r in rows]
 
     async def list_examples(self, pipeline: str, limit: int = 50) -> list[Example]:
@@ -185,7 +188,7 @@ class ContextSql:
 
     async def _fts(self, sql: str, terms: list[str], columns: str, pipeline: str, since: int,
                    limit: int) -> list[Any]:
-        """SQLite: the fast search, then the exact one if it found too few (see _SEARCH)."""
+        """SQLite knowledge: the fast search, then the exact one if it found too few."""
         args = (since, _CANDIDATES * limit, pipeline, limit)
         rows = await self._query(sql, (_match(self.FTS, terms, columns), *args))
         if len(rows) < limit:
