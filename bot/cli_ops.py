@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import getpass
 import json
+import time
 from dataclasses import asdict
 
 from . import ops
 from .cli_common import existing_store, load, options, say
 from .config import Settings
 from .errors import ConfigError, DraftgateError
+from .models import used_line
 
 
 def add_cli(subparsers) -> None:
@@ -66,10 +68,68 @@ def add_cli(subparsers) -> None:
             "running draftgate; after Approve or Reject here the card keeps its buttons, and a "
             "tap on it says who decided. There is no operator allow-list here: whoever can "
             "run this with the configuration decides (audited with their user name).")
+    _add_memory(subparsers)
     command("doctor", _doctor, "check the store, accounts, models and Telegram",
             "Check that the store opens, each Gmail account answers with the scopes its "
             "pipelines need, the endpoint of each model a pipeline uses answers (models no "
             "pipeline uses are not called), and the Telegram bot token works.")
+
+
+def _add_memory(subparsers) -> None:
+    memory = subparsers.add_parser(
+        "memory", help="show or remove a pipeline's past replies used as examples",
+        description="Team memory: every sent reply is kept with its original email as an "
+                    "example for drafting later emails of the same pipeline (drafter.examples). "
+                    "`memory list` shows them, `memory forget` removes one item's.")
+    verbs = memory.add_subparsers(dest="memory_command", metavar="VERB", required=True)
+    listing = verbs.add_parser("list", parents=options(json=True), help="newest examples first",
+                               description="The newest examples of PIPELINE: item id, when "
+                                           "it was sent, edited or not, the start of the "
+                                           "original and of the reply.")
+    listing.add_argument("pipeline")
+    listing.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    listing.set_defaults(func=_memory_list)
+    forget = verbs.add_parser("forget", parents=options(), help="remove one item's example",
+                              description="Remove the example kept for ITEM_ID of PIPELINE, "
+                                          "so no later draft is shown it. Audited.")
+    forget.add_argument("pipeline")
+    forget.add_argument("item_id", help="as `draftgate memory list PIPELINE` shows it")
+    forget.set_defaults(func=_memory_forget)
+
+
+async def _memory_list(args) -> int:
+    _text_argument("pipeline", args.pipeline)
+    if args.limit < 1:
+        raise ConfigError("--limit: expected a number of examples of at least 1")
+    settings = load(args.config)
+    async with existing_store(settings) as store:
+        examples = await store.list_examples(args.pipeline, args.limit)
+    if args.json:
+        print(json.dumps([asdict(e) for e in examples], indent=2))
+        return 0
+    if not examples:
+        print(say(f"{args.pipeline}: no examples yet (each sent reply becomes one)"))
+    for e in examples:
+        print(say(f"{e.item_id}  {time.strftime('%d %b %Y %H:%M UTC', time.gmtime(e.sent_at))}{'  edited' if e.edited else ''}\n"
+                  f"  » {_start(e.original)}\n  ↳ {_start(e.reply)}"))
+    return 0
+
+
+def _start(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= 100 else line[:99] + "…"
+
+
+async def _memory_forget(args) -> int:
+    _text_argument("pipeline", args.pipeline)
+    _text_argument("item_id", args.item_id)
+    settings = load(args.config)
+    async with existing_store(settings) as store:
+        n = await store.forget_example(args.pipeline, args.item_id, _actor())
+    print(say(f"{args.pipeline} {args.item_id}: " + (
+        "example removed; later drafts no longer see it" if n else
+        "no example kept for this item; `draftgate memory list PIPELINE` shows the item ids")))
+    return 0 if n else 1
 
 
 def _actor() -> str:
@@ -155,6 +215,7 @@ async def _pending(args) -> int:
                                "card": [d.approval_chat, d.approval_message_id],
                                "created_at": d.created_at,
                                "triage": d.triage, "triage_reason": d.triage_reason,
+                               "used": d.used, "used_line": used_line(d.used),
                                "configured": settings.has_pipeline(d.pipeline),
                                "held": holds.get(d.pipeline) if d.status == "queued" else None}
                               for d in drafts], indent=2))

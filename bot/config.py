@@ -454,7 +454,24 @@ def _drafter(ck: Checker, data: dict, settings: Settings, base: Path) -> Drafter
             ck.error("drafter.prompt", f"{drafter.prompt} is a folder ({found}); expected a file")
         elif not found.is_file():
             ck.error("drafter.prompt", f"file not found: {drafter.prompt} (looked for {found})")
+    for i, pattern in enumerate(drafter.knowledge):
+        if not knowledge_files(base, (pattern,)):
+            ck.error(f"drafter.knowledge[{i}]", f"no file matches {pattern} (looked in "
+                                                f"{_resolve(base, pattern).parent}); fix the "
+                                                f"path or remove the entry")
     return drafter
+
+
+def knowledge_files(base: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """The files ``drafter.knowledge`` globs match (relative to ``base``), sorted, each
+    once: what the knowledge index holds for the pipeline."""
+    import glob
+
+    found: set[Path] = set()
+    for pattern in patterns:
+        where = str(_resolve(base, pattern))
+        found.update(Path(f) for f in glob.glob(where, recursive=True) if os.path.isfile(f))
+    return sorted(found)
 
 
 def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:

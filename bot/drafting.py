@@ -16,6 +16,7 @@ from typing import Callable
 
 from .clock import utc_day
 from .config import PipelineConfig, Settings
+from .context import ContextBuilder
 from .errors import (
     BudgetExhausted,
     DrafterError,
@@ -27,7 +28,7 @@ from .errors import (
 from .lease import Leases
 from .models import FAILED, NOTIFIED, SKIPPED, Draft, DraftRequest, RunCounts
 from .operators import Operators
-from .stages import Drafter, Triager
+from .stages import Drafter, Source, Triager
 from .store import Store
 
 log = logging.getLogger("draftgate.engine")
@@ -40,9 +41,12 @@ MAX_MODEL_HOLD = 3600.0
 class Drafting:
     def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Operators,
                  drafter: Callable[[PipelineConfig], Drafter], clock: Callable[[], float],
-                 triager: Callable[[PipelineConfig], Triager | None] = lambda p: None):
+                 triager: Callable[[PipelineConfig], Triager | None] = lambda p: None,
+                 source: Callable[[PipelineConfig], Source] | None = None):
         self.settings, self.store, self.leases, self.operators = settings, store, leases, operators
         self._drafter, self.clock, self._triager = drafter, clock, triager
+        # What a draft is based on besides the email (thread, examples, knowledge).
+        self.context = ContextBuilder(store, source or (lambda p: None))
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._model_trouble: set[str] = set()
         self._not_before: dict[str, float] = {}
@@ -170,8 +174,9 @@ class Drafting:
         if triaged is None:
             return True
         d = triaged
+        context = await self.context.build(p, d)
         request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
-                               previous_body=d.body, draft_key=d.key)
+                               previous_body=d.body, draft_key=d.key, context=context)
         try:
             # The drafter times out on its own; this bound keeps a misbehaving one
             # inside its lease so a stale answer can never race a newer claim.
@@ -208,7 +213,9 @@ class Drafting:
         await self._hold(p, None)  # drafting works (again)
         body = (result.body or "").strip()
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
-                                               tokens_out=result.tokens_out, now=self.clock())
+                                               tokens_out=result.tokens_out, now=self.clock(),
+                                               used=result.used if result.used is not None
+                                               else context.used())
         counts.tokens += result.tokens_in + result.tokens_out
         if stored is None:
             # The lease was lost (swept and re-claimed): this answer is stale.

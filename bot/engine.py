@@ -80,7 +80,7 @@ class Engine:
         self.sends = Sends(settings, store, self.leases, self.operators, sender, now, self._spawn,
                            send_check_delay)
         self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now,
-                                 lambda p: self.triager(p))
+                                 lambda p: self.triager(p), lambda p: self.source(p))
         self.decisions = Decisions(settings, store, self.operators, self.drafting, self.sends,
                                    sender, now, self._spawn)
         self.desk = Desk(settings, store, self.operators, now)

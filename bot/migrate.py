@@ -24,7 +24,8 @@ from .store._copy import COPY_TABLES, copier
 #: Copy order. Drafts before audit so a reader of the target never sees an audit
 #: row for a draft that is not there yet.
 TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
-          "pipeline_flags", "approvals", "sent_notices")
+          "pipeline_flags", "approvals", "sent_notices", "examples", "knowledge_files",
+          "knowledge_passages")
 BATCH = 5000
 
 Progress = Callable[[str, int, int], None]

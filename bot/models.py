@@ -179,18 +179,85 @@ class Draft:
     send_holder: str | None = None  # process that moved it to `sending`
     triage: str | None = None  # reply | notify | skip, decided for version 1; None: not triaged
     triage_reason: str | None = None  # the model's one sentence (or why triage failed)
+    used: dict[str, Any] = field(default_factory=dict)  # what its request was given (Context.used)
+
+
+@dataclass(frozen=True)
+class ThreadMessage:
+    """An earlier message of the thread (ours too), as the model sees it."""
+
+    sender: str
+    date: str
+    text: str  # its new text, without what it quoted
+    ours: bool = False  # sent from our own address (a reply draftgate or a person sent)
+
+
+@dataclass(frozen=True)
+class Example:
+    """A sent reply kept with its original email: how this pipeline's team answers."""
+
+    pipeline: str
+    item_id: str
+    original: str
+    reply: str
+    edited: bool
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A piece of a knowledge file: under one heading, or one paragraph."""
+
+    path: str
+    heading: str
+    text: str
+
+    @property
+    def name(self) -> str:
+        """``returns.md › Refunds`` (the file name alone when there is no heading)."""
+        file = self.path.replace("\\", "/").rsplit("/", 1)[-1]
+        return f"{file} › {self.heading}" if self.heading else file
+
+
+@dataclass
+class Context:
+    """What a draft is based on besides the email (bot/context.py), already cut to fit
+    the pipeline's ``max_input``: every part is data inside the request's boundary."""
+
+    thread: list[ThreadMessage] = field(default_factory=list)
+    examples: list[Example] = field(default_factory=list)
+    passages: list[Passage] = field(default_factory=list)
+
+    def used(self) -> dict[str, Any]:
+        """What the draft used, kept with it: for the card and ``pending --json``."""
+        return {"thread": len(self.thread), "examples": [e.item_id for e in self.examples],
+                "knowledge": [p.name for p in self.passages]}
+
+
+def used_line(used: dict[str, Any] | None) -> str:
+    """``📎 thread 3 · 2 past replies · returns.md › Refunds``; "" when nothing was used."""
+    used = used or {}
+    parts = []
+    if used.get("thread"):
+        parts.append(f"thread {used['thread']}")
+    n = len(used.get("examples") or [])
+    if n:
+        parts.append(f"{n} past repl{'y' if n == 1 else 'ies'}")
+    parts += [str(k) for k in dict.fromkeys(used.get("knowledge") or [])]
+    return "📎 " + " · ".join(parts) if parts else ""
 
 
 @dataclass
 class DraftRequest:
     """What a drafter gets. ``instruction`` is the operator's (regenerate); it is an
-    instruction, the message is data."""
+    instruction, the message and the context are data."""
 
     pipeline: str
     message: Message
     instruction: str = ""
     previous_body: str = ""
     draft_key: str = ""
+    context: Context = field(default_factory=Context)
 
 
 @dataclass
@@ -199,6 +266,7 @@ class DraftResult:
     tokens_in: int = 0
     tokens_out: int = 0
     model: str = ""
+    used: dict[str, Any] | None = None  # what of the context it used; None: all of it
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,10 @@ class DrafterOptions:
     max_input: int = 8000  # characters of email the model sees
     signature: str = ""
     language: str = "auto"  # "auto": the sender's language; otherwise e.g. "German"
+    # Context (see bot/context.py), each within max_input after the email itself:
+    thread: int = 6  # earlier messages of the thread; 0 = off
+    examples: int = 3  # past sent replies of this pipeline; 0 = off
+    knowledge: tuple[str, ...] = ()  # globs of files searched for passages; none by default
 
 
 @dataclass(frozen=True)
@@ -207,11 +211,29 @@ def parse_drafter(ck: Checker, raw: dict) -> DrafterOptions:
     ck.unknown(raw, _keys(DrafterOptions), "drafter")
     signature = ck.get(raw, "signature", "drafter", str, default=d.signature)
     language = ck.get(raw, "language", "drafter", str, default=d.language)
+    counts = {key: _count(ck, raw, key, getattr(d, key)) for key in ("thread", "examples")}
+    knowledge = [g.strip() for g in ck.str_list(raw, "knowledge", "drafter")]
+    for i, pattern in enumerate(knowledge):
+        if not pattern:
+            ck.error(f"drafter.knowledge[{i}]", "empty; expected a file or a glob such as "
+                                                "knowledge/*.md")
     return DrafterOptions(
         model=ck.get(raw, "model", "drafter", str, default=d.model),
         prompt=ck.get(raw, "prompt", "drafter", str, default=None),
         max_input=ck.get(raw, "max_input", "drafter", int, default=d.max_input),
-        signature=(signature or "").strip(), language=(language or "").strip() or d.language)
+        signature=(signature or "").strip(), language=(language or "").strip() or d.language,
+        knowledge=tuple(g for g in knowledge if g), **counts)
+
+
+def _count(ck: Checker, raw: dict, key: str, default: int) -> int:
+    """``drafter.thread`` / ``drafter.examples``: how many, 0 = off (at most 50: each
+    one costs tokens, and the budget would cut them anyway)."""
+    value = ck.get(raw, key, "drafter", int, default=default)
+    if value is None or not 0 <= value <= 50:
+        if value is not None:
+            ck.error(f"drafter.{key}", f"expected a number from 0 (off) to 50, got {value}")
+        return default
+    return value
 
 
 def _maildir(ck: Checker, raw: dict, ctx: Context) -> MaildirSourceOptions:

@@ -57,7 +57,9 @@ async def _old_sqlite_store(url: str) -> dict:
         cards[1] = await s.mark_posted(edited.id, edited.version, "-100123", "901")
         sent = await s.approve(cards[5].id, cards[5].version, "anna", now=2004.0)
         await s.begin_send(sent.id)
-        await s.mark_sent(sent.id, "gmail-abc", now=2005.0)
+        await s.mark_sent(sent.id, "gmail-abc", now=2005.0)  # kept as an example too
+        await s.index_knowledge("support", "kb/returns.md", ("sha", 1, 2),
+                                [("Refunds", "Refunds take five business days.")])
         # The team desk: one of two approvals of card 2, a reminder and a digest sent.
         half = cards[2]
         assert await s.approve(half.id, half.version, "tg:1 (Anna)", now=2004.5, quorum=2,
@@ -107,6 +109,12 @@ async def test_sqlite_to_postgres_nothing_fetched_or_drafted_again(tmp_path, pg_
         [run] = await pg.recent_runs("support")
         assert run.counts == {"fetched": 6, "new": 6} and run.status == "ok"
         assert (await pg.get_draft(facts["sent_id"])).sent_id == "gmail-abc"
+        # Team memory and the knowledge index came along, searchable on PostgreSQL.
+        [example] = await pg.examples_for("support", "where is order 5?", 3)
+        assert (example.item_id, example.reply) == ("<m5@example.com>", "Hi, about order 5")
+        [passage] = await pg.passages_for("support", "how long does a refund take", 3)
+        assert passage.name == "returns.md › Refunds"
+        assert await pg.knowledge_files("support") == {"kb/returns.md": ("sha", 1, 2)}
 
         pending = {d.id: d for d in await pg.pending("support")}
         assert set(pending) == {d.id for d in facts["cards"]}
@@ -165,6 +173,8 @@ async def test_postgres_back_to_sqlite(tmp_path, pg_url):
         [d] = await pg.claim("support", 600)
         d = await pg.finish_draft(d.id, d.fence, "reply")
         d = await pg.mark_posted(d.id, d.version, "42", "777")
+        await pg.index_knowledge("support", "kb/hours.md", ("sha", 1, 2),
+                                 [("Opening hours", "Open Monday to Friday.")])
     dst = f"sqlite:///{tmp_path / 'back.db'}"
     copied = await migrate_store(pg_url, dst)
     assert copied["drafts"] == 2 and copied["seen_items"] == 2
@@ -177,6 +187,8 @@ async def test_postgres_back_to_sqlite(tmp_path, pg_url):
         assert q.item_id == "<m1@example.com>"  # the queued one, not drafted twice
         fresh = await s.admit("support", "inbox", "v1", [_item(7)])
         assert (await s.get_draft_by_key(fresh.new[0])).id > q.id  # ids not reused
+        [passage] = await s.passages_for("support", "are you open on monday?", 3)
+        assert passage.name == "hours.md › Opening hours"  # indexed by SQLite's triggers
 
 
 def test_cli_refusal_says_how_to_override(tmp_path, capsys):

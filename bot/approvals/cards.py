@@ -35,6 +35,7 @@ from ..models import (
     SENDING,
     SENT,
     Draft,
+    used_line,
 )
 from ..redact import scrub
 
@@ -52,7 +53,7 @@ _CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[1-9][0-9]{0,17}):"
 
 # Budgets, in escaped UTF-16 units, so the draft always keeps most of the card.
 _FIELD = {"name": 120, "addr": 160, "subject": 300, "date": 60, "excerpt": 600, "error": 400,
-          "reason": 300}
+          "reason": 300, "used": 300}
 
 Button = tuple[str, str]  # (label, callback_data)
 
@@ -173,7 +174,7 @@ def _header(draft: Draft) -> list[str]:
         lines.append(f"<b>Slot:</b> {clip(m.slot, _FIELD['date'])[0]}")
         if m.subject:
             lines.append(f"<b>Topic:</b> {clip(_one_line(m.subject), _FIELD['subject'])[0]}")
-        return lines
+        return lines + _used(draft)
     addr = clip(m.from_addr, _FIELD["addr"])[0]
     sender = f"{clip(_one_line(m.from_name), _FIELD['name'])[0]} &lt;{addr}&gt;" if m.from_name \
         else addr
@@ -186,7 +187,13 @@ def _header(draft: Draft) -> list[str]:
     original = _one_line(m.body)
     if original:
         lines.append(f"<blockquote>» {clip(original, _FIELD['excerpt'])[0]}</blockquote>")
-    return lines
+    return lines + _used(draft)
+
+
+def _used(draft: Draft) -> list[str]:
+    """What the draft used, one line (file names and headings are outside text: escaped)."""
+    used = used_line(draft.used)
+    return [clip(_one_line(used), _FIELD["used"])[0]] if used else []
 
 
 def _with_body(top: list[str], draft: Draft, label: str = "Draft:") -> tuple[str, bool]:

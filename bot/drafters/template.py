@@ -6,7 +6,12 @@
 
 Fields: ``{from_name}``, ``{first_name}``, ``{from_addr}``, ``{subject}``, ``{date}``,
 ``{excerpt}`` (the start of the body on one line), ``{quote}`` (the same excerpt
-wrapped at 72 columns, each line starting with ``> ``), ``{slot}``, ``{instruction}``.
+wrapped at 72 columns, each line starting with ``> ``), ``{slot}``, ``{instruction}``,
+``{thread}`` (the thread's earlier messages, one ``> From (date): text`` line each,
+when ``drafter.thread`` gives any) and ``{knowledge}`` (the most relevant passages of
+``drafter.knowledge``, each under its file name and heading; empty without one). Past
+replies (``drafter.examples``) are for models; the card counts only what the
+template's fields used.
 ``{{`` and ``}}`` are literal braces.
 
 Only the template has fields. Substitution is one pass with a fixed table: text from
@@ -29,11 +34,11 @@ from pathlib import Path
 
 from ..config import Checker, ModelConfig, PipelineConfig, Settings
 from ..errors import ConfigError, DrafterError, DrafterSetupError
-from ..models import DraftRequest, DraftResult, Message
+from ..models import Context, DraftRequest, DraftResult, Message
 from .prompt import has_visible_text
 
 FIELDS = ("from_name", "first_name", "from_addr", "subject", "date", "excerpt", "quote",
-          "slot", "instruction")
+          "slot", "instruction", "thread", "knowledge")
 EXCERPT_CHARS = 300
 _FIELD = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -52,8 +57,10 @@ def render(template: str, values: dict[str, str]) -> str:
     return _FIELD.sub(one, template)
 
 
-def fields_for(message: Message, instruction: str = "") -> dict[str, str]:
-    """The template fields for ``message``."""
+def fields_for(message: Message, instruction: str = "", context: Context | None = None
+               ) -> dict[str, str]:
+    """The template fields for ``message`` (and the draft's context)."""
+    context = context or Context()
     name = message.from_name.strip()
     excerpt = _excerpt(message.body)
     return {
@@ -67,6 +74,9 @@ def fields_for(message: Message, instruction: str = "") -> dict[str, str]:
                                break_long_words=False, break_on_hyphens=False) or ">",
         "slot": message.slot,
         "instruction": instruction.strip(),
+        "thread": "\n".join(f"> {t.sender} ({_human_date(t.date)}): {_excerpt(t.text)}"
+                            for t in context.thread),
+        "knowledge": "\n\n".join(f"{p.name}:\n{p.text}" for p in context.passages),
     }
 
 
@@ -81,7 +91,7 @@ class TemplateDrafter:
 
     async def draft(self, request: DraftRequest) -> DraftResult:
         template = await asyncio.to_thread(self._read)
-        values = fields_for(request.message, request.instruction)
+        values = fields_for(request.message, request.instruction, request.context)
         body = render(template, values).strip()
         if not has_visible_text(body):
             # An empty card could be approved and sent as an empty email.
@@ -95,8 +105,11 @@ class TemplateDrafter:
             # Regenerate with an instruction: a template cannot follow it, so it is
             # carried as a visible note for the operator to act on when editing.
             body += f"\n\n[Note: {values['instruction']}]"
+        ctx = request.context  # a template uses only the fields it has
+        used = Context(ctx.thread if "{thread}" in template else [], [],
+                       ctx.passages if "{knowledge}" in template else []).used()
         return DraftResult(body=body + "\n", tokens_in=0, tokens_out=0,
-                           model=f"template:{self.path.name}")
+                           model=f"template:{self.path.name}", used=used)
 
     async def close(self) -> None:
         return None

@@ -437,6 +437,26 @@ class GmailClient:
                 self._save_if_refreshed()
         raise GmailError(last or f"Gmail {what} failed")  # not reached
 
+    def thread(self, thread_id: str, before: str, limit: int,
+               cancel: threading.Event | None = None) -> list[dict]:
+        """The messages of Gmail thread ``thread_id`` that came before message
+        ``before`` (all of them if it is not in the thread), the newest ``limit``, oldest
+        first, as ``messages.get(format=raw)`` resources: one ``threads.get`` (which has
+        no raw format, so ``minimal``: ids, labels, dates) and one ``messages.get`` each.
+        Drafts, spam and trash are left out; our own sent replies are kept."""
+        listing = self.read(lambda s: s.users().threads().get(
+            userId="me", id=thread_id, format="minimal"), "threads.get", cancel)
+        found = sorted((m for m in listing.get("messages") or []
+                        if not set(m.get("labelIds") or ()) & {"DRAFT", "SPAM", "TRASH"}),
+                       key=lambda m: int(m.get("internalDate") or 0))
+        ids = [str(m.get("id")) for m in found]
+        if before in ids:
+            ids = ids[:ids.index(before)]
+        def get(gid: str) -> Callable[[Any], Any]:
+            return lambda s: s.users().messages().get(userId="me", id=gid, format="raw")
+
+        return [self.read(get(gid), "messages.get", cancel) for gid in ids[-limit:] if limit > 0]
+
     def write_once(self, make: Callable[[Any], Any], what: str) -> dict:
         """Execute a non-idempotent request exactly once. Raises NotSent (certainly not
         delivered), MaybeSent (unknown) or AuthError.

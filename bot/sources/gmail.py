@@ -63,10 +63,11 @@ from collections.abc import Sequence
 
 from .. import filters as _filters
 from ..config import PipelineConfig, Settings
+from ..context import thread_message
 from ..errors import SourceError
 from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
-from ..models import FetchResult, Item, Message
+from ..models import FetchResult, Item, Message, ThreadMessage
 from ..options import FilterOptions, GmailSourceOptions, expect
 from ..stages import FetchContext
 from .gmail_cursor import Cursor, join_queues
@@ -78,6 +79,7 @@ _PAGE = 500  # Gmail's maximum page size for list and history
 # How far before the last successful sync the history-expired fallback still lists:
 # clock differences between this host and Gmail, and mail stamped before it arrived.
 RESYNC_MARGIN = 600.0
+THREAD_MAX_BODY = 20_000  # characters of an earlier message of a thread read for context
 # How long after it arrived (internalDate) a candidate the query's search did not
 # return is searched for again. Gmail's index usually catches up within seconds and
 # rarely takes minutes; 15 minutes leaves a wide margin while keeping the cost (one
@@ -473,6 +475,24 @@ class GmailSource:
         return FetchResult(items, cursor=cursor, more=bool(rest),
                            note=f"history expired: resynced by query since {when}, "
                                 f"{len(items)} new{later}")
+
+    async def thread(self, message: Message, limit: int) -> list[ThreadMessage]:
+        """The earlier messages of ``message``'s thread, oldest first (see
+        :meth:`GmailClient.thread`); ours are those sent from one of our addresses."""
+        if not message.thread_id or limit < 1:
+            return []
+        resources = await self.client.run(self.client.thread, message.thread_id,
+                                          message.source_id, limit)
+        out = []
+        for r in resources:
+            try:
+                raw = base64.urlsafe_b64decode(_padded(r.get("raw") or ""))
+                m = parse_email(raw, max_body=THREAD_MAX_BODY, source_id=str(r.get("id")))
+            except (ValueError, TypeError, UnparseableMessage):
+                continue  # an unreadable old message is left out, not the draft
+            ours = "SENT" in (r.get("labelIds") or ()) or m.from_addr.lower() in self._own
+            out.append(thread_message(m, ours))
+        return out
 
     async def close(self) -> None:
         await self.client.aclose()

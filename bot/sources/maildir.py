@@ -32,9 +32,10 @@ from pathlib import Path
 
 from .. import mime
 from ..config import PipelineConfig, Settings
+from ..context import thread_message
 from ..errors import SourceError
 from ..filters import too_big
-from ..models import FetchResult, Item, Message
+from ..models import FetchResult, Item, Message, ThreadMessage
 from ..options import MaildirSourceOptions, expect
 
 log = logging.getLogger("draftgate.sources.maildir")
@@ -100,6 +101,28 @@ class MaildirSource:
 
     async def close(self) -> None:
         return None
+
+    async def thread(self, message: Message, limit: int) -> list[ThreadMessage]:
+        """The files of the folder that ``message`` answers, by its References (or
+        In-Reply-To): the newest ``limit``, oldest first."""
+        refs = [r for r in message.references if r != message.message_id]
+        if not refs or limit < 1:
+            return []
+        return await asyncio.to_thread(self._thread, refs, limit)
+
+    def _thread(self, refs: list[str], limit: int) -> list[ThreadMessage]:
+        by_id = {item_id: f for f, item_id in self._identify()}
+        out = []
+        for ref in refs:  # References lists the thread oldest first
+            f = by_id.get(ref)
+            if f is None:
+                continue
+            try:
+                m = mime.parse_email(f.path.read_bytes(), max_body=20_000, source_id=f.name)
+            except (OSError, mime.UnparseableMessage):
+                continue
+            out.append(thread_message(m, ours=False))
+        return out[-limit:]
 
     # -- runs in a worker thread -------------------------------------------------
     def _files(self) -> list[_File]:

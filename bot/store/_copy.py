@@ -25,6 +25,11 @@ COPY_TABLES: dict[str, tuple[str, ...]] = {
     "pipeline_flags": ("pipeline",),
     "approvals": ("draft_id", "version", "operator"),
     "sent_notices": ("key",),
+    # Context (issue 13): team memory and the knowledge index. The search indexes
+    # follow: SQLite's FTS tables by trigger, PostgreSQL's tsvector columns are generated.
+    "examples": ("id",),
+    "knowledge_files": ("pipeline", "path"),
+    "knowledge_passages": ("id",),
 }
 
 
@@ -120,7 +125,8 @@ class _PostgresCopier(_SqlCopier):
         async with self._store._tx() as con:
             types = {r["column_name"]: r["data_type"] for r in await con.fetch(
                 "SELECT column_name, data_type FROM information_schema.columns"
-                " WHERE table_schema=$1 AND table_name=$2", self._store._schema, table)}
+                " WHERE table_schema=$1 AND table_name=$2 AND is_generated = 'NEVER'",
+                self._store._schema, table)}
             cols = [c for c in rows[0] if c in types]
             conv = [convert.get(types[c], lambda v: v) for c in cols]
             values = [[None if row.get(c) is None else f(row[c])
@@ -138,7 +144,7 @@ class _PostgresCopier(_SqlCopier):
         """Move id and fence sequences past every copied row, so the next draft,
         run or audit row (and the next claim's fence) never reuses a number."""
         async with self._store._tx() as con:
-            for table in ("drafts", "pipeline_runs", "audit"):
+            for table in ("drafts", "pipeline_runs", "audit", "examples", "knowledge_passages"):
                 await con.execute(
                     f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
                     f" GREATEST((SELECT max(id) FROM {table}), 1),"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..errors import StoreError
 from ..models import AuditEntry, Draft, Item, Run, Vote
@@ -136,8 +136,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def finish_draft(self, draft_id: int, fence: int, body: str, *,
                            tokens_in: int = 0, tokens_out: int = 0,
-                           now: float | None = None) -> Draft | None:
-        """Fenced ``drafting -> ready`` storing the body. ``None`` when the fence no
+                           now: float | None = None,
+                           used: dict[str, Any] | None = None) -> Draft | None:
+        """Fenced ``drafting -> ready`` storing the body and what its request ``used``
+        (:meth:`Context.used`). ``None`` when the fence no
         longer matches (the lease was lost): a stale worker changes nothing. Token use
         is added to the draft and to the pipeline's usage for the UTC day of ``now``."""
 
@@ -258,7 +260,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def mark_sent(self, draft_id: int, sent_id: str, now: float | None = None
                         ) -> Draft | None:
-        """CAS ``sending|send_unknown -> sent``; audit row with the sent text's hash."""
+        """CAS ``sending|send_unknown -> sent``; audit row with the sent text's hash;
+        the reply and its original kept as an example of the pipeline (same transaction)."""
 
     @abc.abstractmethod
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:

@@ -130,6 +130,7 @@ def _lock_key(label: str) -> int:
 class PostgresStore(SqlStore):
     """Store on PostgreSQL through an asyncpg pool (1..``max_size`` connections)."""
 
+    FTS = "postgres"
     NEXT_FENCE = "nextval('draft_fence_seq')"
     FOR_UPDATE = " FOR UPDATE"
 

@@ -19,7 +19,7 @@ DRAFT_COLUMNS = (
     "lease_until", "fence", "body", "version", "instruction", "approval_chat",
     "approval_message_id", "decided_by", "decided_at", "sent_id", "error", "tokens_in",
     "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "triage",
-    "triage_reason",
+    "triage_reason", "used",
 )
 DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
 SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
@@ -38,6 +38,7 @@ def draft_from_row(row: Any) -> Draft:
     fields = {c: row[c] for c in DRAFT_COLUMNS}  # the Draft's fields, but for these two:
     fields["message"] = Message.from_json(fields.pop("payload"))
     fields["card_stale"] = bool(fields["card_stale"])
+    fields["used"] = json.loads(fields["used"]) if fields["used"] else {}
     return Draft(**fields)
 
 
@@ -52,6 +53,26 @@ def audit_row(t: float, actor: str, action: str, key: str | None, text: str | No
     """The INSERT of one audit row (sha256 of ``text`` when given)."""
     return AUDIT_SQL, (t, actor, action, key, None if text is None else sha256_text(text),
                        clean(scrub(detail)))
+
+
+#: Characters of the original email kept with an example (its start says what it asks).
+EXAMPLE_ORIGINAL_CHARS = 4000
+
+
+def example_row(d: Draft, t: float, clean: Callable) -> list[tuple[str, tuple]]:
+    """The sent reply of ``d`` with its original email, as an example of its pipeline
+    (written in the transaction that records the send). Edited: the version sent is
+    the one an operator's edit made. A scheduled post answers no email: no example."""
+    m = d.message
+    if m.kind == "slot":
+        return []
+    original = f"{m.subject}\n{m.body}".strip()[:EXAMPLE_ORIGINAL_CHARS]
+    return [("INSERT INTO examples (pipeline, item_id, draft_key, original, reply, edited, "
+             "sent_at) SELECT ?, ?, ?, ?, ?, CASE WHEN EXISTS (SELECT 1 FROM audit WHERE "
+             "draft_key = ? AND action = 'edit' AND detail LIKE ?) THEN 1 ELSE 0 END, ? "
+             "ON CONFLICT (draft_key) DO NOTHING",
+             (d.pipeline, d.item_id, d.key, clean(original), clean(d.body), d.key,
+              f"%-> v{d.version}", t))]
 
 
 def status_where(statuses: Iterable[str], pipeline: str | None) -> tuple[str, tuple]:
@@ -80,6 +101,7 @@ class Change:
     #: to ``missed``, which gives the statements to run when no step matched.
     prelude: tuple[tuple[str, tuple], ...] = ()
     missed: Callable[[list[list[Any]], Callable], list[tuple[str, tuple]]] | None = None
+    then: Callable[[Draft], list[tuple[str, tuple]]] | None = None  # more, same transaction
 
     def __post_init__(self) -> None:
         for step in self.steps:
@@ -91,7 +113,7 @@ class Change:
     def single(self) -> bool:
         """One statement and nothing after it (no transaction needed)."""
         return (len(self.steps) == 1 and self.action is None and not self.tokens
-                and self.before is None and not self.prelude)
+                and self.before is None and not self.prelude and self.then is None)
 
     def followups(self, d: Draft, old: Any, clean: Callable) -> list[tuple[str, tuple]]:
         out = []
@@ -100,6 +122,8 @@ class Change:
                                  d.key, d.body, self.detail(d, old), clean))
         if self.tokens:
             out.append((TOKENS_SQL, (d.pipeline, utc_day(self.at), int(self.tokens))))
+        if self.then is not None:
+            out += self.then(d)
         return out
 
 

@@ -147,8 +147,63 @@ _V_TRIAGE = [
     "ALTER TABLE drafts ADD COLUMN triage_reason TEXT",
 ]
 
+# Context for drafts (issue 13): team memory (examples), knowledge passages,
+# and what each draft was given. Full-text search is FTS5 (bm25) over external-content
+# tables kept in step by triggers; porter stemming so "refund" finds "Refunds".
+_V_CONTEXT = [
+    # One sent reply with its original email: an example of how its pipeline answers.
+    """CREATE TABLE examples (
+        id        INTEGER PRIMARY KEY,
+        pipeline  TEXT NOT NULL,
+        item_id   TEXT NOT NULL,
+        draft_key TEXT NOT NULL UNIQUE,
+        original  TEXT NOT NULL,
+        reply     TEXT NOT NULL,
+        edited    INTEGER NOT NULL DEFAULT 0,
+        sent_at   REAL NOT NULL
+    )""",
+    "CREATE INDEX examples_pipeline_item ON examples (pipeline, item_id)",
+    "CREATE INDEX examples_pipeline_id ON examples (pipeline, id)",  # the memory window
+    # The pipeline is indexed too, so a search ranks only its own pipeline's rows.
+    """CREATE VIRTUAL TABLE examples_fts USING fts5(pipeline, original, content='examples',
+        content_rowid='id', tokenize='porter unicode61')""",
+    """CREATE TRIGGER examples_fts_insert AFTER INSERT ON examples BEGIN
+        INSERT INTO examples_fts (rowid, pipeline, original)
+        VALUES (new.id, new.pipeline, new.original); END""",
+    """CREATE TRIGGER examples_fts_delete AFTER DELETE ON examples BEGIN
+        INSERT INTO examples_fts (examples_fts, rowid, pipeline, original)
+        VALUES ('delete', old.id, old.pipeline, old.original); END""",
+    # The knowledge files of each pipeline as last indexed (re-indexed when the hash changes).
+    """CREATE TABLE knowledge_files (
+        pipeline TEXT NOT NULL,
+        path     TEXT NOT NULL,
+        sha256   TEXT NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        size     INTEGER NOT NULL,
+        PRIMARY KEY (pipeline, path)
+    )""",
+    """CREATE TABLE knowledge_passages (
+        id       INTEGER PRIMARY KEY,
+        pipeline TEXT NOT NULL,
+        path     TEXT NOT NULL,
+        heading  TEXT NOT NULL,
+        text     TEXT NOT NULL
+    )""",
+    "CREATE INDEX knowledge_passages_file ON knowledge_passages (pipeline, path)",
+    """CREATE VIRTUAL TABLE knowledge_fts USING fts5(pipeline, heading, text,
+        content='knowledge_passages', content_rowid='id', tokenize='porter unicode61')""",
+    """CREATE TRIGGER knowledge_fts_insert AFTER INSERT ON knowledge_passages BEGIN
+        INSERT INTO knowledge_fts (rowid, pipeline, heading, text)
+        VALUES (new.id, new.pipeline, new.heading, new.text); END""",
+    """CREATE TRIGGER knowledge_fts_delete AFTER DELETE ON knowledge_passages BEGIN
+        INSERT INTO knowledge_fts (knowledge_fts, rowid, pipeline, heading, text)
+        VALUES ('delete', old.id, old.pipeline, old.heading, old.text); END""",
+    # What the draft's request was given (JSON), for its card and `pending --json`.
+    "ALTER TABLE drafts ADD COLUMN used TEXT",
+]
+
 #: Each entry is the list of statements of one migration, in order.
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V_DESK, _V_TRIAGE]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -33,6 +33,7 @@ from ..redact import scrub
 from .base import (
     Store,
 )
+from .context_sql import ContextSql
 from .rows import (
     BEFORE_SQL,
     CURSOR_SQL,
@@ -42,6 +43,7 @@ from .rows import (
     Db,
     audit_row,
     draft_from_row,
+    example_row,
     run_from_row,
     select_drafts,
     status_where,
@@ -83,7 +85,7 @@ def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(SqlOps, Store):
+class SqlStore(SqlOps, ContextSql, Store):
     """The shared half of :class:`SQLiteStore` and :class:`PostgresStore`."""
 
     #: SQL giving a draft a fence token no earlier claim of it had.
@@ -137,6 +139,14 @@ class SqlStore(SqlOps, Store):
     async def _execute(self, sql: str, args: tuple = ()) -> int:
         return await self._run(lambda db: db.run(sql, args), tx=False)
 
+    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
+        """``statements`` in one transaction."""
+        async def tx(db: Db) -> None:
+            for sql, args in statements:
+                await db.run(sql, args)
+
+        await self._run(tx)
+
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:
         return await self._run(lambda db: select_drafts(db, where, args, tail), tx=False)
@@ -151,12 +161,14 @@ class SqlStore(SqlOps, Store):
 
     async def finish_draft(self, draft_id: int, fence: int, body: str, *,
                            tokens_in: int = 0, tokens_out: int = 0,
-                           now: float | None = None) -> Draft | None:
+                           now: float | None = None,
+                           used: dict[str, Any] | None = None) -> Draft | None:
         t = self._now(now)
         return await self._change(_one(Step(
             FINISH, "body = ?, lease_until = NULL, error = NULL, tokens_in = tokens_in + ?, "
-                    "tokens_out = tokens_out + ?, updated_at = ?",
-            (self._clean(body), int(tokens_in), int(tokens_out), t),
+                    "tokens_out = tokens_out + ?, updated_at = ?, used = ?",
+            (self._clean(body), int(tokens_in), int(tokens_out), t,
+             self._clean(json.dumps(used)) if used else None),
             "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out))
 
     async def fail_draft(self, draft_id: int, fence: int, error: str, *, retryable: bool,
@@ -324,7 +336,8 @@ class SqlStore(SqlOps, Store):
         return await self._change(_one(Step(
             MARK_SENT, "sent_id = ?, error = NULL, updated_at = ?", (str(sent_id), t),
             "id = ?", (draft_id,)), action="sent", at=t,
-            detail=lambda d, _: f"v{d.version} sent as {sent_id}"))
+            detail=lambda d, _: f"v{d.version} sent as {sent_id}",
+            then=lambda d: example_row(d, t, self._clean)))
 
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
         return await self._change(_one(Step(

@@ -1,0 +1,336 @@
+"""A draft's context (issue 13): the thread, the team's past replies, its knowledge.
+
+The real engine, the real store (SQLite and PostgreSQL where the store matters), the
+real maildir / Gmail sources, the real outbox sender and the real openai and
+anthropic SDKs against the fake model server; what is asserted is the request the
+model server received, the card and what `pending --json` says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from email.parser import BytesParser
+from email.policy import default as default_policy
+from pathlib import Path
+
+import pytest
+
+from bot.approvals.cards import render_card
+from bot.cli import main
+from bot.config import load_settings
+from bot.engine import Engine
+from bot.mime import parse_email
+from bot.models import used_line
+from bot.store import create_store
+from tests.fakes.gmail import FakeGmail, write_token_file
+from tests.fakes.llm import FakeLLM, Request
+from tests.test_drafter_engine import Cards, Clock
+
+PROVIDERS = ["openai", "anthropic"]
+HOSTILE = sorted((Path(__file__).parent / "corpus_hostile").glob("*.eml"))
+
+
+async def cli(argv: list[str]) -> int:
+    """The real CLI (it runs its own event loop, so in a thread)."""
+    return await asyncio.to_thread(main, argv)
+
+
+def block(req: Request, label: str) -> str | None:
+    """The text between the request's ``<<<LABEL code>>>`` and its END line, or None."""
+    system, user = req.texts()
+    m = re.search(r"<<<EMAIL ([0-9a-f]{16})>>>", system)
+    assert m, "the instructions name the boundary"
+    found = re.search(rf"^<<<{label} {m.group(1)}>>>\n(.*?)\n<<<END {label} {m.group(1)}>>>$",
+                      user, re.S | re.M)
+    return found.group(1) if found else None
+
+
+def eml(n: int | str, subject: str, body: str, *, sender: str = "Alice Buyer <alice@customer.example>",
+        refs: str = "", date: str = "Sun, 29 Nov 2026 10:02:00 +0000") -> bytes:
+    head = f"References: {refs}\nIn-Reply-To: {refs.split()[-1]}\n" if refs else ""
+    return (f"From: {sender}\nTo: support@shop.example\nSubject: {subject}\n"
+            f"Message-ID: <m{n}@customer.example>\nDate: {date}\n{head}\n{body}\n").encode()
+
+
+class Deployment:
+    """A deployment on tmp_path: pipelines `support` and `sales` (maildir, outbox) on
+    one model and one store; the engine with a recording channel."""
+
+    def __init__(self, tmp: Path, fake: FakeLLM, provider: str, store_url: str,
+                 drafter: str = "", source: str = "{type: maildir, path: inbox}",
+                 extra_yaml: str = "", model: str = "llm"):
+        self.tmp, self.fake = tmp, fake
+        for folder in ("pipelines", "inbox", "sales-inbox"):
+            (tmp / folder).mkdir(exist_ok=True)
+        url = fake.openai_url if provider == "openai" else fake.url
+        (tmp / "draftgate.yaml").write_text(
+            f"store: {store_url}\nmodels:\n  llm:\n    provider: {provider}\n"
+            f"    base_url: {url}\n    model: m\n    timeout: 10s\n    retries: 0\n{extra_yaml}")
+        for name, inbox in (("support", source), ("sales", "{type: maildir, path: sales-inbox}")):
+            (tmp / "pipelines" / f"{name}.yaml").write_text(
+                f"name: {name}\nschedule: 5m\nsource: {inbox}\n"
+                f"drafter: {{model: {model}{', ' + drafter if drafter else ''}}}\n"
+                f"sender: {{type: outbox, path: out-{name}, from: 'Shop <support@shop.example>'}}\n"
+                "lease: 60s\n")
+        self.config = str(tmp / "draftgate.yaml")
+        self.engine: Engine | None = None
+
+    async def open(self) -> "Deployment":
+        self.settings = load_settings(self.config)
+        self.store = create_store(self.settings.store)
+        await self.store.open()
+        self.cards = Cards()
+        self.engine = Engine(self.settings, self.store, {"console": self.cards}, clock=Clock())
+        await self.engine.start()
+        return self
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await engine.stop()
+            await self.store.close()
+
+    async def draft(self, pipeline: str, n: int | str, raw: bytes):
+        """Deliver ``raw`` to the pipeline's inbox, tick, return (draft, model request)."""
+        folder = "inbox" if pipeline == "support" else "sales-inbox"
+        (self.tmp / folder / f"{n}.eml").write_bytes(raw)
+        before = len(self.fake.requests)
+        await self.engine.tick(pipeline)
+        [d] = [d for d in await self.store.pending(pipeline) if d.item_id == f"<m{n}@customer.example>"]
+        if self.settings.models[self.settings.pipeline(pipeline).drafter.model].provider == "template":
+            return d, None
+        assert len(self.fake.requests) == before + 1, "one model call for the new email"
+        return d, self.fake.requests[-1]
+
+
+@pytest.fixture
+def fake():
+    with FakeLLM() as f:
+        yield f
+
+
+@pytest.fixture
+async def deployments(tmp_path):
+    made: list[Deployment] = []
+
+    async def make(*args, **kw) -> Deployment:
+        d = await Deployment(tmp_path, *args, **kw).open()
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        await d.close()
+
+
+# -- thread ---------------------------------------------------------------------------------
+
+def _gmail_yaml(tmp: Path, gmail: FakeGmail) -> str:
+    write_token_file(tmp / "token.json", gmail)
+    return (f"gmail:\n  accounts:\n    support:\n      token_file: token.json\n"
+            f"      api_endpoint: {gmail.url}\n      address: {gmail.address}\n"
+            f"      backoff: 0.01\n")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("thread", [6, 0])
+async def test_a_gmail_reply_gets_the_earlier_messages_of_its_thread_oldest_first(
+        tmp_path, fake, deployments, provider, thread):
+    """A reply in a Gmail thread of three messages: the request holds the two earlier
+    ones (the customer's and our own reply), oldest first, as data; thread: 0 none."""
+    with FakeGmail(address="support@shop.example") as gmail:
+        first = gmail.add_message(eml(1, "Boots size", "Do the Alpine boots run small?"))
+        tid = gmail.messages[first].thread_id
+        gmail.add_message(eml(2, "Re: Boots size", "They run half a size small, go up one.",
+                              sender="Shop <support@shop.example>", refs="<m1@customer.example>"),
+                          labels=["SENT"], thread_id=tid)
+        w = await deployments(fake, provider, f"sqlite:///{tmp_path}/s.db",
+                              drafter=f"thread: {thread}", extra_yaml=_gmail_yaml(tmp_path, gmail),
+                              source="{type: gmail, account: support}")
+        await w.engine.tick("support")  # the first run records the cursor, drafts nothing
+        assert fake.requests == []
+        gmail.add_message(eml(3, "Re: Boots size", "Thanks! And can I return them if not?",
+                              refs="<m1@customer.example> <m2@customer.example>"),
+                          thread_id=tid)
+        await w.engine.tick("support")
+        [d] = await w.store.pending("support")
+        await w.close()  # its Gmail connections, before the fake Gmail stops
+    [req] = fake.requests
+    assert "can I return them" in block(req, "EMAIL")
+    earlier = block(req, "THREAD")
+    if thread == 0:
+        assert earlier is None and "Alpine boots" not in req.texts()[1]
+        assert not gmail.calls_to("threads.get")
+        return
+    assert earlier is not None
+    assert earlier.index("Do the Alpine boots run small?") < earlier.index("half a size small")
+    assert "From: Alice Buyer <alice@customer.example>" in earlier
+    assert "From: Shop <support@shop.example> (our reply)" in earlier
+    assert "can I return them" not in earlier
+    assert used_line(d.used) == "📎 thread 2"
+    assert "📎 thread 2" in render_card(d).text
+
+
+async def test_a_maildir_reply_gets_the_files_its_references_name(tmp_path, fake, deployments):
+    """Maildir: the earlier files of the thread, by References, oldest first."""
+    w = await deployments(fake, "openai", f"sqlite:///{tmp_path}/s.db")
+    await w.draft("support", 1, eml(1, "Parcel", "My parcel 77 has not arrived."))
+    _, req = await w.draft("support", 2, eml(2, "Re: Parcel", "Still nothing, any news?",
+                                             refs="<m1@customer.example>"))
+    assert "My parcel 77 has not arrived." in block(req, "THREAD")
+    assert "My parcel 77" not in block(req, "EMAIL")
+
+
+# -- team memory -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_edited_reply_becomes_an_example_for_the_same_question_in_its_pipeline_only(
+        store_url, fake, deployments, capsys, provider):
+    """Edited and approved -> an example for the same question; never in another pipeline;
+    `memory forget` removes it; a rejected draft never appears."""
+    w = await deployments(fake, provider, store_url)
+    d, _ = await w.draft("support", 1, eml(1, "Where is my order?",
+                                           "Where is my order #1001? It was due Friday."))
+    edited = await w.engine.edit(d.id, d.version, "Your order ships from Leipzig, tracking "
+                                                  "ZX-EDITED follows today.", "tg:1 (Anna)")
+    await w.engine.approve(edited.id, edited.version, "tg:1 (Anna)")
+    assert (await w.store.get_draft(d.id)).status == "sent"
+    r, _ = await w.draft("support", 2, eml(2, "Order and invoice", "Where is my invoice for the "
+                                           "order? Please send the REJECTED-ONLY copy."))
+    await w.engine.reject(r.id, r.version, "tg:1 (Anna)")
+
+    mine, req = await w.draft("support", 3, eml(3, "Order late", "Where is my order #1003?"))
+    examples = block(req, "PAST REPLIES")
+    assert examples is not None and "ZX-EDITED" in examples
+    assert "(written by an operator)" in examples and "Where is my order #1001?" in examples
+    assert "REJECTED-ONLY" not in req.texts()[1]
+    assert used_line(mine.used) == "📎 1 past reply"
+    _, other = await w.draft("sales", 4, eml(4, "Order late", "Where is my order #1004?"))
+    assert block(other, "PAST REPLIES") is None and "ZX-EDITED" not in other.texts()[1]
+
+    assert await cli(["memory", "list", "support", "-c", w.config, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(e["item_id"], e["edited"]) for e in listed] == [("<m1@customer.example>", True)]
+    assert await cli(["memory", "forget", "support", "<m1@customer.example>", "-c", w.config]) == 0
+    _, after = await w.draft("support", 5, eml(5, "Order late", "Where is my order #1005?"))
+    assert block(after, "PAST REPLIES") is None and "ZX-EDITED" not in after.texts()[1]
+    assert await cli(["memory", "forget", "support", "<m1@customer.example>", "-c", w.config]) == 1
+
+
+# -- knowledge ---------------------------------------------------------------------------------
+
+KNOWLEDGE = """# Shop facts
+
+## Refunds
+
+Refunds are paid back to the card within 5 business days of the parcel arriving.
+
+## Opening hours
+
+The shop in Leipzig opens Monday to Saturday, 10:00 to 19:00.
+"""
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_knowledge_gives_the_relevant_passage_and_follows_an_edit_without_restart(
+        tmp_path, store_url, fake, deployments, capsys, provider):
+    (tmp_path / "knowledge").mkdir()
+    facts = tmp_path / "knowledge" / "returns.md"
+    facts.write_text(KNOWLEDGE)
+    w = await deployments(fake, provider, store_url, drafter="knowledge: [knowledge/*.md]")
+    refund, req = await w.draft("support", 1, eml(1, "Refund?", "When do I get my refund "
+                                                  "for the returned jacket?"))
+    passages = block(req, "KNOWLEDGE")
+    assert passages is not None and "--- returns.md › Refunds" in passages
+    assert "5 business days" in passages and "10:00 to 19:00" not in passages
+    assert used_line(refund.used) == "📎 returns.md › Refunds"
+    _, hours = await w.draft("support", 2, eml(2, "Visiting", "What are your opening hours? "
+                                               "Are you open on Saturday?"))
+    assert "10:00 to 19:00" in block(hours, "KNOWLEDGE")
+    assert "Refunds" not in block(hours, "KNOWLEDGE")
+
+    facts.write_text(KNOWLEDGE.replace("5 business days", "10 business days"))
+    _, again = await w.draft("support", 3, eml(3, "Refund", "How long does a refund take?"))
+    assert "10 business days" in block(again, "KNOWLEDGE")
+    assert "5 business days" not in again.texts()[1]
+    assert await cli(["pending", "-c", w.config, "--json"]) == 0
+    shown = {d["item_id"]: d for d in json.loads(capsys.readouterr().out)}
+    assert shown["<m1@customer.example>"]["used_line"] == "📎 returns.md › Refunds"
+    assert shown["<m1@customer.example>"]["used"]["knowledge"] == ["returns.md › Refunds"]
+
+
+async def test_the_template_drafter_fills_thread_and_knowledge_fields(tmp_path, fake, deployments):
+    """{thread} and {knowledge}, offline; the card counts only what the template used."""
+    (tmp_path / "kb").mkdir()
+    (tmp_path / "kb" / "returns.md").write_text(KNOWLEDGE)
+    (tmp_path / "t.txt").write_text("Hi {first_name},\n{thread}\n\n{knowledge}\n")
+    w = await deployments(fake, "openai", f"sqlite:///{tmp_path}/s.db", model="template",
+                          drafter="prompt: t.txt, knowledge: [kb/*.md]")
+    await w.draft("support", 1, eml(1, "Refund", "I sent the jacket back last week."))
+    d, _ = await w.draft("support", 2, eml(2, "Re: Refund", "When is my refund paid?",
+                                           refs="<m1@customer.example>"))
+    assert "> Alice Buyer <alice@customer.example> (Sun 29 Nov 2026 10:02): I sent the jacket " \
+           "back last week." in d.body
+    assert "returns.md › Refunds:\nRefunds are paid back to the card" in d.body
+    assert used_line(d.used) == "📎 thread 1 · returns.md › Refunds"
+    assert fake.requests == []
+
+
+def test_a_knowledge_glob_that_matches_nothing_is_a_validate_error(tmp_path, capsys):
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "draftgate.yaml").write_text(f"store: sqlite:///{tmp_path}/s.db\n")
+    (tmp_path / "r.txt").write_text("Hi")
+    (tmp_path / "pipelines" / "a.yaml").write_text(
+        "name: a\nsource: {type: maildir, path: in}\nsender: {type: outbox, path: o, from: a@b.c}\n"
+        "drafter: {model: template, prompt: r.txt, knowledge: [kb/*.md], thread: -1}\n")
+    assert main(["validate", "-c", str(tmp_path / "draftgate.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "pipelines/a.yaml: drafter.knowledge[0]: no file matches kb/*.md" in err
+    assert "drafter.thread: expected a number from 0 (off) to 50, got -1" in err
+
+
+# -- hostile context -----------------------------------------------------------------------------
+
+async def test_hostile_text_in_a_past_reply_knowledge_and_thread_stays_data(
+        tmp_path, store_url, fake, deployments):
+    """The hostile corpus as a past reply, a knowledge file and thread messages: every
+    one inside its boundary, the recipient unchanged, the card escaped."""
+    parsed = [parse_email(f.read_bytes()) for f in HOSTILE]
+    texts = [f"{m.subject}\n{m.body}" for m in parsed]
+    (tmp_path / "kb").mkdir()
+    (tmp_path / "kb" / "evil.md").write_text(
+        "## <b>Approve</b> <a href='http://evil.example'>now</a> order refund\n\n"
+        + "\n\n".join(f"order refund {t}" for t in texts))
+    w = await deployments(fake, "openai", store_url, drafter="knowledge: [kb/*.md]")
+    d, _ = await w.draft("support", 1, eml(1, "order refund", "Where is my order refund?"))
+    edited = await w.engine.edit(d.id, d.version, "order refund\n" + "\n".join(texts), "tg:1 (A)")
+    await w.engine.approve(edited.id, edited.version, "tg:1 (A)")
+    refs = " ".join(f"<h{i}@customer.example>" for i in range(len(HOSTILE)))
+    for i, f in enumerate(HOSTILE):  # thread messages the new email answers
+        raw = re.sub(rb"(?im)^Message-ID:.*$", f"Message-ID: <h{i}@customer.example>".encode(),
+                     f.read_bytes(), count=1)
+        (w.tmp / "inbox" / f"h{i}.eml").write_bytes(raw)
+    await w.engine.tick("support")  # the hostile emails themselves are drafted too
+    fake.requests.clear()
+    new, req = await w.draft("support", 9, eml(9, "Re: order refund", "Any news on my order "
+                                               "refund?", sender="Bob <bob@customer.example>",
+                                               refs=refs))
+    system, user = req.texts()
+    nonce = re.search(r"<<<EMAIL ([0-9a-f]{16})>>>", system).group(1)
+    assert new.used["thread"] >= 1 and new.used["examples"] and new.used["knowledge"]
+    # Every boundary-looking line of the request is one of ours, with the code.
+    lines = [ln for ln in user.splitlines() if ln.startswith("<<<")]
+    assert lines and all(nonce in ln for ln in lines)
+    for label in ("EMAIL", "THREAD", "PAST REPLIES", "KNOWLEDGE"):
+        assert block(req, label) is not None, label
+    assert user.count("<<<") == len(lines) * 1
+    card = render_card(new).text
+    assert "<a href" not in card and "&lt;a href" in card and "<b>Approve" not in card
+    await w.engine.approve(new.id, new.version, "tg:1 (A)")
+    [sent] = [p for p in (w.tmp / "out-support").iterdir()
+              if b"<m9@customer.example>" in p.read_bytes()]
+    msg = BytesParser(policy=default_policy).parsebytes(sent.read_bytes())
+    assert msg["To"].addresses[0].addr_spec == "bob@customer.example"
+    assert len(msg["To"].addresses) == 1 and msg["Cc"] is None and msg["Bcc"] is None
