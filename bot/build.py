@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+from . import metrics
 from .config import PipelineConfig, Settings
 from .errors import ConfigError
 from .options import ApprovalOptions, DrafterOptions, FilterOptions, WebhookSenderOptions
@@ -35,7 +36,8 @@ def build_sender(pipeline: PipelineConfig, settings: Settings) -> Sender:
 
 def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
     model = settings.models[pipeline.drafter.model]
-    return importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
+    drafter = importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
+    return metrics.watch_drafter(drafter, pipeline.name, pipeline.drafter.model)
 
 
 def check_all(settings: Settings) -> list[str]:

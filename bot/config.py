@@ -115,6 +115,8 @@ class Settings:
     runs_keep_days: float = 30.0
     sweep_every: float = 86400.0
     demo: bool = False  # console approvals auto-approve (clearly labelled)
+    listen: tuple[str, int] | None = None  # observability.listen: /metrics, /healthz, /readyz
+    log_format: str = "text"  # logging.format: text | json
 
     def has_pipeline(self, name: str) -> bool:
         return any(p.name == name for p in self.pipelines)
@@ -140,7 +142,8 @@ def _resolve(base: Path, value: str) -> Path:
 #: backfill is fetched, stored and drafted in bounded steps (memory, time to first card).
 DEFAULT_MAX_PER_TICK = 200
 
-_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep"}
+_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep",
+             "observability", "logging"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
                   "daily_token_budget", "enabled", "max_per_tick"}
@@ -176,6 +179,7 @@ def collect_settings(config_file: str | os.PathLike, *,
     if settings.max_in_flight is not None and settings.max_in_flight < 1:
         ck.error("max_in_flight", "expected a whole number of at least 1")
     _sweep(ck, ck.mapping(data.get("sweep"), "sweep"), settings)
+    _service(ck, data, settings)
     if "telegram" in data and data["telegram"] is not None:
         settings.telegram = _telegram(ck, ck.mapping(data["telegram"], "telegram"))
     gmail = ck.mapping(data.get("gmail"), "gmail")
@@ -227,6 +231,25 @@ def _store(ck: Checker, data: dict, base: Path) -> str:
         except (StoreError, ValueError) as exc:
             ck.error("store", str(exc))
     return store or ""
+
+
+def _service(ck: Checker, data: dict, settings: Settings) -> None:
+    """``observability.listen`` (HOST:PORT) and ``logging.format``."""
+    obs = ck.mapping(data.get("observability"), "observability")
+    ck.unknown(obs, {"listen"}, "observability")
+    listen = ck.get(obs, "listen", "observability", str, default=None)
+    if listen:
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            ck.error("observability.listen", f"expected HOST:PORT like 127.0.0.1:9464, got "
+                                             f"{listen!r}")
+        else:
+            settings.listen = (host, int(port))
+    logging_ = ck.mapping(data.get("logging"), "logging")
+    ck.unknown(logging_, {"format"}, "logging")
+    settings.log_format = ck.get(logging_, "format", "logging", str, default="text",
+                                 choices=("text", "json")) or "text"
 
 
 def _sweep(ck: Checker, sweep: dict, settings: Settings) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from typing import Callable
 
+from . import metrics
 from .config import PipelineConfig, Settings
 from .drafting import Drafting
 from .errors import ConfigError, describe_error
@@ -57,6 +58,7 @@ class Decisions:
         d = await self.store.approve(draft_id, version, actor, now=self.clock())
         if d is None:
             return None
+        metrics.decided(d, "approved")
         log.info("%s #%d v%d approved by %s", d.pipeline, d.id, d.version, actor)
         return await self.sends.send(d)
 
@@ -97,8 +99,9 @@ class Decisions:
             await self.operators.post_card(p, ready)
 
     async def reject(self, draft_id: int, version: int, actor: str, reason: str = "") -> Draft | None:
-        return await self.operators.update_card(
-            await self.store.reject(draft_id, version, actor, reason, now=self.clock()))
+        d = await self.store.reject(draft_id, version, actor, reason, now=self.clock())
+        metrics.decided(d, "rejected")
+        return await self.operators.update_card(d)
 
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
         d = await self._require_configured(draft_id)
