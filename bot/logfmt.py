@@ -20,6 +20,8 @@ import contextlib
 import functools
 import json
 import logging
+import os
+import sys
 import time
 from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
@@ -109,7 +111,18 @@ class JsonFormatter(redact.LogFormatter):
 
 
 def formatter(fmt: str) -> logging.Formatter:
-    """The formatter for ``fmt`` (text or json)."""
+    """The formatter for ``fmt`` (text or json). Text written to journald has no time
+    of its own: the journal stamps every line already."""
     if fmt == "json":
         return JsonFormatter()
-    return redact.LogFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stamp = "" if _to_journal() else "%(asctime)s "
+    return redact.LogFormatter(stamp + "%(levelname)s %(name)s: %(message)s")
+
+
+def _to_journal() -> bool:
+    """stderr is the journal stream systemd names in ``$JOURNAL_STREAM`` (device:inode)."""
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return os.environ.get("JOURNAL_STREAM", "") == f"{st.st_dev}:{st.st_ino}"

@@ -287,3 +287,81 @@ def test_healthz_and_the_systemd_watchdog_follow_a_stuck_pipeline_loop(tmp_path)
         finally:
             reap(proc)
             systemd.close()
+
+
+# -- in process: configuration, the JSON form, the listener's edges ------------------------
+
+@pytest.mark.parametrize("listen, expected", [
+    ("9464", "observability.listen: expected HOST:PORT like 127.0.0.1:9464, got '9464'"),
+    ("127.0.0.1:99999", "observability.listen: expected HOST:PORT like 127.0.0.1:9464"),
+    ("localhost:http", "observability.listen: expected HOST:PORT"),
+])
+def test_a_bad_listen_address_says_what_is_expected(tmp_path, listen, expected):
+    """observability.listen is refused with the file, the key and an example."""
+    from tests.test_config import GOOD, errors_of, write
+
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")},
+                f"observability:\n  listen: {listen!r}\n")
+    assert any(e.startswith(f"{cfg}: {expected}") for e in errors_of(cfg)), errors_of(cfg)
+
+
+def test_logging_format_accepts_text_or_json_only(tmp_path):
+    from bot.config import load_settings
+    from tests.test_config import GOOD, errors_of, write
+
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")}, "logging: {format: xml}\n")
+    assert errors_of(cfg) == [f"{cfg}: logging.format: expected one of text, json, got 'xml'"]
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")},
+                "logging: {format: json}\nobservability: {listen: '[::1]:9464'}\n")
+    s = load_settings(cfg)
+    assert (s.log_format, s.listen) == ("json", ("::1", 9464))
+
+
+def test_a_json_log_line_carries_the_scope_and_hides_secrets():
+    """Fields bound by the scope, a traceback in `exception`, secrets redacted, one line."""
+    import logging
+
+    from bot import logfmt, redact
+
+    redact.register("tok-123456789-secret", "TEST_TOKEN")
+    fmt = logfmt.JsonFormatter()
+    try:
+        raise ValueError("bad\nline tok-123456789-secret")
+    except ValueError:
+        record = logging.LogRecord("draftgate.engine", logging.WARNING, __file__, 1,
+                                   "%s: failed with %s", ("support", "tok-123456789-secret"),
+                                   sys.exc_info())
+    with logfmt.scope(pipeline="support", run_id=7):
+        line = fmt.format(record)
+    assert "\n" not in line and "tok-123456789-secret" not in line
+    out = json.loads(line)
+    assert out["pipeline"] == "support" and out["run_id"] == 7 and out["level"] == "WARNING"
+    assert out["message"] == "support: failed with [redacted TEST_TOKEN]"
+    assert "ValueError: bad\\nline [redacted TEST_TOKEN]" in out["exception"]
+    assert "run_id" not in json.loads(fmt.format(record))  # the scope ended
+
+
+async def test_the_listener_answers_404_and_readyz_503_when_the_store_fails(tmp_path):
+    """Unknown paths get 404; /readyz is 503 with the store's error (no model, Gmail or
+    Telegram call is involved)."""
+    import asyncio
+
+    from bot.config import load_settings
+    from bot.observe import Service
+    from tests.test_config import GOOD, write
+
+    port = _free_port()
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")},
+                f"observability: {{listen: '127.0.0.1:{port}'}}\n")
+
+    class DeadStore:
+        async def ping(self) -> None:
+            raise ConnectionError("database is gone")
+
+    service = await Service(load_settings(cfg), DeadStore()).start()
+    try:
+        answers = [await asyncio.to_thread(_get, port, path) for path in ("/nope", "/readyz")]
+    finally:
+        await service.close()
+    assert answers[0][0] == 404
+    assert answers[1][0] == 503 and "database is gone" in json.loads(answers[1][1])["error"]
