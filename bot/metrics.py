@@ -90,6 +90,16 @@ class Metrics:
         self.oldest_card = Gauge("draftgate_oldest_undecided_card_age_seconds",
                                  "Age of the oldest draft awaiting a decision (0: none)."
                                  + _SHARED, pl, registry=r)
+        self._children: dict[tuple, Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered: the per-event calls skip the
+        library's label checks and lock (the labels are few by design)."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
 
 class Observer:
@@ -166,14 +176,14 @@ def tick_done(pipeline: str, status: str, counts: Any, seconds: float) -> None:
     progress(pipeline)
     if (m := _m()) is None:
         return
-    m.ticks.labels(pipeline, status).inc()
-    m.tick_seconds.labels(pipeline).observe(seconds)
+    m.child(m.ticks, pipeline, status).inc()
+    m.child(m.tick_seconds, pipeline).observe(seconds)
     for outcome, n in (("admitted", counts.new), ("skipped", counts.skipped),
                        ("drafted", counts.drafted), ("failed", counts.failed)):
         if n:
-            m.items.labels(pipeline, outcome).inc(n)
+            m.child(m.items, pipeline, outcome).inc(n)
     if status == "ok":
-        m.last_ok.labels(pipeline).set(time.time())
+        m.child(m.last_ok, pipeline).set(time.time())
 
 
 def sent(after: Draft | None) -> None:
@@ -182,7 +192,7 @@ def sent(after: Draft | None) -> None:
         return
     progress(after.pipeline)
     if (m := _m()) is not None and (outcome := _SEND_OUTCOME.get(after.status)):
-        m.sends.labels(after.pipeline, outcome).inc()
+        m.child(m.sends, after.pipeline, outcome).inc()
 
 
 def decided(after: Draft | None, decision: str) -> None:
@@ -190,7 +200,7 @@ def decided(after: Draft | None, decision: str) -> None:
     if after is None or (m := _m()) is None:
         return
     waited = (after.decided_at or time.time()) - after.created_at
-    m.decision_wait.labels(after.pipeline, decision).observe(max(0.0, waited))
+    m.child(m.decision_wait, after.pipeline, decision).observe(max(0.0, waited))
 
 
 def telegram_call(method: str, status: int | None, error: str | None = None) -> None:
@@ -199,9 +209,9 @@ def telegram_call(method: str, status: int | None, error: str | None = None) -> 
     progress("telegram")
     if (m := _m()) is None or (status is not None and status < 400):
         return
-    m.telegram_errors.labels(method, str(status) if status is not None else error or "other").inc()
+    m.child(m.telegram_errors, method, str(status) if status is not None else error or "other").inc()
     if status == 429:
-        m.telegram_429.labels(method).inc()
+        m.child(m.telegram_429, method).inc()
 
 
 #: Gmail's published quota units per method (the ones draftgate calls).
@@ -215,7 +225,7 @@ def gmail_call(account: str, method_id: object) -> None:
     ``gmail.users.messages.get``)."""
     if (m := _m()) is not None:
         route = str(method_id or "").removeprefix("gmail.users.")
-        m.gmail_units.labels(account).inc(GMAIL_UNITS.get(route, 0))
+        m.child(m.gmail_units, account).inc(GMAIL_UNITS.get(route, 0))
 
 
 def watch_drafter(drafter: Any, pipeline: str, model: str) -> Any:
@@ -251,11 +261,12 @@ class _TimedDrafter:
         progress(self._pipeline)
         if (m := _m()) is None:
             return
-        m.model_calls.labels(self._model, outcome).inc()
-        m.model_seconds.labels(self._model, outcome).observe(seconds)
+        m.child(m.model_calls, self._model, outcome).inc()
+        m.child(m.model_seconds, self._model, outcome).observe(seconds)
         if result is not None:
-            m.tokens.labels(self._model, "input").inc(max(0, result.tokens_in))
-            m.tokens.labels(self._model, "output").inc(max(0, result.tokens_out))
+            for direction, n in (("input", result.tokens_in), ("output", result.tokens_out)):
+                if n > 0:
+                    m.child(m.tokens, self._model, direction).inc(n)
 
     async def close(self) -> None:
         await self._inner.close()
