@@ -27,6 +27,7 @@ from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 from . import redact
+from .models import Draft
 
 FIELDS = ("pipeline", "draft_id", "item_id", "run_id")
 # (key, value) pairs, immutable: a task copies the context it was created in.
@@ -61,7 +62,7 @@ def about_draft(fn: F) -> F:
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        d = next((a for a in args if hasattr(a, "item_id") and hasattr(a, "fence")), None)
+        d = next((a for a in args if isinstance(a, Draft)), None)
         if d is None:
             return await fn(*args, **kwargs)
         with scope(pipeline=d.pipeline, draft_id=d.id, item_id=d.item_id):

@@ -229,8 +229,9 @@ def gmail_call(account: str, method_id: object) -> None:
 
 
 def watch_drafter(drafter: Any, pipeline: str, model: str) -> Any:
-    """``drafter`` timed and counted, when an observer is installed (else as it is)."""
-    return drafter if _m() is None else _TimedDrafter(drafter, pipeline, model)
+    """``drafter`` timed and counted (and each answer a sign of its pipeline's progress),
+    when an observer is installed; else as it is."""
+    return drafter if _active is None else _TimedDrafter(drafter, pipeline, model)
 
 
 class _TimedDrafter:

@@ -365,3 +365,27 @@ async def test_the_listener_answers_404_and_readyz_503_when_the_store_fails(tmp_
         await service.close()
     assert answers[0][0] == 404
     assert answers[1][0] == 503 and "database is gone" in json.loads(answers[1][1])["error"]
+
+
+def test_a_loop_is_stuck_only_past_its_bound_working_or_asleep():
+    """Working: stuck after `bound` seconds without progress (progress restarts the
+    count). Waiting: stuck only when `bound` seconds late waking up."""
+    from bot.health import Health
+
+    now = [1000.0]
+    health = Health(clock=lambda: now[0])
+    health.expect("support", 30)
+    health.waiting("support", 600)  # a 10-minute sleep is no sign of trouble
+    now[0] += 620
+    assert health.stuck() == {}
+    now[0] += 20  # 40 s late waking up
+    assert health.stuck() == {"support": "40s late waking up (bound 30s)"}
+    health.busy("support")
+    now[0] += 25
+    health.progress("support")  # an item drafted
+    now[0] += 25
+    assert health.stuck() == {}
+    now[0] += 10
+    assert health.stuck() == {"support": "no progress for 35s (bound 30s)"}
+    health.progress("support")
+    assert health.stuck() == {}
