@@ -389,3 +389,28 @@ def test_a_loop_is_stuck_only_past_its_bound_working_or_asleep():
     assert health.stuck() == {"support": "no progress for 35s (bound 30s)"}
     health.progress("support")
     assert health.stuck() == {}
+
+
+async def test_gmail_quota_units_counted_match_what_gmail_charged(tmp_path):
+    """draftgate_gmail_quota_units_total counts every Gmail call's units, by account:
+    the fake Gmail's own tally of a first run and a tick with new mail agrees."""
+    from bot import metrics
+    from tests.fakes.gmail import GmailWorld, simple_message
+
+    observer = metrics.Observer(metrics.Metrics("test"))
+    metrics.install(observer)
+    w = await GmailWorld(tmp_path).open()
+    try:
+        await w.tick()
+        for n in range(3):
+            w.fake.add_message(simple_message(n))
+        await w.tick()
+        charged = w.fake.units()
+    finally:
+        await w.close()
+        metrics.install(None)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(observer.exposition().decode())
+               for s in f.samples}
+    assert charged > 2 * 5  # history.list, then each new message read
+    assert samples[("draftgate_gmail_quota_units_total", (("account", "support"),))] == charged

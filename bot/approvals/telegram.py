@@ -149,8 +149,10 @@ class TelegramChannel(ApprovalChannelBase):
                                           overall_time_period=1 / _OVERALL_RATE,
                                           max_retries=_MAX_RETRIES))
                    .concurrent_updates(16).job_queue(None))
-        for step, request in tg_request.requests(self.config.receive).items():
-            builder = getattr(builder, step)(request)  # counted for bot.metrics
+        request, get_updates = tg_request.requests(self.config.receive)  # counted for metrics
+        builder = builder.request(request)
+        if get_updates is not None:
+            builder = builder.get_updates_request(get_updates)
         if self.config.receive == "off":
             builder = builder.updater(None)
         app = builder.build()
