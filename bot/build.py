@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+from . import metrics
 from .config import PipelineConfig, Settings
 from .errors import ConfigError
 from .options import ApprovalOptions, DrafterOptions, FilterOptions, WebhookSenderOptions
@@ -41,7 +42,8 @@ def build_model(pipeline: PipelineConfig, settings: Settings, name: str) -> Draf
 
 
 def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:
-    return build_model(pipeline, settings, pipeline.drafter.model)
+    return metrics.watch_drafter(build_model(pipeline, settings, pipeline.drafter.model),
+                                 pipeline.name, pipeline.drafter.model)
 
 
 def build_triager(pipeline: PipelineConfig, settings: Settings) -> Triager | None:

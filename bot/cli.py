@@ -16,8 +16,8 @@ import sys
 import threading
 from dataclasses import replace
 
-from . import cli_ops, demo, migrate, redact
-from .cli_common import REPO, channels, load, options, say, store_for, verbose_option
+from . import cli_ops, demo, logfmt, migrate
+from .cli_common import channels, load, options, say, store_for, verbose_option, version
 from .config import Settings
 from .errors import ConfigError, DraftgateError
 from .gmail import auth as gmail_auth
@@ -25,7 +25,11 @@ from .gmail import auth as gmail_auth
 log = logging.getLogger("draftgate")
 
 
-def _setup_logging(verbose: int) -> None:
+_handler: logging.Handler | None = None  # ours, when main() set logging up
+
+
+def _setup_logging(verbose: int, fmt: str = "text") -> None:
+    global _handler
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
     # httpx logs every request URL at INFO; with the token hidden it is still noise.
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "telegram.ext.Updater",
@@ -35,13 +39,12 @@ def _setup_logging(verbose: int) -> None:
         return  # embedded (e.g. in a test runner): its logging is not ours to change
     # Every line, third-party loggers' too, passes the redaction layer: registered
     # secrets and credentials hidden, control and bidi characters escaped.
-    formatter = redact.LogFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter)
-    logging.basicConfig(level=level, handlers=[handler])
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logfmt.formatter(fmt))
+    logging.basicConfig(level=level, handlers=[_handler])
     logging.captureWarnings(True)
     # A traceback that escapes main() or a thread is written through it too.
-    sys.excepthook = lambda *ei: print(formatter.formatException(ei), file=sys.stderr)
+    sys.excepthook = _uncaught
 
     def thread_failed(a: threading.ExceptHookArgs) -> None:
         if a.exc_type is not SystemExit:
@@ -50,6 +53,36 @@ def _setup_logging(verbose: int) -> None:
                 exc_info=a.exc_value)  # its __traceback__ is a.exc_traceback
 
     threading.excepthook = thread_failed
+
+
+def _uncaught(*ei) -> None:
+    if _json_logs():
+        log.critical("uncaught exception", exc_info=ei)
+    elif _handler is not None and _handler.formatter is not None:
+        print(_handler.formatter.formatException(ei), file=sys.stderr)
+
+
+def _json_logs() -> bool:
+    return _handler is not None and isinstance(_handler.formatter, logfmt.JsonFormatter)
+
+
+def _say(text: str) -> None:
+    """A line for the operator on stderr: a log record when the logs are JSON."""
+    if _json_logs():
+        log.info(text)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+class _LogLines:
+    """A stream for :class:`bot.progress.Bar` that logs each line (JSON logs)."""
+
+    def write(self, text: str) -> None:
+        if text.strip():
+            log.info(text.strip())
+
+    def flush(self) -> None:
+        pass
 
 #: Seconds from SIGINT/SIGTERM until the process exits, even if a worker thread is stuck.
 STOP_GRACE = 10.0
@@ -111,6 +144,9 @@ def _add_run(subparsers) -> None:
                    help="tick only this pipeline in this process (repeatable); its Telegram "
                         "bot still decides the cards of every pipeline")
     p.add_argument("--once", action="store_true", help="one tick per pipeline, then exit")
+    p.add_argument("--log-format", choices=("text", "json"), dest="log_format_after",
+                   help="log lines as text or one JSON object per line (overrides "
+                        "logging.format)")
     p.add_argument("--telegram-receive", choices=("polling", "webhook", "off"),
                    help="override telegram.receive for this process (several hosts: exactly "
                         "one polls, or all take webhooks behind a load balancer)")
@@ -120,9 +156,12 @@ def _add_run(subparsers) -> None:
 async def _run(args) -> int:
     from .build import check_all, missing_env
     from .engine import Engine
+    from .observe import Service
     from .progress import Bar
 
     settings = load(args.config)
+    if _handler is not None and not _log_format(args):
+        _handler.setFormatter(logfmt.formatter(settings.log_format))
     only: set[str] | None = None
     narrowed: list = []  # pipelines enabled in their files that --pipeline leaves out
     if args.pipeline:
@@ -146,9 +185,11 @@ async def _run(args) -> int:
         raise ConfigError(problems)
     store = store_for(settings)
     await store.open()
-    engine = None
+    engine = service = None
     try:
-        engine = Engine(settings, store, channels(settings, store), progress=Bar())
+        service = await Service(settings, store).start()
+        engine = Engine(settings, store, channels(settings, store),
+                        progress=Bar(_LogLines()) if _json_logs() else Bar())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -160,15 +201,20 @@ async def _run(args) -> int:
         running = [p.name for p in settings.pipelines if p.enabled]
         if args.once:
             return await _run_once(settings, store, engine, only)
-        print(f"draftgate running {len(running)} pipeline(s) [{', '.join(running)}]; "
-              f"Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)
+        _say(f"draftgate running {len(running)} pipeline(s) [{', '.join(running)}]; "
+             f"Ctrl-C or SIGTERM stops")
+        service.ready()
         await engine.run_forever(stop)
-        print("draftgate stopping: ticks in progress are interrupted; a draft being written "
-              "goes back to the queue and an interrupted send is checked at the next start",
-              file=sys.stderr, flush=True)
+        service.stopping()
+        _say("draftgate stopping: ticks in progress are interrupted; a draft being written "
+             "goes back to the queue and an interrupted send is checked at the next start")
     finally:
+        if service is not None:
+            service.stopping()
         if engine is not None:
             await engine.stop()
+        if service is not None:
+            await service.close()
         await store.close()
     _stopper.code = 0
     return 0
@@ -203,7 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="draftgate",
         description="Drafts email replies with an LLM; sends nothing without a human's approval.",
         epilog="Docs: README.md. Start with ./scripts/demo.", parents=[verbose_option("verbose")])
-    parser.add_argument("--version", action="version", version=f"draftgate {_version()}")
+    parser.add_argument("--version", action="version", version=f"draftgate {version()}")
+    parser.add_argument("--log-format", choices=("text", "json"),
+                        help="log lines as text (default) or one JSON object per line; for "
+                             "run, overrides logging.format")
     # Its own dest: main() tells a -c before the command from one after it.
     parser.add_argument("-c", "--config", dest="config_before", metavar="FILE",
                         help="deployment file, for every command except migrate-store (also "
@@ -216,17 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("draftgate")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        import tomllib
-
-        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
-            return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-        return "unknown"
+def _log_format(args) -> str | None:
+    """--log-format, given before the command or after `run`."""
+    return getattr(args, "log_format_after", None) or args.log_format
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "config", None) is None and hasattr(args, "config_default"):
         args.config = args.config_default
     verbose = args.verbose + getattr(args, "verbose_after", 0)
-    _setup_logging(max(verbose, getattr(args, "verbose_default", 0)))
+    _setup_logging(max(verbose, getattr(args, "verbose_default", 0)), _log_format(args) or "text")
     try:
         result = args.func(args)
         if asyncio.iscoroutine(result):

@@ -86,3 +86,17 @@ def channels(settings: Settings, store, *, demo: bool = False) -> dict:
 
         found["telegram"] = telegram.create(settings, store)
     return found
+
+
+def version() -> str:
+    """draftgate's version: the installed package's, else the checkout's pyproject.toml."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("draftgate")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        import tomllib
+
+        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
+            return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+        return "unknown"

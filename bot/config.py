@@ -26,6 +26,8 @@ from .checker import (  # noqa: F401
     url_problem,
 )
 from .config_files import load_yaml, pipeline_files
+from .config_telegram import TelegramConfig, TelegramWebhook, parse_telegram  # noqa: F401
+from .config_telegram import chat_id as _chat_id
 from .errors import ConfigError
 from .options import (
     ApprovalOptions,
@@ -46,31 +48,6 @@ MARK_SEEN = ("at_fetch", "on_success")
 
 
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TelegramWebhook:
-    """``telegram.webhook``: where Telegram posts updates when ``receive: webhook``."""
-
-    url: str | None = None
-    secret_env: str | None = None  # the variable's name, never the secret
-    listen: str = "127.0.0.1"
-    port: int = 8443
-    path: str = "telegram"
-
-
-@dataclass
-class TelegramConfig:
-    token_env: str = "TELEGRAM_BOT_TOKEN"
-    base_url: str = "https://api.telegram.org/bot"
-    base_file_url: str = "https://api.telegram.org/file/bot"
-    operators: list[int] = field(default_factory=list)
-    approvals_chat: int | None = None
-    ops_chat: int | None = None
-    receive: str = "polling"  # polling | webhook | off
-    webhook: TelegramWebhook = TelegramWebhook()
-    poll_timeout: float = 30.0
-    digest: str | None = None  # cron (UTC) of the daily summary to the ops chat; None: none
 
 
 @dataclass
@@ -124,6 +101,8 @@ class Settings:
     runs_keep_days: float = 30.0
     sweep_every: float = 86400.0
     demo: bool = False  # console approvals auto-approve (clearly labelled)
+    listen: tuple[str, int] | None = None  # observability.listen: /metrics, /healthz, /readyz
+    log_format: str = "text"  # logging.format: text | json
 
     def has_pipeline(self, name: str) -> bool:
         return any(p.name == name for p in self.pipelines)
@@ -149,7 +128,8 @@ def _resolve(base: Path, value: str) -> Path:
 #: backfill is fetched, stored and drafted in bounded steps (memory, time to first card).
 DEFAULT_MAX_PER_TICK = 200
 
-_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep"}
+_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep",
+             "observability", "logging"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
                   "daily_token_budget", "enabled", "max_per_tick", "triage"}
@@ -185,8 +165,9 @@ def collect_settings(config_file: str | os.PathLike, *,
     if settings.max_in_flight is not None and settings.max_in_flight < 1:
         ck.error("max_in_flight", "expected a whole number of at least 1")
     _sweep(ck, ck.mapping(data.get("sweep"), "sweep"), settings)
+    _service(ck, data, settings)
     if "telegram" in data and data["telegram"] is not None:
-        settings.telegram = _telegram(ck, ck.mapping(data["telegram"], "telegram"))
+        settings.telegram = parse_telegram(ck, ck.mapping(data["telegram"], "telegram"))
     gmail = ck.mapping(data.get("gmail"), "gmail")
     ck.unknown(gmail, {"accounts"}, "gmail")
     for name, acc in ck.mapping(gmail.get("accounts"), "gmail.accounts").items():
@@ -236,6 +217,25 @@ def _store(ck: Checker, data: dict, base: Path) -> str:
         except (StoreError, ValueError) as exc:
             ck.error("store", str(exc))
     return store or ""
+
+
+def _service(ck: Checker, data: dict, settings: Settings) -> None:
+    """``observability.listen`` (HOST:PORT) and ``logging.format``."""
+    obs = ck.mapping(data.get("observability"), "observability")
+    ck.unknown(obs, {"listen"}, "observability")
+    listen = ck.get(obs, "listen", "observability", str, default=None)
+    if listen:
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            ck.error("observability.listen", f"expected HOST:PORT like 127.0.0.1:9464, got "
+                                             f"{listen!r}")
+        else:
+            settings.listen = (host, int(port))
+    logging_ = ck.mapping(data.get("logging"), "logging")
+    ck.unknown(logging_, {"format"}, "logging")
+    settings.log_format = ck.get(logging_, "format", "logging", str, default="text",
+                                 choices=("text", "json")) or "text"
 
 
 def _sweep(ck: Checker, sweep: dict, settings: Settings) -> None:
@@ -302,63 +302,6 @@ def _gmail_account(ck: Checker, raw: Any, path: str) -> dict[str, Any]:
     if attempts is not None and attempts < 1:
         ck.error(f"{path}.read_attempts", f"expected a whole number of at least 1, got {attempts}")
     return out
-
-
-def _telegram(ck: Checker, t: dict) -> TelegramConfig:
-    ck.unknown(t, {"token", "token_env", "base_url", "base_file_url", "operators", "approvals_chat",
-                   "ops_chat", "receive", "webhook", "poll_timeout", "digest"}, "telegram")
-    cfg = TelegramConfig()
-    cfg.token_env = ck.env_name(t, "token_env", "telegram", default=cfg.token_env)
-    if "token" in t:
-        ck.error("telegram.token", "never put the token in YAML; set token_env to the name "
-                                   "of an environment variable that holds it")
-    cfg.base_url = ck.url(t, "base_url", "telegram", default=cfg.base_url, credentials_ok=True)
-    cfg.base_file_url = ck.url(t, "base_file_url", "telegram", default=cfg.base_file_url,
-                               credentials_ok=True)
-    ops = ck.get(t, "operators", "telegram", list)
-    for i, op in enumerate(ops or []):
-        if isinstance(op, bool) or not isinstance(op, int):
-            ck.error(f"telegram.operators[{i}]", f"expected a numeric Telegram user id, got {op!r}"
-                                                 " (usernames can change; ids cannot)")
-        else:
-            cfg.operators.append(op)
-    if ops is not None and not ops:
-        ck.error("telegram.operators", "expected at least one numeric user id")
-    cfg.approvals_chat = ck.get(t, "approvals_chat", "telegram", int, default=None)
-    cfg.ops_chat = ck.get(t, "ops_chat", "telegram", int, default=cfg.approvals_chat)
-    cfg.receive = ck.get(t, "receive", "telegram", str, default="polling",
-                         choices=("polling", "webhook", "off"))
-    cfg.webhook = _telegram_webhook(ck, t.get("webhook"))
-    cfg.poll_timeout = ck.convert(t, "poll_timeout", "telegram", parse_duration, default=30.0)
-    if cfg.poll_timeout is not None and cfg.poll_timeout <= 0:
-        ck.error("telegram.poll_timeout", "expected a duration above 0, like 30s")
-    cfg.digest = ck.get(t, "digest", "telegram", str, default=None)
-    if cfg.digest is not None:
-        from .scheduler import validate_cron
-
-        if problem := validate_cron(cfg.digest):
-            ck.error("telegram.digest", f"expected a cron expression like '0 8 * * *' (every "
-                                        f"day at 08:00 UTC): {problem}")
-            cfg.digest = None
-    return cfg
-
-
-def _telegram_webhook(ck: Checker, raw: Any) -> TelegramWebhook:
-    """``telegram.webhook``, checked without reading the secret. Whether url and
-    secret_env are there is checked by ``build.check_all``, after ``run
-    --telegram-receive`` may have turned webhooks on."""
-    path = "telegram.webhook"
-    wh = ck.mapping(raw, path)
-    d = TelegramWebhook()
-    ck.unknown(wh, set(TelegramWebhook.__dataclass_fields__), path)
-    url = ck.url(wh, "url", path, default=None)
-    secret_env = ck.env_name(wh, "secret_env", path, default=None)
-    listen = ck.get(wh, "listen", path, str, default=d.listen)
-    port = ck.get(wh, "port", path, int, default=d.port)
-    if port is not None and not 1 <= port <= 65535:
-        ck.error(f"{path}.port", f"expected a port from 1 to 65535, got {port}")
-    return TelegramWebhook(url, secret_env, listen, port,
-                           ck.get(wh, "path", path, str, default=d.path))
 
 
 def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> PipelineConfig | None:
@@ -571,18 +514,6 @@ def _stage(ck: Checker, data: dict, key: str, types: tuple, ctx: _options.Contex
     elif (data[key] is None or isinstance(data[key], dict)) \
             and ck.get(raw, "type", key, str, choices=types):
         return _options.parse_stage(ck, raw, key, ctx)
-    return None
-
-
-def _chat_id(value: Any) -> int | None:
-    """A Telegram chat id as the approval channel reads it (a number, or a string of
-    digits); None when it is not one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
     return None
 
 

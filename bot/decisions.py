@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Callable
 
+from . import metrics
 from .config import PipelineConfig, Settings
 from .drafting import Drafting
 from .errors import ConfigError, NotAllowed, describe_error
@@ -81,6 +82,7 @@ class Decisions:
                     for v in await self.store.votes(draft_id, version)):
                 return seen  # counted; the quorum is not met yet
             return None
+        metrics.decided(d, "approved")
         log.info("%s #%d v%d approved by %s", d.pipeline, d.id, d.version, actor)
         return await self.sends.send(d)
 
@@ -194,8 +196,9 @@ class Decisions:
     async def reject(self, draft_id: int, version: int, actor: str, reason: str = "") -> Draft | None:
         if (d := await self.store.get_draft(draft_id)) is not None:
             await self.may_decide(d, actor, "reject")
-        return await self.operators.update_card(
-            await self.store.reject(draft_id, version, actor, reason, now=self.clock()))
+        d = await self.store.reject(draft_id, version, actor, reason, now=self.clock())
+        metrics.decided(d, "rejected")
+        return await self.operators.update_card(d)
 
     # -- FYI cards (triage said notify) --------------------------------------------------
     async def draft_reply(self, draft_id: int, version: int, actor: str) -> Draft | None:

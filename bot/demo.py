@@ -38,12 +38,25 @@ def add_cli(subparsers) -> None:
     p.set_defaults(func=_demo)
 
 
+#: Where a wheel carries the demo and the examples (setup.py copies them in).
+BUNDLED = Path(__file__).resolve().parent / "_bundled"
+#: The folder an installed draftgate copies them to, in the current folder.
+COPIED = "draftgate-demo"
+
+
 def _demo_config() -> Path:
     """The bundled demo's file: beside the package in a checkout, or in the current
-    folder (a checkout) when draftgate was installed with `pip install .`."""
-    for folder in (REPO, Path.cwd()):
+    folder (a checkout, or a copy made before); else, for an installed draftgate, the
+    package's own copy is copied to ./draftgate-demo (with the example pipelines and
+    prompts) and used from there, so the demo's state never goes into the package."""
+    for folder in (REPO, Path.cwd(), Path.cwd() / COPIED):
         if (folder / DEMO_CONFIG.name).is_file():
             return folder / DEMO_CONFIG.name
+    if (BUNDLED / DEMO_CONFIG.name).is_file():
+        target = Path.cwd() / COPIED
+        shutil.copytree(BUNDLED, target, dirs_exist_ok=True)
+        print(f"(copied the demo and the example pipelines to {target}; edit them there)")
+        return target / DEMO_CONFIG.name
     raise ConfigError(f"{DEMO_CONFIG.name} not found beside the installed package nor in "
                       f"{Path.cwd()}: run `draftgate demo` in the draftgate checkout, or pass "
                       f"-c FILE")

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from typing import Callable
 
+from . import logfmt
 from .clock import utc_day
 from .config import PipelineConfig, Settings
 from .context import ContextBuilder
@@ -165,6 +166,7 @@ class Drafting:
         self.leases.still_held(p.name)
         return not channel_down.is_set()
 
+    @logfmt.about_draft
     async def draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts,
                         ready: Callable[[Draft], None] | None = None) -> bool:
         """Draft one claimed item; False when the model is in trouble (stop claiming).

@@ -24,7 +24,7 @@ import logging
 from typing import Callable
 
 from . import filters as _filters
-from . import scheduler
+from . import logfmt, metrics, scheduler
 from .admit import admit_fetched
 from .build import build_drafter, build_sender, build_source, build_triager
 from .clock import wall
@@ -163,6 +163,7 @@ class Engine:
         return task
 
     # -- one tick -------------------------------------------------------------------
+    @logfmt.about_pipeline
     async def tick(self, name: str, scheduled_for: float | None = None) -> RunCounts:
         """Run one tick of pipeline ``name`` for slot ``scheduled_for`` (default: the
         newest due slot). Never overlaps another tick of the same pipeline, in this
@@ -189,6 +190,7 @@ class Engine:
         except Exception as exc:
             log.error("%s: store unavailable, tick not run: %s", p.name, describe_error(exc))
             return
+        logfmt.bind(run_id=run_id)
         error: str | None = None
         try:
             try:
@@ -209,8 +211,10 @@ class Engine:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.store.end_run(
                     run_id, STOPPED, counts.to_dict(), STOPPED_TEXT, now=self.clock()))
+            metrics.tick_done(p.name, STOPPED, counts, self.clock() - started)
             raise
         status = "error" if error else "ok"
+        metrics.tick_done(p.name, status, counts, self.clock() - started)
         try:
             recent = await self.store.recent_runs(p.name, limit=10)
             # The colour before this run: stopped runs in between change nothing.

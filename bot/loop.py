@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import Awaitable, Callable
 
-from . import scheduler
+from . import metrics, scheduler
 from .clock import utc_day
 from .config import PipelineConfig, Settings
 from .desk import Desk
@@ -70,6 +70,7 @@ class Loop:
                     f"loop|{p.name}|{utc_day(self.clock())}",
                     f"⚠️ {p.name}: its schedule stopped working ({describe_error(exc)}); "
                     f"retrying every minute. Check `schedule` in {p.file}.")
+            metrics.loop_waiting(p, restart_after)
             if await _stopped(stop, restart_after):
                 return
 
@@ -77,8 +78,10 @@ class Loop:
         due = scheduler.last_due(p, self.clock())  # catch up at start
         while not stop.is_set():
             wait = due - self.clock()
+            metrics.loop_waiting(p, wait)
             if wait > 0 and await _stopped(stop, wait):
                 return
+            metrics.loop_busy(p.name)
             slot = scheduler.last_due(p, self.clock())
             try:
                 if p.name in await self.store.paused():

@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Callable
 
+from . import logfmt, metrics
 from .config import PipelineConfig, Settings
 from .errors import SendFailed, SendUnknown, describe_error
 from .lease import Leases, gone_here
@@ -50,6 +51,7 @@ class Sends:
             if after is not None and after.status == "sent":
                 counts.sent += 1
 
+    @logfmt.about_draft
     async def send(self, d: Draft) -> Draft | None:
         p = self.settings.pipeline(d.pipeline)
         sender = self._sender(p)  # built before `sending`: a bad sender sends nothing
@@ -76,6 +78,7 @@ class Sends:
         else:
             after = await self.store.mark_sent(d.id, result.sent_id, now=self.clock())
             log.info("%s #%d sent (%s)", p.name, d.id, result.sent_id)
+        metrics.sent(after)
         return await self.operators.update_card(after)
 
     async def found_sent(self, d: Draft, sent_id: str) -> Draft | None:

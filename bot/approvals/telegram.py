@@ -31,7 +31,7 @@ from ..config import Settings, TelegramConfig, env_secret
 from ..errors import ApprovalError, ConfigError, DraftgateError
 from ..models import TERMINAL_STATUSES, Draft
 from ..stages import ApprovalChannelBase, Decisions, PostedRef
-from . import cards, tg_commands, tg_taps
+from . import cards, tg_commands, tg_request, tg_taps
 from .tg_commands import COMMANDS
 from .tg_common import NO_PREVIEW, answer, card_ref, chat_id, kind, log, plain
 
@@ -148,9 +148,11 @@ class TelegramChannel(ApprovalChannelBase):
                    .rate_limiter(_Limiter(overall_max_rate=1,
                                           overall_time_period=1 / _OVERALL_RATE,
                                           max_retries=_MAX_RETRIES))
-                   .concurrent_updates(16).job_queue(None)
-                   .connect_timeout(10).read_timeout(30).write_timeout(30).pool_timeout(30)
-                   .get_updates_read_timeout(10))
+                   .concurrent_updates(16).job_queue(None))
+        request, get_updates = tg_request.requests(self.config.receive)  # counted for metrics
+        builder = builder.request(request)
+        if get_updates is not None:
+            builder = builder.get_updates_request(get_updates)
         if self.config.receive == "off":
             builder = builder.updater(None)
         app = builder.build()

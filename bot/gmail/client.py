@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import httplib2
 
-from .. import redact
+from .. import metrics, redact
 from ..errors import AuthError, SourceError
 from . import auth
 
@@ -383,6 +383,7 @@ class GmailClient:
                 raise Cancelled(f"Gmail {what}: not {'retried' if last else 'started'}; "
                                 f"the tick is ending")
             request = make(self.service())
+            metrics.gmail_call(self.name, getattr(request, "methodId", None))
             self._count()
             wait = self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
             try:
@@ -481,6 +482,7 @@ class GmailClient:
 
         try:
             request = make(self.service())
+            metrics.gmail_call(self.name, getattr(request, "methodId", None))
             single.target = str(request.uri)
             request.http = self._authorized(single)
         except AuthError:

@@ -303,6 +303,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def seen_count(self, pipeline: str) -> int: ...
 
+    @abc.abstractmethod
+    async def draft_gauges(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
+        """For metrics, in one query: how many drafts each (pipeline, status) has, and
+        each pipeline's oldest ``awaiting`` draft's ``created_at``."""
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """A trivial query (``/readyz``): raises if the store does not answer."""
+
     # -- runs --------------------------------------------------------------------------
     @abc.abstractmethod
     async def start_run(self, pipeline: str, scheduled_for: float | None = None,

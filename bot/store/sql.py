@@ -446,6 +446,15 @@ class SqlStore(SqlOps, ContextSql, Store):
         rows = await self._query("SELECT COUNT(*) FROM seen_items WHERE pipeline = ?", (pipeline,))
         return int(rows[0][0])
 
+    async def draft_gauges(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
+        rows = await self._query("SELECT pipeline, status, COUNT(*), MIN(created_at) FROM drafts "
+                                 "GROUP BY pipeline, status")
+        return ({(r[0], r[1]): int(r[2]) for r in rows},
+                {r[0]: float(r[3]) for r in rows if r[1] == AWAITING})
+
+    async def ping(self) -> None:
+        await self._query("SELECT 1")
+
     # -- runs ------------------------------------------------------------------------
     async def start_run(self, pipeline: str, scheduled_for: float | None = None,
                         now: float | None = None) -> int:
