@@ -202,7 +202,8 @@ class Drafting:
         await self._hold(p, None)  # drafting works (again)
         body = (result.body or "").strip()
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
-                                               tokens_out=result.tokens_out, now=self.clock())
+                                               tokens_out=result.tokens_out,
+                                               model=result.model, now=self.clock())
         counts.tokens += result.tokens_in + result.tokens_out
         if stored is None:
             # The lease was lost (swept and re-claimed): this answer is stale.

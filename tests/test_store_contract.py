@@ -376,7 +376,9 @@ class TestStoreContract:
         assert await store.approve(d.id, d.version, "anna") is None
         again = await store.claim_key(d.key, 60)
         assert again.instruction == "shorter please"
-        assert [e.action for e in await store.audit_log(d.key)] == ["regenerate"]
+        # Newest first: the item's whole history is in the audit.
+        assert [e.action for e in await store.audit_log(d.key)] == ["regenerate", "draft",
+                                                                    "admit"]
 
     async def test_reject_is_final_for_that_card(self, store):
         d = await _awaiting(store)
@@ -385,8 +387,9 @@ class TestStoreContract:
         assert (rejected.status, rejected.decided_by) == ("rejected", "anna")
         assert await store.approve(d.id, d.version, "anna") is None
         assert await store.reject(d.id, d.version, "anna") is None
-        [entry] = await store.audit_log(d.key)
+        entry, *older = await store.audit_log(d.key)
         assert entry.action == "reject" and "not a customer" in entry.detail
+        assert [e.action for e in older] == ["draft", "admit"]
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -613,7 +616,7 @@ class TestStoreContract:
         assert result.outcome == "unseen"
         assert await store.unseen(P, S, ["m1"]) == {"m1"}
         assert (await store.admit(P, S, R, _items("m1"), now=T0)).new == [_key("m1")]
-        assert [e.action for e in await store.audit_log()] == ["replay"]
+        assert [e.action for e in await store.audit_log()] == ["admit", "replay"]
 
     async def test_replay_refuses_sent_and_in_flight_items(self, store):
         sent = await _sending(store, "m1")

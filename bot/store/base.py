@@ -23,6 +23,7 @@ from typing import Iterable
 
 from ..errors import StoreError
 from ..models import REPLAYABLE_STATUSES, SENT, AuditEntry, Draft, Item, Run
+from .chain import Report
 
 
 class StoreMissing(StoreError):
@@ -157,11 +158,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def finish_draft(self, draft_id: int, fence: int, body: str, *,
-                           tokens_in: int = 0, tokens_out: int = 0,
+                           tokens_in: int = 0, tokens_out: int = 0, model: str = "",
                            now: float | None = None) -> Draft | None:
         """Fenced ``drafting -> ready`` storing the body. ``None`` when the fence no
         longer matches (the lease was lost): a stale worker changes nothing. Token use
-        is added to the draft and to the pipeline's usage for the UTC day of ``now``."""
+        is added to the draft and to the pipeline's usage for the UTC day of ``now``.
+        Audited as ``draft`` (version, ``model``, tokens)."""
 
     @abc.abstractmethod
     async def fail_draft(self, draft_id: int, fence: int, error: str, *,
@@ -300,6 +302,17 @@ class Store(abc.ABC):
     async def audit_log(self, draft_key: str | None = None, limit: int = 100
                         ) -> list[AuditEntry]:
         """Newest first."""
+
+    @abc.abstractmethod
+    async def verify_audit(self) -> Report:
+        """Walk the audit chain in one snapshot: a :class:`bot.store.chain.Report` with the
+        rows checked, or the first row changed, removed or inserted."""
+
+    @abc.abstractmethod
+    async def audit_export(self, since: float = 0.0, after_seq: int = 0,
+                           limit: int = 1000) -> list[dict]:
+        """Chained audit rows with ``at >= since`` after chain position ``after_seq``,
+        in chain order (``bot.store.chain.CHAIN_COLS`` as keys)."""
 
     # -- operations --------------------------------------------------------------------
     @abc.abstractmethod

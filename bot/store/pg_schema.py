@@ -6,13 +6,19 @@ A migration is never edited once released: add a new numbered entry instead.
 
 from __future__ import annotations
 
+from typing import Any
+
+from .chain import GENESIS, seal_postgres
+
 # Times are float epoch seconds (double precision) exactly as in SQLite, so both
 # backends hand the engine the same values and a copy needs no conversion.
 #: Every table the migrations below create (``doctor`` reads each one).
 TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
-          "pipeline_flags", "locks", "schema_migrations")
+          "pipeline_flags", "locks", "schema_migrations", "audit_head")
 
-MIGRATIONS: list[tuple[int, str, str]] = [
+#: (version, name, SQL); the SQL may be a list of statements and async Python steps
+#: (called with the connection, inside the migration's transaction).
+MIGRATIONS: list[tuple[int, str, Any]] = [
     (
         1,
         "initial tables",
@@ -130,5 +136,29 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE pipeline_flags ADD COLUMN hold_reason TEXT;
         ALTER TABLE pipeline_flags ADD COLUMN hold_until DOUBLE PRECISION;
         """,
+    ),
+    (
+        3,
+        "audit chain (issue 14)",
+        # Each audit row carries its chain position and sha256(prev_hash || canonical
+        # row); audit_head is the chain's last position and hash, locked FOR UPDATE by
+        # every append so writers on several hosts keep one chain. Rows written before
+        # this version are chained here, in id order (bot.store.chain).
+        [
+            """
+            ALTER TABLE audit ADD COLUMN seq BIGINT, ADD COLUMN prev_hash TEXT,
+                ADD COLUMN hash TEXT;
+            CREATE UNIQUE INDEX audit_seq ON audit (seq);
+            CREATE TABLE audit_head (
+                one INTEGER PRIMARY KEY CHECK (one = 1),
+                seq BIGINT NOT NULL,
+                hash TEXT NOT NULL
+            );
+            """ + f"INSERT INTO audit_head (one, seq, hash) VALUES (1, 0, '{GENESIS}');" + """
+            ALTER TABLE audit DISABLE TRIGGER audit_no_update;
+            """,
+            seal_postgres,
+            "ALTER TABLE audit ENABLE TRIGGER audit_no_update;",
+        ],
     ),
 ]

@@ -23,7 +23,7 @@ import functools
 import hashlib
 import re
 import time
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Iterable, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
@@ -32,6 +32,7 @@ from ..clock import wall
 from ..errors import StoreError
 from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
 from ..redact import redact_url
+from . import chain
 from .base import (
     ABANDONED_SEND,
     HEARTBEAT_PREFIX,
@@ -42,14 +43,15 @@ from .base import (
     replay_refusal,
     replay_without_draft,
 )
+from .chain import Record
 from .pg_schema import MIGRATIONS, TABLES
 from .sql import (
-    AUDIT_SQL,
     BEFORE_SQL,
     CURSOR_SQL,
     DRAFT_COLS,
     Change,
     SqlStore,
+    admit_record,
     audit_row,
     draft_from_row,
 )
@@ -254,7 +256,8 @@ class PostgresStore(SqlStore):
             for version, name, sql in MIGRATIONS:
                 if version in done:
                     continue
-                await con.execute(sql)
+                for step in sql if isinstance(sql, list) else [sql]:
+                    await (step(con) if callable(step) else con.execute(step))
                 await con.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
                     version, name, time.time())
@@ -312,8 +315,10 @@ class PostgresStore(SqlStore):
             else:
                 return None
             draft = draft_from_row(row)
-            for sql, args in change.followups(draft, old, _clean):
+            statements, records = change.followups(draft, old, _clean)
+            for sql, args in statements:
                 await con.execute(_dollars(sql), *args)
+            await _append(con, records)
         return draft
 
     async def _query(self, sql: str, args: tuple = (), *, write: bool = False) -> list[Any]:
@@ -324,10 +329,12 @@ class PostgresStore(SqlStore):
         async with self._conn() as con:
             return _count(await con.execute(_dollars(sql), *args))
 
-    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
+    async def _script(self, statements: list[tuple[str, tuple]],
+                      records: Sequence[Record] = ()) -> None:
         async with self._tx() as con:
             for sql, args in statements:
                 await con.execute(_dollars(sql), *args)
+            await _append(con, records)
 
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:
@@ -366,11 +373,14 @@ class PostgresStore(SqlStore):
             item_ids.append(item.item_id)
             payloads.append(item.message.to_json())
             errors.append(_clean(item.skip_reason))
-        async with self._conn() as con:
+        async with self._tx() as con:
             rows = await con.fetch(
                 _ADMIT, pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors,
                 mark_seen, cursor)
-        inserted = {r["key"] for r in rows}
+            inserted = {r["key"] for r in rows}
+            # In the admit's transaction, in the order the items came.
+            await _append(con, [admit_record(t, k, e, _clean) for k, e in
+                                zip(keys, errors, strict=True) if k in inserted])
         for key, status in zip(keys, statuses, strict=True):
             if key in inserted:
                 (result.skipped if status == SKIPPED else result.new).append(key)
@@ -484,6 +494,16 @@ class PostgresStore(SqlStore):
                                        f"{_DB_NOW} - 86400"), HEARTBEAT_PREFIX + "%", now)
         return n
 
+    # -- the audit chain -------------------------------------------------------------------
+    async def verify_audit(self) -> chain.Report:
+        async with self._conn() as con:
+            # One snapshot: rows appended while the walk runs are not seen.
+            async with con.transaction(isolation="repeatable_read", readonly=True):
+                loose = await con.fetchval(chain.LOOSE_SQL)
+                head = await con.fetchrow(chain.HEAD_SQL)
+                return chain.walk([r async for r in con.cursor(chain.WALK_SQL, prefetch=2000)],
+                                  tuple(head), loose)
+
     # -- truthful status -------------------------------------------------------------------
     async def check(self) -> list[str]:
         problems = []
@@ -518,8 +538,7 @@ async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Dra
     where = f"{pipeline} {item_id}"
 
     async def audit(con, actor, action, key, text, detail, t) -> None:
-        await con.execute(_dollars(AUDIT_SQL), *audit_row(t, actor, action, key, text, detail,
-                                                          _clean)[1])
+        await _append(con, [audit_row(t, actor, action, key, text, detail, _clean)])
     if not drafts:
         removed = _count(await con.execute(
             "DELETE FROM seen_items WHERE pipeline=$1 AND item_id=$2", pipeline, item_id))
@@ -542,6 +561,25 @@ async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Dra
     detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
     await audit(con, actor, "replay", draft.key, None, detail, t)
     return ReplayResult("requeued", f"{where}: {detail}", draft)
+
+
+# The chained rows and the new chain head in one statement (one round trip, any count).
+_APPEND = (
+    "WITH ins AS (INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail, seq,"
+    " prev_hash, hash) SELECT * FROM unnest($1::float8[], $2::text[], $3::text[], $4::text[],"
+    " $5::text[], $6::text[], $7::int8[], $8::text[], $9::text[]))"
+    " UPDATE audit_head SET seq = $10, hash = $11 WHERE one = 1")
+
+
+async def _append(con: asyncpg.Connection, records: Sequence[Record]) -> None:
+    """Append ``records`` to the audit chain inside the caller's transaction. The head
+    row is locked FOR UPDATE until commit, so appends from every host are ordered (an
+    append waiting for it then reads the head its predecessor committed)."""
+    if not records:
+        return
+    head = await con.fetchrow(chain.HEAD_SQL + " FOR UPDATE")
+    rows, (seq, h) = chain.link((head["seq"], head["hash"]), records)
+    await con.execute(_APPEND, *[list(col) for col in zip(*rows, strict=True)], seq, h)
 
 
 async def _cas_count(con, t: Transition, assign: str, assign_args: tuple, where: str,

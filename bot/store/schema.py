@@ -11,6 +11,10 @@ JSON kept as TEXT. ``WITHOUT ROWID`` and the triggers are SQLite-only extras.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+from .chain import GENESIS, seal_sqlite
+
 _V1 = [
     # Set membership written at fetch. WITHOUT ROWID clusters rows on the primary key,
     # so the "which of these 50 ids are new" lookup reads one b-tree, not two.
@@ -120,8 +124,30 @@ _V2 = [
     "ALTER TABLE pipeline_flags ADD COLUMN hold_until REAL",
 ]
 
-#: Each entry is the list of statements of one migration, in order.
-MIGRATIONS: list[list[str]] = [_V1, _V2]
+# Version 3 (issue 14, the audit chain): each audit row carries its chain position and
+# sha256(prev_hash || canonical row); audit_head is the chain's last position and hash.
+# Rows written before this version are chained here, in id order (bot.store.chain).
+_V3: list[str | Callable[[Any], None]] = [
+    "ALTER TABLE audit ADD COLUMN seq INTEGER",
+    "ALTER TABLE audit ADD COLUMN prev_hash TEXT",
+    "ALTER TABLE audit ADD COLUMN hash TEXT",
+    "CREATE UNIQUE INDEX audit_seq ON audit (seq)",
+    """CREATE TABLE audit_head (
+        one  INTEGER PRIMARY KEY CHECK (one = 1),
+        seq  INTEGER NOT NULL,
+        hash TEXT NOT NULL
+    )""",
+    f"INSERT INTO audit_head (one, seq, hash) VALUES (1, 0, '{GENESIS}')",
+    # The only UPDATE the audit table ever gets: chaining the rows already there.
+    "DROP TRIGGER audit_no_update",
+    seal_sqlite,
+    """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+       BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END""",
+]
+
+#: Each entry is the list of statements of one migration, in order (a callable is a
+#: step written in Python, called with the sqlite3 connection inside the migration).
+MIGRATIONS: list[list] = [_V1, _V2, _V3]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -11,7 +11,7 @@ import abc
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from ..clock import utc_day
 from ..models import (
@@ -29,7 +29,9 @@ from ..models import (
     sha256_text,
 )
 from ..redact import scrub
+from . import chain
 from .base import Store
+from .chain import Record
 from .transitions import (
     APPROVE,
     BEGIN_SEND,
@@ -58,8 +60,6 @@ DRAFT_COLUMNS = (
 )
 DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
 SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
-AUDIT_SQL = ("INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail) "
-             "VALUES (?, ?, ?, ?, ?, ?)")
 TOKENS_SQL = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES (?, ?, ?) "
               "ON CONFLICT (pipeline, day) DO UPDATE SET "
               "tokens = token_usage.tokens + excluded.tokens")
@@ -91,10 +91,23 @@ def run_from_row(row: Any) -> Run:
 
 
 def audit_row(t: float, actor: str, action: str, key: str | None, text: str | None,
-              detail: str | None, clean: Callable = lambda x: x) -> tuple[str, tuple]:
-    """The INSERT of one audit row (sha256 of ``text`` when given)."""
-    return AUDIT_SQL, (t, actor, action, key, None if text is None else sha256_text(text),
-                       clean(scrub(detail)))
+              detail: str | None, clean: Callable = lambda x: x) -> Record:
+    """One audit row to append to the chain (sha256 of ``text`` when given)."""
+    return Record(float(t), clean(str(actor)) or "", str(action), key,
+                  None if text is None else sha256_text(text), clean(scrub(detail)))
+
+
+def admit_record(t: float, key: str, skip_reason: str | None,
+                 clean: Callable = lambda x: x) -> Record:
+    """The audit row of one admitted item: queued, or skipped and why."""
+    return audit_row(t, SYSTEM, "admit", key, None,
+                     f"skipped: {skip_reason}" if skip_reason else "queued", clean)
+
+
+def draft_detail(version: int, model: str, tokens_in: int, tokens_out: int) -> str:
+    """The audit detail of a stored draft: which version, by which model, how many tokens."""
+    return (f"v{version} by {model or 'the drafter'}, {tokens_in + tokens_out} tokens "
+            f"(in {tokens_in}, out {tokens_out})")
 
 
 def status_where(statuses: Iterable[str], pipeline: str | None) -> tuple[str, tuple]:
@@ -132,14 +145,16 @@ class Change:
         return (len(self.steps) == 1 and self.action is None and not self.tokens
                 and self.before is None)
 
-    def followups(self, d: Draft, old: Any, clean: Callable) -> list[tuple[str, tuple]]:
-        out = []
+    def followups(self, d: Draft, old: Any, clean: Callable
+                  ) -> tuple[list[tuple[str, tuple]], list[Record]]:
+        """The statements and the audit rows that go with the change."""
+        out, records = [], []
         if self.action is not None and self.detail is not None:
-            out.append(audit_row(self.at, self.actor or d.decided_by or SYSTEM, self.action,
-                                 d.key, d.body, self.detail(d, old), clean))
+            records.append(audit_row(self.at, self.actor or d.decided_by or SYSTEM,
+                                     self.action, d.key, d.body, self.detail(d, old), clean))
         if self.tokens:
             out.append((TOKENS_SQL, (d.pipeline, utc_day(self.at), int(self.tokens))))
-        return out
+        return out, records
 
 
 def _one(*steps: Step, **kw: Any) -> Change:
@@ -176,8 +191,10 @@ class SqlStore(Store):
         """Run one writing statement; its row count."""
 
     @abc.abstractmethod
-    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
-        """Run the statements in one transaction."""
+    async def _script(self, statements: list[tuple[str, tuple]],
+                      records: Sequence[Record] = ()) -> None:
+        """Run the statements, then append ``records`` to the audit chain, in one
+        transaction."""
 
     @abc.abstractmethod
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
@@ -192,14 +209,16 @@ class SqlStore(Store):
             (arg, float(lease_seconds), self._now(now)), "key = ?", (key,))))
 
     async def finish_draft(self, draft_id: int, fence: int, body: str, *,
-                           tokens_in: int = 0, tokens_out: int = 0,
+                           tokens_in: int = 0, tokens_out: int = 0, model: str = "",
                            now: float | None = None) -> Draft | None:
         t = self._now(now)
         return await self._change(_one(Step(
             FINISH, "body = ?, lease_until = NULL, error = NULL, tokens_in = tokens_in + ?, "
                     "tokens_out = tokens_out + ?, updated_at = ?",
             (self._clean(body), int(tokens_in), int(tokens_out), t),
-            "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out))
+            "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out,
+            action="draft", actor=SYSTEM, detail=lambda d, _: draft_detail(
+                d.version, model, int(tokens_in), int(tokens_out))))
 
     async def fail_draft(self, draft_id: int, fence: int, error: str, *, retryable: bool,
                          max_attempts: int, now: float | None = None) -> Draft | None:
@@ -414,14 +433,14 @@ class SqlStore(Store):
 
     # -- audit -----------------------------------------------------------------------
     def _audit_row(self, t: float, actor: str, action: str, key: str | None,
-                   text: str | None, detail: str | None) -> tuple[str, tuple]:
+                   text: str | None, detail: str | None) -> Record:
         return audit_row(t, actor, action, key, text, detail, self._clean)
 
     async def audit(self, actor: str, action: str, draft_key: str | None = None,
                     text: str | None = None, detail: str | None = None,
                     now: float | None = None) -> None:
-        await self._execute(*self._audit_row(self._now(now), actor, action, draft_key, text,
-                                             detail))
+        await self._script([], [self._audit_row(self._now(now), actor, action, draft_key,
+                                                text, detail)])
 
     async def audit_log(self, draft_key: str | None = None,
                         limit: int = 100) -> list[AuditEntry]:
@@ -431,6 +450,11 @@ class SqlStore(Store):
             f"{where} ORDER BY id DESC LIMIT ?", (*args, int(limit)))
         return [AuditEntry(*tuple(r)) for r in rows]
 
+    async def audit_export(self, since: float = 0.0, after_seq: int = 0,
+                           limit: int = 1000) -> list[dict]:
+        rows = await self._query(chain.EXPORT_SQL, (int(after_seq), float(since), int(limit)))
+        return [dict(zip(chain.CHAIN_COLS, tuple(r), strict=True)) for r in rows]
+
     # -- flags, holds, locks, cards ----------------------------------------------------
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
         t = time.time()
@@ -438,8 +462,8 @@ class SqlStore(Store):
             ("INSERT INTO pipeline_flags (pipeline, paused, updated_at, updated_by) "
              "VALUES (?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
              "paused = excluded.paused, updated_at = excluded.updated_at, "
-             "updated_by = excluded.updated_by", (pipeline, int(paused), t, actor)),
-            self._audit_row(t, actor, "pause" if paused else "resume", None, None, pipeline)])
+             "updated_by = excluded.updated_by", (pipeline, int(paused), t, actor))],
+            [self._audit_row(t, actor, "pause" if paused else "resume", None, None, pipeline)])
 
     async def paused(self) -> set[str]:
         rows = await self._query("SELECT pipeline FROM pipeline_flags WHERE paused = 1")

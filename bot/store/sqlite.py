@@ -25,12 +25,13 @@ import sqlite3
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import aiosqlite
 
 from ..errors import StoreError
 from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
+from . import chain
 from .base import (
     ABANDONED_SEND,
     HEARTBEAT_PREFIX,
@@ -41,8 +42,18 @@ from .base import (
     replay_refusal,
     replay_without_draft,
 )
+from .chain import Record
 from .schema import LATEST, MIGRATIONS
-from .sql import BEFORE_SQL, CURSOR_SQL, DRAFT_COLS, Change, SqlStore, audit_row, draft_from_row
+from .sql import (
+    BEFORE_SQL,
+    CURSOR_SQL,
+    DRAFT_COLS,
+    Change,
+    SqlStore,
+    admit_record,
+    audit_row,
+    draft_from_row,
+)
 from .transitions import CLAIM, EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY, cas
 
 T = TypeVar("T")
@@ -122,19 +133,29 @@ def _apply(db: sqlite3.Connection, change: Change) -> Draft | None:
     else:
         return None
     draft = draft_from_row(rows[0])
-    for sql, args in change.followups(draft, old[0] if old else None, lambda t: t):
-        _exec(db, sql, args)
+    _script(db, *change.followups(draft, old[0] if old else None, lambda t: t))
     return draft
+
+
+def _append(db: sqlite3.Connection, records: Sequence[Record]) -> None:
+    """Append ``records`` to the audit chain, inside the caller's (IMMEDIATE, so
+    write-locked) transaction: nothing else can append meanwhile."""
+    if records:
+        rows, head = chain.link(tuple(_rows(db, chain.HEAD_SQL)[0]), records)
+        _many(db, chain.INSERT_SQL, rows)
+        _exec(db, chain.SET_HEAD_SQL, head)
 
 
 def _audit(db: sqlite3.Connection, now: float, actor: str, action: str,
            key: str | None, text: str | None, detail: str | None) -> None:
-    _exec(db, *audit_row(now, actor, action, key, text, detail))
+    _append(db, [audit_row(now, actor, action, key, text, detail)])
 
 
-def _script(db: sqlite3.Connection, statements: list[tuple[str, tuple]]) -> None:
+def _script(db: sqlite3.Connection, statements: list[tuple[str, tuple]],
+            records: Sequence[Record] = ()) -> None:
     for sql, args in statements:
         _exec(db, sql, args)
+    _append(db, records)
 
 
 def _in_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
@@ -162,7 +183,10 @@ def _run_migrations(db: sqlite3.Connection, path: str) -> int:
             "another file")
     for version in range(current, LATEST):
         for statement in MIGRATIONS[version]:
-            _exec(db, statement)
+            if callable(statement):
+                statement(db)
+            else:
+                _exec(db, statement)
     if current != LATEST:
         _exec(db, f"PRAGMA user_version = {LATEST}")
     return current
@@ -226,8 +250,9 @@ class SQLiteStore(SqlStore):
     async def _execute(self, sql: str, args: tuple = ()) -> int:
         return await self._write(_exec, sql, args)
 
-    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
-        await self._write(_script, statements)
+    async def _script(self, statements: list[tuple[str, tuple]],
+                      records: Sequence[Record] = ()) -> None:
+        await self._write(_script, statements, records)
 
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:
@@ -343,6 +368,7 @@ class SQLiteStore(SqlStore):
             _many(db, "INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status, "
                       "payload, error, created_at, updated_at) "
                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            _append(db, [admit_record(now, r[0], r[7]) for r in rows])
             if cursor is not None:
                 _exec(db, CURSOR_SQL, (pipeline, scope, cursor, now))
             return result
@@ -437,6 +463,21 @@ class SQLiteStore(SqlStore):
             return bool(rows) and rows[0][0] == holder
 
         return await self._write(tx)
+
+    # -- the audit chain -------------------------------------------------------------------
+
+    async def verify_audit(self) -> chain.Report:
+        def read(db: sqlite3.Connection) -> chain.Report:
+            _exec(db, "BEGIN")  # one snapshot (WAL): appends meanwhile are not seen
+            try:
+                loose = _rows(db, chain.LOOSE_SQL)[0][0]
+                head = tuple(_rows(db, chain.HEAD_SQL)[0])
+                with closing(db.execute(chain.WALK_SQL)) as cur:
+                    return chain.walk(cur, head, loose)
+            finally:
+                _exec(db, "COMMIT")
+
+        return await self._read(read)
 
     # -- truthful status -------------------------------------------------------------------
 
