@@ -63,6 +63,7 @@ class TelegramConfig:
     receive: str = "polling"  # polling | webhook | off
     webhook: TelegramWebhook = TelegramWebhook()
     poll_timeout: float = 30.0
+    timezone: str = "UTC"  # IANA zone of the daily digest's cron
 
 
 @dataclass
@@ -94,6 +95,7 @@ class PipelineConfig:
     enabled: bool = True
     base_dir: Path = Path(".")
     max_per_tick: int = 200  # new items fetched and admitted per tick; the rest wait
+    timezone: str = "UTC"  # IANA zone of cron schedules and slot ids
 
     def path(self, value: str) -> Path:
         """A path from this pipeline's file, relative to the deployment directory."""
@@ -143,7 +145,7 @@ DEFAULT_MAX_PER_TICK = 200
 _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
-                  "daily_token_budget", "enabled", "max_per_tick"}
+                  "daily_token_budget", "enabled", "max_per_tick", "timezone"}
 
 
 def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] | None = None
@@ -297,7 +299,7 @@ def _gmail_account(ck: Checker, raw: Any, path: str) -> dict[str, Any]:
 
 def _telegram(ck: Checker, t: dict) -> TelegramConfig:
     ck.unknown(t, {"token", "token_env", "base_url", "base_file_url", "operators", "approvals_chat",
-                   "ops_chat", "receive", "webhook", "poll_timeout"}, "telegram")
+                   "ops_chat", "receive", "webhook", "poll_timeout", "timezone"}, "telegram")
     cfg = TelegramConfig()
     cfg.token_env = ck.env_name(t, "token_env", "telegram", default=cfg.token_env)
     if "token" in t:
@@ -323,6 +325,7 @@ def _telegram(ck: Checker, t: dict) -> TelegramConfig:
     cfg.poll_timeout = ck.convert(t, "poll_timeout", "telegram", parse_duration, default=30.0)
     if cfg.poll_timeout is not None and cfg.poll_timeout <= 0:
         ck.error("telegram.poll_timeout", "expected a duration above 0, like 30s")
+    cfg.timezone = ck.timezone(t, "timezone", "telegram")
     return cfg
 
 
@@ -356,9 +359,11 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     if name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         ck.error("name", f"expected letters, digits, '-', '_' or '.', got {name!r}")
     schedule, interval, cron = _schedule(ck, data)
+    tz = ck.timezone(data, "timezone", "")
     raw_source = data.get("source")  # its account is the default of sender.account
     ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
-                           raw_source.get("account") if isinstance(raw_source, dict) else None)
+                           raw_source.get("account") if isinstance(raw_source, dict) else None,
+                           tz)
     source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
     filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
     drafter = _drafter(ck, data, settings, base)
@@ -385,7 +390,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         mark_seen=ck.get(data, "mark_seen", "", str, default="at_fetch", choices=MARK_SEEN),
         catchup=catchup or "latest", catchup_max=catchup_max or 24,
         daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
-        base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK,
+        base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK, timezone=tz,
     )
 
 
@@ -405,8 +410,9 @@ def _schedule(ck: Checker, data: dict) -> tuple[Any, float | None, str | None]:
             ck.error("schedule", "expected an interval of at least 1s")
     elif isinstance(schedule, str) and _CLOCK.match(schedule):
         ck.error("schedule", f"{schedule!r} looks like a time of day, which a schedule is "
-                             f"not; for a time of day use a quoted cron expression in UTC, "
-                             f"e.g. schedule: '0 9 * * *' (every day at 09:00), or an "
+                             f"not; for a time of day use a quoted cron expression (in the "
+                             f"pipeline's timezone, default UTC), e.g. schedule: "
+                             f"'0 9 * * *' (every day at 09:00), or an "
                              f"interval like 9m")
     elif isinstance(schedule, str):
         from .scheduler import validate_cron

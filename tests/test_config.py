@@ -477,3 +477,19 @@ def test_a_wrong_stage_option_is_reported_when_the_configuration_loads(tmp_path)
                                      "timeout: soon}\n"})
     assert errors_of(cfg) == ["pipelines/a.yaml: sender.timeout: expected a duration like 30s, "
                               "5m, 1h or 2d, got 'soon'"]
+
+
+def test_timezone_is_an_iana_name_and_a_typo_gets_the_closest_one(tmp_path):
+    good = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("5m", "'0 9 * * *'")
+                            + "timezone: Europe/Berlin\n"})
+    [p] = load_settings(good).pipelines
+    assert (p.timezone, p.cron) == ("Europe/Berlin", "0 9 * * *")
+    assert load_settings(write(tmp_path, {"a.yaml": GOOD.format(name="a")})).pipelines[0] \
+        .timezone == "UTC"
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "timezone: Europe/Berln\n"},
+                top="telegram: {operators: [1], approvals_chat: 1, timezone: utc}\n")
+    assert errors_of(cfg) == [
+        f"{cfg}: telegram.timezone: unknown time zone 'utc'; did you mean 'UTC'? Use "
+        "an IANA name such as Europe/Berlin, America/New_York or UTC",
+        "pipelines/a.yaml: timezone: unknown time zone 'Europe/Berln'; did you mean "
+        "'Europe/Berlin'? Use an IANA name such as Europe/Berlin, America/New_York or UTC"]
