@@ -1,4 +1,4 @@
-"""The operator commands /status /pending /replay /sweep /pause /resume /run /help: each
+"""The operator commands /status /pending /replay /sweep /audit /pause /resume /run /help: each
 parses its arguments (a bad one gets a usage line), calls :mod:`bot.ops` or the engine's
 controls, and replies."""
 
@@ -22,6 +22,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("pending", "", "drafts waiting for a decision"),
     ("replay", "<pipeline> <item_id>", "draft a failed, rejected, skipped or expired item again"),
     ("sweep", "[days]", "delete old seen marks, requeue expired leases, prune runs"),
+    ("audit", "<pipeline> <item_id>", "one item's history: admitted, drafted, approved, sent"),
     ("pause", "<pipeline>", "stop ticking a pipeline"),
     ("resume", "<pipeline>", "tick a paused pipeline again"),
     ("run", "<pipeline>", "run one tick of a pipeline now"),
@@ -80,17 +81,36 @@ async def pending(update: Update, context: Context) -> None:
 
 async def replay(update: Update, context: Context) -> None:
     """/replay <pipeline> <item_id> (the item id may contain spaces, e.g. a slot)"""
-    if len(context.args or []) < 2:
+    if (found := _pipeline_and_item(update, context)) is None:
         return await reply(update, _USAGE["replay"])
-    # Split once on the raw text, so an id with spaces stays whole.
-    name, item_id = (message_of(update).text or "").split(None, 1)[1].split(None, 1)
-    item_id = item_id.strip()
+    name, item_id = found
     if (problem := _unknown(context, name)) is not None:
         return await reply(update, problem)
     ch = channel_of(context)
     result = await ops.replay(ch.store, name, item_id, operator(update),
                               settings=ch.settings)
     await reply(update, ops.format_replay(name, item_id, result))
+
+
+def _pipeline_and_item(update: Update, context: Context) -> tuple[str, str] | None:
+    """``<pipeline> <item_id>`` of /replay and /audit, split once on the raw text so an
+    id with spaces (a slot) stays whole; None when either is missing."""
+    if len(context.args or []) < 2:
+        return None
+    name, item_id = (message_of(update).text or "").split(None, 1)[1].split(None, 1)
+    return name, item_id.strip()
+
+
+async def audit(update: Update, context: Context) -> None:
+    """/audit <pipeline> <item_id>"""
+    if (found := _pipeline_and_item(update, context)) is None:
+        return await reply(update, _USAGE["audit"])
+    name, item_id = found
+    if (problem := _unknown(context, name)) is not None:
+        return await reply(update, problem)
+    ch = channel_of(context)
+    await reply(update, ops.format_history(await ops.history(ch.store, ch.settings, name,
+                                                             item_id)))
 
 
 async def sweep(update: Update, context: Context) -> None:
@@ -158,7 +178,7 @@ async def help_(update: Update, context: Context) -> None:
 def handlers() -> list[BaseHandler]:
     """One CommandHandler per command (/start is /help)."""
     table = {"status": status, "pending": pending, "replay": replay, "sweep": sweep,
-             "pause": pause, "resume": resume, "run": run, "help": help_, "start": help_}
+             "audit": audit, "pause": pause, "resume": resume, "run": run, "help": help_, "start": help_}
     return [CommandHandler(name, fn) for name, fn in table.items()]
 
 

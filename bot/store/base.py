@@ -256,6 +256,10 @@ class Store(abc.ABC):
     async def get_draft(self, draft_id: int) -> Draft | None: ...
 
     @abc.abstractmethod
+    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
+        """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe), oldest first."""
+
+    @abc.abstractmethod
     async def pending(self, pipeline: str | None = None) -> list[Draft]:
         """Drafts in PENDING_STATUSES, oldest first."""
 
@@ -311,8 +315,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def audit_export(self, since: float = 0.0, after_seq: int = 0,
                            limit: int = 1000) -> list[dict]:
-        """Chained audit rows with ``at >= since`` after chain position ``after_seq``,
-        in chain order (``bot.store.chain.CHAIN_COLS`` as keys)."""
+        """Chained audit rows in chain order (``bot.store.chain.CHAIN_COLS`` as keys):
+        after position ``after_seq``, or (``after_seq`` 0) from the first row written at
+        or after ``since`` on, every later row (contiguous, so an export verifies)."""
 
     # -- operations --------------------------------------------------------------------
     @abc.abstractmethod

@@ -37,8 +37,8 @@ ADOPT_HEAD_SQL = (
 WALK_SQL = f"SELECT {', '.join(CHAIN_COLS)} FROM audit WHERE seq IS NOT NULL ORDER BY seq, id"
 #: The first row outside the chain (inserted without a position or hash), if any.
 LOOSE_SQL = "SELECT min(id) FROM audit WHERE seq IS NULL OR hash IS NULL"
-EXPORT_SQL = (f"SELECT {', '.join(CHAIN_COLS)} FROM audit WHERE seq > ? AND at >= ? "
-              "ORDER BY seq LIMIT ?")
+EXPORT_SQL = f"SELECT {', '.join(CHAIN_COLS)} FROM audit WHERE seq > ? ORDER BY seq LIMIT ?"
+FIRST_SINCE_SQL = "SELECT min(seq) FROM audit WHERE at >= ?"
 
 
 class Record(NamedTuple):

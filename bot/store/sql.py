@@ -327,8 +327,6 @@ class SqlStore(Store):
         return found[0] if found else None
 
     async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        """Not in the Store contract: for tests and tools. Every draft of ``item_id``
-        in ``pipeline`` (any scope or recipe)."""
         return await self._select_drafts("pipeline = ? AND item_id = ?", (pipeline, item_id))
 
     async def _by_status(self, statuses: Iterable[str], pipeline: str | None,
@@ -452,7 +450,12 @@ class SqlStore(Store):
 
     async def audit_export(self, since: float = 0.0, after_seq: int = 0,
                            limit: int = 1000) -> list[dict]:
-        rows = await self._query(chain.EXPORT_SQL, (int(after_seq), float(since), int(limit)))
+        if after_seq <= 0:  # from the first row written since then, every later one
+            first = (await self._query(chain.FIRST_SINCE_SQL, (float(since),)))[0][0]
+            if first is None:
+                return []
+            after_seq = int(first) - 1
+        rows = await self._query(chain.EXPORT_SQL, (int(after_seq), int(limit)))
         return [dict(zip(chain.CHAIN_COLS, tuple(r), strict=True)) for r in rows]
 
     # -- flags, holds, locks, cards ----------------------------------------------------
