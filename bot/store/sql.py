@@ -296,7 +296,7 @@ class SqlStore(Store):
         return await self._change(_one(Step(
             MARK_SENT, "sent_id = ?, error = NULL, updated_at = ?", (str(sent_id), t),
             "id = ?", (draft_id,)), action="sent", at=t,
-            detail=lambda d, _: f"v{d.version} sent as {sent_id}"))
+            detail=lambda d, _: f"v{d.version}, message id {sent_id}"))
 
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
         return await self._change(_one(Step(

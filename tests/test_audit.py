@@ -1,0 +1,220 @@
+"""The audit anyone can verify, and one item's history: `draftgate audit show|verify|export`
+on a store written by a full flow, the same store tampered with through the sqlite3
+module, rows written before the chain existed, and /audit in Telegram."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from bot.__main__ import main
+from bot.store import chain, create_store
+from bot.store.schema import MIGRATIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+ORDER = "<CAF1234.order-question@mail.customer.example>"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def flowed(tmp_path: Path) -> Path:
+    """The demo deployment after a full flow: 8 mails admitted (3 skipped), 5 drafted by
+    the template model, approved and sent through the outbox."""
+    from bot.approvals.console import ConsoleChannel
+    from bot.config import load_settings
+    from bot.engine import Engine
+
+    shutil.copytree(ROOT / "demo", tmp_path / "demo")
+    (tmp_path / "pipelines").mkdir()
+    shutil.copy(ROOT / "pipelines" / "demo.yaml", tmp_path / "pipelines" / "demo.yaml")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: sqlite:///state.db\npipelines: pipelines/*.yaml\n")
+
+    async def flow():
+        settings = load_settings(cfg)
+        async with create_store(settings.store) as store:
+            engine = Engine(settings, store, {"console": ConsoleChannel(auto_approve=True,
+                                                                         out=io.StringIO())})
+            await engine.start()
+            await engine.tick("demo")
+            await engine.stop()
+
+    asyncio.run(flow())
+    return cfg
+
+
+def _db(cfg: Path) -> sqlite3.Connection:
+    return sqlite3.connect(cfg.parent / "state.db", isolation_level=None)
+
+
+def _rows(cfg: Path) -> int:
+    with _db(cfg) as db:
+        return db.execute("SELECT count(*) FROM audit").fetchone()[0]
+
+
+def test_show_gives_the_history_of_an_item_after_a_full_flow(flowed, capsys):
+    code, out, _ = run(capsys, "audit", "show", "demo", ORDER, "-c", str(flowed))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == f"demo · item {ORDER} (times UTC)"
+    assert lines[1].startswith("#") and " sent as demo-" in lines[1] and "Where is my order" in lines[1]
+    events = [line[20:] for line in lines[2:]]  # after "YYYY-MM-DD HH:MM:SS "
+    assert events[0] == "admitted: queued"
+    assert events[1].startswith("drafted: v1 by template:") and " tokens (in " in events[1]
+    assert events[2] == "approved by demo-auto-approve: v1"
+    assert events[3].startswith("sent by demo-auto-approve: v1, message id demo-")
+    assert len(events) == 4
+    code, out, _ = run(capsys, "audit", "show", "demo", ORDER, "--json", "-c", str(flowed))
+    h = json.loads(out)
+    assert [e["action"] for e in h["events"]] == ["admit", "draft", "approve", "sent"]
+    assert h["events"][2]["text_sha256"] == h["events"][3]["text_sha256"]  # the text sent
+    code, out, _ = run(capsys, "audit", "show", "demo", "<nope@x>", "-c", str(flowed))
+    assert code == 1 and out.startswith("nothing known about item <nope@x> in demo")
+
+
+def test_verify_passes_after_a_full_flow_and_names_a_changed_row(flowed, capsys):
+    total = _rows(flowed)
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 0 and out.startswith(f"audit chain intact: {total} row(s) checked; head: "
+                                        f"position {total}, sha256 ")
+    with _db(flowed) as db:  # what someone with the file could do
+        db.execute("DROP TRIGGER audit_no_update")
+        old = db.execute("SELECT detail FROM audit WHERE id = 7").fetchone()[0]
+        db.execute("UPDATE audit SET detail = 'v1, message id nothing' WHERE id = 7")
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1
+    assert out.startswith("audit chain broken (store): audit row #7 was changed: its content "
+                          "no longer matches its hash. 6 row(s) before it are intact.")
+    with _db(flowed) as db:  # the hash recomputed too: the next row gives it away
+        r = db.execute("SELECT prev_hash, seq, at, actor, action, draft_key, text_sha256, "
+                       "detail FROM audit WHERE id = 7").fetchone()
+        db.execute("UPDATE audit SET hash = ? WHERE id = 7",
+                   (chain.row_hash(r[0], r[1], r[2:]),))
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1 and "audit row #7 was changed and its hash rewritten (#8 records" in out
+    with _db(flowed) as db:
+        db.execute("UPDATE audit SET detail = ? WHERE id = 7", (old,))
+        db.execute("UPDATE audit SET hash = ? WHERE id = 7",
+                   (chain.row_hash(r[0], r[1], (*r[2:7], old)),))
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 0, out  # back as it was: intact again
+
+
+def test_verify_names_a_removed_row_and_an_inserted_one(flowed, capsys):
+    total = _rows(flowed)
+    with _db(flowed) as db:
+        db.execute("DROP TRIGGER audit_no_delete")
+        saved = db.execute("SELECT * FROM audit WHERE id = 5").fetchone()
+        db.execute("DELETE FROM audit WHERE id = 5")
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1 and "audit row #5 was removed: chain positions 5..5 are missing " \
+                         "between #4 and #6" in out
+    with _db(flowed) as db:
+        db.execute(f"INSERT INTO audit VALUES ({', '.join('?' * len(saved))})", saved)
+        last = db.execute("SELECT id FROM audit ORDER BY id DESC LIMIT 1").fetchone()[0]
+        db.execute("DELETE FROM audit WHERE id = ?", (last,))  # the newest one
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1 and f"the last audit row(s) were removed: the chain ends at position " \
+                         f"{total - 1} (#{last - 1})" in out
+
+    def forge(db, seq: int, prev: str) -> int:
+        record = (1.7e9, "mallory", "approve", None, None, "v1")
+        cur = db.execute(chain.INSERT_SQL, (*record, seq, prev, chain.row_hash(prev, seq, record)))
+        return cur.lastrowid
+
+    with _db(flowed) as db:  # a row in the middle, hashed as draftgate would
+        prev = db.execute("SELECT hash FROM audit WHERE seq = 3").fetchone()[0]
+        db.execute("DROP INDEX audit_seq")
+        forged = forge(db, 4, prev)
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1 and f"audit row #{forged} was inserted: chain position 4 already " \
+                         f"belongs to #4" in out
+    with _db(flowed) as db:
+        db.execute("DELETE FROM audit WHERE id = ?", (forged,))
+        db.execute("INSERT INTO audit (at, actor, action) VALUES (1.7e9, 'mallory', 'note')")
+        loose = db.execute("SELECT max(id) FROM audit").fetchone()[0]
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1 and f"audit row #{loose} is not part of the chain" in out
+
+
+def test_export_writes_json_lines_that_verify_anywhere(flowed, capsys, tmp_path):
+    total = _rows(flowed)
+    target = tmp_path / "audit.jsonl"
+    code, out, _ = run(capsys, "audit", "export", "--since", "2000-01-01", "-o", str(target),
+                       "-c", str(flowed))
+    assert code == 0 and out.strip() == f"{total} audit row(s) written to {target}"
+    rows = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [r["seq"] for r in rows] == list(range(1, total + 1))
+    assert set(rows[0]) == set(chain.CHAIN_COLS) and rows[0]["action"] == "admit"
+    code, out, _ = run(capsys, "audit", "verify", "--file", str(target))
+    assert code == 0 and out.startswith(f"audit chain intact: {total} row(s) checked")
+    # From a moment on: the first row written since then and every later one, which
+    # verify checks from the first row's recorded prev_hash.
+    since = rows[10]["at"]
+    code, out, _ = run(capsys, "audit", "export", "--since",
+                       __import__("datetime").datetime.fromtimestamp(
+                           since, __import__("datetime").timezone.utc).isoformat(),
+                       "-c", str(flowed))
+    tail = [json.loads(line) for line in out.splitlines()]
+    assert tail and tail[-1] == rows[-1] and all(r["at"] >= since for r in tail[:1])
+    rows[3]["detail"] = "tampered"
+    target.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, _ = run(capsys, "audit", "verify", "--file", str(target))
+    assert code == 1 and f"audit row #{rows[3]['id']} was changed" in out
+    code, out, _ = run(capsys, "audit", "export", "--since", "2100-01-01", "-c", str(flowed))
+    assert code == 0 and out == ""
+    code, _, err = run(capsys, "audit", "export", "--since", "yesterday", "-c", str(flowed))
+    assert code == 2 and "--since: expected a date like 2026-12-01" in err
+    target.write_text("not json\n")
+    code, _, err = run(capsys, "audit", "verify", "--file", str(target))
+    assert code == 2 and "line 1 is not an audit row" in err
+
+
+def test_rows_written_before_the_chain_are_chained_in_id_order(tmp_path):
+    """A store from before the chain (schema 2) with audit rows: the migration chains
+    them in id order, verify passes, and new rows go on from there."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for statement in MIGRATIONS[0] + MIGRATIONS[1]:
+        db.execute(statement)
+    db.execute("PRAGMA user_version = 2")
+    for i in range(5):
+        db.execute("INSERT INTO audit (at, actor, action, draft_key, detail) VALUES "
+                   "(?, 'anna', 'approve', ?, 'v1')", (1000.0 + i, f"k{i}"))
+    db.close()
+
+    async def check():
+        async with create_store(f"sqlite:///{path}") as store:
+            assert (await store.verify_audit()).checked == 5
+            await store.audit("bo", "note", "k9", now=2000.0)
+            report = await store.verify_audit()
+            assert report.ok and report.checked == 6
+            rows = await store.audit_export()
+            assert [(r["id"], r["seq"]) for r in rows] == [(i, i) for i in range(1, 7)]
+            assert rows[0]["prev_hash"] == chain.GENESIS
+            assert all(a["hash"] == b["prev_hash"] for a, b in zip(rows, rows[1:], strict=False))
+
+    asyncio.run(check())
+
+
+def test_migrate_store_keeps_verify_passing(flowed, capsys, tmp_path):
+    copy = tmp_path / "copy.db"
+    code, out, _ = run(capsys, "migrate-store", "--from", f"sqlite:///{flowed.parent / 'state.db'}",
+                       "--to", f"sqlite:///{copy}")
+    assert code == 0, out
+    cfg = tmp_path / "copy.yaml"
+    cfg.write_text(f"store: sqlite:///{copy}\npipelines: {flowed.parent}/pipelines/*.yaml\n")
+    total = _rows(flowed)
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(cfg))
+    assert code == 0 and out.startswith(f"audit chain intact: {total} row(s) checked"), out
