@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import shutil
 import sqlite3
 from pathlib import Path
@@ -218,3 +219,151 @@ def test_migrate_store_keeps_verify_passing(flowed, capsys, tmp_path):
     total = _rows(flowed)
     code, out, _ = run(capsys, "audit", "verify", "-c", str(cfg))
     assert code == 0 and out.startswith(f"audit chain intact: {total} row(s) checked"), out
+
+
+# -- /audit in Telegram, after a flow with an edit and a second operator's approval ------
+
+@pytest.fixture
+async def world(tmp_path, monkeypatch):
+    from bot.models import DraftResult
+    from tests.fakes.telegram import FakeTelegram
+    from tests.test_telegram_channel import TOKEN_ENV, EchoDrafter, World, write_config
+
+    class NamedModel(EchoDrafter):
+        async def draft(self, request):
+            r = await super().draft(request)
+            return DraftResult(r.body, r.tokens_in, r.tokens_out, model="echo-1")
+
+    with FakeTelegram() as fake:
+        monkeypatch.setenv(TOKEN_ENV, fake.token)
+        w = World(tmp_path, fake, write_config(tmp_path, fake))
+        w.drafter = NamedModel()
+        await w.start()
+        try:
+            yield w
+        finally:
+            await w.stop()
+
+
+async def test_audit_command_gives_the_history_of_an_item(world):
+    """/audit support <id>: admitted, drafted v1 by the model with its tokens, edited by
+    Anna, approved by Bo, sent as the sender's id, each with its time; verify passes."""
+    from tests.test_telegram_channel import ANNA, BO, SUPPORT_CHAT
+
+    d = await world.deliver(1)
+    fake = world.fake
+    fake.say(ANNA, SUPPORT_CHAT, "Shorter: it ships Monday.", reply_to=int(d.approval_message_id),
+             first_name="Anna")
+    await fake.await_for(lambda: [m for m in fake.chat_messages(SUPPORT_CHAT)
+                                  if m.text.startswith("✏️")], 30)
+    d = await world.draft(d)
+    assert d.version == 2
+    assert await world.tap(d, "ap", user=BO, first_name="Bo") == "✅ Sent."
+
+    answer = await world.say("/audit support <order-1@customer.example>", user=BO)
+    lines = answer.splitlines()
+    assert lines[0] == "support · item <order-1@customer.example> (times UTC)"
+    assert lines[1] == (f"#{d.id} v2 sent as msg-{d.id} · Order 1 · from "
+                        "alice1@customer.example")
+    assert [line[20:] for line in lines[2:]] == [
+        "admitted: queued",
+        "drafted: v1 by echo-1, 30 tokens (in 10, out 20)",
+        f"edited by tg:{ANNA} (Anna): v1 -> v2",
+        f"approved by tg:{BO} (Bo): v2",
+        f"sent by tg:{BO} (Bo): v2, message id msg-{d.id}"]
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line) for line in lines[2:])
+    report = await world.store.verify_audit()
+    assert report.ok and report.checked == len(await world.store.audit_log(limit=1000))
+
+    assert (await world.say("/audit support")).startswith("Usage: /audit <pipeline> <item_id>")
+    assert "unknown pipeline 'nope'" in await world.say("/audit nope <x>")
+    assert (await world.say("/audit support <x@y>")).startswith("nothing known about item <x@y>")
+
+
+# -- PostgreSQL: several writers, one chain ------------------------------------------------
+
+@pytest.fixture
+async def pg_url():
+    from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+
+    dsn = await require_pg_dsn()
+    schema = new_schema_name("audit")
+    yield with_schema(dsn, schema)
+    await drop_schema(dsn, schema)
+
+
+async def _pg_exec(url: str, *statements: str | tuple) -> list:
+    """Run statements as someone with the database's password could, outside draftgate."""
+    import asyncpg
+
+    from bot.store.postgres import parse_pg_url
+
+    dsn, schema = parse_pg_url(url)
+    con = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    try:
+        out = []
+        for sql in statements:
+            out.append(await con.fetch(*sql) if isinstance(sql, tuple) else await con.fetch(sql))
+        return out
+    finally:
+        await con.close()
+
+
+@pytest.mark.postgres
+async def test_three_processes_writing_at_once_keep_one_valid_chain(pg_url):
+    """Three real processes append concurrently (admit, draft, approve, note); the chain
+    verifies, and changing, removing or inserting a row is then named."""
+    import subprocess
+    import sys
+
+    per, n = 12, 3
+    async with create_store(pg_url):
+        pass  # migrated once, before the writers
+    procs = [subprocess.Popen([sys.executable, "-m", "tests._audit_writer", pg_url, f"p{i}",
+                               str(per)], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for i in range(n)]
+    try:
+        for p in procs:
+            assert await asyncio.wait_for(asyncio.to_thread(p.stdout.readline), 60) == "ready\n"
+        for p in procs:  # all open: go
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        for p in procs:
+            assert await asyncio.wait_for(asyncio.to_thread(p.wait), 120) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+            p.stdin.close()
+            p.stdout.close()
+    total = per * n * 4
+    async with create_store(pg_url) as store:
+        report = await store.verify_audit()
+        assert report.ok and report.checked == total, report
+        rows = await store.audit_export()
+        assert [r["seq"] for r in rows] == list(range(1, total + 1))
+        [[head]] = await _pg_exec(pg_url, "SELECT seq, hash FROM audit_head")
+        assert tuple(head) == report.head
+
+        victim = rows[40]
+        await _pg_exec(pg_url, "ALTER TABLE audit DISABLE TRIGGER audit_no_update",
+                       f"UPDATE audit SET actor = 'mallory' WHERE id = {victim['id']}")
+        report = await store.verify_audit()
+        assert not report.ok and report.row_id == victim["id"]
+        assert f"audit row #{victim['id']} was changed" in report.problem
+        await _pg_exec(pg_url, f"UPDATE audit SET actor = '{victim['actor']}' "
+                               f"WHERE id = {victim['id']}",
+                       f"DELETE FROM audit WHERE id = {rows[41]['id']}")
+        report = await store.verify_audit()
+        assert not report.ok and "audit chain" not in report.problem
+        assert "removed" in report.problem and f"#{rows[42]['id']}" in report.problem
+        assert report.checked == 41
+        await _pg_exec(pg_url, "INSERT INTO audit (at, actor, action) VALUES (1, 'x', 'y')")
+        await _pg_exec(pg_url, (f"INSERT INTO audit ({', '.join(chain.CHAIN_COLS)}) VALUES "
+                                f"($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                                *[rows[41][c] for c in chain.CHAIN_COLS]))
+        report = await store.verify_audit()  # the removed row is back; the loose one stays
+        [[loose]] = await _pg_exec(pg_url, "SELECT max(id) FROM audit")
+        assert not report.ok and report.row_id == loose["max"], report
+        assert "is not part of the chain" in report.problem
