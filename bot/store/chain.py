@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 GENESIS = "0" * 64
 #: Columns of a chained row, in the order ``Walker.feed`` and the exports read them.
@@ -194,6 +194,26 @@ def seal_sqlite(db: Any) -> None:
                    [(row[6], row[7], row[8], o[0]) for row, o in zip(rows, old, strict=True)]
                    ).close()
     db.execute(SET_HEAD_SQL, head).close()
+
+
+# PostgreSQL: the chained rows and the new head in one statement (one round trip).
+_PG_APPEND = (
+    "WITH ins AS (INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail, seq,"
+    " prev_hash, hash) SELECT * FROM unnest($1::float8[], $2::text[], $3::text[], $4::text[],"
+    " $5::text[], $6::text[], $7::int8[], $8::text[], $9::text[]))"
+    " UPDATE audit_head SET seq = $10, hash = $11 WHERE one = 1")
+
+
+async def append_postgres(con: Any, records: Sequence[Record]) -> None:
+    """Append ``records`` inside the caller's PostgreSQL transaction. The head row is
+    locked FOR UPDATE until commit, so appends from every host are ordered: one waiting
+    for it then reads the head its predecessor committed (READ COMMITTED re-reads a
+    locked row)."""
+    if not records:
+        return
+    head = await con.fetchrow(HEAD_SQL + " FOR UPDATE")
+    rows, (seq, h) = link((head["seq"], head["hash"]), records)
+    await con.execute(_PG_APPEND, *[list(col) for col in zip(*rows, strict=True)], seq, h)
 
 
 async def seal_postgres(con: Any) -> None:

@@ -318,7 +318,7 @@ class PostgresStore(SqlStore):
             statements, records = change.followups(draft, old, _clean)
             for sql, args in statements:
                 await con.execute(_dollars(sql), *args)
-            await _append(con, records)
+            await chain.append_postgres(con, records)
         return draft
 
     async def _query(self, sql: str, args: tuple = (), *, write: bool = False) -> list[Any]:
@@ -334,7 +334,7 @@ class PostgresStore(SqlStore):
         async with self._tx() as con:
             for sql, args in statements:
                 await con.execute(_dollars(sql), *args)
-            await _append(con, records)
+            await chain.append_postgres(con, records)
 
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:
@@ -379,7 +379,7 @@ class PostgresStore(SqlStore):
                 mark_seen, cursor)
             inserted = {r["key"] for r in rows}
             # In the admit's transaction, in the order the items came.
-            await _append(con, [admit_record(t, k, e, _clean) for k, e in
+            await chain.append_postgres(con, [admit_record(t, k, e, _clean) for k, e in
                                 zip(keys, errors, strict=True) if k in inserted])
         for key, status in zip(keys, statuses, strict=True):
             if key in inserted:
@@ -501,8 +501,11 @@ class PostgresStore(SqlStore):
             async with con.transaction(isolation="repeatable_read", readonly=True):
                 loose = await con.fetchval(chain.LOOSE_SQL)
                 head = await con.fetchrow(chain.HEAD_SQL)
-                return chain.walk([r async for r in con.cursor(chain.WALK_SQL, prefetch=2000)],
-                                  tuple(head), loose)
+                walker = chain.Walker()
+                async for row in con.cursor(chain.WALK_SQL, prefetch=2000):
+                    if not walker.feed(row):
+                        break
+                return walker.finish(tuple(head), loose)
 
     # -- truthful status -------------------------------------------------------------------
     async def check(self) -> list[str]:
@@ -538,7 +541,7 @@ async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Dra
     where = f"{pipeline} {item_id}"
 
     async def audit(con, actor, action, key, text, detail, t) -> None:
-        await _append(con, [audit_row(t, actor, action, key, text, detail, _clean)])
+        await chain.append_postgres(con, [audit_row(t, actor, action, key, text, detail, _clean)])
     if not drafts:
         removed = _count(await con.execute(
             "DELETE FROM seen_items WHERE pipeline=$1 AND item_id=$2", pipeline, item_id))
@@ -561,25 +564,6 @@ async def _replay(con, pipeline: str, item_id: str, actor: str, drafts: list[Dra
     detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
     await audit(con, actor, "replay", draft.key, None, detail, t)
     return ReplayResult("requeued", f"{where}: {detail}", draft)
-
-
-# The chained rows and the new chain head in one statement (one round trip, any count).
-_APPEND = (
-    "WITH ins AS (INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail, seq,"
-    " prev_hash, hash) SELECT * FROM unnest($1::float8[], $2::text[], $3::text[], $4::text[],"
-    " $5::text[], $6::text[], $7::int8[], $8::text[], $9::text[]))"
-    " UPDATE audit_head SET seq = $10, hash = $11 WHERE one = 1")
-
-
-async def _append(con: asyncpg.Connection, records: Sequence[Record]) -> None:
-    """Append ``records`` to the audit chain inside the caller's transaction. The head
-    row is locked FOR UPDATE until commit, so appends from every host are ordered (an
-    append waiting for it then reads the head its predecessor committed)."""
-    if not records:
-        return
-    head = await con.fetchrow(chain.HEAD_SQL + " FOR UPDATE")
-    rows, (seq, h) = chain.link((head["seq"], head["hash"]), records)
-    await con.execute(_APPEND, *[list(col) for col in zip(*rows, strict=True)], seq, h)
 
 
 async def _cas_count(con, t: Transition, assign: str, assign_args: tuple, where: str,
