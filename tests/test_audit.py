@@ -367,3 +367,35 @@ async def test_three_processes_writing_at_once_keep_one_valid_chain(pg_url):
         [[loose]] = await _pg_exec(pg_url, "SELECT max(id) FROM audit")
         assert not report.ok and report.row_id == loose["max"], report
         assert "is not part of the chain" in report.problem
+
+
+@pytest.mark.postgres
+async def test_postgres_rows_written_before_the_chain_are_chained_in_id_order(pg_url):
+    """A PostgreSQL store at schema 2 with audit rows: the upgrade chains them."""
+    import asyncpg
+
+    from bot.store.pg_schema import MIGRATIONS as PG
+    from bot.store.postgres import parse_pg_url
+
+    dsn, schema = parse_pg_url(pg_url)
+    con = await asyncpg.connect(dsn)
+    try:
+        await con.execute(f'CREATE SCHEMA "{schema}"')
+        await con.execute(f'SET search_path TO "{schema}"')
+        await con.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, "
+                          "name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)")
+        for version, name, sql in PG[:2]:
+            await con.execute(sql)
+            await con.execute("INSERT INTO schema_migrations VALUES ($1, $2, 0)", version, name)
+        for i in range(4):
+            await con.execute("INSERT INTO audit (at, actor, action, draft_key, detail) "
+                              "VALUES ($1, 'anna', 'approve', $2, 'v1')", 1000.0 + i, f"k{i}")
+    finally:
+        await con.close()
+    async with create_store(pg_url) as store:
+        assert (await store.verify_audit()).checked == 4
+        await store.audit("bo", "note", "k9")
+        report = await store.verify_audit()
+        assert report.ok and report.checked == 5
+        rows = await store.audit_export()
+        assert [r["seq"] for r in sorted(rows, key=lambda r: r["id"])] == [1, 2, 3, 4, 5]

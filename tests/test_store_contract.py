@@ -636,6 +636,34 @@ class TestStoreContract:
 
     # -- audit, pause, locks -----------------------------------------------------------------
 
+    async def test_every_audited_change_appends_one_chained_row_with_it(self, store):
+        """admit (queued and skipped), draft (model, tokens), edit, approve, sent, pause:
+        one row each, chained in order; a CAS that loses writes no row."""
+        await store.admit(P, S, R, _items("m1", "m2", skip={"m2": "mailing list"}), now=T0)
+        d = await store.claim_key(_key("m1"), 600, now=T0)
+        d = await store.finish_draft(d.id, d.fence, "Hi", tokens_in=7, tokens_out=5,
+                                     model="gpt-x", now=T0)
+        d = await store.mark_posted(d.id, d.version, "1", "2")
+        d = await store.edit(d.id, d.version, "Hello", "anna", now=T0)
+        d = await store.mark_posted(d.id, d.version, "1", "2")
+        assert await store.approve(d.id, d.version - 1, "bo", now=T0) is None  # old version
+        d = await store.approve(d.id, d.version, "bo", now=T0)
+        await store.begin_send(d.id)
+        await store.mark_sent(d.id, "gm-1", now=T0)
+        await store.set_paused(P, True, "anna")
+        rows = await store.audit_export()
+        assert [(r["seq"], r["action"], r["actor"], r["detail"]) for r in rows] == [
+            (1, "admit", "draftgate", "queued"),
+            (2, "admit", "draftgate", "skipped: mailing list"),
+            (3, "draft", "draftgate", "v1 by gpt-x, 12 tokens (in 7, out 5)"),
+            (4, "edit", "anna", "v1 -> v2"),
+            (5, "approve", "bo", "v2"),
+            (6, "sent", "bo", "v2, message id gm-1"),
+            (7, "pause", "anna", P)]
+        assert all(a["hash"] == b["prev_hash"] for a, b in zip(rows, rows[1:], strict=False))
+        report = await store.verify_audit()
+        assert report.ok and report.checked == 7 and report.head == (7, rows[-1]["hash"])
+
     async def test_audit_log_is_newest_first_with_text_hashes(self, store):
         await store.audit("anna", "note", "k1", text="hello", detail="d1", now=T0)
         await store.audit("bob", "note", "k2", now=T0 + 1)
