@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from . import ops
-from .cli_common import existing_store, load, options
+from .cli_common import existing_store, load, options, say
 from .errors import ConfigError
 from .store import chain
 
@@ -64,8 +64,8 @@ async def _show(args) -> int:
     settings = load(args.config)
     async with existing_store(settings) as store:
         h = await ops.history(store, settings, args.pipeline, args.item_id)
-    print(json.dumps(asdict(h), indent=2, ensure_ascii=False) if args.json
-          else ops.format_history(h))
+    # Subjects and details come from outside: no terminal escapes reach the screen.
+    print(json.dumps(asdict(h), indent=2) if args.json else say(ops.format_history(h)))
     return 0 if h.drafts else 1
 
 

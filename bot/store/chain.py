@@ -56,10 +56,14 @@ def _opt(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
+# One encoder for every row: json.dumps with options builds a new one per call.
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def canonical(seq: int, r: Record | tuple) -> str:
     at, actor, action, key, text, detail = r
-    return json.dumps([int(seq), float(at), str(actor), str(action), _opt(key), _opt(text),
-                       _opt(detail)], ensure_ascii=False, separators=(",", ":"))
+    return _CANONICAL.encode([int(seq), float(at), str(actor), str(action), _opt(key),
+                              _opt(text), _opt(detail)])
 
 
 def row_hash(prev_hash: str, seq: int, r: Record | tuple) -> str:

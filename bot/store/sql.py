@@ -99,9 +99,11 @@ def audit_row(t: float, actor: str, action: str, key: str | None, text: str | No
 
 def admit_record(t: float, key: str, skip_reason: str | None,
                  clean: Callable = lambda x: x) -> Record:
-    """The audit row of one admitted item: queued, or skipped and why."""
-    return audit_row(t, SYSTEM, "admit", key, None,
-                     f"skipped: {skip_reason}" if skip_reason else "queued", clean)
+    """The audit row of one admitted item: queued, or skipped and why. (Built directly:
+    admit writes one per item, and "queued" needs no scrubbing.)"""
+    if skip_reason:
+        return audit_row(t, SYSTEM, "admit", key, None, f"skipped: {skip_reason}", clean)
+    return Record(float(t), SYSTEM, "admit", key, None, "queued")
 
 
 def draft_detail(version: int, model: str, tokens_in: int, tokens_out: int) -> str:
