@@ -147,6 +147,14 @@ def test_verify_names_a_removed_row_and_an_inserted_one(flowed, capsys):
         loose = db.execute("SELECT max(id) FROM audit").fetchone()[0]
     code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
     assert code == 1 and f"audit row #{loose} is not part of the chain" in out
+    with _db(flowed) as db:
+        db.execute("DELETE FROM audit WHERE id = ?", (loose,))
+        db.execute("DELETE FROM audit_head")
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1 and "the chain head (the one row of table audit_head) was removed" in out
+    # Nothing audited can be written then, and the operator is told why.
+    code, _, err = run(capsys, "replay", "demo", ORDER, "-c", str(flowed))
+    assert code == 1 and "audit chain's head (the one row of table audit_head) is missing" in err
 
 
 def test_export_writes_json_lines_that_verify_anywhere(flowed, capsys, tmp_path):

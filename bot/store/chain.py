@@ -21,6 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
+from ..errors import StoreError
+
 GENESIS = "0" * 64
 #: Columns of a chained row, in the order ``Walker.feed`` and the exports read them.
 CHAIN_COLS = ("id", "seq", "at", "actor", "action", "draft_key", "text_sha256", "detail",
@@ -69,6 +71,16 @@ def canonical(seq: int, r: Record | tuple) -> str:
 def row_hash(prev_hash: str, seq: int, r: Record | tuple) -> str:
     return hashlib.sha256((prev_hash + canonical(seq, r)).encode("utf-8", "surrogatepass")
                           ).hexdigest()
+
+
+def head_of(rows: list) -> tuple[int, str]:
+    """The chain head from ``HEAD_SQL``'s rows; its row gone means someone removed it."""
+    if not rows:
+        raise StoreError("the audit chain's head (the one row of table audit_head) is "
+                         "missing, so nothing audited can be written: the store was changed "
+                         "outside draftgate; run `draftgate audit verify` and restore the "
+                         "store from a backup")
+    return int(rows[0][0]), str(rows[0][1])
 
 
 def link(head: tuple[int, str], records: Iterable[Record]) -> tuple[list[tuple], tuple[int, str]]:
@@ -176,6 +188,14 @@ def walk(rows: Iterable[Any], head: tuple | None, loose: int | None) -> Report:
     for row in rows:
         if not w.feed(row):
             break
+    return conclude(w, head, loose)
+
+
+def conclude(w: Walker, head: tuple | None, loose: int | None) -> Report:
+    """The report of a whole-store walk; ``head`` None: the head row is gone."""
+    if head is None and w.report.ok:
+        w.report.problem = "the chain head (the one row of table audit_head) was removed"
+        return w.report
     return w.finish(head, loose)
 
 
@@ -215,8 +235,8 @@ async def append_postgres(con: Any, records: Sequence[Record]) -> None:
     locked row)."""
     if not records:
         return
-    head = await con.fetchrow(HEAD_SQL + " FOR UPDATE")
-    rows, (seq, h) = link((head["seq"], head["hash"]), records)
+    head = head_of(await con.fetch(HEAD_SQL + " FOR UPDATE"))
+    rows, (seq, h) = link(head, records)
     await con.execute(_PG_APPEND, *[list(col) for col in zip(*rows, strict=True)], seq, h)
 
 

@@ -501,11 +501,11 @@ class PostgresStore(SqlStore):
             async with con.transaction(isolation="repeatable_read", readonly=True):
                 loose = await con.fetchval(chain.LOOSE_SQL)
                 head = await con.fetchrow(chain.HEAD_SQL)
-                walker = chain.Walker()
+                walker = chain.Walker()  # rows streamed, never all in memory
                 async for row in con.cursor(chain.WALK_SQL, prefetch=2000):
                     if not walker.feed(row):
                         break
-                return walker.finish(tuple(head), loose)
+                return chain.conclude(walker, tuple(head) if head else None, loose)
 
     # -- truthful status -------------------------------------------------------------------
     async def check(self) -> list[str]:

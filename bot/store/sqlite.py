@@ -141,7 +141,7 @@ def _append(db: sqlite3.Connection, records: Sequence[Record]) -> None:
     """Append ``records`` to the audit chain, inside the caller's (IMMEDIATE, so
     write-locked) transaction: nothing else can append meanwhile."""
     if records:
-        rows, head = chain.link(tuple(_rows(db, chain.HEAD_SQL)[0]), records)
+        rows, head = chain.link(chain.head_of(_rows(db, chain.HEAD_SQL)), records)
         _many(db, chain.INSERT_SQL, rows)
         _exec(db, chain.SET_HEAD_SQL, head)
 
@@ -471,7 +471,8 @@ class SQLiteStore(SqlStore):
             _exec(db, "BEGIN")  # one snapshot (WAL): appends meanwhile are not seen
             try:
                 loose = _rows(db, chain.LOOSE_SQL)[0][0]
-                head = tuple(_rows(db, chain.HEAD_SQL)[0])
+                found = _rows(db, chain.HEAD_SQL)
+                head = tuple(found[0]) if found else None
                 with closing(db.execute(chain.WALK_SQL)) as cur:
                     return chain.walk(cur, head, loose)
             finally:
