@@ -407,3 +407,21 @@ async def test_postgres_rows_written_before_the_chain_are_chained_in_id_order(pg
         assert report.ok and report.checked == 5
         rows = await store.audit_export()
         assert [r["seq"] for r in sorted(rows, key=lambda r: r["id"])] == [1, 2, 3, 4, 5]
+
+
+def test_the_canonical_row_is_the_json_array_the_readme_describes():
+    """Anyone can recompute a hash with a JSON library: the canonical row is exactly
+    json.dumps([seq, at, actor, action, draft_key, text_sha256, detail],
+    ensure_ascii=False, separators=(",", ":")), whatever the text holds."""
+    import hashlib
+
+    texts = ['plain', 'quote " and \\ backslash', 'ctrl \x00\x1f\t\n', 'Grüße ✓ 😀 \u2028',
+             '\u202eRTL', '']
+    for i, text in enumerate(texts):
+        r = chain.Record(1_764_410_400.123456 + i, f"tg:42 ({text})", "edit", text or None,
+                         None, text)
+        want = json.dumps([i + 1, r.at, r.actor, r.action, r.draft_key, None, r.detail],
+                          ensure_ascii=False, separators=(",", ":"))
+        assert chain.canonical(i + 1, r) == want
+        assert chain.row_hash(chain.GENESIS, i + 1, r) == hashlib.sha256(
+            (chain.GENESIS + want).encode()).hexdigest()
