@@ -53,6 +53,26 @@ class Checker:
     def error(self, path: str, message: str) -> None:
         self.errors.append(f"{self.file}: {path}: {message}" if path else f"{self.file}: {message}")
 
+    def timezone(self, data: dict, key: str, path: str) -> str:
+        """``data[key]``, an IANA time zone name (default UTC); an unknown one is an
+        error naming the closest known zone."""
+        name = self.get(data, key, path, str, default="UTC")
+        if not name or name == "UTC":
+            return "UTC"
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+        try:
+            ZoneInfo(name)
+            return name
+        except (ZoneInfoNotFoundError, ValueError, OSError):
+            known = {z.lower(): z for z in available_timezones() | {"UTC"}}
+            hint = known.get(_close(name.lower(), sorted(known)) or "")
+            self.error(f"{path}.{key}" if path else key,
+                       f"unknown time zone {name!r}" + (f"; did you mean {hint!r}?" if hint else
+                                                        "") + " Use an IANA name such as "
+                       "Europe/Berlin, America/New_York or UTC")
+            return "UTC"
+
     def mapping(self, value: Any, path: str) -> dict:
         if value is None:
             return {}

@@ -16,7 +16,7 @@ import sys
 import threading
 from dataclasses import replace
 
-from . import cli_ops, demo, logfmt, migrate
+from . import cli_audit, cli_ops, demo, logfmt, migrate
 from .cli_common import channels, load, options, say, store_for, verbose_option, version
 from .config import Settings
 from .errors import ConfigError, DraftgateError
@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="deployment file, for every command except migrate-store (also "
                              "accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add_cli in (_add_run, demo.add_cli, cli_ops.add_cli):  # in `--help` order
+    for add_cli in (_add_run, demo.add_cli, cli_ops.add_cli, cli_audit.add_cli):  # in `--help` order
         add_cli(sub)
     for module in (gmail_auth, migrate):  # their own -c (or none), the shared -v
         module.add_cli(sub, parents=[verbose_option()])

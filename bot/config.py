@@ -80,6 +80,7 @@ class PipelineConfig:
     base_dir: Path = Path(".")
     max_per_tick: int = 200  # new items fetched and admitted per tick; the rest wait
     triage: TriageOptions | None = None  # None: every admitted email is drafted
+    timezone: str = "UTC"  # IANA zone of cron schedules and slot ids
 
     def path(self, value: str) -> Path:
         """A path from this pipeline's file, relative to the deployment directory."""
@@ -132,7 +133,7 @@ _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight
              "observability", "logging"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
-                  "daily_token_budget", "enabled", "max_per_tick", "triage"}
+                  "daily_token_budget", "enabled", "max_per_tick", "triage", "timezone"}
 
 
 def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] | None = None
@@ -316,9 +317,11 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     if name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         ck.error("name", f"expected letters, digits, '-', '_' or '.', got {name!r}")
     schedule, interval, cron = _schedule(ck, data)
+    tz = ck.timezone(data, "timezone", "")
     raw_source = data.get("source")  # its account is the default of sender.account
     ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
-                           raw_source.get("account") if isinstance(raw_source, dict) else None)
+                           raw_source.get("account") if isinstance(raw_source, dict) else None,
+                           tz)
     source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
     filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
     drafter = _drafter(ck, data, settings, base)
@@ -349,6 +352,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
         catchup=catchup or "latest", catchup_max=catchup_max or 24,
         daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
         base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK, triage=triage,
+        timezone=tz,
     )
 
 
@@ -368,8 +372,9 @@ def _schedule(ck: Checker, data: dict) -> tuple[Any, float | None, str | None]:
             ck.error("schedule", "expected an interval of at least 1s")
     elif isinstance(schedule, str) and _CLOCK.match(schedule):
         ck.error("schedule", f"{schedule!r} looks like a time of day, which a schedule is "
-                             f"not; for a time of day use a quoted cron expression in UTC, "
-                             f"e.g. schedule: '0 9 * * *' (every day at 09:00), or an "
+                             f"not; for a time of day use a quoted cron expression (in the "
+                             f"pipeline's timezone, default UTC), e.g. schedule: "
+                             f"'0 9 * * *' (every day at 09:00), or an "
                              f"interval like 9m")
     elif isinstance(schedule, str):
         from .scheduler import validate_cron

@@ -31,12 +31,13 @@ class TelegramConfig:
     receive: str = "polling"  # polling | webhook | off
     webhook: TelegramWebhook = TelegramWebhook()
     poll_timeout: float = 30.0
-    digest: str | None = None  # cron (UTC) of the daily summary to the ops chat; None: none
+    digest: str | None = None  # cron of the daily summary to the ops chat; None: none
+    timezone: str = "UTC"  # IANA zone of the digest's cron
 
 
 def parse_telegram(ck: Checker, t: dict) -> TelegramConfig:
     ck.unknown(t, {"token", "token_env", "base_url", "base_file_url", "operators", "approvals_chat",
-                   "ops_chat", "receive", "webhook", "poll_timeout", "digest"}, "telegram")
+                   "ops_chat", "receive", "webhook", "poll_timeout", "digest", "timezone"}, "telegram")
     cfg = TelegramConfig()
     cfg.token_env = ck.env_name(t, "token_env", "telegram", default=cfg.token_env)
     if "token" in t:
@@ -62,6 +63,7 @@ def parse_telegram(ck: Checker, t: dict) -> TelegramConfig:
     cfg.poll_timeout = ck.convert(t, "poll_timeout", "telegram", parse_duration, default=30.0)
     if cfg.poll_timeout is not None and cfg.poll_timeout <= 0:
         ck.error("telegram.poll_timeout", "expected a duration above 0, like 30s")
+    cfg.timezone = ck.timezone(t, "timezone", "telegram")
     cfg.digest = ck.get(t, "digest", "telegram", str, default=None)
     if cfg.digest is not None:
         from .scheduler import validate_cron

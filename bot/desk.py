@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import Callable
 
 from . import scheduler
@@ -27,12 +26,6 @@ MAX_REMINDERS = 3
 #: A digest slot missed by more than this (draftgate was down) is skipped, not sent late.
 DIGEST_GRACE = 3600.0
 _RUNS = 5000  # runs read for one digest period (a 1m schedule makes 1,440 a day)
-
-
-@dataclass(frozen=True)
-class _Cron:  # a schedule for bot.scheduler: the digest's cron, no interval
-    cron: str
-    interval: float | None = None
 
 
 def _age(seconds: float) -> str:
@@ -105,10 +98,11 @@ class Desk:
         cron = self.settings.telegram.digest if self.settings.telegram else None
         if not cron:
             return False
-        now, schedule = self.clock(), _Cron(cron)
+        tz = self.settings.telegram.timezone if self.settings.telegram else "UTC"
+        now, schedule = self.clock(), scheduler.Cron(cron, tz)
         slot = scheduler.last_due(schedule, now)
         if now - slot > DIGEST_GRACE or not await self.store.claim_notice(
-                f"digest|{scheduler.slot_id(slot)}", now):
+                f"digest|{scheduler.slot_id(slot, tz=tz)}", now):
             return False
         since = scheduler.last_due(schedule, slot - 1)
         await self.operators.notify(await self.digest_text(since, slot, now))

@@ -215,7 +215,8 @@ class Drafting:
         await self._hold(p, None)  # drafting works (again)
         body = (result.body or "").strip()
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
-                                               tokens_out=result.tokens_out, now=self.clock(),
+                                               tokens_out=result.tokens_out,
+                                               model=result.model, now=self.clock(),
                                                used=result.used if result.used is not None
                                                else context.used())
         counts.tokens += result.tokens_in + result.tokens_out

@@ -1,4 +1,5 @@
-"""Operator operations shared by the CLI and Telegram: status, pending, replay, sweep.
+"""Operator operations shared by the CLI and Telegram: status, pending, replay, sweep,
+one item's history.
 
 Each returns plain data (for ``--json`` and tests) and has a plain-text formatter
 that both the terminal and the chat use. Everything is answered from the store's
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import overload
+from typing import Any, overload
 
 from . import scheduler
 from .approvals.cards import hhmm
@@ -37,6 +38,7 @@ from .models import (
     Run,
 )
 from .store import ReplayResult, Store, SweepResult
+from .store.sql import SYSTEM
 
 
 @dataclass
@@ -234,6 +236,60 @@ async def sweep(store: Store, settings: Settings, days: float | None = None,
         seen_ttl_days=settings.seen_ttl_days if days is None else days,
         max_attempts=max_attempts, approval_ttl_days=settings.approval_ttl_days,
         runs_keep_days=settings.runs_keep_days, now=now)
+
+
+@dataclass
+class History:
+    """One item's history: its drafts as they are now, and every audit row about them."""
+
+    pipeline: str
+    item_id: str
+    timezone: str  # the pipeline's, for the times shown
+    drafts: list[dict]  # id, status, version, subject, from, error
+    events: list[dict]  # oldest first: at, actor, action, detail, text_sha256, draft_id
+
+
+async def history(store: Store, settings: Settings, pipeline: str, item_id: str) -> History:
+    """Every audit row of every draft of ``item_id`` in ``pipeline`` (any recipe)."""
+    drafts = await store.find_drafts(pipeline, item_id)
+    events: list[dict[str, Any]] = []
+    for d in drafts:
+        for e in reversed(await store.audit_log(d.key, limit=1000)):
+            events.append({"at": e.at, "actor": e.actor, "action": e.action,
+                           "detail": e.detail, "text_sha256": e.text_sha256,
+                           "draft_id": d.id, "audit_id": e.id})
+    events.sort(key=lambda e: e["audit_id"])
+    tz = settings.pipeline(pipeline).timezone if settings.has_pipeline(pipeline) else "UTC"
+    return History(pipeline, item_id, tz, [
+        {"id": d.id, "status": d.status, "version": d.version, "subject": d.message.subject,
+         "from": d.message.from_addr, "error": d.error, "sent_id": d.sent_id}
+        for d in drafts], events)
+
+
+#: How the known audit actions read in a history; others are shown by their name.
+_DID = {"admit": "admitted", "triage": "triaged", "draft": "drafted", "edit": "edited",
+        "approve": "approved", "reject": "rejected", "regenerate": "asked for a new draft",
+        "sent": "sent", "retry_send": "send retried", "replay": "replayed",
+        "reply": "reply asked", "notice": "notice"}
+
+
+def format_history(h: History) -> str:
+    if not h.drafts:
+        return (f"nothing known about item {h.item_id} in {h.pipeline}: no draft was made "
+                f"for it (`status {h.pipeline}` and `pending --json` show item ids)")
+    tz = scheduler.zone(h.timezone)
+    lines = [f"{h.pipeline} · item {h.item_id} (times {h.timezone})"]
+    for d in h.drafts:
+        state = f"#{d['id']} v{d['version']} {d['status']}" + (
+            f" as {d['sent_id']}" if d["sent_id"] else "") + (
+            f" ({d['error']})" if d["error"] else "")
+        lines.append(f"{state} · {d['subject'] or '(no subject)'} · from {d['from'] or '?'}")
+    for e in h.events:
+        when = datetime.fromtimestamp(e["at"], tz).strftime("%Y-%m-%d %H:%M:%S")
+        who = "" if e["actor"] == SYSTEM else f" by {e['actor']}"
+        what = f": {e['detail']}" if e["detail"] else ""
+        lines.append(f"{when} {_DID.get(e['action'], e['action'])}{who}{what}")
+    return "\n".join(lines)
 
 
 # -- formatting ----------------------------------------------------------------------------

@@ -176,6 +176,7 @@ class Context:  # what a stage's options are checked against besides themselves
     interval: float | None = None  # the pipeline's schedule, for slot_format
     cron: str | None = None
     source_account: Any = None  # the default of sender.account
+    timezone: str = "UTC"  # the pipeline's, for cron and slot ids
 
 
 def parse_filters(ck: Checker, raw: dict, path: str = "filters") -> FilterOptions:
@@ -269,7 +270,7 @@ def _slot_format_problem(schedule: Context, fmt: str) -> str | None:
         for _ in range(_CHECKED_SLOTS):
             t = scheduler.next_due(schedule, t)
             times.append(t)
-        ids = [scheduler.slot_id(t, fmt) for t in times]
+        ids = [scheduler.slot_id(t, fmt, schedule.timezone) for t in times]
     except (ValueError, KeyError) as exc:
         return f"cannot format a slot with {fmt!r}: {exc}"
     for a, b in pairwise(ids):

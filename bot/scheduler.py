@@ -6,15 +6,31 @@ that happens at 10:07 is still the 10:00 slot, so it produces the same draft key
 the original run would have.
 
 Interval schedules are aligned to the Unix epoch (``5m`` -> :00, :05, :10 UTC), so
-every host and every restart agrees on the slots. Cron schedules are evaluated in UTC.
+every host and every restart agrees on the slots. Cron schedules are evaluated in the
+pipeline's ``timezone`` (an IANA name; default UTC), by the local wall clock:
+
+* ``0 9 * * *`` in Europe/Berlin fires at 09:00 local every day, winter and summer
+  (23 or 25 hours apart across a change): one firing per local time that matches.
+* A local time the spring-forward change skips (02:30 on the last Sunday of March in
+  Berlin) fires once, shifted by the jump: 03:30 summer time, the instant 02:30 winter
+  time would be. Several skipped times landing on one instant fire once.
+* A local time the autumn change repeats (02:30 on the last Sunday of October) fires
+  once, at its first occurrence (summer time), not again an hour later.
+
+Slot ids are the local time of the slot in the same zone; a slot in the repeated hour
+after the autumn change (possible with interval schedules) gets its UTC offset appended
+(``2026-10-25T02:30+0100``), so a slot id is unique per firing.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from datetime import datetime, timezone
-from typing import Protocol
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone, tzinfo
+from typing import Iterator, Protocol
+from zoneinfo import ZoneInfo
 
 
 class _Schedule(Protocol):  # read-only: PipelineConfig and options.Context are frozen
@@ -22,6 +38,43 @@ class _Schedule(Protocol):  # read-only: PipelineConfig and options.Context are 
     def interval(self) -> float | None: ...
     @property
     def cron(self) -> str | None: ...
+    @property
+    def timezone(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Cron:
+    """A cron expression in a time zone, for timers that are not pipelines (the digest):
+    ``next_due(Cron("0 8 * * *", "Europe/Berlin"), now)``."""
+
+    cron: str
+    timezone: str = "UTC"
+    interval: float | None = None
+
+
+@functools.lru_cache(maxsize=64)
+def zone(name: str) -> tzinfo:
+    """The tzinfo of an IANA zone name (checked at load; see Checker.timezone)."""
+    return timezone.utc if name in ("", "UTC") else ZoneInfo(name)
+
+
+def _local(t: float, tz: tzinfo) -> datetime:
+    """The naive local wall time of instant ``t``."""
+    return datetime.fromtimestamp(t, tz).replace(tzinfo=None)
+
+
+def _instant(wall: datetime, tz: tzinfo) -> float:
+    """The instant of naive local time ``wall``: its first occurrence when the clocks
+    repeat it; shifted by the jump when they skip it (fold=0, PEP 495)."""
+    return wall.replace(tzinfo=tz, fold=0).timestamp()
+
+
+def _walls(p: _Schedule, start: datetime, forward: bool) -> Iterator[datetime]:
+    from croniter import croniter
+
+    it = croniter(_cron(p), start)
+    while True:
+        yield it.get_next(datetime) if forward else it.get_prev(datetime)
 
 
 def validate_cron(expr: str) -> str | None:
@@ -49,20 +102,25 @@ def next_due(p: _Schedule, after: float) -> float:
     if p.interval:
         step = p.interval
         return (math.floor(after / step) + 1) * step
-    from croniter import croniter
-
-    start = datetime.fromtimestamp(after, tz=timezone.utc)
-    return float(croniter(_cron(p), start).get_next(float))
+    tz = zone(p.timezone)
+    for wall in _walls(p, _local(after, tz), True):
+        t = _instant(wall, tz)
+        if t > after:  # a skipped time's shifted instant may lie before `after`
+            return t
+    raise AssertionError("unreachable")
 
 
 def last_due(p: _Schedule, at: float) -> float:
     """The newest slot time ``<= at``."""
     if p.interval:
         return math.floor(at / p.interval) * p.interval
-    from croniter import croniter
-
-    start = datetime.fromtimestamp(at + 1e-6, tz=timezone.utc)
-    return float(croniter(_cron(p), start).get_prev(float))
+    tz = zone(p.timezone)
+    start = _local(at, tz) + timedelta(microseconds=1)
+    for wall in _walls(p, start, False):
+        t = _instant(wall, tz)
+        if t <= at:
+            return t
+    raise AssertionError("unreachable")
 
 
 def _cron(p: _Schedule) -> str:
@@ -91,9 +149,11 @@ def slots_between(p: _Schedule, after: float, until: float, limit: int = 1000) -
     return sorted(out)
 
 
-def slot_id(t: float, fmt: str = "%Y-%m-%dT%H:%M") -> str:
-    """The readable slot id for scheduled time ``t`` (UTC)."""
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime(fmt)
+def slot_id(t: float, fmt: str = "%Y-%m-%dT%H:%M", tz: str = "UTC") -> str:
+    """The readable slot id for scheduled time ``t``, in local time of zone ``tz``; in
+    the hour the autumn change repeats, the second pass carries its UTC offset."""
+    local = datetime.fromtimestamp(t, zone(tz))
+    return local.strftime(fmt) + (local.strftime("%z") if local.fold else "")
 
 
 def describe(p: _Schedule) -> str:
@@ -103,7 +163,7 @@ def describe(p: _Schedule) -> str:
             if s >= size and s % size == 0:
                 return f"every {int(s // size)}{unit}"
         return f"every {s:g}s"
-    return f"cron {p.cron}"
+    return f"cron {p.cron}" + (f" {p.timezone}" if p.timezone not in ("", "UTC") else "")
 
 
 def now() -> float:

@@ -521,3 +521,19 @@ def test_bad_team_keys_are_refused_naming_the_path_and_the_fix(tmp_path):
         "approval has one operator and no card)",
         "pipelines/c.yaml: approval.operators: expected at least one numeric user id; leave "
         "it out to let every telegram.operators entry decide"]
+
+
+def test_timezone_is_an_iana_name_and_a_typo_gets_the_closest_one(tmp_path):
+    good = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("5m", "'0 9 * * *'")
+                            + "timezone: Europe/Berlin\n"})
+    [p] = load_settings(good).pipelines
+    assert (p.timezone, p.cron) == ("Europe/Berlin", "0 9 * * *")
+    assert load_settings(write(tmp_path, {"a.yaml": GOOD.format(name="a")})).pipelines[0] \
+        .timezone == "UTC"
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "timezone: Europe/Berln\n"},
+                top="telegram: {operators: [1], approvals_chat: 1, timezone: utc}\n")
+    assert errors_of(cfg) == [
+        f"{cfg}: telegram.timezone: unknown time zone 'utc'; did you mean 'UTC'? Use "
+        "an IANA name such as Europe/Berlin, America/New_York or UTC",
+        "pipelines/a.yaml: timezone: unknown time zone 'Europe/Berln'; did you mean "
+        "'Europe/Berlin'? Use an IANA name such as Europe/Berlin, America/New_York or UTC"]

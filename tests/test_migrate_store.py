@@ -75,6 +75,7 @@ async def _old_sqlite_store(url: str) -> dict:
         facts["max_fence"] = max(d.fence for d in cards)
         facts["max_id"] = max(d.id for d in cards)
         facts["audit"] = len(await s.audit_log(limit=1000))
+        facts["head"] = (await s.verify_audit()).head
         facts["tokens"] = await s.tokens_used("support", time.strftime("%Y-%m-%d", time.gmtime(2002.0)))
     return facts
 
@@ -95,6 +96,10 @@ async def test_sqlite_to_postgres_nothing_fetched_or_drafted_again(tmp_path, pg_
     assert elapsed < 30, f"copying {SEEN} seen marks took {elapsed:.1f}s"
 
     async with create_store(pg_url) as pg:
+        # The audit chain came over intact: every row, hash for hash.
+        report = await pg.verify_audit()
+        assert report.ok and report.checked == facts["audit"], report
+        assert report.head == facts["head"]
         assert await pg.seen_count("support") == SEEN + 6
         assert await pg.unseen("support", "inbox", facts["old_ids"]) == set()
         again = await pg.admit("support", "inbox", "v1",
@@ -147,6 +152,10 @@ async def test_sqlite_to_postgres_nothing_fetched_or_drafted_again(tmp_path, pg_
         [d] = await pg.claim("support", 600)
         assert d.key == fresh.new[0]
         assert d.id > facts["max_id"] and d.fence > facts["max_fence"]
+        # ... and the chain goes on from the copied head.
+        report = await pg.verify_audit()
+        # Three rows written on the copy: the approve, the quorum's second vote, the admit.
+        assert report.ok and report.checked == facts["audit"] + 3, report
 
 
 @pytest.mark.postgres
@@ -189,6 +198,9 @@ async def test_postgres_back_to_sqlite(tmp_path, pg_url):
         assert (await s.get_draft_by_key(fresh.new[0])).id > q.id  # ids not reused
         [passage] = await s.passages_for("support", "are you open on monday?", 3)
         assert passage.name == "hours.md › Opening hours"  # indexed by SQLite's triggers
+        # admit 2 + draft, then on the copy approve + admit: one chain throughout.
+        report = await s.verify_audit()
+        assert report.ok and report.checked == 5, report
 
 
 def test_cli_refusal_says_how_to_override(tmp_path, capsys):

@@ -376,7 +376,9 @@ class TestStoreContract:
         assert await store.approve(d.id, d.version, "anna") is None
         again = await store.claim_key(d.key, 60)
         assert again.instruction == "shorter please"
-        assert [e.action for e in await store.audit_log(d.key)] == ["regenerate"]
+        # Newest first: the item's whole history is in the audit.
+        assert [e.action for e in await store.audit_log(d.key)] == ["regenerate", "draft",
+                                                                    "admit"]
 
     async def test_reject_is_final_for_that_card(self, store):
         d = await _awaiting(store)
@@ -385,8 +387,9 @@ class TestStoreContract:
         assert (rejected.status, rejected.decided_by) == ("rejected", "anna")
         assert await store.approve(d.id, d.version, "anna") is None
         assert await store.reject(d.id, d.version, "anna") is None
-        [entry] = await store.audit_log(d.key)
+        entry, *older = await store.audit_log(d.key)
         assert entry.action == "reject" and "not a customer" in entry.detail
+        assert [e.action for e in older] == ["draft", "admit"]
 
     # -- the team desk: quorum, on demand, notices once --------------------------------------
 
@@ -402,7 +405,8 @@ class TestStoreContract:
         assert (await store.get_draft(d.id)).status == "awaiting"
         done = await store.approve(d.id, d.version, "tg:2 (Bo)", now=T0 + 2, **vote)
         assert (done.status, done.decided_by) == ("approved", "tg:2 (Bo)")
-        entries = [(e.actor, e.detail, e.text_sha256) for e in await store.audit_log(d.key)]
+        entries = [(e.actor, e.detail, e.text_sha256) for e in await store.audit_log(d.key)
+                   if e.action == "approve"]
         assert entries == [("tg:2 (Bo)", "v1: 2/2 approvals", sha256_text("Team text")),
                            ("tg:1 (Anna)", "v1: 1/2 approvals", sha256_text("Team text"))]
 
@@ -439,7 +443,7 @@ class TestStoreContract:
         assert (again.status, again.version, again.instruction, again.error) == (
             "queued", 2, "shorter please", None)
         assert await store.redraft(d.id, "tg:1 (Anna)") is None  # queued: in flight
-        [entry] = await store.audit_log(d.key)
+        [entry] = [e for e in await store.audit_log(d.key) if e.action != "admit"]
         assert (entry.action, entry.actor) == ("reply", "tg:1 (Anna)")
         assert entry.detail == "v1 -> v2 (was skipped): shorter please"
         sent = await _sending(store, "m9")
@@ -682,7 +686,7 @@ class TestStoreContract:
         assert result.outcome == "unseen"
         assert await store.unseen(P, S, ["m1"]) == {"m1"}
         assert (await store.admit(P, S, R, _items("m1"), now=T0)).new == [_key("m1")]
-        assert [e.action for e in await store.audit_log()] == ["replay"]
+        assert [e.action for e in await store.audit_log()] == ["admit", "replay"]
 
     async def test_replay_refuses_sent_and_in_flight_items(self, store):
         sent = await _sending(store, "m1")
@@ -701,6 +705,34 @@ class TestStoreContract:
         assert [e.action for e in await store.audit_log()] == ["replay"]
 
     # -- audit, pause, locks -----------------------------------------------------------------
+
+    async def test_every_audited_change_appends_one_chained_row_with_it(self, store):
+        """admit (queued and skipped), draft (model, tokens), edit, approve, sent, pause:
+        one row each, chained in order; a CAS that loses writes no row."""
+        await store.admit(P, S, R, _items("m1", "m2", skip={"m2": "mailing list"}), now=T0)
+        d = await store.claim_key(_key("m1"), 600, now=T0)
+        d = await store.finish_draft(d.id, d.fence, "Hi", tokens_in=7, tokens_out=5,
+                                     model="gpt-x", now=T0)
+        d = await store.mark_posted(d.id, d.version, "1", "2")
+        d = await store.edit(d.id, d.version, "Hello", "anna", now=T0)
+        d = await store.mark_posted(d.id, d.version, "1", "2")
+        assert await store.approve(d.id, d.version - 1, "bo", now=T0) is None  # old version
+        d = await store.approve(d.id, d.version, "bo", now=T0)
+        await store.begin_send(d.id)
+        await store.mark_sent(d.id, "gm-1", now=T0)
+        await store.set_paused(P, True, "anna")
+        rows = await store.audit_export()
+        assert [(r["seq"], r["action"], r["actor"], r["detail"]) for r in rows] == [
+            (1, "admit", "draftgate", "queued"),
+            (2, "admit", "draftgate", "skipped: mailing list"),
+            (3, "draft", "draftgate", "v1 by gpt-x, 12 tokens (in 7, out 5)"),
+            (4, "edit", "anna", "v1 -> v2"),
+            (5, "approve", "bo", "v2"),
+            (6, "sent", "bo", "v2, message id gm-1"),
+            (7, "pause", "anna", P)]
+        assert all(a["hash"] == b["prev_hash"] for a, b in zip(rows, rows[1:], strict=False))
+        report = await store.verify_audit()
+        assert report.ok and report.checked == 7 and report.head == (7, rows[-1]["hash"])
 
     async def test_audit_log_is_newest_first_with_text_hashes(self, store):
         await store.audit("anna", "note", "k1", text="hello", detail="d1", now=T0)

@@ -1,4 +1,4 @@
-"""The operator commands /status /pending /replay /sweep /pause /resume /run /help: each
+"""The operator commands /status /pending /replay /sweep /audit /pause /resume /run /help: each
 parses its arguments (a bad one gets a usage line), calls :mod:`bot.ops` or the engine's
 controls, and replies."""
 
@@ -25,6 +25,7 @@ COMMANDS: list[tuple[str, str, str]] = [
      "draft a reply to any admitted item now (also a skipped one), with an instruction"),
     ("emails", "<pipeline> [n]", "the newest admitted items with their ids, status and subject"),
     ("sweep", "[days]", "delete old seen marks, requeue expired leases, prune runs"),
+    ("audit", "<pipeline> <item_id>", "one item's history: admitted, drafted, approved, sent"),
     ("pause", "<pipeline>", "stop ticking a pipeline"),
     ("resume", "<pipeline>", "tick a paused pipeline again"),
     ("run", "<pipeline>", "run one tick of a pipeline now"),
@@ -83,11 +84,9 @@ async def pending(update: Update, context: Context) -> None:
 
 async def replay(update: Update, context: Context) -> None:
     """/replay <pipeline> <item_id> (the item id may contain spaces, e.g. a slot)"""
-    if len(context.args or []) < 2:
+    if (found := _pipeline_and_item(update, context)) is None:
         return await reply(update, _USAGE["replay"])
-    # Split once on the raw text, so an id with spaces stays whole.
-    name, item_id = (message_of(update).text or "").split(None, 1)[1].split(None, 1)
-    item_id = item_id.strip()
+    name, item_id = found
     if (problem := _unknown(context, name)) is not None:
         return await reply(update, problem)
     ch = channel_of(context)
@@ -129,6 +128,27 @@ async def emails(update: Update, context: Context) -> None:
     except NotAllowed as exc:
         return await reply(update, str(exc))
     await reply(update, ops.format_emails(args[0], found), pre=True)
+
+
+def _pipeline_and_item(update: Update, context: Context) -> tuple[str, str] | None:
+    """``<pipeline> <item_id>`` of /replay and /audit, split once on the raw text so an
+    id with spaces (a slot) stays whole; None when either is missing."""
+    if len(context.args or []) < 2:
+        return None
+    name, item_id = (message_of(update).text or "").split(None, 1)[1].split(None, 1)
+    return name, item_id.strip()
+
+
+async def audit(update: Update, context: Context) -> None:
+    """/audit <pipeline> <item_id>"""
+    if (found := _pipeline_and_item(update, context)) is None:
+        return await reply(update, _USAGE["audit"])
+    name, item_id = found
+    if (problem := _unknown(context, name)) is not None:
+        return await reply(update, problem)
+    ch = channel_of(context)
+    await reply(update, ops.format_history(await ops.history(ch.store, ch.settings, name,
+                                                             item_id)))
 
 
 async def sweep(update: Update, context: Context) -> None:
@@ -196,7 +216,7 @@ async def help_(update: Update, context: Context) -> None:
 def handlers() -> list[BaseHandler]:
     """One CommandHandler per command (/start is /help)."""
     table = {"status": status, "pending": pending, "replay": replay, "sweep": sweep,
-             "reply": reply_cmd, "emails": emails,
+             "reply": reply_cmd, "emails": emails, "audit": audit,
              "pause": pause, "resume": resume, "run": run, "help": help_, "start": help_}
     return [CommandHandler(name, fn) for name, fn in table.items()]
 

@@ -7,7 +7,8 @@ timetable instead of answering mail.
     source: {type: schedule, topic: "Weekly product tip", slot_format: "%Y-%m-%dT%H:%M"}
     catchup: {policy: all, max: 4}
 
-The item id is the slot, formatted from the *scheduled* time of the tick (UTC), never
+The item id is the slot, formatted from the *scheduled* time of the tick (in the
+pipeline's ``timezone``, default UTC), never
 from ``now()``: a tick that runs late, or a catch-up run after downtime, produces the
 same id, hence the same draft key ``pipeline|slot|<slot id>|recipe``, as the on-time
 run would have, and the store's seen marks make it a no-op if it was drafted already.
@@ -28,7 +29,7 @@ The first run (no cursor) admits just the slot of the tick.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 
 from .. import scheduler
 from ..config import PipelineConfig, Settings
@@ -68,17 +69,21 @@ class ScheduleSource:
         more = limit is not None and len(times) > limit
         if more:  # the cursor stops at the last slot taken: the next tick goes on from it
             times = times[:limit]
-        items = [Item(scheduler.slot_id(t, self.slot_format), self._message(t)) for t in times]
+        items = [Item(self._slot(t), self._message(t)) for t in times]
         cursor = repr(max(times)) if times else None
         return FetchResult(items, cursor=cursor, more=more)
 
     async def close(self) -> None:
         return None
 
+    def _slot(self, t: float) -> str:
+        return scheduler.slot_id(t, self.slot_format, self._p.timezone)
+
     def _message(self, t: float) -> Message:
-        slot = scheduler.slot_id(t, self.slot_format)
+        slot = self._slot(t)
         return Message(kind="slot", slot=slot, subject=self.topic, body="",
-                       date=datetime.fromtimestamp(t, tz=timezone.utc).isoformat(),
+                       date=datetime.fromtimestamp(t, scheduler.zone(self._p.timezone)
+                                                   ).isoformat(),
                        source_id=slot)
 
 

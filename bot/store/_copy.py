@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import StoreError
+from .chain import ADOPT_HEAD_SQL
 from .rows import Db
 
 #: Tables migrate-store copies, with the key columns a batch is ordered and resumed by.
@@ -105,8 +106,9 @@ class _SQLiteCopier(_SqlCopier):
 
     async def finish_import(self) -> None:
         # Ids are INTEGER PRIMARY KEY (next = max + 1) and fences grow per draft
-        # (fence + 1), so copied rows already keep new numbers from colliding.
-        return None
+        # (fence + 1), so copied rows already keep new numbers from colliding. The
+        # audit chain's head moves to the last copied row.
+        await self._store._execute(ADOPT_HEAD_SQL)
 
 
 class _PostgresCopier(_SqlCopier):
@@ -149,6 +151,7 @@ class _PostgresCopier(_SqlCopier):
                     f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
                     f" GREATEST((SELECT max(id) FROM {table}), 1),"
                     f" (SELECT max(id) FROM {table}) IS NOT NULL)")
+            await con.execute(ADOPT_HEAD_SQL)  # the audit chain goes on after the last copied row
             await con.execute(
                 "SELECT setval('draft_fence_seq', GREATEST((SELECT max(fence) FROM drafts), 1),"
                 " coalesce((SELECT max(fence) FROM drafts), 0) > 0)")

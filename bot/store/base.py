@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 from ..errors import StoreError
 from ..models import AuditEntry, Draft, Item, Run, Vote
+from .chain import Report
 
 
 class StoreMissing(StoreError):
@@ -135,13 +136,14 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def finish_draft(self, draft_id: int, fence: int, body: str, *,
-                           tokens_in: int = 0, tokens_out: int = 0,
+                           tokens_in: int = 0, tokens_out: int = 0, model: str = "",
                            now: float | None = None,
                            used: dict[str, Any] | None = None) -> Draft | None:
         """Fenced ``drafting -> ready`` storing the body and what its request ``used``
         (:meth:`Context.used`). ``None`` when the fence no
         longer matches (the lease was lost): a stale worker changes nothing. Token use
-        is added to the draft and to the pipeline's usage for the UTC day of ``now``."""
+        is added to the draft and to the pipeline's usage for the UTC day of ``now``.
+        Audited as ``draft`` (version, ``model``, tokens)."""
 
     @abc.abstractmethod
     async def fail_draft(self, draft_id: int, fence: int, error: str, *,
@@ -284,6 +286,10 @@ class Store(abc.ABC):
     async def get_draft(self, draft_id: int) -> Draft | None: ...
 
     @abc.abstractmethod
+    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
+        """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe), oldest first."""
+
+    @abc.abstractmethod
     async def pending(self, pipeline: str | None = None) -> list[Draft]:
         """Drafts in PENDING_STATUSES, oldest first."""
 
@@ -345,6 +351,18 @@ class Store(abc.ABC):
     async def audit_log(self, draft_key: str | None = None, limit: int = 100
                         ) -> list[AuditEntry]:
         """Newest first."""
+
+    @abc.abstractmethod
+    async def verify_audit(self) -> Report:
+        """Walk the audit chain in one snapshot: a :class:`bot.store.chain.Report` with the
+        rows checked, or the first row changed, removed or inserted."""
+
+    @abc.abstractmethod
+    async def audit_export(self, since: float = 0.0, after_seq: int = 0,
+                           limit: int = 1000) -> list[dict]:
+        """Chained audit rows in chain order (``bot.store.chain.CHAIN_COLS`` as keys):
+        after position ``after_seq``, or (``after_seq`` 0) from the first row written at
+        or after ``since`` on, every later row (contiguous, so an export verifies)."""
 
     # -- operations --------------------------------------------------------------------
     @abc.abstractmethod

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from ..models import Example, Passage
+from .chain import Record
 
 #: Terms of the new email a search uses at most (the longest ones: rarer, and fewer
 #: terms keep an OR query over 50,000 examples fast).
@@ -90,14 +91,15 @@ class ContextSql:
     async def _query(self, sql: str, args: tuple = ()) -> list[Any]:
         raise NotImplementedError
 
-    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
+    async def _script(self, statements: list[tuple[str, tuple]],
+                      records: Sequence[Record] = ()) -> None:
         raise NotImplementedError
 
     def _clean(self, text: str | None) -> str | None:
         raise NotImplementedError
 
     def _audit_row(self, t: float, actor: str, action: str, key: str | None,
-                   text: str | None, detail: str | None) -> tuple[str, tuple]:
+                   text: str | None, detail: str | None) -> Record:
         raise NotImplementedError
 
     # -- team memory ------------------------------------------------------------------
@@ -135,8 +137,8 @@ class ContextSql:
         if rows:
             t = time.time()
             await self._script(
-                [("DELETE FROM examples WHERE pipeline = ? AND item_id = ?", (pipeline, item_id))]
-                + [self._audit_row(t, actor, "memory_forget", r[0], r[1], f"{pipeline} {item_id}")
+                [("DELETE FROM examples WHERE pipeline = ? AND item_id = ?", (pipeline, item_id))],
+                [self._audit_row(t, actor, "memory_forget", r[0], r[1], f"{pipeline} {item_id}")
                    for r in rows])
         return len(rows)
 

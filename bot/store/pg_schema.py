@@ -6,14 +6,20 @@ A migration is never edited once released: add a new numbered entry instead.
 
 from __future__ import annotations
 
+from typing import Any
+
+from .chain import GENESIS, seal
+
 # Times are float epoch seconds (double precision) exactly as in SQLite, so both
 # backends hand the engine the same values and a copy needs no conversion.
 #: Every table the migrations below create (``doctor`` reads each one).
 TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
           "pipeline_flags", "locks", "schema_migrations", "approvals", "sent_notices",
-          "examples", "knowledge_files", "knowledge_passages")
+          "examples", "knowledge_files", "knowledge_passages", "audit_head")
 
-MIGRATIONS: list[tuple[int, str, str]] = [
+#: (version, name, SQL); the SQL may be a list of statements and async Python steps
+#: (called with the connection, inside the migration's transaction).
+MIGRATIONS: list[tuple[int, str, Any]] = [
     (
         1,
         "initial tables",
@@ -201,5 +207,29 @@ MIGRATIONS: list[tuple[int, str, str]] = [
 
         ALTER TABLE drafts ADD COLUMN used TEXT;
         """,
+    ),
+    (
+        6,
+        "audit chain (issue 14)",
+        # Each audit row carries its chain position and sha256(prev_hash || canonical
+        # row); audit_head is the chain's last position and hash, locked FOR UPDATE by
+        # every append so writers on several hosts keep one chain. Rows written before
+        # this version are chained here, in id order (bot.store.chain).
+        [
+            """
+            ALTER TABLE audit ADD COLUMN seq BIGINT, ADD COLUMN prev_hash TEXT,
+                ADD COLUMN hash TEXT;
+            CREATE UNIQUE INDEX audit_seq ON audit (seq);
+            CREATE TABLE audit_head (
+                one INTEGER PRIMARY KEY CHECK (one = 1),
+                seq BIGINT NOT NULL,
+                hash TEXT NOT NULL
+            );
+            """ + f"INSERT INTO audit_head (one, seq, hash) VALUES (1, 0, '{GENESIS}');" + """
+            ALTER TABLE audit DISABLE TRIGGER audit_no_update;
+            """,
+            seal,
+            "ALTER TABLE audit ENABLE TRIGGER audit_no_update;",
+        ],
     ),
 ]

@@ -23,7 +23,7 @@ import functools
 import hashlib
 import re
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
@@ -32,9 +32,10 @@ from ..clock import wall
 from ..errors import StoreError
 from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
 from ..redact import redact_url
+from . import chain
 from .base import AdmitResult, StoreMissing
 from .pg_schema import MIGRATIONS, TABLES
-from .rows import CURSOR_SQL, DRAFT_COLS, Db, draft_from_row
+from .rows import CURSOR_SQL, DRAFT_COLS, Db, admit_record, draft_from_row
 from .sql import SqlStore
 from .transitions import CLAIM, cas
 
@@ -215,7 +216,8 @@ class PostgresStore(SqlStore):
             for version, name, sql in MIGRATIONS:
                 if version in done:
                     continue
-                await con.execute(sql)
+                for step in sql if isinstance(sql, list) else [sql]:
+                    await (step(_PgDb(con)) if callable(step) else con.execute(step))
                 await con.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
                     version, name, time.time())
@@ -265,6 +267,23 @@ class PostgresStore(SqlStore):
         async with (self._tx() if tx else self._conn()) as con:
             return await fn(_PgDb(con))
 
+    async def _append(self, db: Db, records: Sequence[chain.Record]) -> None:
+        # The rows and the new head in one statement, under the head's row lock.
+        assert isinstance(db, _PgDb)
+        await chain.append_postgres(db.con, records)
+
+    async def verify_audit(self) -> chain.Report:
+        async with self._conn() as con:
+            # One snapshot: rows appended while the walk runs are not seen.
+            async with con.transaction(isolation="repeatable_read", readonly=True):
+                loose = await con.fetchval(chain.LOOSE_SQL)
+                head = await con.fetchrow(chain.HEAD_SQL)
+                walker = chain.Walker()  # rows streamed, never all in memory
+                async for row in con.cursor(chain.WALK_SQL, prefetch=2000):
+                    if not walker.feed(row):
+                        break
+                return chain.conclude(walker, tuple(head) if head else None, loose)
+
     # -- fetch side ----------------------------------------------------------------
     async def unseen(self, pipeline: str, scope: str, item_ids: list[str]) -> set[str]:
         if not item_ids:
@@ -295,11 +314,14 @@ class PostgresStore(SqlStore):
             item_ids.append(item.item_id)
             payloads.append(item.message.to_json())
             errors.append(self._clean(item.skip_reason))
-        async with self._conn() as con:
+        async with self._tx() as con:
             rows = await con.fetch(
                 _ADMIT, pipeline, scope, recipe, t, keys, item_ids, statuses, payloads, errors,
                 mark_seen, cursor)
-        inserted = {r["key"] for r in rows}
+            inserted = {r["key"] for r in rows}
+            # In the admit's transaction, in the order the items came.
+            await chain.append_postgres(con, [admit_record(t, k, e, self._clean) for k, e in
+                                              zip(keys, errors, strict=True) if k in inserted])
         for key, status in zip(keys, statuses, strict=True):
             if key in inserted:
                 (result.skipped if status == SKIPPED else result.new).append(key)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Protocol
 from ..clock import utc_day
 from ..models import Draft, Message, Run, sha256_text
 from ..redact import scrub
+from .chain import Record
 from .transitions import IllegalTransition, Step
 
 DRAFT_COLUMNS = (
@@ -23,8 +24,6 @@ DRAFT_COLUMNS = (
 )
 DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
 SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
-AUDIT_SQL = ("INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail) "
-             "VALUES (?, ?, ?, ?, ?, ?)")
 TOKENS_SQL = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES (?, ?, ?) "
               "ON CONFLICT (pipeline, day) DO UPDATE SET "
               "tokens = token_usage.tokens + excluded.tokens")
@@ -49,10 +48,25 @@ def run_from_row(row: Any) -> Run:
 
 
 def audit_row(t: float, actor: str, action: str, key: str | None, text: str | None,
-              detail: str | None, clean: Callable = lambda x: x) -> tuple[str, tuple]:
-    """The INSERT of one audit row (sha256 of ``text`` when given)."""
-    return AUDIT_SQL, (t, actor, action, key, None if text is None else sha256_text(text),
-                       clean(scrub(detail)))
+              detail: str | None, clean: Callable = lambda x: x) -> Record:
+    """One audit row to append to the chain (sha256 of ``text`` when given)."""
+    return Record(float(t), clean(str(actor)) or "", str(action), key,
+                  None if text is None else sha256_text(text), clean(scrub(detail)))
+
+
+def admit_record(t: float, key: str, skip_reason: str | None,
+                 clean: Callable = lambda x: x) -> Record:
+    """The audit row of one admitted item: queued, or skipped and why. (Built directly:
+    admit writes one per item, and "queued" needs no scrubbing.)"""
+    if skip_reason:
+        return audit_row(t, SYSTEM, "admit", key, None, f"skipped: {skip_reason}", clean)
+    return Record(float(t), SYSTEM, "admit", key, None, "queued")
+
+
+def draft_detail(version: int, model: str, tokens_in: int, tokens_out: int) -> str:
+    """The audit detail of a stored draft: which version, by which model, how many tokens."""
+    return (f"v{version} by {model or 'the drafter'}, {tokens_in + tokens_out} tokens "
+            f"(in {tokens_in}, out {tokens_out})")
 
 
 #: Characters of the original email kept with an example (its start says what it asks).
@@ -98,9 +112,9 @@ class Change:
     before: int | None = None
     tokens: int = 0
     #: Statements run first, in the same transaction (a quorum vote); their rows go
-    #: to ``missed``, which gives the statements to run when no step matched.
+    #: to ``missed``, which gives the audit rows to append when no step matched.
     prelude: tuple[tuple[str, tuple], ...] = ()
-    missed: Callable[[list[list[Any]], Callable], list[tuple[str, tuple]]] | None = None
+    missed: Callable[[list[list[Any]], Callable], list[Record]] | None = None
     then: Callable[[Draft], list[tuple[str, tuple]]] | None = None  # more, same transaction
 
     def __post_init__(self) -> None:
@@ -115,16 +129,19 @@ class Change:
         return (len(self.steps) == 1 and self.action is None and not self.tokens
                 and self.before is None and not self.prelude and self.then is None)
 
-    def followups(self, d: Draft, old: Any, clean: Callable) -> list[tuple[str, tuple]]:
-        out = []
+    def followups(self, d: Draft, old: Any, clean: Callable
+                  ) -> tuple[list[tuple[str, tuple]], list[Record]]:
+        """The statements and the audit rows that go with the change."""
+        out: list[tuple[str, tuple]] = []
+        records = []
         if self.action is not None and self.detail is not None:
-            out.append(audit_row(self.at, self.actor or d.decided_by or SYSTEM, self.action,
-                                 d.key, d.body, self.detail(d, old), clean))
+            records.append(audit_row(self.at, self.actor or d.decided_by or SYSTEM,
+                                     self.action, d.key, d.body, self.detail(d, old), clean))
         if self.tokens:
             out.append((TOKENS_SQL, (d.pipeline, utc_day(self.at), int(self.tokens))))
         if self.then is not None:
             out += self.then(d)
-        return out
+        return out, records
 
 
 class Db(Protocol):

@@ -11,6 +11,10 @@ JSON kept as TEXT. ``WITHOUT ROWID`` and the triggers are SQLite-only extras.
 
 from __future__ import annotations
 
+from typing import Any, Awaitable, Callable
+
+from .chain import GENESIS, seal
+
 _V1 = [
     # Set membership written at fetch. WITHOUT ROWID clusters rows on the primary key,
     # so the "which of these 50 ids are new" lookup reads one b-tree, not two.
@@ -202,8 +206,31 @@ _V_CONTEXT = [
     "ALTER TABLE drafts ADD COLUMN used TEXT",
 ]
 
-#: Each entry is the list of statements of one migration, in order.
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT]
+# The audit chain (issue 14): each audit row carries its chain position and
+# sha256(prev_hash || canonical row); audit_head is the chain's last position and hash.
+# Rows written before this version are chained here, in id order (bot.store.chain).
+_V_CHAIN: list[str | Callable[[Any], Awaitable[None]]] = [
+    "ALTER TABLE audit ADD COLUMN seq INTEGER",
+    "ALTER TABLE audit ADD COLUMN prev_hash TEXT",
+    "ALTER TABLE audit ADD COLUMN hash TEXT",
+    "CREATE UNIQUE INDEX audit_seq ON audit (seq)",
+    """CREATE TABLE audit_head (
+        one  INTEGER PRIMARY KEY CHECK (one = 1),
+        seq  INTEGER NOT NULL,
+        hash TEXT NOT NULL
+    )""",
+    f"INSERT INTO audit_head (one, seq, hash) VALUES (1, 0, '{GENESIS}')",
+    # The only UPDATE the audit table ever gets: chaining the rows already there.
+    "DROP TRIGGER audit_no_update",
+    seal,
+    """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+       BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END""",
+]
+
+#: Each entry is the list of statements of one migration, in order (a callable is a
+#: step written in Python, awaited with the connection (a ``rows.Db``) inside the
+#: migration).
+MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import json
 import time
-from typing import Any, Awaitable, Callable, Iterable, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from ..clock import utc_day
 from ..models import (
@@ -30,18 +30,22 @@ from ..models import (
     operator_id,
 )
 from ..redact import scrub
+from . import chain
 from .base import (
     Store,
 )
+from .chain import Record
 from .context_sql import ContextSql
 from .rows import (
     BEFORE_SQL,
     CURSOR_SQL,
     DRAFT_COLS,
+    SYSTEM,
     TOKENS_SQL,
     Change,
     Db,
     audit_row,
+    draft_detail,
     draft_from_row,
     example_row,
     run_from_row,
@@ -123,12 +127,13 @@ class SqlStore(SqlOps, ContextSql, Store):
                 if rows:
                     break
             else:
-                for sql, args in change.missed(pre, self._clean) if change.missed else ():
-                    await db.run(sql, args)
+                await self._append(db, change.missed(pre, self._clean) if change.missed else [])
                 return None
             draft = draft_from_row(rows[0])
-            for sql, args in change.followups(draft, old, self._clean):
+            statements, records = change.followups(draft, old, self._clean)
+            for sql, args in statements:
                 await db.run(sql, args)
+            await self._append(db, records)
             return draft
 
         return await self._run(run, tx=not change.single)
@@ -139,13 +144,24 @@ class SqlStore(SqlOps, ContextSql, Store):
     async def _execute(self, sql: str, args: tuple = ()) -> int:
         return await self._run(lambda db: db.run(sql, args), tx=False)
 
-    async def _script(self, statements: list[tuple[str, tuple]]) -> None:
-        """``statements`` in one transaction."""
+    async def _script(self, statements: list[tuple[str, tuple]],
+                      records: Sequence[Record] = ()) -> None:
+        """``statements``, then ``records`` appended to the audit chain, in one transaction."""
         async def tx(db: Db) -> None:
             for sql, args in statements:
                 await db.run(sql, args)
+            await self._append(db, records)
 
         await self._run(tx)
+
+    async def _append(self, db: Db, records: Sequence[Record]) -> None:
+        """Append ``records`` to the audit chain inside ``db``'s transaction: the head is
+        read (and, where the backend has row locks, locked) and moved on."""
+        if records:
+            head = chain.head_of(await db.rows(chain.HEAD_SQL + self.FOR_UPDATE))
+            rows, head = chain.link(head, records)
+            await db.many(chain.INSERT_SQL, rows)
+            await db.run(chain.SET_HEAD_SQL, head)
 
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:
@@ -160,7 +176,7 @@ class SqlStore(SqlOps, ContextSql, Store):
             (arg, float(lease_seconds), self._now(now)), "key = ?", (key,))))
 
     async def finish_draft(self, draft_id: int, fence: int, body: str, *,
-                           tokens_in: int = 0, tokens_out: int = 0,
+                           tokens_in: int = 0, tokens_out: int = 0, model: str = "",
                            now: float | None = None,
                            used: dict[str, Any] | None = None) -> Draft | None:
         t = self._now(now)
@@ -169,7 +185,9 @@ class SqlStore(SqlOps, ContextSql, Store):
                     "tokens_out = tokens_out + ?, updated_at = ?, used = ?",
             (self._clean(body), int(tokens_in), int(tokens_out), t,
              self._clean(json.dumps(used)) if used else None),
-            "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out))
+            "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out,
+            action="draft", actor=SYSTEM, detail=lambda d, _: draft_detail(
+                d.version, model, int(tokens_in), int(tokens_out))))
 
     async def fail_draft(self, draft_id: int, fence: int, error: str, *, retryable: bool,
                          max_attempts: int, now: float | None = None) -> Draft | None:
@@ -253,7 +271,7 @@ class SqlStore(SqlOps, ContextSql, Store):
         count = ("SELECT COUNT(*) FROM approvals WHERE draft_id = ? AND version = ?",
                  (draft_id, version))
 
-        def partial(pre: list[list[Any]], clean: Callable) -> list[tuple[str, tuple]]:
+        def partial(pre: list[list[Any]], clean: Callable) -> list[Record]:
             if not pre[0] or key is None:  # no new vote (stale, or the same operator)
                 return []
             return [audit_row(t, actor, "approve", key, body,
@@ -336,7 +354,7 @@ class SqlStore(SqlOps, ContextSql, Store):
         return await self._change(_one(Step(
             MARK_SENT, "sent_id = ?, error = NULL, updated_at = ?", (str(sent_id), t),
             "id = ?", (draft_id,)), action="sent", at=t,
-            detail=lambda d, _: f"v{d.version} sent as {sent_id}",
+            detail=lambda d, _: f"v{d.version}, message id {sent_id}",
             then=lambda d: example_row(d, t, self._clean)))
 
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
@@ -489,14 +507,14 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     # -- audit -----------------------------------------------------------------------
     def _audit_row(self, t: float, actor: str, action: str, key: str | None,
-                   text: str | None, detail: str | None) -> tuple[str, tuple]:
+                   text: str | None, detail: str | None) -> Record:
         return audit_row(t, actor, action, key, text, detail, self._clean)
 
     async def audit(self, actor: str, action: str, draft_key: str | None = None,
                     text: str | None = None, detail: str | None = None,
                     now: float | None = None) -> None:
-        await self._execute(*self._audit_row(self._now(now), actor, action, draft_key, text,
-                                             detail))
+        await self._script([], [self._audit_row(self._now(now), actor, action, draft_key, text,
+                                             detail)])
 
     async def audit_log(self, draft_key: str | None = None,
                         limit: int = 100) -> list[AuditEntry]:
@@ -513,6 +531,16 @@ class SqlStore(SqlOps, ContextSql, Store):
             "AND at >= ? AND at < ?", (action, len(key_prefix), key_prefix, since, until))
         return int(rows[0][0])
 
+    async def audit_export(self, since: float = 0.0, after_seq: int = 0,
+                           limit: int = 1000) -> list[dict]:
+        if after_seq <= 0:  # from the first row written since then, every later one
+            first = (await self._query(chain.FIRST_SINCE_SQL, (float(since),)))[0][0]
+            if first is None:
+                return []
+            after_seq = int(first) - 1
+        rows = await self._query(chain.EXPORT_SQL, (int(after_seq), int(limit)))
+        return [dict(zip(chain.CHAIN_COLS, tuple(r), strict=True)) for r in rows]
+
     # -- flags, holds, locks, cards ----------------------------------------------------
     async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None:
         t = time.time()
@@ -522,8 +550,8 @@ class SqlStore(SqlOps, ContextSql, Store):
                          "VALUES (?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
                          "paused = excluded.paused, updated_at = excluded.updated_at, "
                          "updated_by = excluded.updated_by", (pipeline, int(paused), t, actor))
-            await db.run(*self._audit_row(t, actor, "pause" if paused else "resume", None, None,
-                                          pipeline))
+            await self._append(db, [self._audit_row(t, actor, "pause" if paused else "resume",
+                                                    None, None, pipeline)])
 
         await self._run(tx)
 

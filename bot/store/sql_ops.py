@@ -3,10 +3,11 @@ mixin of :class:`bot.store.sql.SqlStore`, on the same ``_run`` primitive)."""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Iterable, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from ..models import REPLAYABLE_STATUSES, SENT
 from .base import ABANDONED_SEND, HEARTBEAT_PREFIX, ReplayResult, SweepResult
+from .chain import Record
 from .rows import DRAFT_COLS, Db, draft_from_row, select_drafts
 from .transitions import EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY, cas
 
@@ -33,7 +34,10 @@ class SqlOps:
         raise NotImplementedError
 
     def _audit_row(self, t: float, actor: str, action: str, key: str | None,
-                   text: str | None, detail: str | None) -> tuple[str, tuple]:
+                   text: str | None, detail: str | None) -> Record:
+        raise NotImplementedError
+
+    async def _append(self, db: Db, records: Sequence[Record]) -> None:
         raise NotImplementedError
 
     # -- operations --------------------------------------------------------------------
@@ -75,7 +79,7 @@ class SqlOps:
                 draft = draft_from_row(rows[0])  # the rows are locked: nothing else moved it
                 detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
                 result, key = ReplayResult("requeued", f"{where}: {detail}", draft), draft.key
-            await db.run(*self._audit_row(t, actor, "replay", key, None, detail))
+            await self._append(db, [self._audit_row(t, actor, "replay", key, None, detail)])
             return result
 
         return await self._run(tx)

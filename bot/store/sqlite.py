@@ -31,8 +31,9 @@ import aiosqlite
 
 from ..errors import StoreError
 from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
+from . import chain
 from .base import AdmitResult, StoreMissing
-from .rows import CURSOR_SQL, DRAFT_COLS, Db, draft_from_row
+from .rows import CURSOR_SQL, DRAFT_COLS, Db, admit_record, draft_from_row
 from .schema import LATEST, MIGRATIONS
 from .sql import SqlStore
 from .transitions import CLAIM, cas
@@ -115,8 +116,8 @@ async def _run_migrations(db: Db, path: str) -> None:
             f"knows versions up to {LATEST}: upgrade draftgate, or point `store:` at "
             "another file")
     for version in range(current, LATEST):
-        for statement in MIGRATIONS[version]:
-            await db.run(statement)
+        for statement in MIGRATIONS[version]:  # a callable: a step written in Python
+            await (statement(db) if callable(statement) else db.run(statement))
     if current != LATEST:
         await db.run(f"PRAGMA user_version = {LATEST}")
 
@@ -277,6 +278,7 @@ class SQLiteStore(SqlStore):
             await db.many("INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status, "
                           "payload, error, created_at, updated_at) "
                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            await self._append(db, [admit_record(t, r[0], r[7]) for r in rows])
             if cursor is not None:
                 await db.run(CURSOR_SQL, (pipeline, scope, cursor, t))
             return result
@@ -302,6 +304,24 @@ class SQLiteStore(SqlStore):
             "AND status = ? ORDER BY id LIMIT ?)", (pipeline, *CLAIM.src, limit),
             returning=DRAFT_COLS))
         return sorted((draft_from_row(r) for r in rows), key=lambda d: d.id)
+
+    async def verify_audit(self) -> chain.Report:
+        async def read(db: Db) -> chain.Report:
+            assert isinstance(db, _Db)
+            await db.run("BEGIN")  # one snapshot (WAL): appends meanwhile are not seen
+            try:
+                loose = (await db.rows(chain.LOOSE_SQL))[0][0]
+                found = await db.rows(chain.HEAD_SQL)
+                walker = chain.Walker()  # rows streamed, never all in memory
+                async with db.conn.execute(chain.WALK_SQL) as cursor:
+                    async for row in cursor:
+                        if not walker.feed(row):
+                            break
+                return chain.conclude(walker, tuple(found[0]) if found else None, loose)
+            finally:
+                await db.run("COMMIT")
+
+        return await self._run(read, tx=False)
 
     async def check(self) -> list[str]:
         try:

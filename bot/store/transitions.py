@@ -47,7 +47,7 @@ class Transition:
 
 
 CLAIM = Transition("claim", (QUEUED,), DRAFTING)
-FINISH = Transition("finish", (DRAFTING,), READY)
+FINISH = Transition("finish", (DRAFTING,), READY, audited=True)  # "draft": model, tokens
 RETRY = Transition("retry", (DRAFTING,), QUEUED)  # a retryable drafting error
 FAIL = Transition("fail", (DRAFTING,), FAILED)
 RELEASE = Transition("release", (DRAFTING,), QUEUED)  # budget spent, shutdown
