@@ -27,8 +27,10 @@ spam and trash are dropped (not work), mail from one of our own addresses is kep
 item that ``filters.skip_own`` (on by default) records as skipped with the reason, and
 the ids are intersected with a
 ``messages.list`` of the query bounded to the candidates' dates (one extra call, only
-on ticks that have candidates). Bodies are fetched as ``format=raw`` with bounded
-concurrency in the account's thread pool and parsed by :func:`bot.mime.parse_email`;
+on ticks that have candidates). Bodies are fetched as ``format=raw`` through Gmail's
+batch endpoint (up to 50 messages per request, see :meth:`GmailClient.get_many`),
+those requests with bounded concurrency in the account's thread pool, and parsed by
+:func:`bot.mime.parse_email`;
 an unparseable message becomes a skipped item with the reason.
 
 At most ``ctx.limit`` (the pipeline's ``max_per_tick``) unseen ids are downloaded per
@@ -64,6 +66,7 @@ from collections.abc import Sequence
 from .. import filters as _filters
 from ..config import PipelineConfig, Settings
 from ..errors import SourceError
+from ..gmail.batch import MAX_PARTS
 from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message
@@ -170,21 +173,22 @@ class GmailSource:
             self._own.add(str(profile["emailAddress"]).lower())
         return profile
 
-    def _fetch_one(self, gmail_id: str, cancel: threading.Event | None = None
-                   ) -> tuple[dict, Item | None] | None:
-        """In a pool thread: download one message (raw) and parse it, so neither the
-        I/O nor parsing a 5 MB message runs on the event loop."""
-        try:
-            resource = self.client.read(
-                lambda s: s.users().messages().get(userId="me", id=gmail_id, format="raw"),
-                "messages.get", cancel)
-        except NotFound:
-            log.info("gmail %s: message %s vanished before it was fetched", self.account,
-                     gmail_id)
-            return None
-        item = self._item(resource)
-        resource.pop("raw", None)  # only ids, labels and dates are needed from here on
-        return resource, item
+    def _fetch_chunk(self, ids: list[str], cancel: threading.Event | None = None
+                     ) -> list[tuple[dict, Item | None]]:
+        """In a pool thread: download up to one batch of messages (raw, one request)
+        and parse them, so neither the I/O nor parsing a 5 MB message runs on the
+        event loop. A message deleted meanwhile (404) is left out."""
+        got = self.client.get_many("messages", ids, cancel, format="raw")
+        out = []
+        for gid in ids:
+            resource = got.get(gid)
+            if resource is None:
+                log.info("gmail %s: message %s vanished before it was fetched", self.account, gid)
+                continue
+            item = self._item(resource)
+            resource.pop("raw", None)  # only ids, labels and dates are needed from here on
+            out.append((resource, item))
+        return out
 
     def _item(self, resource: dict) -> Item | None:
         gid = str(resource.get("id"))
@@ -226,13 +230,13 @@ class GmailSource:
         stop = threading.Event()
         first: list[Exception] = []
 
-        async def one(gid: str):
+        async def one(chunk: list[str]):
             nonlocal done
             async with sem:
                 if stop.is_set():
-                    return None
+                    return []
                 try:
-                    res = await self.client.run(self._fetch_one, gid, stop)
+                    res = await self.client.run(self._fetch_chunk, chunk, stop)
                 except BaseException as exc:
                     if isinstance(exc, Exception) and not isinstance(exc, Cancelled) \
                             and not first:
@@ -241,13 +245,14 @@ class GmailSource:
                     if isinstance(exc, RateLimited) and exc.retry_after:
                         self._not_before = time.time() + exc.retry_after
                     raise
-            done += 1
+            done += len(chunk)
             if progress and ctx.progress:
                 ctx.progress(done, total)
             return res
 
+        chunks = [ids[n:n + MAX_PARTS] for n in range(0, len(ids), MAX_PARTS)]
         try:
-            gathered = await asyncio.gather(*(one(i) for i in ids), return_exceptions=True)
+            gathered = await asyncio.gather(*(one(c) for c in chunks), return_exceptions=True)
         except BaseException:  # the tick itself was cancelled
             stop.set()
             raise
@@ -256,7 +261,8 @@ class GmailSource:
         if errors:
             raise errors[0]
         # (Past the raise none is an exception; the isinstance tells the type checker.)
-        results = [r for r in gathered if r and not isinstance(r, BaseException)]
+        results = [r for chunk in gathered if not isinstance(chunk, BaseException)
+                   for r in chunk]
         items = [item for _, item in results if item is not None]
         return items, [resource for resource, _ in results]
 
