@@ -605,6 +605,11 @@ class FakeGmail:
         their parts (the parts themselves are calls with batch=True)."""
         return self.calls_to("batch")
 
+    def batch_count(self, since: int = 0) -> int:
+        """How many batch requests (HTTP round trips carrying parts) since ``since``."""
+        with self.lock:
+            return sum(c.route == "batch" for c in self.calls[since:])
+
     def _batch(self, h: "_Handler", raw: bytes) -> None:
         envelope = Call("POST", BATCH_PATH, "batch", {}, None, 0)
         with self.lock:
@@ -906,7 +911,7 @@ class RemoteFakeGmail:
         return [Call("", "", c["route"], {}, None, c["units"], batch=c.get("batch", False))
                 for c in self._calls()[since:] if c["route"] not in ("token", "batch")]
 
-    def batches(self, since: int = 0) -> int:
+    def batch_count(self, since: int = 0) -> int:
         """How many batch requests (HTTP round trips carrying parts) since ``since``."""
         return sum(c["route"] == "batch" for c in self._calls()[since:])
 
