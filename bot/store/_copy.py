@@ -15,7 +15,8 @@ from typing import Any, Protocol
 from ..errors import StoreError
 
 #: Tables migrate-store copies, with the key columns a batch is ordered and resumed by.
-#: ``locks`` is left out on purpose: its leases belong to the old store's processes.
+#: ``locks`` is left out on purpose: its leases belong to the old store's processes;
+#: ``seen_counts`` and ``draft_counts`` too: the target's triggers count the copied rows.
 COPY_TABLES: dict[str, tuple[str, ...]] = {
     "seen_items": ("pipeline", "scope", "item_id"),
     "cursors": ("pipeline", "scope"),
@@ -97,14 +98,13 @@ class _SQLiteCopier:
             with closing(db.execute(f"PRAGMA table_info({table})")) as cur:
                 have = {r[1] for r in cur.fetchall()}
             cols = [c for c in rows[0] if c in have]
-            before = db.total_changes
             # OR IGNORE: with --force, a row whose key or id is already there is kept.
+            # rowcount, not total_changes: the count triggers' rows are not copied rows.
             with closing(db.executemany(
                     f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) "
                     f"VALUES ({', '.join('?' * len(cols))})",
-                    [tuple(r.get(c) for c in cols) for r in rows])):
-                pass
-            return db.total_changes - before
+                    [tuple(r.get(c) for c in cols) for r in rows])) as cur:
+                return cur.rowcount
 
         return await self._store._write(tx)
 

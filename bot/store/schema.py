@@ -120,8 +120,48 @@ _V2 = [
     "ALTER TABLE pipeline_flags ADD COLUMN hold_until REAL",
 ]
 
+# perf16 (status at scale): `status` and `status <pipeline>` count seen marks and drafts
+# by status; on a year of mail (1M seen marks, 200k drafts) a COUNT(*) reads every row
+# (0.1-0.3 s). The counts are kept by triggers, in the same transaction as the rows, so
+# no store method (nor migrate-store, whose inserts fire them) has to remember them.
+_V3 = [
+    """CREATE TABLE seen_counts (
+        pipeline TEXT NOT NULL,
+        scope    TEXT NOT NULL,
+        n        INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (pipeline, scope)
+    ) WITHOUT ROWID""",
+    "INSERT INTO seen_counts (pipeline, scope, n) "
+    "SELECT pipeline, scope, COUNT(*) FROM seen_items GROUP BY pipeline, scope",
+    """CREATE TRIGGER seen_counts_insert AFTER INSERT ON seen_items BEGIN
+        INSERT INTO seen_counts (pipeline, scope, n) VALUES (NEW.pipeline, NEW.scope, 1)
+        ON CONFLICT (pipeline, scope) DO UPDATE SET n = n + 1; END""",
+    """CREATE TRIGGER seen_counts_delete AFTER DELETE ON seen_items BEGIN
+        UPDATE seen_counts SET n = n - 1 WHERE pipeline = OLD.pipeline AND scope = OLD.scope;
+        END""",
+    """CREATE TABLE draft_counts (
+        pipeline TEXT NOT NULL,
+        status   TEXT NOT NULL,
+        n        INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (pipeline, status)
+    ) WITHOUT ROWID""",
+    "INSERT INTO draft_counts (pipeline, status, n) "
+    "SELECT pipeline, status, COUNT(*) FROM drafts GROUP BY pipeline, status",
+    """CREATE TRIGGER draft_counts_insert AFTER INSERT ON drafts BEGIN
+        INSERT INTO draft_counts (pipeline, status, n) VALUES (NEW.pipeline, NEW.status, 1)
+        ON CONFLICT (pipeline, status) DO UPDATE SET n = n + 1; END""",
+    """CREATE TRIGGER draft_counts_delete AFTER DELETE ON drafts BEGIN
+        UPDATE draft_counts SET n = n - 1 WHERE pipeline = OLD.pipeline AND status = OLD.status;
+        END""",
+    """CREATE TRIGGER draft_counts_update AFTER UPDATE OF pipeline, status ON drafts
+        WHEN OLD.pipeline IS NOT NEW.pipeline OR OLD.status IS NOT NEW.status BEGIN
+        UPDATE draft_counts SET n = n - 1 WHERE pipeline = OLD.pipeline AND status = OLD.status;
+        INSERT INTO draft_counts (pipeline, status, n) VALUES (NEW.pipeline, NEW.status, 1)
+        ON CONFLICT (pipeline, status) DO UPDATE SET n = n + 1; END""",
+]
+
 #: Each entry is the list of statements of one migration, in order.
-MIGRATIONS: list[list[str]] = [_V1, _V2]
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -316,8 +316,9 @@ class SqlStore(Store):
                          tail: str = "ORDER BY id") -> list[Draft]:
         return await self._select_drafts(*status_where(statuses, pipeline), tail)
 
-    async def pending(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status(PENDING_STATUSES, pipeline)
+    async def pending(self, pipeline: str | None = None, limit: int | None = None) -> list[Draft]:
+        tail = "ORDER BY id" if limit is None else f"ORDER BY id LIMIT {int(limit)}"
+        return await self._by_status(PENDING_STATUSES, pipeline, tail)
 
     async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
         return await self._by_status((READY,), pipeline, f"ORDER BY id LIMIT {int(limit)}")
@@ -361,10 +362,12 @@ class SqlStore(Store):
         return int(rows[0][0] or 0) if rows else 0
 
     # -- counting --------------------------------------------------------------------
+    # Counted from draft_counts and seen_counts, which triggers keep in step with the
+    # rows (schema migration 3): a year of mail would make COUNT(*) read every row.
     async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
         where, args = ("WHERE pipeline = ?", (pipeline,)) if pipeline is not None else ("", ())
-        rows = await self._query(f"SELECT status, COUNT(*) FROM drafts {where} GROUP BY status",
-                                 args)
+        rows = await self._query(f"SELECT status, SUM(n) FROM draft_counts {where} "
+                                 "GROUP BY status HAVING SUM(n) > 0", args)
         return {r[0]: int(r[1]) for r in rows}
 
     async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
@@ -372,12 +375,13 @@ class SqlStore(Store):
         if not wanted:
             return {}
         where, args = status_where(wanted, None)
-        rows = await self._query(f"SELECT pipeline, COUNT(*) FROM drafts WHERE {where} "
-                                 "GROUP BY pipeline", args)
+        rows = await self._query(f"SELECT pipeline, SUM(n) FROM draft_counts WHERE {where} "
+                                 "GROUP BY pipeline HAVING SUM(n) > 0", args)
         return {r[0]: int(r[1]) for r in rows}
 
     async def seen_count(self, pipeline: str) -> int:
-        rows = await self._query("SELECT COUNT(*) FROM seen_items WHERE pipeline = ?", (pipeline,))
+        rows = await self._query("SELECT COALESCE(SUM(n), 0) FROM seen_counts WHERE pipeline = ?",
+                                 (pipeline,))
         return int(rows[0][0])
 
     # -- runs ------------------------------------------------------------------------
