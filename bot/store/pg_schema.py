@@ -212,6 +212,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE TRIGGER draft_counts_update AFTER UPDATE ON drafts
             REFERENCING OLD TABLE AS removed NEW TABLE AS added FOR EACH STATEMENT
             EXECUTE FUNCTION draft_counts_change();
+        CREATE INDEX drafts_pending ON drafts (id) WHERE status IN
+            ('ready', 'awaiting', 'approved', 'sending', 'send_failed', 'send_unknown');
         """,
     ),
 ]

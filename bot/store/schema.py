@@ -158,6 +158,10 @@ _V3 = [
         UPDATE draft_counts SET n = n - 1 WHERE pipeline = OLD.pipeline AND status = OLD.status;
         INSERT INTO draft_counts (pipeline, status, n) VALUES (NEW.pipeline, NEW.status, 1)
         ON CONFLICT (pipeline, status) DO UPDATE SET n = n + 1; END""",
+    # `pending`: the oldest drafts waiting for a person, without walking a year of
+    # finished ones in id order (the predicate is sql.PENDING_SQL, word for word).
+    "CREATE INDEX drafts_pending ON drafts (id) WHERE status IN "
+    "('ready', 'awaiting', 'approved', 'sending', 'send_failed', 'send_unknown')",
 ]
 
 #: Each entry is the list of statements of one migration, in order.
