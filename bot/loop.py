@@ -81,11 +81,11 @@ class Loop:
                     log.debug("%s is paused", p.name)
                     self.backlog.discard(p.name)
                 else:
-                    # Drafting stops claiming at the next slot (after at least one
-                    # interval): the next tick fetches new mail while the rest of the
-                    # queue is drafted and posted, so the channel never waits on a fetch.
+                    # Drafting stops claiming one interval after the tick began: the
+                    # next tick fetches new mail while the rest of the queue is drafted
+                    # and posted, so the channel never waits on a fetch.
                     step = scheduler.next_due(p, slot) - slot
-                    await self._tick(p.name, slot, until=max(slot + step, self.clock() + step))
+                    await self._tick(p.name, slot, until=self.clock() + step)
             except asyncio.CancelledError:
                 raise
             except Exception:
