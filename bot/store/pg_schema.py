@@ -175,13 +175,16 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             n BIGINT NOT NULL DEFAULT 0,
             PRIMARY KEY (pipeline, status)
         );
+        -- Final statuses only (see schema.py _V3): claims and posts write no counter.
         INSERT INTO draft_counts (pipeline, status, n)
-            SELECT pipeline, status, COUNT(*) FROM drafts GROUP BY pipeline, status;
+            SELECT pipeline, status, COUNT(*) FROM drafts WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired')
+            GROUP BY pipeline, status;
         CREATE FUNCTION draft_counts_add() RETURNS trigger LANGUAGE plpgsql
             SET search_path FROM CURRENT AS $$
         BEGIN
             INSERT INTO draft_counts AS c (pipeline, status, n)
-                SELECT pipeline, status, COUNT(*) FROM added GROUP BY 1, 2 ORDER BY 1, 2
+                SELECT pipeline, status, COUNT(*) FROM added WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired')
+                GROUP BY 1, 2 ORDER BY 1, 2
                 ON CONFLICT (pipeline, status) DO UPDATE SET n = c.n + EXCLUDED.n;
             RETURN NULL;
         END $$;
@@ -189,7 +192,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             SET search_path FROM CURRENT AS $$
         BEGIN
             INSERT INTO draft_counts AS c (pipeline, status, n)
-                SELECT pipeline, status, -COUNT(*) FROM removed GROUP BY 1, 2 ORDER BY 1, 2
+                SELECT pipeline, status, -COUNT(*) FROM removed WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired')
+                GROUP BY 1, 2 ORDER BY 1, 2
                 ON CONFLICT (pipeline, status) DO UPDATE SET n = c.n + EXCLUDED.n;
             RETURN NULL;
         END $$;
@@ -198,8 +202,9 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         BEGIN
             INSERT INTO draft_counts AS c (pipeline, status, n)
                 SELECT pipeline, status, SUM(d) FROM (
-                    SELECT pipeline, status, 1 AS d FROM added
-                    UNION ALL SELECT pipeline, status, -1 FROM removed) AS moved
+                    SELECT pipeline, status, 1 AS d FROM added WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired')
+                    UNION ALL SELECT pipeline, status, -1 FROM removed
+                    WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired')) AS moved
                 GROUP BY 1, 2 HAVING SUM(d) <> 0 ORDER BY 1, 2
                 ON CONFLICT (pipeline, status) DO UPDATE SET n = c.n + EXCLUDED.n;
             RETURN NULL;

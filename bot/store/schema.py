@@ -139,23 +139,33 @@ _V3 = [
     """CREATE TRIGGER seen_counts_delete AFTER DELETE ON seen_items BEGIN
         UPDATE seen_counts SET n = n - 1 WHERE pipeline = OLD.pipeline AND scope = OLD.scope;
         END""",
+    # Drafts in a final status (sent, failed, skipped, rejected, expired: nearly all of
+    # them after a year) are counted here; the few unfinished ones are counted live
+    # (sql.py), so the hot transitions (claim, finish, post, approve) write no counter.
     """CREATE TABLE draft_counts (
         pipeline TEXT NOT NULL,
         status   TEXT NOT NULL,
         n        INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (pipeline, status)
     ) WITHOUT ROWID""",
-    "INSERT INTO draft_counts (pipeline, status, n) "
-    "SELECT pipeline, status, COUNT(*) FROM drafts GROUP BY pipeline, status",
-    """CREATE TRIGGER draft_counts_insert AFTER INSERT ON drafts BEGIN
+    "INSERT INTO draft_counts (pipeline, status, n) SELECT pipeline, status, COUNT(*) "
+    "FROM drafts WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired') GROUP BY pipeline, status",
+    """CREATE TRIGGER draft_counts_insert AFTER INSERT ON drafts
+        WHEN NEW.status IN ('sent', 'failed', 'skipped', 'rejected', 'expired') BEGIN
         INSERT INTO draft_counts (pipeline, status, n) VALUES (NEW.pipeline, NEW.status, 1)
         ON CONFLICT (pipeline, status) DO UPDATE SET n = n + 1; END""",
-    """CREATE TRIGGER draft_counts_delete AFTER DELETE ON drafts BEGIN
+    """CREATE TRIGGER draft_counts_delete AFTER DELETE ON drafts
+        WHEN OLD.status IN ('sent', 'failed', 'skipped', 'rejected', 'expired') BEGIN
         UPDATE draft_counts SET n = n - 1 WHERE pipeline = OLD.pipeline AND status = OLD.status;
         END""",
-    """CREATE TRIGGER draft_counts_update AFTER UPDATE OF pipeline, status ON drafts
-        WHEN OLD.pipeline IS NOT NEW.pipeline OR OLD.status IS NOT NEW.status BEGIN
+    """CREATE TRIGGER draft_counts_leave AFTER UPDATE OF pipeline, status ON drafts
+        WHEN OLD.status IN ('sent', 'failed', 'skipped', 'rejected', 'expired')
+        AND (OLD.pipeline IS NOT NEW.pipeline OR OLD.status IS NOT NEW.status) BEGIN
         UPDATE draft_counts SET n = n - 1 WHERE pipeline = OLD.pipeline AND status = OLD.status;
+        END""",
+    """CREATE TRIGGER draft_counts_enter AFTER UPDATE OF pipeline, status ON drafts
+        WHEN NEW.status IN ('sent', 'failed', 'skipped', 'rejected', 'expired')
+        AND (OLD.pipeline IS NOT NEW.pipeline OR OLD.status IS NOT NEW.status) BEGIN
         INSERT INTO draft_counts (pipeline, status, n) VALUES (NEW.pipeline, NEW.status, 1)
         ON CONFLICT (pipeline, status) DO UPDATE SET n = n + 1; END""",
     # `pending`: the oldest drafts waiting for a person, without walking a year of

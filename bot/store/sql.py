@@ -22,6 +22,8 @@ from ..models import (
     READY,
     SEND_UNKNOWN,
     SENDING,
+    STATUSES,
+    TERMINAL_STATUSES,
     AuditEntry,
     Draft,
     Message,
@@ -96,6 +98,9 @@ def audit_row(t: float, actor: str, action: str, key: str | None, text: str | No
     return AUDIT_SQL, (t, actor, action, key, None if text is None else sha256_text(text),
                        clean(scrub(detail)))
 
+
+#: Statuses counted live (not kept in draft_counts): those a draft leaves again.
+_LIVE = tuple(s for s in STATUSES if s not in TERMINAL_STATUSES)
 
 #: The predicate of the drafts_pending partial index (schema migration 3), word for word.
 PENDING_SQL = "status IN ({})".format(", ".join(f"'{s}'" for s in PENDING_STATUSES))
@@ -370,22 +375,32 @@ class SqlStore(Store):
         return int(rows[0][0] or 0) if rows else 0
 
     # -- counting --------------------------------------------------------------------
-    # Counted from draft_counts and seen_counts, which triggers keep in step with the
-    # rows (schema migration 3): a year of mail would make COUNT(*) read every row.
+    # Drafts in a final status and seen marks are counted from draft_counts and
+    # seen_counts, which triggers keep in step with the rows (schema migration 3): a
+    # year of mail would make COUNT(*) read every row. The few unfinished drafts are
+    # counted live, so claims and posts write no counter row (no contention there).
     async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
         where, args = ("WHERE pipeline = ?", (pipeline,)) if pipeline is not None else ("", ())
         rows = await self._query(f"SELECT status, SUM(n) FROM draft_counts {where} "
                                  "GROUP BY status HAVING SUM(n) > 0", args)
+        live_where, live_args = status_where(_LIVE, pipeline)
+        rows += await self._query(f"SELECT status, COUNT(*) FROM drafts WHERE {live_where} "
+                                  "GROUP BY status", live_args)
         return {r[0]: int(r[1]) for r in rows}
 
     async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
         wanted = tuple(dict.fromkeys(statuses))
-        if not wanted:
-            return {}
-        where, args = status_where(wanted, None)
-        rows = await self._query(f"SELECT pipeline, SUM(n) FROM draft_counts WHERE {where} "
-                                 "GROUP BY pipeline HAVING SUM(n) > 0", args)
-        return {r[0]: int(r[1]) for r in rows}
+        out: dict[str, int] = {}
+        for table, chosen, total in (
+                ("draft_counts", [w for w in wanted if w in TERMINAL_STATUSES], "SUM(n)"),
+                ("drafts", [w for w in wanted if w not in TERMINAL_STATUSES], "COUNT(*)")):
+            if not chosen:
+                continue
+            where, args = status_where(chosen, None)
+            for r in await self._query(f"SELECT pipeline, {total} FROM {table} WHERE {where} "
+                                       f"GROUP BY pipeline HAVING {total} > 0", args):
+                out[r[0]] = out.get(r[0], 0) + int(r[1])
+        return out
 
     async def seen_count(self, pipeline: str) -> int:
         rows = await self._query("SELECT COALESCE(SUM(n), 0) FROM seen_counts WHERE pipeline = ?",
