@@ -34,8 +34,10 @@ def add_cli(subparsers) -> None:
             ).add_argument("pipeline", nargs="?", help="pipeline name")
     command("pending", _pending, "drafts waiting for a decision",
             "Drafts not yet posted, awaiting a decision, approved or being sent, or whose "
-            "send failed or has an unknown outcome. --json also gives each draft's item_id.",
-            json=True)
+            "send failed or has an unknown outcome, then those waiting to be drafted; the "
+            f"first {ops.PENDING_PAGE} and how many more (--all: every one). --json lists "
+            "every one and also gives each draft's item_id.", json=True,
+            ).add_argument("--all", action="store_true", help="list every unfinished draft")
     p = command("replay", _replay, "send an item back through the pipeline",
                 "A failed, rejected, skipped, dismissed or expired item goes back to queued "
                 "and is drafted without triage; an item only seen loses its seen mark. Sent "
@@ -206,7 +208,9 @@ async def _status(args) -> int:
 async def _pending(args) -> int:
     settings = load(args.config)
     async with existing_store(settings) as store:
-        drafts = await ops.pending(store, settings)
+        drafts, total = await ops.pending_page(store, settings)
+        if (args.all or args.json) and total > len(drafts):
+            drafts, total = await ops.pending_page(store, settings, limit=total)
         holds = await ops.holds(store)
         if args.json:
             print(json.dumps([{"id": d.id, "key": d.key, "pipeline": d.pipeline,
@@ -221,6 +225,8 @@ async def _pending(args) -> int:
                               for d in drafts], indent=2))
         else:
             print(ops.format_pending(drafts, settings))
+            if more := ops.more_line(len(drafts), total):
+                print(more)
             for name, reason in sorted(holds.items()):
                 print(f"⚠ {name}: drafting held: {reason}")
     return 0

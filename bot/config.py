@@ -267,8 +267,8 @@ def _models(ck: Checker, models: dict, settings: Settings) -> None:
         settings.models["template"] = ModelConfig("template", "template", {"provider": "template"})
 
 
-_GMAIL_ACCOUNT_KEYS = ("token_file", "address", "api_endpoint", "timeout", "backoff",
-                       "read_attempts", "max_wait")
+_GMAIL_ACCOUNT_KEYS = ("token_file", "address", "api_endpoint", "batch_endpoint", "timeout",
+                       "backoff", "read_attempts", "max_wait")
 
 
 def _gmail_account(ck: Checker, raw: Any, path: str) -> dict[str, Any]:
@@ -286,10 +286,11 @@ def _gmail_account(ck: Checker, raw: Any, path: str) -> dict[str, Any]:
     if address is not None and "@" not in address:
         ck.error(f"{path}.address", f"expected an email address like support@example.com, "
                                     f"got {address!r}")
-    endpoint = ck.get(acc, "api_endpoint", path, str, default=None)
-    if endpoint is not None and not re.match(r"^https?://[^/\s]+", endpoint):
-        ck.error(f"{path}.api_endpoint", f"expected an http(s) URL like "
-                                         f"https://gmail.googleapis.com/, got {endpoint!r}")
+    for key, like in (("api_endpoint", "https://gmail.googleapis.com/"),
+                      ("batch_endpoint", "https://gmail.googleapis.com/batch/gmail/v1")):
+        endpoint = ck.get(acc, key, path, str, default=None)
+        if endpoint is not None and not re.match(r"^https?://[^/\s]+", endpoint):
+            ck.error(f"{path}.{key}", f"expected an http(s) URL like {like}, got {endpoint!r}")
     for key, zero_ok in (("timeout", False), ("backoff", True), ("max_wait", True)):
         seconds = ck.convert(acc, key, path, parse_duration, default=None)
         if seconds is None:

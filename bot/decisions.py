@@ -28,7 +28,7 @@ from .models import (
     telegram_user,
 )
 from .operators import Operators
-from .ops import emails, pending, sweep
+from .ops import UNFINISHED_STATUSES, emails, pending_page, sweep
 from .sending import Sends
 from .stages import Sender
 from .store import Store, SweepResult
@@ -115,10 +115,16 @@ class Decisions:
             return [], quorum
         return [v.actor for v in await self.store.votes(d.id, d.version)], quorum
 
-    async def pending_for(self, actor: str) -> list[Draft]:
-        """/pending: the unfinished drafts of the pipelines ``actor`` may decide."""
-        return [d for d in await pending(self.store, self.settings)
-                if self.may_see(d.pipeline, actor)]
+    async def pending_for(self, actor: str) -> tuple[list[Draft], int]:
+        """/pending: a page of the unfinished drafts of the pipelines ``actor`` may
+        decide, and how many of theirs there are in all."""
+        drafts, total = await pending_page(self.store, self.settings)
+        hidden = {p.name for p in self.settings.pipelines if not self.may_see(p.name, actor)}
+        if not hidden:
+            return drafts, total
+        counts = await self.store.count_by_pipeline(UNFINISHED_STATUSES)
+        return ([d for d in drafts if d.pipeline not in hidden],
+                sum(n for name, n in counts.items() if name not in hidden))
 
     # -- on demand: /reply and /emails ----------------------------------------------------
     async def reply(self, pipeline: str, item_id: str, instruction: str, actor: str) -> str:

@@ -107,8 +107,10 @@ class Drafting:
         (self._not_held.add if reason is None else self._not_held.discard)(p.name)
 
     # -- drafting ---------------------------------------------------------------------
-    async def draft_queued(self, p: PipelineConfig, counts: RunCounts) -> bool:
-        """Draft what is queued, posting each card as its draft is stored. False if
+    async def draft_queued(self, p: PipelineConfig, counts: RunCounts,
+                           until: float | None = None) -> bool:
+        """Draft what is queued, posting each card as its draft is stored; no claim
+        starts at or after ``until`` (the rest stay queued for the next tick). False if
         the approval channel was unreachable for one of them (the rest wait in ready)."""
         # A lease left by a crashed or hung worker goes back to the queue here, on
         # every tick, rather than waiting for the daily sweep.
@@ -130,6 +132,9 @@ class Drafting:
 
         async def worker() -> None:
             while not stop.is_set():
+                if until is not None and self.clock() >= until:
+                    stop.set()
+                    return
                 if not await self._budget_left(p):
                     stop.set()
                     return

@@ -164,10 +164,13 @@ class Engine:
 
     # -- one tick -------------------------------------------------------------------
     @logfmt.about_pipeline
-    async def tick(self, name: str, scheduled_for: float | None = None) -> RunCounts:
+    async def tick(self, name: str, scheduled_for: float | None = None, *,
+                   until: float | None = None) -> RunCounts:
         """Run one tick of pipeline ``name`` for slot ``scheduled_for`` (default: the
         newest due slot). Never overlaps another tick of the same pipeline, in this
-        process (lock) or on another host (lease row in the store)."""
+        process (lock) or on another host (lease row in the store). With ``until``
+        (the schedule's loop), drafting claims nothing from then on and what is still
+        queued is drafted by the next tick, beside its fetch."""
         p = self.pipeline(name)
         if scheduled_for is None:
             scheduled_for = scheduler.last_due(p, self.clock())
@@ -178,12 +181,13 @@ class Engine:
         self.loop.backlog.discard(name)
         async with self.leases.hold(name) as held:
             if held:
-                await self._tick_locked(p, scheduled_for, counts)
+                await self._tick_locked(p, scheduled_for, counts, until)
             else:
                 log.info("%s: another process is running this pipeline; tick skipped", name)
         return counts
 
-    async def _tick_locked(self, p: PipelineConfig, scheduled_for: float, counts: RunCounts) -> None:
+    async def _tick_locked(self, p: PipelineConfig, scheduled_for: float, counts: RunCounts,
+                           until: float | None) -> None:
         started = self.clock()
         try:
             run_id = await self.store.start_run(p.name, scheduled_for, now=started)
@@ -192,6 +196,10 @@ class Engine:
             return
         logfmt.bind(run_id=run_id)
         error: str | None = None
+        # What an earlier tick left queued (see ``until``) is drafted and posted while
+        # this one fetches: the approval channel, the slowest stage, keeps working.
+        early = asyncio.create_task(self.drafting.draft_queued(p, counts, until)) \
+            if until is not None else None
         try:
             try:
                 await self._fetch_and_admit(p, scheduled_for, counts)
@@ -200,11 +208,15 @@ class Engine:
                 log.warning("%s: fetch failed: %s", p.name, error,
                             exc_info=not isinstance(exc, DraftgateError))
             try:
-                await self._drain(p, counts)
+                # A post that failed early is the one try of this tick (see _drain).
+                await self._drain(p, counts, until, draft=early is None or await early)
             except Exception as exc:
                 error = error or describe_error(exc)
                 log.warning("%s: %s", p.name, error, exc_info=not isinstance(exc, DraftgateError))
         except asyncio.CancelledError:
+            if early is not None:
+                early.cancel()
+                await asyncio.gather(early, return_exceptions=True)
             # Stopped mid-tick (Ctrl-C, SIGTERM): close the run row instead of leaving
             # it "running". A deliberate stop is no failure: recorded as stopped, not
             # red, and nobody is notified.
@@ -277,8 +289,10 @@ class Engine:
         await self.sends.checks_done(p)
         return counts
 
-    async def _drain(self, p: PipelineConfig, counts: RunCounts) -> None:
-        if await self.drafting.draft_queued(p, counts):  # False: a post failed; one try per tick
+    async def _drain(self, p: PipelineConfig, counts: RunCounts, until: float | None = None,
+                     draft: bool = True) -> None:
+        # draft_queued is False when a post failed: one try per tick.
+        if draft and await self.drafting.draft_queued(p, counts, until):
             await self._post_ready(p, counts)
         await self.sends.send_approved(p, counts)
         await self.sends.check_unknown(p, counts)

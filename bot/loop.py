@@ -29,7 +29,7 @@ async def _stopped(stop: asyncio.Event, within: float) -> bool:
 
 class Loop:
     def __init__(self, settings: Settings, store: Store, operators: Operators,
-                 tick: Callable[[str, float], Awaitable[RunCounts]],
+                 tick: Callable[..., Awaitable[RunCounts]],
                  sweep: Callable[[], Awaitable[SweepResult]], clock: Callable[[], float],
                  desk: Desk | None = None):
         self.settings, self.store, self.operators = settings, store, operators
@@ -88,16 +88,22 @@ class Loop:
                     log.debug("%s is paused", p.name)
                     self.backlog.discard(p.name)
                 else:
-                    await self._tick(p.name, slot)
+                    # Drafting stops claiming one interval after the tick began: the
+                    # next tick fetches new mail while the rest of the queue is drafted
+                    # and posted, so the channel never waits on a fetch.
+                    step = scheduler.next_due(p, slot) - slot
+                    await self._tick(p.name, slot, until=self.clock() + step)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("%s: tick crashed", p.name)
                 self.backlog.discard(p.name)
             # More new items wait at the source (max_per_tick): the next bounded tick
-            # runs now rather than at the next slot, so a flood drains steadily.
-            due = self.clock() if p.name in self.backlog else \
-                scheduler.next_due(p, max(slot, self.clock()))
+            # runs now rather than at the next slot, so a flood drains steadily. A tick
+            # that overran its interval is followed at once by one catch-up tick for
+            # the slots it overran (not at the slot after them: the mail that came
+            # meanwhile would wait up to a whole interval more, and the channel idle).
+            due = self.clock() if p.name in self.backlog else scheduler.next_due(p, slot)
 
     async def _sweep_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -214,6 +214,29 @@ async def pending(store: Store, settings: Settings) -> list[Draft]:
     return await store.waiting(limit=1000) + await store.pending()
 
 
+#: Drafts `draftgate pending` and /pending list before "and N more".
+PENDING_PAGE = 100
+
+
+async def pending_page(store: Store, settings: Settings, limit: int = PENDING_PAGE
+                       ) -> tuple[list[Draft], int]:
+    """The first ``limit`` unfinished drafts (those waiting for a person first: a
+    decision or a send, oldest first; then those waiting to be drafted) and how many
+    unfinished drafts there are in all, so a page can say how many it leaves out."""
+    total = sum((await store.count_by_pipeline(UNFINISHED_STATUSES)).values())
+    drafts = await store.pending(limit=limit)
+    if len(drafts) < limit:
+        drafts += await store.waiting(limit=limit - len(drafts))
+    return drafts, total
+
+
+def more_line(shown: int, total: int) -> str:
+    """The last line of a page that leaves drafts out ("" when it shows them all)."""
+    if total <= shown:
+        return ""
+    return f"… and {total - shown:,} more: `draftgate pending --all` lists every one"
+
+
 async def holds(store: Store, now: float | None = None) -> dict[str, str]:
     """Pipeline -> why its drafting is held, for holds in force now."""
     now = time.time() if now is None else now

@@ -729,3 +729,27 @@ async def test_a_pipeline_lock_left_by_a_dead_local_process_is_taken_over_at_onc
     assert await world.store.try_lock("pipeline:alpha", dead, 60, now=world.clock())
     assert (await world.engine.tick("alpha")).drafted == 1  # a dead local one: taken over
     assert await world.store.lock_holder("pipeline:alpha") is None
+
+
+async def test_a_tick_that_overran_its_interval_is_followed_at_once_by_one_catch_up(world):
+    """A 5m tick that took 7m: the next tick runs at once for the slot it overran (not
+    at the slot after, with new mail waiting and the channel idle), and each tick is
+    told to stop claiming one interval after it began."""
+    from bot.loop import Loop
+
+    clock, calls, stop = Clock(T0 - T0 % 300 + 10), [], asyncio.Event()
+
+    async def tick(name, slot, until=None):
+        calls.append((slot, until, clock.t))
+        clock.t += 420 if len(calls) == 1 else 1  # the first overruns by 2 minutes
+        if len(calls) == 2:
+            stop.set()
+        return None
+
+    loop = Loop(world.engine.settings, world.store, world.engine.operators, tick,
+                world.engine.sweep, clock)
+    alpha = world.engine.pipeline("alpha")
+    await asyncio.wait_for(loop.supervised(alpha, stop), 30)  # no real waiting: at once
+    (s1, u1, t1), (s2, u2, t2) = calls
+    assert s2 == s1 + 300 and t2 == t1 + 420  # the overrun slot, caught up at once
+    assert u1 == t1 + 300 and u2 == t2 + 300  # drafting stops an interval after the start

@@ -19,7 +19,7 @@ drafter: {model: template, prompt: reply.txt}
 sender: {type: gmail_reply, account: support}
 """
 
-KNOWN = "token_file, address, api_endpoint, timeout, backoff, read_attempts, max_wait"
+KNOWN = "token_file, address, api_endpoint, batch_endpoint, timeout, backoff, read_attempts, max_wait"
 
 
 @pytest.fixture(autouse=True)

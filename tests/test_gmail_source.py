@@ -446,7 +446,7 @@ async def test_rate_limit_backoff_is_bounded_by_read_attempts(world):
 
 
 async def test_a_failed_download_stops_the_others_before_the_tick_ends(tmp_path):
-    """One download fails for good: the tick fails with its reason, the downloads not
+    """One download fails for good: the tick fails with its reason, the batches not
     yet started are not started, and nothing calls Gmail after the tick has ended
     (orphaned downloads used to go on in the background). The next tick gets all."""
     w = GmailWorld(tmp_path, source='{type: gmail, account: support, '
@@ -454,21 +454,21 @@ async def test_a_failed_download_stops_the_others_before_the_tick_ends(tmp_path)
     await w.open()
     try:
         await _started(w)
-        ids = [w.fake.add_message(simple_message(n)) for n in range(20)]
+        ids = [w.fake.add_message(simple_message(n)) for n in range(120)]  # 3 batches
         w.fake.fail("messages.get", 400, message="Invalid id value")
         await w.tick()
         run = (await w.store.recent_runs("support", 1))[0]
         assert run.status == "error" and "Gmail 400 on messages.get" in run.error_text
-        assert len(w.fake.calls_to("messages.get")) == 1
-        release = w.fake.hold("messages.get")
+        assert len(w.fake.batches()) == 1 and len(w.fake.calls_to("messages.get")) == 50
+        release = w.fake.hold("batch")
         try:
-            late = await asyncio.to_thread(w.fake.reached("messages.get").wait, 1.0)
+            late = await asyncio.to_thread(w.fake.reached("batch").wait, 1.0)
         finally:
             release.set()
         assert not late, "a download reached Gmail after the tick had ended"
-        assert len(w.fake.calls_to("messages.get")) == 1
+        assert len(w.fake.calls_to("messages.get")) == 50
         counts = await w.tick()
-        assert counts.new == 20 and {d.item_id for d in await w.drafts()} == set(ids)
+        assert counts.new == 120 and {d.item_id for d in await w.drafts()} == set(ids)
     finally:
         await w.close()
 

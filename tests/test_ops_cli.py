@@ -576,3 +576,33 @@ def test_config_given_before_and_after_the_command_differently_is_refused(deploy
     # -v after the commands that bring their own options too.
     code, _, err = run(capsys, "migrate-store", "--from", "sqlite://", "--to", "x", "-vv")
     assert code == 2 and err.startswith("migrate-store: --from: bad SQLite store URL")
+
+
+def test_pending_pages_with_how_many_more_and_all_lists_every_one(deployment, capsys):
+    """`draftgate pending` with 150 awaiting prints the first 100 and "… and 50 more";
+    --all and --json list all 150."""
+    import asyncio
+
+    from bot.models import Item, Message
+    from bot.store import create_store
+
+    async def fill():
+        async with create_store(f"sqlite:///{deployment.parent}/state.db") as store:
+            await store.admit("demo", "bulk", "v1", [Item(f"<bulk-{i}@x>", Message(
+                from_addr=f"c{i}@customer.example", subject=f"Question {i}", body="hi"))
+                for i in range(150)])
+            while claimed := await store.claim("demo", 600, limit=100):
+                for d in claimed:
+                    d = await store.finish_draft(d.id, d.fence, "Hello")
+                    await store.mark_posted(d.id, d.version, "1", str(d.id))
+
+    asyncio.run(fill())
+    code, out, _ = run(capsys, "pending", "-c", str(deployment))
+    lines = out.splitlines()
+    assert code == 0 and len([x for x in lines if x.startswith("demo #")]) == 100
+    assert "… and 50 more: `draftgate pending --all` lists every one" in lines
+    code, out, _ = run(capsys, "pending", "-c", str(deployment), "--all")
+    assert len([x for x in out.splitlines() if x.startswith("demo #")]) == 150
+    assert "more:" not in out
+    code, out, _ = run(capsys, "pending", "-c", str(deployment), "--json")
+    assert len(json.loads(out)) == 150

@@ -32,8 +32,8 @@ def test_sigterm_stops_run_within_seconds_while_a_gmail_read_never_answers(tmp_p
             source='{type: gmail, account: support, query: "in:inbox", backfill: 1}',
             # The read would wait five minutes for an answer, and is not retried.
             account_extra="backoff: 0.01\n      timeout: 300s\n      read_attempts: 1")
-        fake.hold("messages.get")  # the download gets no answer (for 30 s)
-        arrived = fake.reached("messages.get")
+        fake.hold("batch")  # the download gets no answer (for 30 s)
+        arrived = fake.reached("batch")
         log = tmp_path / "bot.log"
         proc = start_bot(Path(cfg), log)
         try:

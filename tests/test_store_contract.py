@@ -601,6 +601,27 @@ class TestStoreContract:
         assert await store.count_by_pipeline(["awaiting", "sent"]) == {P: 1}
         assert await store.count_by_pipeline([]) == {}
 
+    async def test_counts_follow_every_change_of_the_rows(self, store):
+        """status counts are kept beside the rows (not counted at every status): they
+        stay equal to the rows through admit, skip, claim, finish, post, reject, replay,
+        a seen mark removed by replay and the sweep, and several items in one admit."""
+        await store.admit(P, S, R, _items("a", "b", "c", skip={"c": "filtered"}), now=T0)
+        await store.mark_seen(P, S, ["only-seen"], now=T0)
+        await store.mark_seen(P, S, ["only-seen", "a"], now=T0)  # already seen: no change
+        [d] = await store.claim(P, 600, now=T0)
+        d = await store.finish_draft(d.id, d.fence, "Hi", now=T0)
+        d = await store.mark_posted(d.id, d.version, "1", "2")
+        assert await store.count_by_status(P) == {"queued": 1, "awaiting": 1, "skipped": 1}
+        await store.reject(d.id, d.version, "anna")
+        assert (await store.replay(P, "a", "anna")).outcome == "requeued"
+        assert (await store.replay(P, "only-seen", "anna")).outcome != "requeued"
+        assert await store.count_by_status(P) == {"queued": 2, "skipped": 1}
+        assert await store.count_by_pipeline(["queued", "skipped"]) == {P: 3}
+        assert await store.seen_count(P) == 3
+        await store.sweep(seen_ttl_days=1, now=T0 + 2 * DAY)
+        assert await store.seen_count(P) == 0 and await store.unseen(P, S, ["a"]) == {"a"}
+        assert await store.count_by_status(P) == {"queued": 2, "skipped": 1}
+
     # -- sweep -------------------------------------------------------------------------------
 
     async def test_sweep_deletes_seen_marks_older_than_the_ttl_only(self, store):

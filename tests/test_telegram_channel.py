@@ -1054,3 +1054,34 @@ async def test_a_long_flood_wait_is_not_slept_through(world, fake):
     assert d.status == "ready"
     assert await world.engine.post_unposted() == 1
     assert len(fake.chat_messages(SUPPORT_CHAT)) == 1
+
+
+async def _awaiting(store, pipeline: str, n: int) -> list[int]:
+    """``n`` drafts awaiting a decision (cards recorded, not posted: fast)."""
+    from bot.models import Item, Message
+
+    await store.admit(pipeline, "bulk", "v1", [Item(f"<bulk-{i}@x>", Message(
+        from_addr=f"c{i}@customer.example", subject=f"Question {i}", body="hi"))
+        for i in range(n)])
+    ids = []
+    while claimed := await store.claim(pipeline, 600, limit=100):
+        for d in claimed:
+            d = await store.finish_draft(d.id, d.fence, "Hello")
+            await store.mark_posted(d.id, d.version, str(SUPPORT_CHAT), str(10_000 + d.id))
+            ids.append(d.id)
+    return ids
+
+
+async def test_pending_with_hundreds_waiting_says_how_many_more_and_where(world):
+    """/pending with 300 drafts awaiting lists what fits, oldest first, and ends with
+    how many it left out and the command that lists them all: nothing cut silently."""
+    ids = await _awaiting(world.store, "support", 300)
+    text = await world.say("/pending")
+    lines = text.splitlines()
+    shown = [line for line in lines if line.startswith("support #")]
+    assert shown and shown[0].startswith(f"support #{ids[0]} v1 · awaiting")
+    last = lines[-1]
+    assert last.startswith("… and ") and last.endswith(
+        "more: draftgate pending --all lists every one"), last
+    assert len(shown) + int(last.split()[2].replace(",", "")) == 300
+    assert len(text) <= 4096

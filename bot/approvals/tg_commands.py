@@ -64,7 +64,7 @@ async def pending(update: Update, context: Context) -> None:
     if context.args:
         return await reply(update, _USAGE["pending"])
     ch = channel_of(context)
-    drafts = await ch.decisions.pending_for(operator(update))
+    drafts, total = await ch.decisions.pending_for(operator(update))
     if not drafts:
         return await reply(update, ops.format_pending(drafts))
     lines: list[str] = []
@@ -74,10 +74,12 @@ async def pending(update: Update, context: Context) -> None:
         if link := card_link(d):
             line += f' · <a href="{link}">open card</a>'
         used += cards.units(line) + 1
-        if used > cards.MAX_TEXT - 60:
-            lines.append(f"… and {len(drafts) - len(lines)} more")
+        if used > cards.MAX_TEXT - 100:  # room for the line that says how many more
             break
         lines.append(line)
+    if more := ops.more_line(len(lines), total):
+        head, command, tail = html.escape(more, quote=False).split("`")
+        lines.append(f"{head}<code>{command}</code>{tail}")
     await message_of(update).reply_text("\n".join(lines), parse_mode=ParseMode.HTML,
                                               do_quote=True, link_preview_options=NO_PREVIEW)
 

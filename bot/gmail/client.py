@@ -38,6 +38,7 @@ import httplib2
 from .. import metrics, redact
 from ..errors import AuthError, SourceError
 from . import auth
+from .batch import MAX_PARTS, batch_uri, build_requests, run_batch, status_of
 
 log = logging.getLogger("draftgate.gmail")
 
@@ -205,6 +206,9 @@ class GmailClient:
         self.token_file = (Path(base_dir) / token_file).absolute()
         self.config_file = config_file  # named in the re-authorise command
         self.api_endpoint = str(account.get("api_endpoint") or DEFAULT_ENDPOINT)
+        # Reads go through Gmail's batch endpoint, which belongs to the API endpoint
+        # (googleapiclient would take Google's from the discovery document).
+        self.batch_endpoint = str(account.get("batch_endpoint") or batch_uri(self.api_endpoint))
         self.address = str(account.get("address") or "")
         # Optional per-account knobs (tests shorten them; the defaults suit Gmail).
         self.timeout = float(account.get("timeout", timeout))
@@ -232,6 +236,9 @@ class GmailClient:
 
     async def aread(self, make: Callable[[Any], Any], what: str) -> dict:
         return await self.run(self.read, make, what)
+
+    async def aget_many(self, kind: str, ids: list[str], **params) -> dict[str, dict]:
+        return await self.run(lambda: self.get_many(kind, ids, **params))
 
     async def awrite_once(self, make: Callable[[Any], Any], what: str) -> dict:
         return await self.run(self.write_once, make, what)
@@ -357,9 +364,9 @@ class GmailClient:
                     requestBuilder=self._request_builder))
             return self._service
 
-    def _count(self) -> None:
+    def _count(self, n: int = 1) -> None:
         with self._count_lock:
-            self.calls += 1
+            self.calls += n
 
     # -- calls -------------------------------------------------------------------------------
     def read(self, make: Callable[[Any], Any], what: str,
@@ -438,25 +445,85 @@ class GmailClient:
                 self._save_if_refreshed()
         raise GmailError(last or f"Gmail {what} failed")  # not reached
 
-    def thread(self, thread_id: str, before: str, limit: int,
-               cancel: threading.Event | None = None) -> list[dict]:
-        """The messages of Gmail thread ``thread_id`` that came before message
-        ``before`` (all of them if it is not in the thread), the newest ``limit``, oldest
-        first, as ``messages.get(format=raw)`` resources: one ``threads.get`` (which has
-        no raw format, so ``minimal``: ids, labels, dates) and one ``messages.get`` each.
-        Drafts, spam and trash are left out; our own sent replies are kept."""
-        listing = self.read(lambda s: s.users().threads().get(
-            userId="me", id=thread_id, format="minimal"), "threads.get", cancel)
-        found = sorted((m for m in listing.get("messages") or []
-                        if not set(m.get("labelIds") or ()) & {"DRAFT", "SPAM", "TRASH"}),
-                       key=lambda m: int(m.get("internalDate") or 0))
-        ids = [str(m.get("id")) for m in found]
-        if before in ids:
-            ids = ids[:ids.index(before)]
-        def get(gid: str) -> Callable[[Any], Any]:
-            return lambda s: s.users().messages().get(userId="me", id=gid, format="raw")
+    def get_many(self, kind: str, ids: list[str], cancel: threading.Event | None = None,
+                 **params: Any) -> dict[str, dict]:
+        """``users.<kind>.get`` (``messages`` or ``threads``) of every id in ``ids``,
+        through Gmail's batch endpoint, at most :data:`~.batch.MAX_PARTS` calls per
+        request, with the care of :meth:`read` part by part: a part answered 429 or 5xx,
+        or missing from an answer cut off mid-body, goes again alone (with the others
+        that failed) after a backoff, within ``read_attempts``; a 404 drops only that
+        id (absent from the result); 401 and other 4xx fail the call. Each part counts
+        as one call (its quota). Returns id -> resource."""
+        found: dict[str, dict] = {}
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), MAX_PARTS):
+            found.update(self._get_batch(kind, unique[start:start + MAX_PARTS], cancel, params))
+        return found
 
-        return [self.read(get(gid), "messages.get", cancel) for gid in ids[-limit:] if limit > 0]
+    def _get_batch(self, kind: str, ids: list[str], cancel: threading.Event | None,
+                   params: dict[str, Any]) -> dict[str, dict]:
+        what, found = f"{kind}.get", {}  # type: str, dict[str, dict]
+        for attempt in range(1, self.read_attempts + 1):
+            if self._closed or (cancel is not None and cancel.is_set()):
+                raise Cancelled(f"Gmail {what}: not (re)tried; the tick is ending") \
+                    if not self._closed else GmailError(f"Gmail account {self.name!r}: closed")
+            requests = build_requests(self.service(), kind, ids, params)
+            self._count(len(ids))  # each part is a call against the quota
+            for request in requests.values():
+                metrics.gmail_call(self.name, request.methodId)
+            try:
+                done, failure = run_batch(self.batch_endpoint, requests, self._thread_http())
+            finally:
+                self._save_if_refreshed()
+            outcomes = {gid: done.get(str(n)) for n, gid in enumerate(ids)}
+            found.update({gid: o.resource or {} for gid, o in outcomes.items()
+                          if o and not o.error})
+            failed = [o.error for o in outcomes.values() if o and o.error] + [failure]
+            waits = [self._part_failed(exc, what, attempt == self.read_attempts)
+                     for exc in failed if exc is not None]
+            retry = [gid for gid, o in outcomes.items() if o is None or (
+                o.error is not None and status_of(o.error) != 404)]
+            if not retry:
+                return found
+            wait = max([self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1)] +
+                       [w for w, _ in waits])
+            last = next((r for _, r in waits if r), f"Gmail {what}: parts missing")
+            if attempt < self.read_attempts:
+                log.warning("%s; %d of %d part(s) go again in %.2fs (retry %d of %d)", last,
+                            len(retry), len(ids), wait, attempt, self.read_attempts - 1)
+                cancel.wait(wait) if cancel is not None else time.sleep(wait)
+            ids = retry
+        raise GmailError(f"{last} (after {self.read_attempts} attempts)")
+
+    def _part_failed(self, exc: BaseException, what: str, final: bool) -> tuple[float, str]:
+        """(seconds to wait, reason) for a batch part (or the whole batch) that failed
+        and may go again; raises what must not: 401, other 4xx, a rate limit whose
+        Retry-After is over ``max_wait`` or that is on the ``final`` attempt."""
+        from google.auth.exceptions import RefreshError
+        from googleapiclient.errors import HttpError
+
+        if isinstance(exc, RefreshError):
+            raise self._auth_error() from None
+        if not isinstance(exc, HttpError):  # transport, or an answer cut off mid-body
+            self._drop_thread_http()  # its connection may be broken
+            return 0.0, f"Gmail batch {what} cut short: {_reason(exc)}"
+        status, message, reasons, retry_after = _error_info(exc)
+        if status == 401:
+            raise self._auth_error() from None
+        if status == 429 or (status == 403 and reasons & _QUOTA_REASONS):
+            kind = "rate limit" if status == 429 else "quota exceeded"
+            short = retry_after is not None and retry_after <= self.max_wait
+            if not final and (short or retry_after is None and (
+                    status == 429 or reasons & _BACKOFF_REASONS)):
+                return min(retry_after or 0.0, self.max_wait), f"Gmail {status} ({kind}) on {what}"
+            after = f"; Gmail asks to retry after {retry_after:g}s" if retry_after else ""
+            raise RateLimited(f"Gmail {status} ({kind}) on {what}{after}: {message}",
+                              status, retry_after) from None
+        if status == 404:
+            return 0.0, ""  # that id is dropped
+        if status >= 500:
+            return 0.0, f"Gmail {status} on {what}: {message}"
+        raise GmailError(f"Gmail {status} on {what}: {message}", status) from None
 
     def write_once(self, make: Callable[[Any], Any], what: str) -> dict:
         """Execute a non-idempotent request exactly once. Raises NotSent (certainly not

@@ -27,8 +27,10 @@ spam and trash are dropped (not work), mail from one of our own addresses is kep
 item that ``filters.skip_own`` (on by default) records as skipped with the reason, and
 the ids are intersected with a
 ``messages.list`` of the query bounded to the candidates' dates (one extra call, only
-on ticks that have candidates). Bodies are fetched as ``format=raw`` with bounded
-concurrency in the account's thread pool and parsed by :func:`bot.mime.parse_email`;
+on ticks that have candidates). Bodies are fetched as ``format=raw`` through Gmail's
+batch endpoint (up to 50 messages per request, see :meth:`GmailClient.get_many`),
+those requests with bounded concurrency in the account's thread pool, and parsed by
+:func:`bot.mime.parse_email`;
 an unparseable message becomes a skipped item with the reason.
 
 At most ``ctx.limit`` (the pipeline's ``max_per_tick``) unseen ids are downloaded per
@@ -65,6 +67,7 @@ from .. import filters as _filters
 from ..config import PipelineConfig, Settings
 from ..context import thread_message
 from ..errors import SourceError
+from ..gmail.batch import MAX_PARTS
 from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message, ThreadMessage
@@ -172,21 +175,22 @@ class GmailSource:
             self._own.add(str(profile["emailAddress"]).lower())
         return profile
 
-    def _fetch_one(self, gmail_id: str, cancel: threading.Event | None = None
-                   ) -> tuple[dict, Item | None] | None:
-        """In a pool thread: download one message (raw) and parse it, so neither the
-        I/O nor parsing a 5 MB message runs on the event loop."""
-        try:
-            resource = self.client.read(
-                lambda s: s.users().messages().get(userId="me", id=gmail_id, format="raw"),
-                "messages.get", cancel)
-        except NotFound:
-            log.info("gmail %s: message %s vanished before it was fetched", self.account,
-                     gmail_id)
-            return None
-        item = self._item(resource)
-        resource.pop("raw", None)  # only ids, labels and dates are needed from here on
-        return resource, item
+    def _fetch_chunk(self, ids: list[str], cancel: threading.Event | None = None
+                     ) -> list[tuple[dict, Item | None]]:
+        """In a pool thread: download up to one batch of messages (raw, one request)
+        and parse them, so neither the I/O nor parsing a 5 MB message runs on the
+        event loop. A message deleted meanwhile (404) is left out."""
+        got = self.client.get_many("messages", ids, cancel, format="raw")
+        out = []
+        for gid in ids:
+            resource = got.get(gid)
+            if resource is None:
+                log.info("gmail %s: message %s vanished before it was fetched", self.account, gid)
+                continue
+            item = self._item(resource)
+            resource.pop("raw", None)  # only ids, labels and dates are needed from here on
+            out.append((resource, item))
+        return out
 
     def _item(self, resource: dict) -> Item | None:
         gid = str(resource.get("id"))
@@ -228,13 +232,13 @@ class GmailSource:
         stop = threading.Event()
         first: list[Exception] = []
 
-        async def one(gid: str):
+        async def one(chunk: list[str]):
             nonlocal done
             async with sem:
                 if stop.is_set():
-                    return None
+                    return []
                 try:
-                    res = await self.client.run(self._fetch_one, gid, stop)
+                    res = await self.client.run(self._fetch_chunk, chunk, stop)
                 except BaseException as exc:
                     if isinstance(exc, Exception) and not isinstance(exc, Cancelled) \
                             and not first:
@@ -243,13 +247,14 @@ class GmailSource:
                     if isinstance(exc, RateLimited) and exc.retry_after:
                         self._not_before = time.time() + exc.retry_after
                     raise
-            done += 1
+            done += len(chunk)
             if progress and ctx.progress:
                 ctx.progress(done, total)
             return res
 
+        chunks = [ids[n:n + MAX_PARTS] for n in range(0, len(ids), MAX_PARTS)]
         try:
-            gathered = await asyncio.gather(*(one(i) for i in ids), return_exceptions=True)
+            gathered = await asyncio.gather(*(one(c) for c in chunks), return_exceptions=True)
         except BaseException:  # the tick itself was cancelled
             stop.set()
             raise
@@ -258,7 +263,8 @@ class GmailSource:
         if errors:
             raise errors[0]
         # (Past the raise none is an exception; the isinstance tells the type checker.)
-        results = [r for r in gathered if r and not isinstance(r, BaseException)]
+        results = [r for chunk in gathered if not isinstance(chunk, BaseException)
+                   for r in chunk]
         items = [item for _, item in results if item is not None]
         return items, [resource for resource, _ in results]
 
@@ -478,10 +484,10 @@ class GmailSource:
 
     async def thread(self, message: Message, limit: int) -> list[ThreadMessage]:
         """The earlier messages of ``message``'s thread, oldest first (see
-        :meth:`GmailClient.thread`); ours are those sent from one of our addresses."""
+        ``_thread_resources``); ours are those sent from one of our addresses."""
         if not message.thread_id or limit < 1:
             return []
-        resources = await self.client.run(self.client.thread, message.thread_id,
+        resources = await self.client.run(_thread_resources, self.client, message.thread_id,
                                           message.source_id, limit)
         out = []
         for r in resources:
@@ -532,3 +538,23 @@ def create(pipeline: PipelineConfig, settings: Settings) -> GmailSource:
     client = GmailClient(o.account, settings.gmail_accounts[o.account], base_dir=settings.base_dir,
                          workers=max(1, o.concurrency), config_file=os.path.abspath(settings.file))
     return GmailSource(client, o, pipeline.filters)
+
+
+def _thread_resources(client: GmailClient, thread_id: str, before: str, limit: int,
+                      cancel: threading.Event | None = None) -> list[dict]:
+    """The messages of Gmail thread ``thread_id`` that came before message
+    ``before`` (all of them if it is not in the thread), the newest ``limit``, oldest
+    first, as ``messages.get(format=raw)`` resources: one ``threads.get`` (which has
+    no raw format, so ``minimal``: ids, labels, dates), then the messages in batches.
+    Drafts, spam and trash are left out; our own sent replies are kept."""
+    listing = client.read(lambda s: s.users().threads().get(
+        userId="me", id=thread_id, format="minimal"), "threads.get", cancel)
+    found = sorted((m for m in listing.get("messages") or []
+                    if not set(m.get("labelIds") or ()) & {"DRAFT", "SPAM", "TRASH"}),
+                   key=lambda m: int(m.get("internalDate") or 0))
+    ids = [str(m.get("id")) for m in found]
+    if before in ids:
+        ids = ids[:ids.index(before)]
+    ids = ids[-limit:] if limit > 0 else []
+    got = client.get_many("messages", ids, cancel, format="raw")
+    return [got[gid] for gid in ids if gid in got]

@@ -15,7 +15,8 @@ from .chain import ADOPT_HEAD_SQL
 from .rows import Db
 
 #: Tables migrate-store copies, with the key columns a batch is ordered and resumed by.
-#: ``locks`` is left out on purpose: its leases belong to the old store's processes.
+#: ``locks`` is left out on purpose: its leases belong to the old store's processes;
+#: ``seen_counts`` and ``draft_counts`` too: the target's triggers count the copied rows.
 COPY_TABLES: dict[str, tuple[str, ...]] = {
     "seen_items": ("pipeline", "scope", "item_id"),
     "cursors": ("pipeline", "scope"),
@@ -95,12 +96,11 @@ class _SQLiteCopier(_SqlCopier):
         async def tx(db: Db) -> int:
             have = {r[1] for r in await db.rows(f"PRAGMA table_info({table})")}
             cols = [c for c in rows[0] if c in have]
-            before = (await db.rows("SELECT total_changes()"))[0][0]
             # OR IGNORE: with --force, a row whose key or id is already there is kept.
-            await db.many(f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) "
-                          f"VALUES ({', '.join('?' * len(cols))})",
-                          [tuple(r.get(c) for c in cols) for r in rows])
-            return (await db.rows("SELECT total_changes()"))[0][0] - before
+            # rowcount, not total_changes: the count triggers' rows are not copied rows.
+            return await db.many(f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) "
+                                 f"VALUES ({', '.join('?' * len(cols))})",
+                                 [tuple(r.get(c) for c in cols) for r in rows])
 
         return await self._store._run(tx)
 

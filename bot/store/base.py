@@ -290,8 +290,8 @@ class Store(abc.ABC):
         """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe), oldest first."""
 
     @abc.abstractmethod
-    async def pending(self, pipeline: str | None = None) -> list[Draft]:
-        """Drafts in PENDING_STATUSES, oldest first."""
+    async def pending(self, pipeline: str | None = None, limit: int | None = None) -> list[Draft]:
+        """Drafts in PENDING_STATUSES, oldest first (the oldest ``limit``, if given)."""
 
     @abc.abstractmethod
     async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]: ...

@@ -91,7 +91,8 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
         );
         CREATE INDEX audit_draft_key ON audit (draft_key, id);
         -- Append-only is enforced by the database, as in SQLite, not by convention.
-        CREATE FUNCTION audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        CREATE FUNCTION audit_append_only() RETURNS trigger LANGUAGE plpgsql
+            SET search_path FROM CURRENT AS $$
         BEGIN RAISE EXCEPTION 'audit is append-only'; END $$;
         CREATE TRIGGER audit_no_update BEFORE UPDATE OR DELETE ON audit
             FOR EACH ROW EXECUTE FUNCTION audit_append_only();
@@ -231,5 +232,94 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
             seal,
             "ALTER TABLE audit ENABLE TRIGGER audit_no_update;",
         ],
+    ),
+    (
+        7,
+        # Status at scale (issue 16): see schema.py _V_COUNTS. Statement-level triggers (one
+        # upsert per statement, not per row: COPY and multi-row inserts stay cheap),
+        # counter rows locked in key order so two transactions never wait in a circle.
+        "seen and draft counts kept by triggers",
+        """
+        CREATE TABLE seen_counts (
+            pipeline TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            n BIGINT NOT NULL DEFAULT 0,
+            PRIMARY KEY (pipeline, scope)
+        );
+        INSERT INTO seen_counts (pipeline, scope, n)
+            SELECT pipeline, scope, COUNT(*) FROM seen_items GROUP BY pipeline, scope;
+        CREATE FUNCTION seen_counts_add() RETURNS trigger LANGUAGE plpgsql
+            SET search_path FROM CURRENT AS $$
+        BEGIN
+            INSERT INTO seen_counts AS c (pipeline, scope, n)
+                SELECT pipeline, scope, COUNT(*) FROM added GROUP BY 1, 2 ORDER BY 1, 2
+                ON CONFLICT (pipeline, scope) DO UPDATE SET n = c.n + EXCLUDED.n;
+            RETURN NULL;
+        END $$;
+        CREATE FUNCTION seen_counts_remove() RETURNS trigger LANGUAGE plpgsql
+            SET search_path FROM CURRENT AS $$
+        BEGIN
+            INSERT INTO seen_counts AS c (pipeline, scope, n)
+                SELECT pipeline, scope, -COUNT(*) FROM removed GROUP BY 1, 2 ORDER BY 1, 2
+                ON CONFLICT (pipeline, scope) DO UPDATE SET n = c.n + EXCLUDED.n;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER seen_counts_insert AFTER INSERT ON seen_items
+            REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION seen_counts_add();
+        CREATE TRIGGER seen_counts_delete AFTER DELETE ON seen_items
+            REFERENCING OLD TABLE AS removed FOR EACH STATEMENT
+            EXECUTE FUNCTION seen_counts_remove();
+
+        CREATE TABLE draft_counts (
+            pipeline TEXT NOT NULL,
+            status TEXT NOT NULL,
+            n BIGINT NOT NULL DEFAULT 0,
+            PRIMARY KEY (pipeline, status)
+        );
+        -- Final statuses only (see schema.py _V3): claims and posts write no counter.
+        INSERT INTO draft_counts (pipeline, status, n)
+            SELECT pipeline, status, COUNT(*) FROM drafts WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired', 'dismissed')
+            GROUP BY pipeline, status;
+        CREATE FUNCTION draft_counts_add() RETURNS trigger LANGUAGE plpgsql
+            SET search_path FROM CURRENT AS $$
+        BEGIN
+            INSERT INTO draft_counts AS c (pipeline, status, n)
+                SELECT pipeline, status, COUNT(*) FROM added WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired', 'dismissed')
+                GROUP BY 1, 2 ORDER BY 1, 2
+                ON CONFLICT (pipeline, status) DO UPDATE SET n = c.n + EXCLUDED.n;
+            RETURN NULL;
+        END $$;
+        CREATE FUNCTION draft_counts_remove() RETURNS trigger LANGUAGE plpgsql
+            SET search_path FROM CURRENT AS $$
+        BEGIN
+            INSERT INTO draft_counts AS c (pipeline, status, n)
+                SELECT pipeline, status, -COUNT(*) FROM removed WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired', 'dismissed')
+                GROUP BY 1, 2 ORDER BY 1, 2
+                ON CONFLICT (pipeline, status) DO UPDATE SET n = c.n + EXCLUDED.n;
+            RETURN NULL;
+        END $$;
+        CREATE FUNCTION draft_counts_change() RETURNS trigger LANGUAGE plpgsql
+            SET search_path FROM CURRENT AS $$
+        BEGIN
+            INSERT INTO draft_counts AS c (pipeline, status, n)
+                SELECT pipeline, status, SUM(d) FROM (
+                    SELECT pipeline, status, 1 AS d FROM added WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired', 'dismissed')
+                    UNION ALL SELECT pipeline, status, -1 FROM removed
+                    WHERE status IN ('sent', 'failed', 'skipped', 'rejected', 'expired', 'dismissed')) AS moved
+                GROUP BY 1, 2 HAVING SUM(d) <> 0 ORDER BY 1, 2
+                ON CONFLICT (pipeline, status) DO UPDATE SET n = c.n + EXCLUDED.n;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER draft_counts_insert AFTER INSERT ON drafts
+            REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION draft_counts_add();
+        CREATE TRIGGER draft_counts_delete AFTER DELETE ON drafts
+            REFERENCING OLD TABLE AS removed FOR EACH STATEMENT
+            EXECUTE FUNCTION draft_counts_remove();
+        CREATE TRIGGER draft_counts_update AFTER UPDATE ON drafts
+            REFERENCING OLD TABLE AS removed NEW TABLE AS added FOR EACH STATEMENT
+            EXECUTE FUNCTION draft_counts_change();
+        CREATE INDEX drafts_pending ON drafts (id) WHERE status IN
+            ('ready', 'awaiting', 'approved', 'sending', 'send_failed', 'send_unknown', 'notified');
+        """,
     ),
 ]

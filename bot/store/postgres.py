@@ -383,8 +383,9 @@ class _PgDb:
     async def run(self, sql: str, args: Iterable[Any] = ()) -> int:
         return _count(await self.con.execute(_dollars(sql), *args))
 
-    async def many(self, sql: str, rows: list[tuple]) -> None:
+    async def many(self, sql: str, rows: list[tuple]) -> int:
         await self.con.executemany(_dollars(sql), rows)
+        return -1  # asyncpg's executemany does not say
 
 
 def _count(status: str) -> int:

@@ -152,8 +152,9 @@ class Db(Protocol):
     async def run(self, sql: str, args: Iterable[Any] = ()) -> int:
         """Run one writing statement; its row count."""
 
-    async def many(self, sql: str, rows: list[tuple]) -> None:
-        """Run one writing statement once per row of arguments."""
+    async def many(self, sql: str, rows: list[tuple]) -> int:
+        """Run one writing statement once per row of arguments; the rows it changed
+        (not counting triggers' rows), or -1 where the driver does not say."""
 
 
 async def select_drafts(db: Db, where: str, args: Iterable[Any],

@@ -85,6 +85,9 @@ from .transitions import (
 T = TypeVar("T")
 DAY = 86400.0
 
+#: The predicate of the drafts_pending partial index (its schema migration), word for word.
+PENDING_SQL = "status IN ({})".format(", ".join(f"'{s}'" for s in PENDING_STATUSES))
+
 def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
@@ -396,8 +399,13 @@ class SqlStore(SqlOps, ContextSql, Store):
                          tail: str = "ORDER BY id") -> list[Draft]:
         return await self._select_drafts(*status_where(statuses, pipeline), tail)
 
-    async def pending(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status(PENDING_STATUSES, pipeline)
+    async def pending(self, pipeline: str | None = None, limit: int | None = None) -> list[Draft]:
+        tail = "ORDER BY id" if limit is None else f"ORDER BY id LIMIT {int(limit)}"
+        if pipeline is not None:
+            return await self._by_status(PENDING_STATUSES, pipeline, tail)
+        # Written out (no parameters) so the planner sees the drafts_pending index's
+        # predicate in it and reads that index in id order.
+        return await self._select_drafts(PENDING_SQL, (), tail)
 
     async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
         where = "(status = ? OR (status = ? AND approval_message_id IS NULL))"
@@ -443,32 +451,6 @@ class SqlStore(SqlOps, ContextSql, Store):
         rows = await self._query("SELECT tokens FROM token_usage WHERE pipeline = ? AND day = ?",
                                  (pipeline, day))
         return int(rows[0][0] or 0) if rows else 0
-
-    # -- counting --------------------------------------------------------------------
-    async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]:
-        where, args = ("WHERE pipeline = ?", (pipeline,)) if pipeline is not None else ("", ())
-        rows = await self._query(f"SELECT status, COUNT(*) FROM drafts {where} GROUP BY status",
-                                 args)
-        return {r[0]: int(r[1]) for r in rows}
-
-    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
-        wanted = tuple(dict.fromkeys(statuses))
-        if not wanted:
-            return {}
-        where, args = status_where(wanted, None)
-        rows = await self._query(f"SELECT pipeline, COUNT(*) FROM drafts WHERE {where} "
-                                 "GROUP BY pipeline", args)
-        return {r[0]: int(r[1]) for r in rows}
-
-    async def seen_count(self, pipeline: str) -> int:
-        rows = await self._query("SELECT COUNT(*) FROM seen_items WHERE pipeline = ?", (pipeline,))
-        return int(rows[0][0])
-
-    async def draft_gauges(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
-        rows = await self._query("SELECT pipeline, status, COUNT(*), MIN(created_at) FROM drafts "
-                                 "GROUP BY pipeline, status")
-        return ({(r[0], r[1]): int(r[2]) for r in rows},
-                {r[0]: float(r[3]) for r in rows if r[1] == AWAITING})
 
     async def ping(self) -> None:
         await self._query("SELECT 1")

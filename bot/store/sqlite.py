@@ -88,9 +88,11 @@ class _Db:
         cursor = await self.conn.execute(sql, tuple(args))
         return cursor.rowcount
 
-    async def many(self, sql: str, rows: list[tuple]) -> None:
-        if rows:
-            await self.conn.executemany(sql, rows)
+    async def many(self, sql: str, rows: list[tuple]) -> int:
+        if not rows:
+            return 0
+        async with self.conn.executemany(sql, rows) as cursor:
+            return cursor.rowcount
 
 
 async def _in_transaction(db: _Db, fn: Callable[[_Db], Awaitable[T]]) -> T:

@@ -41,6 +41,8 @@ QUOTA = {"getProfile": 1, "messages.list": 5, "messages.get": 5, "messages.send"
          "messages.modify": 5, "history.list": 2, "drafts.create": 10, "drafts.list": 5,
          "labels.list": 1, "token": 0}
 
+BATCH_PATH = "/batch/gmail/v1"
+
 SYSTEM_LABELS = ["INBOX", "SENT", "DRAFT", "UNREAD", "SPAM", "TRASH", "IMPORTANT", "STARRED",
                  "CATEGORY_PERSONAL", "CATEGORY_PROMOTIONS", "CATEGORY_SOCIAL",
                  "CATEGORY_UPDATES", "CATEGORY_FORUMS"]
@@ -70,6 +72,7 @@ class Call:
     body: Any
     units: int
     status: int = 0
+    batch: bool = False  # a part of a batch request (see FakeGmail._batch)
 
 
 @dataclass
@@ -121,6 +124,8 @@ class FakeGmail:
         self._faults: dict[str, list[_Fault]] = {}
         self._holds: dict[str, tuple[threading.Event, threading.Event]] = {}
         self._hold_skips: dict[str, int] = {}
+        self._part_faults: dict[str, list[_Fault]] = {}  # item id -> faults (batch parts)
+        self._truncate: list[int] = []  # batch answers to cut off, at that part
         self._next_id = 0x18c0000000000000
         self._clock = int(time.time() * 1000) - 10_000_000
         self._server: ThreadingHTTPServer | None = None
@@ -248,7 +253,7 @@ class FakeGmail:
 
     def api_calls(self, since: int = 0) -> list[Call]:
         with self.lock:
-            return [c for c in self.calls[since:] if c.route != "token"]
+            return [c for c in self.calls[since:] if c.route not in ("token", "batch")]
 
     # -- misbehaviour ----------------------------------------------------------------------------
     def fail(self, route: str, status: int, *, times: int = 1, headers: dict | None = None,
@@ -352,6 +357,8 @@ class FakeGmail:
         raw_body = h.rfile.read(length) if length else b""
         if parts.path.startswith("/_fake/"):
             return self._control(h, parts.path, query, raw_body)
+        if method == "POST" and parts.path == BATCH_PATH:
+            return self._batch(h, raw_body)
         route, params = "unknown", {}
         for m, pattern, name in _ROUTES:
             match = pattern.match(parts.path)
@@ -421,7 +428,8 @@ class FakeGmail:
             return self._answer(h, call, 200, {})
         if path == "/_fake/calls":
             with self.lock:
-                calls = [{"route": c.route, "units": c.units} for c in self.calls]
+                calls = [{"route": c.route, "units": c.units, "batch": c.batch}
+                         for c in self.calls]
             return self._answer(h, call, 200, calls)
         return self._answer(h, call, 404, {"error": "unknown control path"})
 
@@ -576,6 +584,128 @@ class FakeGmail:
         return 200, out
 
 
+    # -- batch endpoint (multipart/mixed in and out, as Google documents it) -------------------
+    def fail_part(self, item_id: str, status: int, *, times: int = 1,
+                  headers: dict | None = None) -> None:
+        """The next ``times`` batch parts that ask for ``item_id`` (messages.get,
+        threads.get) answer ``status``; the other parts of the batch answer normally."""
+        body = {"error": {"code": status, "message": "fake part failure", "errors": []}}
+        with self.lock:
+            self._part_faults.setdefault(item_id, []).append(
+                _Fault(status, times, dict(headers or {}), body))
+
+    def truncate_batch(self, part: int) -> None:
+        """The next batch answer is cut off in the middle of the body of its part number
+        ``part`` (0-based; the parts before it are whole), then the connection closes."""
+        with self.lock:
+            self._truncate.append(part)
+
+    def batches(self) -> list[Call]:
+        """Every batch request: the envelopes, whose ``body`` lists the path of each of
+        their parts (the parts themselves are calls with batch=True)."""
+        return self.calls_to("batch")
+
+    def batch_count(self, since: int = 0) -> int:
+        """How many batch requests (HTTP round trips carrying parts) since ``since``."""
+        with self.lock:
+            return sum(c.route == "batch" for c in self.calls[since:])
+
+    def _batch(self, h: "_Handler", raw: bytes) -> None:
+        envelope = Call("POST", BATCH_PATH, "batch", {}, None, 0)
+        with self.lock:
+            self.calls.append(envelope)
+            cut = self._truncate.pop(0) if self._truncate else None
+            hold = None if self._hold_skips.get("batch", 0) > 0 else self._holds.pop("batch", None)
+            if self._hold_skips.get("batch", 0) > 0:
+                self._hold_skips["batch"] -= 1
+        if hold:  # hold("batch") holds the next batch request, as hold(route) a call
+            hold[0].set()
+            hold[1].wait(30)
+        if self.latency:
+            time.sleep(self.latency)
+        ctype = h.headers.get("Content-Type") or ""
+        msg = email.message_from_bytes(f"Content-Type: {ctype}\r\n\r\n".encode() + raw,
+                                       policy=email.policy.compat32)
+        if not msg.is_multipart():
+            return self._answer(h, envelope, 400, {"error": {
+                "code": 400, "message": "batch body must be multipart/mixed"}})
+        boundary = "batch_fake_" + format(len(self.calls), "x")
+        out, cut_at = [], None
+        envelope.body = []  # the path of each part, in order
+        # The batch request's Authorization applies to every part that has none.
+        auth = h.headers.get("Authorization") or ""
+        for n, part in enumerate(msg.get_payload()):
+            status, payload, headers = self._batch_part(str(part.get_payload()), envelope.body,
+                                                        auth)
+            cid = str(part.get("Content-ID", "")).strip()
+            data = json.dumps(payload)
+            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            out.append(f"--{boundary}\r\nContent-Type: application/http\r\n"
+                       f"Content-ID: <response-{cid.strip('<>')}>\r\n\r\n"
+                       f"HTTP/1.1 {status} {_phrase(status)}\r\n"
+                       f"Content-Type: application/json; charset=UTF-8\r\n{head}"
+                       f"Content-Length: {len(data)}\r\n\r\n{data}\r\n")
+            if n == cut:
+                cut_at = len("".join(out)) - len(data) // 2 - 2
+        body = ("".join(out) + f"--{boundary}--\r\n").encode()
+        envelope.status = 200
+        try:
+            h.send_response(200)
+            h.send_header("Content-Type", f"multipart/mixed; boundary={boundary}")
+            h.send_header("Content-Length", str(cut_at if cut_at is not None else len(body)))
+            h.end_headers()
+            h.wfile.write(body[:cut_at] if cut_at is not None else body)
+        except OSError:
+            pass
+        if cut_at is not None:
+            h.close_connection = True
+
+    def _batch_part(self, inner: str, paths: list[str], auth: str) -> tuple[int, Any, dict]:
+        """One part of a batch: an HTTP request as text; (status, payload, headers).
+        Its path is appended to ``paths`` (the envelope's record)."""
+        head, _, raw_body = inner.replace("\r\n", "\n").partition("\n\n")
+        lines = head.split("\n")
+        method, target = lines[0].split(" ")[:2]
+        headers = {k.strip().lower(): v.strip() for k, _, v in
+                   (line.partition(":") for line in lines[1:] if ":" in line)}
+        parts = urlsplit(target)
+        paths.append(parts.path)
+        route, params = "unknown", {}
+        for m, pattern, name in _ROUTES:
+            match = pattern.match(parts.path)
+            if m == method and match:
+                route, params = name, match.groupdict()
+                break
+        query = parse_qs(parts.query)
+        body: Any = json.loads(raw_body) if raw_body.strip() else b""
+        call = Call(method, parts.path, route, query, body, QUOTA.get(route, 0), batch=True)
+        token = headers.get("authorization", auth).removeprefix("Bearer ").strip()
+        with self.lock:
+            self.calls.append(call)
+            faults = self._part_faults.get(params.get("id", ""))
+            fault = faults[0] if faults else self._take_fault(route)
+            if faults:
+                faults[0].times -= 1
+                if faults[0].times <= 0:
+                    faults.pop(0)
+            authorised = token in self.valid_tokens
+        if route == "unknown":
+            status, payload, extra = 404, {"error": {"code": 404, "message": "no such path"}}, {}
+        elif not authorised:
+            status, payload, extra = 401, {"error": {"code": 401, "message": "Invalid Credentials",
+                                                     "status": "UNAUTHENTICATED"}}, {}
+        elif fault is not None:
+            status, payload, extra = fault.status, fault.body, fault.headers
+        else:
+            try:
+                status, payload = getattr(self, "_r_" + route.replace(".", "_"))(query, body, params)
+            except ValueError as exc:
+                status, payload = 400, {"error": {"code": 400, "message": str(exc)}}
+            extra = {}
+        call.status = status
+        return status, payload, extra
+
+
 def _page(items: list, q: dict, key: str, render) -> dict:
     size = int(q.get("maxResults", ["100"])[0])
     start = int(q.get("pageToken", ["0"])[0])
@@ -586,6 +716,15 @@ def _page(items: list, q: dict, key: str, render) -> dict:
     if start + size < len(items):
         out["nextPageToken"] = str(start + size)
     return out
+
+
+def _phrase(status: int) -> str:
+    import http
+
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
 
 
 def _header(raw: bytes, name: str) -> str:
@@ -769,8 +908,12 @@ class RemoteFakeGmail:
         return len(self._calls())
 
     def api_calls(self, since: int = 0) -> list[Call]:
-        return [Call("", "", c["route"], {}, None, c["units"]) for c in self._calls()[since:]
-                if c["route"] != "token"]
+        return [Call("", "", c["route"], {}, None, c["units"], batch=c.get("batch", False))
+                for c in self._calls()[since:] if c["route"] not in ("token", "batch")]
+
+    def batch_count(self, since: int = 0) -> int:
+        """How many batch requests (HTTP round trips carrying parts) since ``since``."""
+        return sum(c["route"] == "batch" for c in self._calls()[since:])
 
     def units(self, since: int = 0) -> int:
         return sum(c["units"] for c in self._calls()[since:])
