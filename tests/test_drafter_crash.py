@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,15 @@ def _drafts(db: Path) -> list[tuple[str, int, str]]:
         con.close()
 
 
+def await_drafts(db: Path, want: list, timeout: float = 30) -> list:
+    """The drafts once they are ``want`` (or what they are at the deadline): the card's
+    text reaches the bot's output a moment before the store records it as posted."""
+    deadline = time.monotonic() + timeout
+    while (found := _drafts(db)) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
 def test_sigkill_during_the_model_call_gives_one_draft_and_one_card(tmp_path):
     with FakeLLM() as fake:
         held = fake.hold(then=fake.reply("LATE answer of the killed process"))
@@ -121,10 +131,11 @@ def test_sigkill_during_the_model_call_gives_one_draft_and_one_card(tmp_path):
             assert held.finished.wait(10)
             # Further ticks of the running bot (one a second) call the model no more.
             assert fake.wait_requests(3, timeout=3) is False
+            want = [("awaiting", 1, "Hi Alice, your order ships today.")]
+            assert await_drafts(tmp_path / "state.db", want) == want
         finally:
             assert second.stop(signal.SIGTERM) == 0, "".join(second.lines)
 
-        assert _drafts(tmp_path / "state.db") == [("awaiting", 1, "Hi Alice, your order ships today.")]
         cards = [line for line in first.lines + second.lines if line.startswith("📨 support")]
         assert cards == ["📨 support · #1 v1\n"]
         assert len(fake.requests) == 2

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.llm import FakeLLM
-from tests.test_drafter_crash import Bot, _config, _drafts
+from tests.test_drafter_crash import Bot, _config, await_drafts
 
 pytestmark = pytest.mark.slow
 
@@ -49,11 +49,11 @@ def test_sigkill_between_triage_and_drafting_triages_once_and_posts_one_card(tmp
             second.wait_for("Hi Alice, your order ships today.")
             held.release()
             assert held.finished.wait(10)
+            want = [("awaiting", 1, "Hi Alice, your order ships today.")]
+            assert await_drafts(tmp_path / "state.db", want) == want
         finally:
             assert second.stop(signal.SIGTERM) == 0, "".join(second.lines)
 
-        assert _drafts(tmp_path / "state.db") == [
-            ("awaiting", 1, "Hi Alice, your order ships today.")]
         cards = [line for line in first.lines + second.lines if line.startswith("📨 support")]
         assert cards == ["📨 support · #1 v1\n"]
         asked = ["output_config" in r.body for r in fake.requests]

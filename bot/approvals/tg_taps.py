@@ -37,6 +37,7 @@ from ..models import (
     REPLAYABLE_STATUSES,
     SEND_FAILED,
     SEND_UNKNOWN,
+    SENDING,
     SENT,
     Draft,
 )
@@ -201,7 +202,9 @@ async def _sent(ch: Any, draft: Draft, after: Draft | None) -> str | None:
     outcome is on the card already (the engine shows it); any other state is shown."""
     if after is None:
         return already(await ch.decisions.draft(draft.id) or draft)
-    if after.status not in (SENT, SEND_FAILED, SEND_UNKNOWN):
+    # SENDING: another host's send holds it and shows its outcome on the card; an edit
+    # from here ("sending…") could reach Telegram after that one and hide it.
+    if after.status not in (SENT, SEND_FAILED, SEND_UNKNOWN, SENDING):
         await ch.update(after)
     return None
 
