@@ -105,10 +105,8 @@ class Operators:
 
     async def remind(self, p: PipelineConfig, d: Draft, text: str) -> None:
         """A reminder of ``d``'s undecided card, where the card is (best effort)."""
-        remind = getattr(self.channel(p), "remind", None)  # the base class has a no-op
-        try:
-            if remind is not None:
-                await remind(d, text)
+        try:  # a channel without cards has the base class's no-op
+            await self.channel(p).remind(d, text)
         except Exception as exc:
             log.warning("%s #%d: could not send a reminder: %s", p.name, d.id,
                         describe_error(exc))

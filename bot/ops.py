@@ -274,7 +274,7 @@ class History:
 
 async def history(store: Store, settings: Settings, pipeline: str, item_id: str) -> History:
     """Every audit row of every draft of ``item_id`` in ``pipeline`` (any recipe)."""
-    drafts = await store.find_drafts(pipeline, item_id)
+    drafts = await store.item_drafts(pipeline, item_id)
     events: list[dict[str, Any]] = []
     for d in drafts:
         for e in reversed(await store.audit_log(d.key, limit=1000)):

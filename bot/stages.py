@@ -152,6 +152,10 @@ class ApprovalChannel(Protocol):
         """Take away a second card of ``draft`` (``ref``) that a tap made redundant."""
         ...
 
+    async def remind(self, draft: Draft, text: str) -> None:
+        """Remind the operators of ``draft``'s undecided card."""
+        ...
+
     async def stop(self) -> None: ...
 
 

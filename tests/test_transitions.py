@@ -199,5 +199,5 @@ def test_the_contract_has_no_test_only_methods_and_requeue_expired_is_required()
     abstract = Store.__abstractmethods__
     assert "requeue_expired" in abstract
     assert not {"get_draft_by_key", "set_cursor", "recover_sending"} & abstract
-    assert "find_drafts" in abstract  # `audit show` and /audit read an item's drafts
+    assert "item_drafts" in abstract  # `audit show` and /audit read an item's drafts
     assert {EXPIRED, REJECTED} <= set(REPLAY.src)

@@ -286,10 +286,6 @@ class Store(abc.ABC):
     async def get_draft(self, draft_id: int) -> Draft | None: ...
 
     @abc.abstractmethod
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe), oldest first."""
-
-    @abc.abstractmethod
     async def pending(self, pipeline: str | None = None, limit: int | None = None) -> list[Draft]:
         """Drafts in PENDING_STATUSES, oldest first (the oldest ``limit``, if given)."""
 
