@@ -163,6 +163,16 @@ def test_a_connection_that_never_opened_is_connect_failed(server):
     assert transport.issued and server.requests == []
 
 
+def test_https_is_tls_and_a_failed_handshake_is_connect_failed(server):
+    """https:// speaks TLS (here to a plain HTTP server, so the handshake fails): that
+    is a connection that never opened, and no request reached the server."""
+    transport = SingleShotHttp(timeout=5)
+    transport.target = server.url.replace("http:", "https:") + "/send"
+    with pytest.raises(ConnectFailed, match="cannot connect"):
+        transport.request(transport.target, "POST", body=b"{}")
+    assert transport.issued and server.requests == []
+
+
 def test_a_redirect_is_answered_not_followed(server):
     """A 308 on a POST: httplib2 would POST again to the Location; here it is the answer."""
     server.mode = "redirect"
