@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -1054,6 +1055,35 @@ async def test_a_long_flood_wait_is_not_slept_through(world, fake):
     assert d.status == "ready"
     assert await world.engine.post_unposted() == 1
     assert len(fake.chat_messages(SUPPORT_CHAT)) == 1
+
+
+@pytest.mark.parametrize("ptb_timedelta", ["false", "true"])
+async def test_flood_waits_are_read_in_either_ptb_mode_without_a_warning(monkeypatch,
+                                                                        ptb_timedelta):
+    """PTB 22 gives RetryAfter.retry_after as seconds (warning that it will become a
+    timedelta) or, under PTB_TIMEDELTA=true, as a timedelta. Both are understood: an
+    hour's wait fails at once (FloodWait), a second's goes on to PTB's own handling; and
+    reading it adds no deprecation warning to the log."""
+    from telegram.error import RetryAfter
+
+    from bot.approvals.telegram import FloodWait, _Limiter
+
+    monkeypatch.setenv("PTB_TIMEDELTA", ptb_timedelta)
+    def raising(exc: RetryAfter):
+        async def call(*args, **kwargs):
+            raise exc
+        return call
+
+    limiter = _Limiter(max_retries=0)
+    for wait, raised in ((3600, FloodWait), (1, RetryAfter)):
+        call = raising(RetryAfter(wait))  # PTB's constructor reads it, and warns: not ours
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(raised):
+                await limiter.process_request(call, (), {}, "sendMessage",
+                                              {"chat_id": SUPPORT_CHAT}, None)
+        assert [str(w.message) for w in seen] == []
 
 
 async def _awaiting(store, pipeline: str, n: int) -> list[int]:

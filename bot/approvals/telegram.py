@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import warnings
 from typing import Any
 
 from telegram import BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
@@ -26,6 +27,7 @@ from telegram.ext import (
     ContextTypes,
     TypeHandler,
 )
+from telegram.warnings import PTBDeprecationWarning
 
 from ..config import Settings, TelegramConfig, env_secret
 from ..errors import ApprovalError, ConfigError, DraftgateError
@@ -55,14 +57,23 @@ class _Limiter(AIORateLimiter):
             try:
                 return await callback(*a, **kw)
             except RetryAfter as exc:
-                wait = getattr(exc, "_retry_after", None)  # the public one warns in 22.x
-                seconds = wait.total_seconds() if isinstance(wait, dt.timedelta) else 0.0
+                seconds = _retry_seconds(exc)
                 if seconds > _MAX_RETRY_WAIT:
                     raise FloodWait(f"Telegram flood control: retry in {seconds:.0f} s") from exc
                 raise
 
         return await super().process_request(capped, args, kwargs, endpoint, data,
                                              rate_limit_args)
+
+
+def _retry_seconds(exc: RetryAfter) -> float:
+    """The wait Telegram asked for, in seconds. ``retry_after`` is an int, or a timedelta
+    under ``PTB_TIMEDELTA=true``; in PTB 22.x reading it warns that it will become a
+    timedelta, which the next line handles, so the warning is not repeated in the log."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        wait = exc.retry_after
+    return wait.total_seconds() if isinstance(wait, dt.timedelta) else float(wait)
 
 
 def create(settings: Settings, store: Any) -> "TelegramChannel":

@@ -7,9 +7,9 @@
   :class:`RateLimited` is raised so the run records why. A ``cancel`` event stops the
   retries of a call whose result is no longer wanted.
 * ``write_once(...)``: messages.send and drafts.create. Issued exactly once: no
-  googleapiclient retry (``num_retries=0``) and an httplib2 ``Http`` that does not
-  silently re-send the POST when the connection drops before the answer (stock
-  httplib2 reconnects and re-sends once on a lost response). Failures are classified
+  googleapiclient retry (``num_retries=0``) and a transport of our own
+  (:class:`~.transport.SingleShotHttp`) instead of httplib2's, which silently re-sends
+  the POST when the connection drops before the answer. Failures are classified
   as certainly-not-sent (:class:`NotSent`) or maybe-sent (:class:`MaybeSent`).
 
 googleapiclient is synchronous and httplib2 is not thread-safe, so every call runs in
@@ -39,6 +39,7 @@ from .. import metrics, redact
 from ..errors import AuthError, SourceError
 from . import auth
 from .batch import MAX_PARTS, batch_uri, build_requests, run_batch, status_of
+from .transport import ConnectFailed, SingleShotHttp
 
 log = logging.getLogger("draftgate.gmail")
 
@@ -79,51 +80,6 @@ class NotSent(GmailError):
 
 class MaybeSent(GmailError):
     """A write whose outcome is unknown (timeout, reset, 5xx)."""
-
-
-class _ConnectFailed(ConnectionError):
-    """The TCP connection could not be opened: nothing was sent."""
-
-
-class _SingleShotHttp(httplib2.Http):
-    """An ``Http`` that sends a request at most once.
-
-    Stock ``httplib2.Http._conn_request`` re-sends when the connection drops before
-    the response (BadStatusLine / RemoteDisconnected on the first try, "the connection
-    just went stale"), which for a POST to messages.send means a second email. Here
-    every failure after the first byte is written propagates, and a failure to connect
-    is marked as such so the caller knows nothing left.
-    """
-
-    target: str | None = None  # the write's own URI (not the token endpoint's)
-    issued = False  # set once the write itself is handed to the transport
-
-    def request(self, uri, *args, **kwargs):
-        if self.target is not None and str(uri) == self.target:
-            self.issued = True
-        return super().request(uri, *args, **kwargs)
-
-    def _conn_request(self, conn, request_uri, method, body, headers):
-        if conn.sock is None:
-            try:
-                conn.connect()
-            except socket.timeout:
-                conn.close()
-                raise _ConnectFailed("timed out connecting") from None
-            except OSError as exc:
-                conn.close()
-                raise _ConnectFailed(f"cannot connect: {exc}") from None
-        try:
-            conn.request(method, request_uri, body, headers)
-            response = conn.getresponse()
-            content = b"" if method == "HEAD" else response.read()
-        except BaseException:
-            conn.close()
-            raise
-        response = httplib2.Response(response)
-        if method != "HEAD":
-            content = httplib2._decompressContent(response, content, self.limit_kwargs)
-        return response, content
 
 
 class _CachedResource:
@@ -312,7 +268,7 @@ class GmailClient:
             with self._lock:
                 self._save_locked()
 
-    def _authorized(self, http: httplib2.Http):
+    def _authorized(self, http: SingleShotHttp):
         import google_auth_httplib2
 
         return google_auth_httplib2.AuthorizedHttp(self.credentials(), http=http)
@@ -535,15 +491,14 @@ class GmailClient:
         can be MaybeSent."""
         # A fresh single-shot transport for this one call: no shared connection that
         # might be stale, no transport-level resend, and no googleapiclient retry.
-        single = _SingleShotHttp(timeout=self.timeout)
-        single.follow_redirects = False  # httplib2 would re-POST on a 308
+        single = SingleShotHttp(timeout=self.timeout)  # follows no redirect either
         try:
             return self._write_once(make, what, single)
         finally:
             single.close()
             self._save_if_refreshed()
 
-    def _write_once(self, make, what: str, single: _SingleShotHttp) -> dict:
+    def _write_once(self, make, what: str, single: SingleShotHttp) -> dict:
         from google.auth.exceptions import RefreshError, TransportError
         from googleapiclient.errors import HttpError
 
@@ -580,7 +535,7 @@ class GmailClient:
             # the request or after a 401 answer: nothing was accepted.
             raise NotSent(f"Gmail account {self.name!r}: cannot refresh the access token "
                           f"({type(exc).__name__}); nothing was sent") from None
-        except _ConnectFailed as exc:
+        except ConnectFailed as exc:
             if not single.issued:  # the token refresh before the request
                 raise NotSent(f"Gmail account {self.name!r}: cannot refresh the access "
                               f"token ({exc}); nothing was sent") from None
