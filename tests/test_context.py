@@ -185,6 +185,31 @@ async def test_a_maildir_reply_gets_the_files_its_references_name(tmp_path, fake
 
 # -- team memory -------------------------------------------------------------------------------
 
+async def _examples(store, rows: list[tuple[str, str]], first: int = 0) -> None:
+    """Past replies of `support` (original, reply), as sends would have left them."""
+    values = [v for i, (original, reply) in enumerate(rows, first)
+              for v in ("support", f"<e{i}@x>", f"support|s|e{i}|v1", original, reply, 0, 1.7e9 + i)]
+    await store._script([("INSERT INTO examples (pipeline, item_id, draft_key, original, reply, "
+                          "edited, sent_at) VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(rows)),
+                          tuple(values))])
+
+
+async def test_team_memory_goes_by_the_rare_words_and_finds_a_new_one_at_once(store):
+    """Among 300 replies about late orders (a word every one has), the question's rare
+    words pick the example; a reply sent a moment ago with a word no earlier one had is
+    found by the very next search (a common word's count may be cached, a rare one's not)."""
+    await _examples(store, [(f"Where is my order {i}? It is late.", f"reply {i}") for i in range(300)]
+                    + [("My order came with a cracked teapot lid.", "A new lid is on its way.")])
+    [e] = await store.examples_for("support", "Order 77: the teapot lid is cracked", 1)
+    assert e.reply == "A new lid is on its way."
+    [e] = await store.examples_for("support", "my order and the zeppelin poster", 1)
+    assert e.reply != "Posters ship rolled."  # not sent yet: some order reply
+    await _examples(store, [("Is the zeppelin poster framed?", "Posters ship rolled.")], first=301)
+    [e] = await store.examples_for("support", "my order and the zeppelin poster", 1)
+    assert e.reply == "Posters ship rolled."
+    assert await store.examples_for("sales", "my order and the zeppelin poster", 3) == []
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_an_edited_reply_becomes_an_example_for_the_same_question_in_its_pipeline_only(
         store_url, fake, deployments, capsys, provider):

@@ -422,7 +422,8 @@ class FakeGmail:
         call = Call("POST", path, "control", query, None, 0)
         if path == "/_fake/add":
             labels = query.get("labels", ["INBOX,UNREAD"])[0].split(",")
-            return self._answer(h, call, 200, {"id": self.add_message(body, labels)})
+            mid = self.add_message(body, labels, thread_id=query.get("thread", [None])[0])
+            return self._answer(h, call, 200, {"id": mid, "threadId": self.messages[mid].thread_id})
         if path == "/_fake/latency":
             self.latency = float(query["seconds"][0])
             return self._answer(h, call, 200, {})
@@ -880,6 +881,7 @@ class RemoteFakeGmail:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline().split()
         self.url, self.address = line[0], line[1]
+        self._threads: dict[str, str] = {}
         self.token_uri = self.url + "token"
 
     def _post(self, path: str, data: bytes = b"") -> Any:
@@ -889,8 +891,15 @@ class RemoteFakeGmail:
                                                            data=data, method="POST")) as r:
             return json.loads(r.read())
 
-    def add_message(self, raw: bytes, labels=("INBOX", "UNREAD")) -> str:
-        return self._post(f"/_fake/add?labels={','.join(labels)}", raw)["id"]
+    def add_message(self, raw: bytes, labels=("INBOX", "UNREAD"), thread_id: str = "") -> str:
+        """Deliver ``raw``; its Gmail id (:meth:`thread_of` tells its thread)."""
+        answer = self._post(f"/_fake/add?labels={','.join(labels)}"
+                            + (f"&thread={thread_id}" if thread_id else ""), raw)
+        self._threads[answer["id"]] = answer["threadId"]
+        return answer["id"]
+
+    def thread_of(self, gmail_id: str) -> str:
+        return self._threads[gmail_id]
 
     @property
     def latency(self) -> float:
