@@ -89,10 +89,9 @@ class _Db:
         return cursor.rowcount
 
     async def many(self, sql: str, rows: list[tuple]) -> int:
-        if not rows:
-            return 0
-        async with self.conn.executemany(sql, rows) as cursor:
-            return cursor.rowcount
+        # The cursor is not closed (that would be another trip to aiosqlite's thread,
+        # as for ``run``): it holds no rows, and sqlite3 finalizes it when it is dropped.
+        return (await self.conn.executemany(sql, rows)).rowcount if rows else 0
 
 
 async def _in_transaction(db: _Db, fn: Callable[[_Db], Awaitable[T]]) -> T:
