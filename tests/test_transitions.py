@@ -168,7 +168,7 @@ async def test_statuses_are_stored_and_serialised_as_the_same_plain_strings(stor
     assert f"{QUEUED}" == "queued" and QUEUED == "queued"
     await store.admit(P, S, R, [Item("m1", _msg("m1"))], now=T0)
     assert await store.count_by_status() == {"queued": 1}
-    [d] = await store.find_drafts(P, "m1")
+    [d] = await store.item_drafts(P, "m1")
     assert type(d.status) is str and d.status == "queued"
 
 

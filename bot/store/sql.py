@@ -391,10 +391,6 @@ class SqlStore(SqlOps, ContextSql, Store):
     async def item_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
         return await self._select_drafts("pipeline = ? AND item_id = ?", (pipeline, item_id))
 
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        """Not in the Store contract (tests and tools say this; see item_drafts)."""
-        return await self.item_drafts(pipeline, item_id)
-
     async def _by_status(self, statuses: Iterable[str], pipeline: str | None,
                          tail: str = "ORDER BY id") -> list[Draft]:
         return await self._select_drafts(*status_where(statuses, pipeline), tail)
