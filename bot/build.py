@@ -86,7 +86,7 @@ def _check_unused_models(settings: Settings) -> list[str]:
     used = {p.drafter.model for p in settings.pipelines}
     used |= {p.triage.model for p in settings.pipelines if p.triage is not None}
     errors: list[str] = []
-    for name, model in settings.models.items():
+    for name in settings.models:
         if name in used:
             continue
         stand_in = PipelineConfig(
@@ -95,7 +95,7 @@ def _check_unused_models(settings: Settings) -> list[str]:
             recipe="v1", approval=ApprovalOptions(), sender=None, lease=float("inf"),
             base_dir=settings.base_dir)
         try:
-            importlib.import_module(_DRAFTERS[model.provider]).create(model, stand_in, settings)
+            build_model(stand_in, settings, name)
         except ConfigError as exc:
             errors.extend(e for e in exc.errors if not e.startswith(stand_in.file))
     return errors

@@ -15,18 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from . import options as _options
-from .checker import (  # noqa: F401
-    _CLOCK,
-    _DURATION,
-    Checker,
-    _close,
-    _kind,
-    parse_duration,
-    parse_size,
-    url_problem,
-)
+from .checker import _CLOCK, _DURATION, Checker, _close, _kind, parse_duration
 from .config_files import load_yaml, pipeline_files
-from .config_telegram import TelegramConfig, TelegramWebhook, parse_telegram  # noqa: F401
+from .config_telegram import TelegramConfig, parse_telegram
 from .config_telegram import chat_id as _chat_id
 from .errors import ConfigError
 from .options import (

@@ -49,16 +49,20 @@ class Decisions:
         self.drafting, self.sends, self._sender = drafting, sends, sender
         self.clock, self._spawn = clock, spawn
 
-    async def _require_configured(self, draft_id: int, d: Draft | None = None) -> Draft | None:
-        """The draft (``d`` if the caller read it already), refusing one whose pipeline
-        left the configuration: it could be approved but never sent (no sender), a
-        silent dead end. Reject still works."""
+    async def _decidable(self, draft_id: int, actor: str, what: str, d: Draft | None = None
+                         ) -> Draft | None:
+        """The draft (``d`` if the caller read it already), once :meth:`may_decide` let
+        ``actor`` do ``what`` to it, refusing one whose pipeline left the configuration:
+        it could be approved but never sent (no sender), a silent dead end. Reject
+        still works."""
         if d is None or d.id != draft_id:
             d = await self.store.get_draft(draft_id)
         if d is not None and not self.settings.has_pipeline(d.pipeline):
             raise ConfigError(
                 f"Pipeline {d.pipeline!r} is not configured any more: restore its YAML file "
                 "and restart to act on this draft (Reject still works).")
+        if d is not None:
+            await self.may_decide(d, actor, what)
         return d
 
     async def approve(self, draft_id: int, version: int, actor: str,
@@ -67,11 +71,8 @@ class Decisions:
         again; the CAS below is the check that it is still this version, awaiting.
         Below the pipeline's quorum the vote is recorded and the draft comes back
         still ``awaiting`` (None: the vote did not count, e.g. an old version)."""
-        seen = await self._require_configured(draft_id, draft)
-        quorum = 1
-        if seen is not None:
-            await self.may_decide(seen, actor, "approve")
-            quorum = self.settings.pipeline(seen.pipeline).approval.quorum
+        seen = await self._decidable(draft_id, actor, "approve", draft)
+        quorum = 1 if seen is None else self.settings.pipeline(seen.pipeline).approval.quorum
         same = seen is not None and seen.version == version
         d = await self.store.approve(draft_id, version, actor, now=self.clock(), quorum=quorum,
                                      body=seen.body if same and seen else None,
@@ -165,8 +166,7 @@ class Decisions:
         body = body.strip()
         if not body:
             return None
-        if (seen := await self._require_configured(draft_id)) is not None:
-            await self.may_decide(seen, actor, "edit")
+        await self._decidable(draft_id, actor, "edit")
         d = await self.store.edit(draft_id, version, body, actor, now=self.clock())
         if d is not None:
             await self.operators.post_card(self.settings.pipeline(d.pipeline), d)
@@ -175,9 +175,7 @@ class Decisions:
 
     async def regenerate(self, draft_id: int, version: int, actor: str,
                          instruction: str = "") -> Draft | None:
-        d = await self._require_configured(draft_id)
-        if d is not None:
-            await self.may_decide(d, actor, "regenerate")
+        if (d := await self._decidable(draft_id, actor, "regenerate")) is not None:
             await self.drafting.refuse_if_waiting(d)
         d = await self.store.regenerate(draft_id, version, actor, instruction, now=self.clock())
         if d is not None:
@@ -210,9 +208,7 @@ class Decisions:
     async def draft_reply(self, draft_id: int, version: int, actor: str) -> Draft | None:
         """Draft a reply on an FYI card: the item is drafted after all, without triage
         (a human asked), at once like a Regenerate; its card becomes the draft's card."""
-        d = await self._require_configured(draft_id)
-        if d is not None:
-            await self.may_decide(d, actor, "draft a reply")
+        if (d := await self._decidable(draft_id, actor, "draft a reply")) is not None:
             await self.drafting.refuse_if_waiting(d)
         d = await self.store.draft_reply(draft_id, version, actor, now=self.clock())
         if d is not None:
@@ -228,9 +224,7 @@ class Decisions:
             await self.store.dismiss(draft_id, version, actor, now=self.clock()))
 
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
-        d = await self._require_configured(draft_id)
-        if d is not None:
-            await self.may_decide(d, actor, "retry send")
+        d = await self._decidable(draft_id, actor, "retry send")
         if d is not None and d.status == SEND_UNKNOWN:
             # Ask once more before sending again: a reply that did arrive meanwhile
             # must not go out twice because Retry was tapped before the check ran.

@@ -241,7 +241,7 @@ class _TimedDrafter:
         self._inner, self._pipeline, self._model = inner, pipeline, model
         self.name = inner.name
 
-    def __getattr__(self, name: str) -> Any:  # opts, ... of the drafter itself
+    def __getattr__(self, name: str) -> Any:  # opts, close, ... of the drafter itself
         return getattr(self._inner, name)
 
     async def draft(self, request: DraftRequest) -> DraftResult:
@@ -268,9 +268,6 @@ class _TimedDrafter:
             for direction, n in (("input", result.tokens_in), ("output", result.tokens_out)):
                 if n > 0:
                     m.child(m.tokens, self._model, direction).inc(n)
-
-    async def close(self) -> None:
-        await self._inner.close()
 
 
 def _model_outcome(exc: BaseException) -> str:

@@ -56,15 +56,8 @@ async def migrate_store(src_url: str, dst_url: str, *, force: bool = False,
                          "(sqlite:////absolute/path/to/state.db with four slashes; "
                          "sqlite:///path is relative to the current directory)")
     dst = create_store(dst_url)
-    await src.open()
-    try:
-        await dst.open()
-        try:
-            return await _copy_all(src, dst, src_url, dst_url, force, progress, batch)
-        finally:
-            await dst.close()
-    finally:
-        await src.close()
+    async with src, dst:
+        return await _copy_all(src, dst, src_url, dst_url, force, progress, batch)
 
 
 async def _copy_all(src, dst, src_url, dst_url, force, progress, batch) -> dict[str, int]:

@@ -156,13 +156,17 @@ def slot_id(t: float, fmt: str = "%Y-%m-%dT%H:%M", tz: str = "UTC") -> str:
     return local.strftime(fmt) + (local.strftime("%z") if local.fold else "")
 
 
+def duration_text(seconds: float) -> str:
+    """``seconds`` as a YAML duration: 2d, 3h, 5m, or 90s when no larger unit fits."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
 def describe(p: _Schedule) -> str:
     if p.interval:
-        s = p.interval
-        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-            if s >= size and s % size == 0:
-                return f"every {int(s // size)}{unit}"
-        return f"every {s:g}s"
+        return f"every {duration_text(p.interval)}"
     return f"cron {p.cron}" + (f" {p.timezone}" if p.timezone not in ("", "UTC") else "")
 
 

@@ -44,7 +44,6 @@ class Source(Protocol):
         """Return new items (and the next cursor), at most ``ctx.limit`` of them, oldest
         first. Raise SourceError/AuthError on failure; the engine records the run as
         failed and nothing is admitted."""
-        ...
 
     async def close(self) -> None: ...
 
@@ -56,7 +55,6 @@ class Drafter(Protocol):
     async def draft(self, request: DraftRequest) -> DraftResult:
         """Raise DrafterRetryable (timeout, 429, 5xx), DrafterError (definite) or
         BudgetExhausted. Must time out on its own."""
-        ...
 
     async def close(self) -> None: ...
 
@@ -68,7 +66,6 @@ class Triager(Protocol):
     async def triage(self, message: Message) -> TriageDecision:
         """reply | notify | skip for ``message``; never raises for model trouble: any
         doubt is reply (see bot.drafters.triage)."""
-        ...
 
     async def close(self) -> None: ...
 
@@ -127,34 +124,27 @@ class ApprovalChannel(Protocol):
         """Show the card for ``draft`` (status ``ready``). If the draft already has
         an approval message (a new version after edit/regenerate), edit that card
         instead of posting a second one. Raise ApprovalError if unreachable."""
-        ...
 
     async def update(self, draft: Draft) -> None:
         """Re-render the card after a decision or send outcome (sent, rejected,
         send_failed with Retry...). Best effort: failures are logged."""
-        ...
 
     async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
         """Tell the operators something (ops chat). ``retry_draft``: the draft it is
         about; offer what moves it on (Retry send, or Replay for a failed one)."""
-        ...
 
     async def resync_cards(self) -> None:
         """Re-render cards whose last update failed (called at start and every tick).
         A channel that keeps no cards does nothing."""
-        ...
 
     async def on_posted(self, draft: Draft) -> None:
         """After ``draft``'s card is recorded as posted (a console may prompt here)."""
-        ...
 
     async def discard(self, ref: PostedRef, draft: Draft) -> None:
         """Take away a second card of ``draft`` (``ref``) that a tap made redundant."""
-        ...
 
     async def remind(self, draft: Draft, text: str) -> None:
         """Remind the operators of ``draft``'s undecided card."""
-        ...
 
     async def stop(self) -> None: ...
 
@@ -188,12 +178,10 @@ class Sender(Protocol):
         """Deliver the approved ``draft.body`` exactly once. Raise SendFailed when it
         certainly did not go out, SendUnknown when it may have. Never retry a send
         that may have reached the other side."""
-        ...
 
     async def check(self, draft: Draft) -> str | None:
         """For ``send_unknown`` recovery: the sent id if the message is found on the
         other side, ``None`` if it certainly is not there. Raise SendUnknown if it
         cannot tell yet."""
-        ...
 
     async def close(self) -> None: ...

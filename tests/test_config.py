@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from bot.__main__ import main
-from bot.config import load_settings, parse_duration, parse_size
+from bot.checker import parse_duration, parse_size
+from bot.config import load_settings
 from bot.errors import ConfigError
 
 GOOD = """\

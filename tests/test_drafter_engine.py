@@ -201,13 +201,13 @@ async def test_500_to_the_last_attempt_fails_with_the_reason_tells_the_operator_
     # Attempt 1 (two calls: retries 1) fails; the item waits in the queue for the
     # next tick, and no card is shown.
     assert first.failed == 0 and len(fake.requests) == 2 and cards.notes == []
-    [d] = await w.store.find_drafts("support", "<q1@customer.example>")
+    [d] = await w.store.item_drafts("support", "<q1@customer.example>")
     assert d.status == "queued" and "HTTP 500" in d.error
     w.clock.t += 300
     counts = await engine.tick("support")
     # max_attempts 2: the second attempt was the last one.
     assert counts.failed == 1 and len(fake.requests) == 4
-    [d] = await w.store.find_drafts("support", "<q1@customer.example>")
+    [d] = await w.store.item_drafts("support", "<q1@customer.example>")
     assert d.status == "failed" and "HTTP 500" in d.error and "model overloaded" in d.error
     [note] = [n for n in cards.notes if "drafting failed" in n]
     assert "model overloaded" in note and f"#{d.id}" in note
@@ -218,7 +218,7 @@ async def test_500_to_the_last_attempt_fails_with_the_reason_tells_the_operator_
     assert result.outcome == "requeued"
     w.clock.t += 300  # the next tick
     await engine.tick("support")
-    [d] = await w.store.find_drafts("support", "<q1@customer.example>")
+    [d] = await w.store.item_drafts("support", "<q1@customer.example>")
     assert d.status == "awaiting" and d.body == "Your order ships today."
     assert len(fake.requests) == 5 and cards.cards == [d.id]
 
@@ -264,7 +264,7 @@ async def test_an_answer_that_arrives_after_the_lease_was_lost_changes_nothing(w
     late.release()
     stale = await first
     assert stale.drafted == 0
-    [d] = await w.store.find_drafts("support", "<q1@customer.example>")
+    [d] = await w.store.item_drafts("support", "<q1@customer.example>")
     assert d.status == "awaiting" and d.body == "Fresh draft" and d.version == 1
     assert len(slow_cards.cards) + len(other_cards.cards) == 1
     await slow_engine.drain("support")

@@ -279,10 +279,10 @@ async def test_retryable_drafting_errors_requeue_then_fail_with_the_reason(world
     world.sources["alpha"].messages = [msg(1)]
     world.drafter.errors = [DrafterRetryable("429 rate limited"), DrafterRetryable("500 upstream")]
     await world.engine.tick("alpha")  # attempt 1 fails -> back in the queue for the next tick
-    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    [d] = await world.store.item_drafts("alpha", "<m1@example.com>")
     assert d.status == "queued" and d.attempt == 1 and world.channel.notes == []
     await world.engine.tick("alpha")  # attempt 2 of max_attempts 2 fails -> failed
-    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    [d] = await world.store.item_drafts("alpha", "<m1@example.com>")
     assert d.status == "failed" and "500 upstream" in d.error
     assert any("drafting failed" in n for n in world.channel.notes)
     assert world.channel.retry_offered == [d.id]  # the channel offers the replay
@@ -295,7 +295,7 @@ async def test_a_model_outage_costs_one_attempt_per_tick_not_one_per_queued_item
     ids = [f"<m{n}@example.com>" for n in range(1, 7)]
 
     async def drafts():
-        return [d for i in ids for d in await world.store.find_drafts("alpha", i)]
+        return [d for i in ids for d in await world.store.item_drafts("alpha", i)]
 
     world.sources["alpha"].messages = [msg(n) for n in range(1, 7)]
     world.drafter.errors = [DrafterRetryable("503 overloaded")] * 50
@@ -320,7 +320,7 @@ async def test_a_retry_after_from_the_model_holds_drafting_across_ticks(world):
     world.drafter.errors = [DrafterRetryable("429 quota exceeded", retry_after=600)]
     await world.engine.tick("alpha")  # m2 may have been in flight beside m1
     calls = len(world.drafter.calls)
-    [waiting] = [d for d in await world.store.find_drafts("alpha", "<m1@example.com>")]
+    [waiting] = [d for d in await world.store.item_drafts("alpha", "<m1@example.com>")]
     assert waiting.status == "queued" and "429" in waiting.error
     world.clock.t += 300
     await world.engine.tick("alpha")
@@ -472,7 +472,7 @@ async def test_a_model_that_cannot_be_used_keeps_items_queued_and_says_so_once(w
     await world.engine.tick("alpha")
     assert await world.store.count_by_status("alpha") == {"queued": 5}
     ids = [f"<m{n}@example.com>" for n in range(1, 6)]
-    drafts = [d for i in ids for d in await world.store.find_drafts("alpha", i)]
+    drafts = [d for i in ids for d in await world.store.item_drafts("alpha", i)]
     assert [d.attempt for d in drafts] == [0] * 5
     calls = len(world.drafter.calls)
     world.clock.t += 300
@@ -515,7 +515,7 @@ async def test_a_definite_drafting_error_fails_at_once(world):
     world.sources["alpha"].messages = [msg(1)]
     world.drafter.errors = [DrafterError("401: check OPENAI_API_KEY")]
     await world.engine.tick("alpha")
-    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    [d] = await world.store.item_drafts("alpha", "<m1@example.com>")
     assert d.status == "failed" and len(world.drafter.calls) == 1
 
 
@@ -655,7 +655,7 @@ async def test_filters_skip_with_a_reason_before_any_drafting(world, config):
                                            reply_to="noreply@shop.example")]
     counts = await world.engine.tick("alpha")
     assert counts.skipped == 1 and world.drafter.calls == []
-    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    [d] = await world.store.item_drafts("alpha", "<m1@example.com>")
     assert d.status == "skipped" and "noreply@" in d.error
 
 
@@ -672,11 +672,11 @@ async def test_stopping_mid_draft_hands_the_item_back_to_the_queue(world):
     world.sources["alpha"].messages = [msg(1)]
     tick = asyncio.create_task(world.engine.tick("alpha"))
     await asyncio.wait_for(started.wait(), 10)
-    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    [d] = await world.store.item_drafts("alpha", "<m1@example.com>")
     assert d.status == "drafting"
     tick.cancel()
     await asyncio.gather(tick, return_exceptions=True)
-    [d] = await world.store.find_drafts("alpha", "<m1@example.com>")
+    [d] = await world.store.item_drafts("alpha", "<m1@example.com>")
     assert d.status == "queued" and d.attempt == 0
 
 

@@ -231,9 +231,11 @@ def test_account_without_a_readable_config_fails_instead_of_guessing_scopes(
         tmp_path, monkeypatch, capsys):
     """`--account` with no deployment file to read: a clear error naming -c, exit 2,
     and no authorisation with guessed scopes."""
+    from bot.__main__ import main
+
     monkeypatch.chdir(tmp_path)
-    code = auth.main(["auth", "gmail", "--account", "support", "--client-secrets", "cs.json",
-                      "--token", "t.json", "--no-browser"])
+    code = main(["auth", "gmail", "--account", "support", "--client-secrets", "cs.json",
+                 "--token", "t.json", "--no-browser"])
     err = capsys.readouterr().err
     assert code == 2
     assert "--account support: cannot load the deployment file draftgate.yaml, which " \

@@ -87,7 +87,7 @@ async def test_awkward_corpus_never_stops_a_tick(world):
     assert run.status == "ok", run.error_text
     outcome: dict[str, tuple[str, str | None]] = {}
     for name, gid in ids.items():
-        (d,) = await world.store.find_drafts("support", gid)
+        (d,) = await world.store.item_drafts("support", gid)
         outcome[name] = (d.status, d.error)
         assert d.status in (AWAITING, SKIPPED), (name, d.status, d.error)
         if d.status == SKIPPED:
@@ -96,11 +96,11 @@ async def test_awkward_corpus_never_stops_a_tick(world):
     assert {"no_sender", "bad_from", "garbage"} <= skipped
     assert "no usable sender" in outcome["no_sender"][1]
     assert outcome["plain"][0] == outcome["huge_5mb"][0] == AWAITING
-    huge = (await world.store.find_drafts("support", ids["huge_5mb"]))[0]
+    huge = (await world.store.item_drafts("support", ids["huge_5mb"]))[0]
     assert huge.message.body_truncated and len(huge.message.body) <= 200_000
-    nested = (await world.store.find_drafts("support", ids["nested"]))[0]
+    nested = (await world.store.item_drafts("support", ids["nested"]))[0]
     assert nested.message.body == "deep text" and nested.message.attachments == ["invoice.pdf"]
-    html = (await world.store.find_drafts("support", ids["html_only"]))[0]
+    html = (await world.store.item_drafts("support", ids["html_only"]))[0]
     assert html.message.body == "Hi there"
     assert counts.fetched == len(CORPUS)
 
@@ -110,7 +110,7 @@ async def test_reply_to_a_hostile_subject_adds_no_header(world):
     await world.tick()
     gid = world.fake.add_message(CORPUS["subject_crlf_encoded_word"])
     await world.tick()
-    (d,) = await world.store.find_drafts("support", gid)
+    (d,) = await world.store.item_drafts("support", gid)
     assert (await world.engine.approve(d.id, d.version, "op")).status == "sent"
     (raw,) = world.fake.received_raw
     m = email.message_from_bytes(raw, policy=email.policy.default)
@@ -131,5 +131,5 @@ async def test_an_html_bomb_holds_up_no_other_mail(world):
     await world.tick()
     assert (await world.store.recent_runs("support", 1))[0].status == "ok"
     for gid, body in ((bomb, "Hi"), (plain, "Hello")):
-        (d,) = await world.store.find_drafts("support", gid)
+        (d,) = await world.store.item_drafts("support", gid)
         assert (d.status, d.message.body) == (AWAITING, body)

@@ -18,7 +18,7 @@ async def test_message_in_gmail_is_drafted_approved_and_sent_once_threaded(tmp_p
         gid = w.fake.add_message(simple_message(42, sender="Dana Doe <dana@customer.example>"))
         counts = await w.tick()
         assert (counts.fetched, counts.new, counts.drafted, counts.posted) == (1, 1, 1, 1)
-        (d,) = await w.store.find_drafts("support", gid)
+        (d,) = await w.store.item_drafts("support", gid)
         assert d.status == SENT and d.decided_by == "demo-auto-approve"
         (reply,) = w.fake.sent()
         assert d.sent_id == reply.id and reply.thread_id == w.fake.messages[gid].thread_id
@@ -33,6 +33,6 @@ async def test_message_in_gmail_is_drafted_approved_and_sent_once_threaded(tmp_p
             await w.tick()
             assert "messages.send" not in [c.route for c in w.fake.api_calls(mark)]
         assert len(w.fake.calls_to("messages.send")) == 1
-        assert len(await w.store.find_drafts("support", reply.id)) == 0
+        assert len(await w.store.item_drafts("support", reply.id)) == 0
     finally:
         await w.close()

@@ -368,7 +368,7 @@ async def test_mail_from_our_own_address_is_skipped_with_the_reason(tmp_path, co
             1, sender=f"Website <{w.fake.address}>",
             extra_headers="Reply-To: visitor@customer.example\r\n"))
         counts = await w.tick()
-        (d,) = await w.store.find_drafts("support", gid)
+        (d,) = await w.store.item_drafts("support", gid)
         assert d.status == SKIPPED
         assert d.error == f"sent from our own address {w.fake.address}"
         assert counts.skipped == 1 and counts.new == 0
@@ -392,7 +392,7 @@ async def test_skip_own_false_drafts_mail_from_our_own_address(tmp_path, configu
             1, sender=f"Website <{w.fake.address}>",
             extra_headers="Reply-To: visitor@customer.example\r\n"))
         counts = await w.tick()
-        (d,) = await w.store.find_drafts("support", gid)
+        (d,) = await w.store.item_drafts("support", gid)
         assert d.status == AWAITING and counts.new == 1
         after = await w.engine.approve(d.id, d.version, "op")
         assert after.status == "sent"
@@ -535,8 +535,8 @@ async def test_history_expiry_lists_back_to_the_last_sync_only(world):
     world.fake.expire_history()
     mark = world.fake.mark()
     counts = await world.tick()
-    assert await world.store.find_drafts("support", archived) == []
-    assert [d.item_id for d in await world.store.find_drafts("support", fresh)] == [fresh]
+    assert await world.store.item_drafts("support", archived) == []
+    assert [d.item_id for d in await world.store.item_drafts("support", fresh)] == [fresh]
     assert counts.new == 1
     from bot.sources.gmail import RESYNC_MARGIN
 
@@ -666,7 +666,7 @@ async def test_a_non_match_is_searched_for_until_the_window_ends_then_dropped_wi
                   and bob in r.getMessage()]
     assert dropped.levelno == logging.INFO and "dropped" in dropped.getMessage()
     assert [d.item_id for d in await w.drafts()] == [yes]
-    assert await w.store.find_drafts("support", bob) == []
+    assert await w.store.item_drafts("support", bob) == []
     mark = w.fake.mark()
     await w.tick()
     assert [c.route for c in w.fake.api_calls(mark)] == ["history.list"]

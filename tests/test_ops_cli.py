@@ -111,7 +111,7 @@ def test_a_sent_item_cannot_be_replayed(deployment, capsys):
             await engine.start()
             await engine.tick("demo")
             await engine.stop()
-            return [d for d in await store.find_drafts("demo", "<CAF1234.order-question@mail.customer.example>")]
+            return [d for d in await store.item_drafts("demo", "<CAF1234.order-question@mail.customer.example>")]
         finally:
             await store.close()
 

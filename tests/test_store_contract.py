@@ -172,7 +172,7 @@ class TestStoreContract:
         await store.mark_seen(P, S, ["m1"], now=T0)
         result = await store.admit(P, S, R, _items("m1", "m2"), now=T0)
         assert result.new == [_key("m2")] and result.already_seen == 1
-        assert await store.find_drafts(P, "m1") == []
+        assert await store.item_drafts(P, "m1") == []
 
     async def test_failed_admit_leaves_no_seen_mark_and_no_cursor(self, store):
         """Marking seen and queueing are one transaction: if queueing fails, the item is
@@ -555,7 +555,7 @@ class TestStoreContract:
         assert await store.count_by_status() == {"ready": 1, "awaiting": 1, "send_failed": 1, "queued": 2}
         await store.admit(P, S, "v1", _items("m9"), mark_seen=False, now=T0)
         await store.admit(P, "other", "v2", _items("m9"), mark_seen=False, now=T0)
-        assert {(d.scope, d.recipe) for d in await store.find_drafts(P, "m9")} == {
+        assert {(d.scope, d.recipe) for d in await store.item_drafts(P, "m9")} == {
             (S, "v1"), ("other", "v2")}
         assert (await store.get_draft_by_key(_key("m2"))).id == b.id
         assert await store.get_draft_by_key("nope") is None

@@ -199,7 +199,7 @@ async def test_reply_drafts_a_skipped_item_with_the_instruction_and_emails_lists
     [skipped] = [ln for ln in lines if "skipped" in ln]
     assert "· Order 3" in skipped
     item = "<order-3@customer.example>"
-    [d] = await w.store.find_drafts("support", item)
+    [d] = await w.store.item_drafts("support", item)
     assert d.status == "skipped" and d.approval_message_id is None
     cards_before = len([m for m in fake.chat_messages(SUPPORT_CHAT) if m.text.startswith("📨")])
     answer = await say(w, f"/reply support {item} shorter please")
@@ -218,13 +218,13 @@ async def test_reply_drafts_a_skipped_item_with_the_instruction_and_emails_lists
     audit = {(e.action, e.actor) for e in await w.store.audit_log()}
     assert ("emails", f"tg:{ANNA} (Anna)") in audit and ("reply", f"tg:{ANNA} (Anna)") in audit
     # Drafts again an item whose card waits (on that same card); a sent one never.
-    [first] = await w.store.find_drafts("support", "<order-1@customer.example>")
+    [first] = await w.store.item_drafts("support", "<order-1@customer.example>")
     assert (await say(w, f"/reply support {first.item_id} friendlier")).endswith(
         "drafting v2; its card follows.")
     await fake.await_for(lambda: w.card(first).text.startswith(f"📨 support · #{first.id} v2"),
                          WAIT)
     assert "[friendlier]" in w.card(first).text
-    [second] = await w.store.find_drafts("support", "<order-2@customer.example>")
+    [second] = await w.store.item_drafts("support", "<order-2@customer.example>")
     assert await tap(w, second, "ap", ANNA, "Anna") == "✅ Sent."
     assert await say(w, f"/reply support {second.item_id}") == (
         f"support {second.item_id}: not drafted: it was sent already; a sent item is never "

@@ -158,7 +158,7 @@ class World:
         """An email arrives and a tick drafts it and posts its card; returns the draft."""
         (self.tmp_path / f"mail-{pipeline}" / f"{n}.eml").write_bytes(eml(n, **kw))
         await self.engine.tick(pipeline)
-        drafts = await self.store.find_drafts(pipeline, f"<order-{n}@customer.example>")
+        drafts = await self.store.item_drafts(pipeline, f"<order-{n}@customer.example>")
         assert len(drafts) == 1, drafts
         return drafts[0]
 

@@ -77,7 +77,7 @@ class World:
     async def deliver(self, n: int, **kw):
         (self.tmp / "inbox" / f"{n}.eml").write_bytes(email(n, **kw))
         await self.engine.tick("support")
-        [d] = await self.store.find_drafts("support", f"<q{n}@customer.example>")
+        [d] = await self.store.item_drafts("support", f"<q{n}@customer.example>")
         return d
 
     async def close(self):

@@ -66,7 +66,6 @@ class ConsoleChannel(ApprovalChannelBase):
         self.out = out or sys.stdout
         self.actor = actor or ("demo-auto-approve" if auto_approve else f"console:{_user()}")
         self._decisions: Decisions | None = None
-        self._counter = 0
         self._prompt_lock = asyncio.Lock()
         self._reviewer: asyncio.Task | None = None  # the task holding _prompt_lock
         self._shown_last: tuple[int, int] | None = None  # (draft id, version) printed last
@@ -90,7 +89,6 @@ class ConsoleChannel(ApprovalChannelBase):
             self._show(draft)
         if draft.approval_message_id:
             return PostedRef("console", draft.approval_message_id)
-        self._counter += 1
         return PostedRef("console", f"console-{draft.id}")
 
     async def on_posted(self, draft: Draft) -> None:

@@ -102,10 +102,6 @@ def split_quoted(body: str) -> tuple[str, str]:
     return body, ""
 
 
-def _is_quote(line: str) -> bool:
-    return not line.strip() or line.lstrip().startswith(">")
-
-
 #: What follows a quote and is a footer, not an answer: a signature delimiter, a
 #: mailing-list rule, a mobile, list or legal footer.
 _FOOTER = re.compile(

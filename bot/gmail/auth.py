@@ -10,7 +10,6 @@ contents are never logged.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -349,14 +348,3 @@ def _flow(client_secrets: str, scopes: list[str]):
 def _fail(message: str, code: int = 2) -> int:
     print(message, file=sys.stderr)
     return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m bot.gmail.auth gmail ...``) until the CLI wires it."""
-    parser = argparse.ArgumentParser(prog="draftgate")
-    add_cli(parser.add_subparsers(dest="command", required=True))
-    return run_cli(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

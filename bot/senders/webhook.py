@@ -36,7 +36,8 @@ import urllib.parse
 import httpx
 
 from .. import redact
-from ..config import PipelineConfig, Settings, url_problem
+from ..checker import url_problem
+from ..config import PipelineConfig, Settings
 from ..errors import SendFailed, SendUnknown
 from ..models import Draft, SendResult
 from ..options import WebhookSenderOptions, expect

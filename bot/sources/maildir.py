@@ -37,6 +37,7 @@ from ..errors import SourceError
 from ..filters import too_big
 from ..models import FetchResult, Item, Message, ThreadMessage
 from ..options import MaildirSourceOptions, expect
+from ..scheduler import duration_text
 
 log = logging.getLogger("draftgate.sources.maildir")
 
@@ -253,15 +254,8 @@ class MaildirSource:
                 pass
         if now - when > max_age:
             dated = message.date or "file time " + datetime.fromtimestamp(when, timezone.utc).isoformat()
-            return f"older than source.max_age ({_human_age(max_age)}): dated {dated}"
+            return f"older than source.max_age ({duration_text(max_age)}): dated {dated}"
         return None
-
-
-def _human_age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def _item_id(f: _File) -> str:

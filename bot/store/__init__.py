@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import AdmitResult, ReplayResult, Store, StoreMissing, SweepResult
+from .base import AdmitResult, ReplayResult, StoreMissing, SweepResult
+from .sql import SqlStore as Store  # the contract: see base.py
 
 
 def create_store(url: str) -> Store:

@@ -1,5 +1,6 @@
-"""The store contract. Every backend (SQLite, PostgreSQL) implements exactly this, and
-``tests/test_store_contract.py`` runs the same tests against each.
+"""The store contract: :class:`bot.store.Store` (``sql.py`` and ``sql_ops.py``, written
+once in SQL) on :class:`Backend` (what each backend, SQLite and PostgreSQL, writes
+itself). ``tests/test_store_contract.py`` runs the same tests against each backend.
 
 Rules every backend keeps:
 
@@ -18,12 +19,17 @@ Rules every backend keeps:
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Awaitable, Callable, Self, Sequence, TypeVar
 
 from ..errors import StoreError
-from ..models import AuditEntry, Draft, Item, Run, Vote
-from .chain import Report
+from ..models import Draft, Item
+from . import chain
+from .chain import Record, Report
+from .rows import Db, audit_row, select_drafts
+
+T = TypeVar("T")
 
 
 class StoreMissing(StoreError):
@@ -65,10 +71,16 @@ class ReplayResult:
     draft: Draft | None = None
 
 
-class Store(abc.ABC):
-    """Durable state of draftgate. Open once at start, close at shutdown."""
+class Backend(abc.ABC):
+    """What each backend writes itself (its connection, and the statements its SQL
+    writes differently), and the primitives the shared SQL is written on."""
 
     url: str
+    #: SQL giving a draft a fence token no earlier claim of it had.
+    NEXT_FENCE: str = "fence + 1"
+    #: What a read that precedes a write in the same transaction appends to lock its
+    #: rows (SQLite's BEGIN IMMEDIATE already holds the only write lock).
+    FOR_UPDATE: str = ""
 
     # -- lifecycle ---------------------------------------------------------------
     @abc.abstractmethod
@@ -80,14 +92,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
-    async def __aenter__(self) -> "Store":
+    async def __aenter__(self) -> Self:
         await self.open()
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    # -- fetch side ----------------------------------------------------------------
+    # -- fetch side, claims, the audit walk, the integrity check ---------------------
     @abc.abstractmethod
     async def unseen(self, pipeline: str, scope: str, item_ids: list[str]) -> set[str]:
         """The subset of ``item_ids`` with no seen mark (so a source can avoid
@@ -118,10 +130,6 @@ class Store(abc.ABC):
         """Write seen marks (used by ``mark_seen: on_success`` pipelines)."""
 
     @abc.abstractmethod
-    async def get_cursor(self, pipeline: str, scope: str) -> str | None: ...
-
-    # -- drafting ------------------------------------------------------------------
-    @abc.abstractmethod
     async def claim(self, pipeline: str, lease_seconds: float, *, limit: int = 1,
                     now: float | None = None) -> list[Draft]:
         """CAS up to ``limit`` ``queued`` drafts of ``pipeline`` (oldest first) to
@@ -130,321 +138,60 @@ class Store(abc.ABC):
         caller."""
 
     @abc.abstractmethod
-    async def claim_key(self, key: str, lease_seconds: float,
-                        now: float | None = None) -> Draft | None:
-        """Claim one specific queued draft by key; ``None`` if it is not queued."""
-
-    @abc.abstractmethod
-    async def finish_draft(self, draft_id: int, fence: int, body: str, *,
-                           tokens_in: int = 0, tokens_out: int = 0, model: str = "",
-                           now: float | None = None,
-                           used: dict[str, Any] | None = None) -> Draft | None:
-        """Fenced ``drafting -> ready`` storing the body and what its request ``used``
-        (:meth:`Context.used`). ``None`` when the fence no
-        longer matches (the lease was lost): a stale worker changes nothing. Token use
-        is added to the draft and to the pipeline's usage for the UTC day of ``now``.
-        Audited as ``draft`` (version, ``model``, tokens)."""
-
-    @abc.abstractmethod
-    async def fail_draft(self, draft_id: int, fence: int, error: str, *,
-                         retryable: bool, max_attempts: int,
-                         now: float | None = None) -> Draft | None:
-        """Fenced: ``drafting -> queued`` with attempt + 1 when ``retryable`` and
-        attempt + 1 < max_attempts, else ``drafting -> failed`` with ``error``.
-        ``None`` when the fence no longer matches."""
-
-    @abc.abstractmethod
-    async def release(self, draft_id: int, fence: int) -> bool:
-        """Fenced ``drafting -> queued`` without counting an attempt (budget spent,
-        shutdown)."""
-
-    @abc.abstractmethod
-    async def record_triage(self, draft_id: int, fence: int, action: str, reason: str, *,
-                            tokens: int = 0, lease_seconds: float,
-                            now: float | None = None) -> Draft | None:
-        """Fenced, one transaction: store the triage decision (``reply | notify | skip``)
-        and its reason with the draft, add ``tokens`` to the day's usage and append an
-        audit row. ``reply``: stays ``drafting`` with its lease renewed for
-        ``lease_seconds``; ``notify``: ``notified`` (an FYI card to post); ``skip``:
-        ``skipped`` with the reason as error text. ``None`` when the fence moved."""
-
-    @abc.abstractmethod
-    async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
-        """Count tokens spent that did not end in a stored draft (failed attempts)."""
-
-    @abc.abstractmethod
-    async def tokens_used(self, pipeline: str, day: str) -> int:
-        """Tokens used by ``pipeline`` on UTC ``day`` (``YYYY-MM-DD``)."""
-
-    # -- approval ------------------------------------------------------------------
-    @abc.abstractmethod
-    async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        """Drafts in ``ready`` (never posted, or re-drafted) and ``notified`` ones whose
-        FYI card was never posted, oldest first."""
-
-    @abc.abstractmethod
-    async def mark_posted(self, draft_id: int, version: int, chat: str,
-                          message_id: str, now: float | None = None) -> Draft | None:
-        """CAS ``ready -> awaiting`` for that version, keeping the card's chat and
-        message id; for a ``notified`` draft (an FYI card) the status stays;
-        ``updated_at`` becomes ``now`` (reminders count from it)."""
-
-    @abc.abstractmethod
-    async def draft_reply(self, draft_id: int, version: int, actor: str,
-                          now: float | None = None) -> Draft | None:
-        """CAS ``notified -> queued`` for ``version`` (an operator tapped Draft a reply
-        on the FYI card): version + 1, so it is drafted without triage. Audited."""
-
-    @abc.abstractmethod
-    async def dismiss(self, draft_id: int, version: int, actor: str,
-                      now: float | None = None) -> Draft | None:
-        """CAS ``notified -> dismissed`` for ``version``. Audited."""
-
-    @abc.abstractmethod
-    async def approve(self, draft_id: int, version: int, actor: str,
-                      now: float | None = None, *, quorum: int = 1,
-                      body: str | None = None, key: str | None = None) -> Draft | None:
-        """Record ``actor``'s vote for ``version`` (one per operator and version, only
-        while it awaits a decision), then CAS ``awaiting -> approved`` if ``quorum``
-        distinct operators voted for it; audit row with the sha256 of the body the
-        operator saw. ``None`` if the draft did not move: anything differs, or the
-        quorum is not met yet (then a new vote is audited, with ``body`` and ``key``
-        of the version voted for)."""
-
-    @abc.abstractmethod
-    async def votes(self, draft_id: int, version: int) -> list[Vote]:
-        """The approvals of that version, oldest first."""
-
-    @abc.abstractmethod
-    async def redraft(self, draft_id: int, actor: str, instruction: str = "",
-                      now: float | None = None) -> Draft | None:
-        """/reply: CAS an ``awaiting``, skipped, rejected, failed or expired draft to
-        ``queued`` with version + 1 and ``instruction`` for the drafter. Audited."""
-
-    @abc.abstractmethod
-    async def claim_notice(self, key: str, now: float | None = None, *,
-                           draft_id: int | None = None, version: int | None = None) -> bool:
-        """Claim the right to send the notice ``key`` (a reminder, a digest) once, across
-        restarts and hosts: True for exactly one caller. With ``draft_id``, only while
-        that ``version`` of the draft awaits a decision."""
-
-    @abc.abstractmethod
-    async def item_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe), oldest first."""
-
-    @abc.abstractmethod
-    async def edit(self, draft_id: int, version: int, body: str, actor: str,
-                   now: float | None = None) -> Draft | None:
-        """CAS on ``awaiting`` and ``version``: new body, version + 1, status ``ready``
-        so the card is re-rendered (the approval message id is kept). Audited."""
-
-    @abc.abstractmethod
-    async def regenerate(self, draft_id: int, version: int, actor: str,
-                         instruction: str = "", now: float | None = None) -> Draft | None:
-        """CAS on ``awaiting`` and ``version``: status ``queued``, version + 1,
-        ``instruction`` stored for the drafter, attempt reset. Audited."""
-
-    @abc.abstractmethod
-    async def reject(self, draft_id: int, version: int, actor: str, reason: str = "",
-                     now: float | None = None) -> Draft | None:
-        """CAS ``awaiting -> rejected`` for ``version``. Audited."""
-
-    # -- sending -------------------------------------------------------------------
-    @abc.abstractmethod
-    async def approved(self, pipeline: str | None = None) -> list[Draft]:
-        """Drafts in ``approved`` (approved but the send was not begun)."""
-
-    @abc.abstractmethod
-    async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
-        """CAS ``approved -> sending``, committed before the send call, recording the
-        sending process (``holder``, as in the locks table) in ``send_holder``."""
-
-    @abc.abstractmethod
-    async def mark_sent(self, draft_id: int, sent_id: str, now: float | None = None
-                        ) -> Draft | None:
-        """CAS ``sending|send_unknown -> sent``; audit row with the sent text's hash;
-        the reply and its original kept as an example of the pipeline (same transaction)."""
-
-    @abc.abstractmethod
-    async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
-        """CAS ``sending -> send_failed``."""
-
-    @abc.abstractmethod
-    async def mark_send_unknown(self, draft_id: int, reason: str) -> Draft | None:
-        """CAS ``sending -> send_unknown``."""
-
-    @abc.abstractmethod
-    async def retry_send(self, draft_id: int, actor: str, now: float | None = None
-                         ) -> Draft | None:
-        """CAS ``send_failed|send_unknown -> approved`` by an operator. Audited."""
-
-    @abc.abstractmethod
-    async def send_unknown(self, pipeline: str | None = None) -> list[Draft]: ...
-
-    # -- reading ---------------------------------------------------------------------
-    @abc.abstractmethod
-    async def get_draft(self, draft_id: int) -> Draft | None: ...
-
-    @abc.abstractmethod
-    async def pending(self, pipeline: str | None = None, limit: int | None = None) -> list[Draft]:
-        """Drafts in PENDING_STATUSES, oldest first (the oldest ``limit``, if given)."""
-
-    @abc.abstractmethod
-    async def count_by_status(self, pipeline: str | None = None) -> dict[str, int]: ...
-
-    @abc.abstractmethod
-    async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
-        """The newest ``limit`` drafts of ``pipeline`` in ``statuses``, newest first (what
-        ``status`` lists with item ids and reasons, for ``replay``)."""
-
-    @abc.abstractmethod
-    async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
-        """How many drafts each pipeline has in ``statuses`` (pipelines with none are
-        left out): finds work owned by pipelines that left the configuration."""
-
-    @abc.abstractmethod
-    async def seen_count(self, pipeline: str) -> int: ...
-
-    @abc.abstractmethod
-    async def draft_gauges(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
-        """For metrics, in one query: how many drafts each (pipeline, status) has, and
-        each pipeline's oldest ``awaiting`` draft's ``created_at``."""
-
-    @abc.abstractmethod
-    async def ping(self) -> None:
-        """A trivial query (``/readyz``): raises if the store does not answer."""
-
-    # -- runs --------------------------------------------------------------------------
-    @abc.abstractmethod
-    async def start_run(self, pipeline: str, scheduled_for: float | None = None,
-                        now: float | None = None) -> int: ...
-
-    @abc.abstractmethod
-    async def end_run(self, run_id: int, status: str, counts: dict[str, int],
-                      error_text: str | None = None, now: float | None = None) -> None: ...
-
-    @abc.abstractmethod
-    async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
-        """Newest first."""
-
-    @abc.abstractmethod
-    async def last_run(self, pipeline: str, status: str | None = None) -> Run | None: ...
-
-    # -- audit -------------------------------------------------------------------------
-    @abc.abstractmethod
-    async def audit(self, actor: str, action: str, draft_key: str | None = None,
-                    text: str | None = None, detail: str | None = None,
-                    now: float | None = None) -> None:
-        """Append one audit row (sha256 of ``text`` when given)."""
-
-    @abc.abstractmethod
-    async def count_audit(self, action: str, key_prefix: str, since: float,
-                          until: float) -> int:
-        """Audit rows of ``action`` whose draft key starts with ``key_prefix``, written
-        in ``[since, until)`` (the digest's sent and rejected counts)."""
-
-    @abc.abstractmethod
-    async def audit_log(self, draft_key: str | None = None, limit: int = 100
-                        ) -> list[AuditEntry]:
-        """Newest first."""
-
-    @abc.abstractmethod
     async def verify_audit(self) -> Report:
         """Walk the audit chain in one snapshot: a :class:`bot.store.chain.Report` with the
         rows checked, or the first row changed, removed or inserted."""
 
     @abc.abstractmethod
-    async def audit_export(self, since: float = 0.0, after_seq: int = 0,
-                           limit: int = 1000) -> list[dict]:
-        """Chained audit rows in chain order (``bot.store.chain.CHAIN_COLS`` as keys):
-        after position ``after_seq``, or (``after_seq`` 0) from the first row written at
-        or after ``since`` on, every later row (contiguous, so an export verifies)."""
-
-    # -- operations --------------------------------------------------------------------
-    @abc.abstractmethod
-    async def replay(self, pipeline: str, item_id: str, actor: str,
-                     now: float | None = None) -> ReplayResult:
-        """A failed, rejected, skipped or expired draft of the item -> ``queued``
-        (attempt 0, version + 1). An item only seen (no draft) loses its seen mark. A
-        sent item or one still in flight is ``refused``. Always audited."""
-
-    @abc.abstractmethod
-    async def sweep(self, *, seen_ttl_days: float, max_attempts: int = 3,
-                    approval_ttl_days: float | None = None, runs_keep_days: float = 30,
-                    now: float | None = None) -> SweepResult:
-        """Delete seen marks older than the TTL (only those with no live draft
-        needed), return expired drafting leases to queued (attempt + 1; past
-        ``max_attempts``, failed), expire ``awaiting`` drafts older than
-        ``approval_ttl_days`` if given, prune runs older than ``runs_keep_days``."""
-
-    @abc.abstractmethod
-    async def requeue_expired(self, pipeline: str, *, max_attempts: int,
-                              now: float | None = None) -> tuple[int, int]:
-        """The lease part of ``sweep`` for one pipeline, cheap enough for every tick:
-        expired ``drafting`` leases -> ``queued`` (attempt + 1, new fence) or, past
-        ``max_attempts``, ``failed``. Returns (requeued, failed)."""
-
-    @abc.abstractmethod
-    async def set_paused(self, pipeline: str, paused: bool, actor: str) -> None: ...
-
-    @abc.abstractmethod
-    async def paused(self) -> set[str]: ...
-
-    # -- leader / locks (several hosts) ---------------------------------------------------
-    @abc.abstractmethod
-    async def try_lock(self, name: str, holder: str, ttl_seconds: float,
-                       now: float | None = None) -> bool:
-        """Take or renew a named lease row (e.g. ``tick:support``) for ``holder``.
-        True if ``holder`` now holds it. Used so ticks of one pipeline never overlap
-        across processes."""
-
-    @abc.abstractmethod
-    async def unlock(self, name: str, holder: str) -> None: ...
-
-    @abc.abstractmethod
-    async def lock_holder(self, name: str) -> str | None:
-        """Who holds the named lock (expired or not), or None."""
-
-    # -- cards that need re-rendering ---------------------------------------------------
-    @abc.abstractmethod
-    async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
-        """Remember (or forget) that the draft's card shows an old state because its
-        last edit failed; the channel re-renders such cards until an edit succeeds."""
-
-    @abc.abstractmethod
-    async def stale_cards(self, limit: int = 50) -> list[Draft]:
-        """Drafts whose card is marked stale, oldest id first."""
-
-    # -- truthful status (holds, the queue, integrity) -------------------------------------
-    @abc.abstractmethod
-    async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
-        """Record why the pipeline's drafting is held (a setup error, a model's
-        Retry-After, a spent budget) and until when (None: until drafting works again);
-        ``reason=None`` clears it. Kept in the store so ``status`` in any process sees it."""
-
-    @abc.abstractmethod
-    async def holds(self) -> dict[str, tuple[str, float | None]]:
-        """Every recorded hold: pipeline -> (reason, until or None)."""
-
-    @abc.abstractmethod
-    async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        """Drafts not drafted yet (``queued`` or ``drafting``), oldest first."""
-
-    @abc.abstractmethod
     async def check(self) -> list[str]:
         """Read every table (SQLite: ``PRAGMA quick_check``); the problems found, or []."""
 
-    # -- crashed sends -------------------------------------------------------------------
+    # -- the primitives --------------------------------------------------------------
     @abc.abstractmethod
-    async def sending_holders(self) -> list[str]:
-        """The distinct ``send_holder`` values of rows in ``sending``."""
+    async def _run(self, fn: Callable[[Db], Awaitable[T]], *, tx: bool = True) -> T:
+        """``fn`` on one connection: inside one transaction, or (``tx`` False: one
+        statement, atomic on its own) without one."""
 
-    @abc.abstractmethod
-    async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
-                                      grace: float, now: float | None = None) -> int:
-        """``sending`` rows whose sending process is gone -> ``send_unknown`` (error
-        ``ABANDONED_SEND``): those of a holder in ``dead`` (the caller saw its pid gone on
-        this machine), those whose holder's heartbeat row ``process:<holder>`` is missing
-        or expired (never ``alive``'s, the caller's own), and rows with no holder (begun
-        before holders were recorded) older than ``grace`` seconds. ``now`` None: the
-        store's clock, which on a shared store is the database's."""
+    def _now(self, now: float | None) -> float:
+        return time.time() if now is None else float(now)
+
+    def _clean(self, text: str | None) -> str | None:
+        """Text as the database can hold it (PostgreSQL: no NUL)."""
+        return text
+
+    def _db_clock(self, now: float | None) -> tuple[str, Any]:
+        """SQL for "now" where leases and send ages are decided, and its argument."""
+        return "?", self._now(now)
+
+    async def _query(self, sql: str, args: tuple = ()) -> list[Any]:
+        return await self._run(lambda db: db.rows(sql, args), tx=False)
+
+    async def _execute(self, sql: str, args: tuple = ()) -> int:
+        return await self._run(lambda db: db.run(sql, args), tx=False)
+
+    async def _script(self, statements: list[tuple[str, tuple]],
+                      records: Sequence[Record] = ()) -> None:
+        """``statements``, then ``records`` appended to the audit chain, in one transaction."""
+        async def tx(db: Db) -> None:
+            for sql, args in statements:
+                await db.run(sql, args)
+            await self._append(db, records)
+
+        await self._run(tx)
+
+    async def _append(self, db: Db, records: Sequence[Record]) -> None:
+        """Append ``records`` to the audit chain inside ``db``'s transaction: the head is
+        read (and, where the backend has row locks, locked) and moved on."""
+        if records:
+            head = chain.head_of(await db.rows(chain.HEAD_SQL + self.FOR_UPDATE))
+            rows, head = chain.link(head, records)
+            await db.many(chain.INSERT_SQL, rows)
+            await db.run(chain.SET_HEAD_SQL, head)
+
+    async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
+                             ) -> list[Draft]:
+        return await self._run(lambda db: select_drafts(db, where, args, tail), tx=False)
+
+    def _audit_row(self, t: float, actor: str, action: str, key: str | None,
+                   text: str | None, detail: str | None) -> Record:
+        return audit_row(t, actor, action, key, text, detail, self._clean)

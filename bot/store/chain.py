@@ -189,16 +189,6 @@ class Walker:
         return r
 
 
-def walk(rows: Iterable[Any], head: tuple | None, loose: int | None) -> Report:
-    """Verify a whole store's chain: ``rows`` in ``seq`` order (``WALK_SQL``), its
-    ``audit_head`` and the first row outside the chain (``LOOSE_SQL``)."""
-    w = Walker()
-    for row in rows:
-        if not w.feed(row):
-            break
-    return conclude(w, head, loose)
-
-
 def conclude(w: Walker, head: tuple | None, loose: int | None) -> Report:
     """The report of a whole-store walk; ``head`` None: the head row is gone."""
     if head is None and w.report.ok:

@@ -281,7 +281,6 @@ _V_COUNTS = [
     "('ready', 'awaiting', 'approved', 'sending', 'send_failed', 'send_unknown', 'notified')",
 ]
 
-#: Each entry is the list of statements of one migration, in order.
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).

@@ -7,10 +7,9 @@ does differently (admit, claim, migrations, the lease clock, row locks).
 
 from __future__ import annotations
 
-import abc
 import json
 import time
-from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Iterable
 
 from ..clock import utc_day
 from ..models import (
@@ -31,9 +30,6 @@ from ..models import (
 )
 from ..redact import scrub
 from . import chain
-from .base import (
-    Store,
-)
 from .chain import Record
 from .context_sql import ContextSql
 from .rows import (
@@ -49,7 +45,6 @@ from .rows import (
     draft_from_row,
     example_row,
     run_from_row,
-    select_drafts,
     status_where,
 )
 from .sql_ops import SqlOps
@@ -82,9 +77,6 @@ from .transitions import (
     Step,
 )
 
-T = TypeVar("T")
-DAY = 86400.0
-
 #: The predicate of the drafts_pending partial index (its schema migration), word for word.
 PENDING_SQL = "status IN ({})".format(", ".join(f"'{s}'" for s in PENDING_STATUSES))
 
@@ -92,30 +84,9 @@ def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(SqlOps, ContextSql, Store):
-    """The shared half of :class:`SQLiteStore` and :class:`PostgresStore`."""
-
-    #: SQL giving a draft a fence token no earlier claim of it had.
-    NEXT_FENCE: str = "fence + 1"
-    #: What a read that precedes a write in the same transaction appends to lock its
-    #: rows (SQLite's BEGIN IMMEDIATE already holds the only write lock).
-    FOR_UPDATE: str = ""
-
-    def _now(self, now: float | None) -> float:
-        return time.time() if now is None else float(now)
-
-    def _clean(self, text: str | None) -> str | None:
-        """Text as the database can hold it (PostgreSQL: no NUL)."""
-        return text
-
-    def _db_clock(self, now: float | None) -> tuple[str, Any]:
-        """SQL for "now" where leases and send ages are decided, and its argument."""
-        return "?", self._now(now)
-
-    @abc.abstractmethod
-    async def _run(self, fn: Callable[[Db], Awaitable[T]], *, tx: bool = True) -> T:
-        """``fn`` on one connection: inside one transaction, or (``tx`` False: one
-        statement, atomic on its own) without one."""
+class SqlStore(SqlOps, ContextSql):
+    """Durable state of draftgate (``bot.store.Store``): the shared half of
+    :class:`SQLiteStore` and :class:`PostgresStore`. Open once at start, close at shutdown."""
 
     async def _change(self, change: Change) -> Draft | None:
         """Run ``change`` in one transaction; the draft after it, or None."""
@@ -141,38 +112,10 @@ class SqlStore(SqlOps, ContextSql, Store):
 
         return await self._run(run, tx=not change.single)
 
-    async def _query(self, sql: str, args: tuple = ()) -> list[Any]:
-        return await self._run(lambda db: db.rows(sql, args), tx=False)
-
-    async def _execute(self, sql: str, args: tuple = ()) -> int:
-        return await self._run(lambda db: db.run(sql, args), tx=False)
-
-    async def _script(self, statements: list[tuple[str, tuple]],
-                      records: Sequence[Record] = ()) -> None:
-        """``statements``, then ``records`` appended to the audit chain, in one transaction."""
-        async def tx(db: Db) -> None:
-            for sql, args in statements:
-                await db.run(sql, args)
-            await self._append(db, records)
-
-        await self._run(tx)
-
-    async def _append(self, db: Db, records: Sequence[Record]) -> None:
-        """Append ``records`` to the audit chain inside ``db``'s transaction: the head is
-        read (and, where the backend has row locks, locked) and moved on."""
-        if records:
-            head = chain.head_of(await db.rows(chain.HEAD_SQL + self.FOR_UPDATE))
-            rows, head = chain.link(head, records)
-            await db.many(chain.INSERT_SQL, rows)
-            await db.run(chain.SET_HEAD_SQL, head)
-
-    async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
-                             ) -> list[Draft]:
-        return await self._run(lambda db: select_drafts(db, where, args, tail), tx=False)
-
     # -- drafting --------------------------------------------------------------------
     async def claim_key(self, key: str, lease_seconds: float,
                         now: float | None = None) -> Draft | None:
+        """Claim one specific queued draft by key; ``None`` if it is not queued."""
         clock, arg = self._db_clock(now)
         return await self._change(_one(Step(
             CLAIM, f"lease_until = {clock} + ?, fence = {self.NEXT_FENCE}, updated_at = ?",
@@ -182,6 +125,11 @@ class SqlStore(SqlOps, ContextSql, Store):
                            tokens_in: int = 0, tokens_out: int = 0, model: str = "",
                            now: float | None = None,
                            used: dict[str, Any] | None = None) -> Draft | None:
+        """Fenced ``drafting -> ready`` storing the body and what its request ``used``
+        (:meth:`Context.used`). ``None`` when the fence no
+        longer matches (the lease was lost): a stale worker changes nothing. Token use
+        is added to the draft and to the pipeline's usage for the UTC day of ``now``.
+        Audited as ``draft`` (version, ``model``, tokens)."""
         t = self._now(now)
         return await self._change(_one(Step(
             FINISH, "body = ?, lease_until = NULL, error = NULL, tokens_in = tokens_in + ?, "
@@ -194,6 +142,9 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def fail_draft(self, draft_id: int, fence: int, error: str, *, retryable: bool,
                          max_attempts: int, now: float | None = None) -> Draft | None:
+        """Fenced: ``drafting -> queued`` with attempt + 1 when ``retryable`` and
+        attempt + 1 < max_attempts, else ``drafting -> failed`` with ``error``.
+        ``None`` when the fence no longer matches."""
         assign = "attempt = attempt + 1, lease_until = NULL, error = ?, updated_at = ?"
         args = (self._clean(scrub(error)), self._now(now))  # shown on cards and in /status
         fail = Step(FAIL, assign, args, "id = ? AND fence = ?", (draft_id, fence))
@@ -202,6 +153,8 @@ class SqlStore(SqlOps, ContextSql, Store):
         return await self._change(Change((retry, fail) if retryable else (fail,)))
 
     async def release(self, draft_id: int, fence: int) -> bool:
+        """Fenced ``drafting -> queued`` without counting an attempt (budget spent,
+        shutdown)."""
         return await self._change(_one(Step(
             RELEASE, "lease_until = NULL, updated_at = ?", (time.time(),),
             "id = ? AND fence = ?", (draft_id, fence)))) is not None
@@ -209,6 +162,11 @@ class SqlStore(SqlOps, ContextSql, Store):
     async def record_triage(self, draft_id: int, fence: int, action: str, reason: str, *,
                             tokens: int = 0, lease_seconds: float,
                             now: float | None = None) -> Draft | None:
+        """Fenced, one transaction: store the triage decision (``reply | notify | skip``)
+        and its reason with the draft, add ``tokens`` to the day's usage and append an
+        audit row. ``reply``: stays ``drafting`` with its lease renewed for
+        ``lease_seconds``; ``notify``: ``notified`` (an FYI card to post); ``skip``:
+        ``skipped`` with the reason as error text. ``None`` when the fence moved."""
         t = self._now(now)
         assign, args = "triage = ?, triage_reason = ?, updated_at = ?", (
             action, self._clean(reason), t)
@@ -232,6 +190,9 @@ class SqlStore(SqlOps, ContextSql, Store):
     # -- approval --------------------------------------------------------------------
     async def mark_posted(self, draft_id: int, version: int, chat: str,
                           message_id: str, now: float | None = None) -> Draft | None:
+        """CAS ``ready -> awaiting`` for that version, keeping the card's chat and
+        message id; for a ``notified`` draft (an FYI card) the status stays;
+        ``updated_at`` becomes ``now`` (reminders count from it)."""
         # updated_at is when the card went up: reminders count from it.
         assign = "approval_chat = ?, approval_message_id = ?, updated_at = ?"
         args = (str(chat), str(message_id), self._now(now))
@@ -242,6 +203,8 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def draft_reply(self, draft_id: int, version: int, actor: str,
                           now: float | None = None) -> Draft | None:
+        """CAS ``notified -> queued`` for ``version`` (an operator tapped Draft a reply
+        on the FYI card): version + 1, so it is drafted without triage. Audited."""
         t = self._now(now)
         return await self._decide(Step(
             DRAFT_REPLY, "version = version + 1, attempt = 0, lease_until = NULL, "
@@ -251,6 +214,7 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def dismiss(self, draft_id: int, version: int, actor: str,
                       now: float | None = None) -> Draft | None:
+        """CAS ``notified -> dismissed`` for ``version``. Audited."""
         t = self._now(now)
         return await self._decide(Step(
             DISMISS, "decided_by = ?, decided_at = ?, updated_at = ?", (actor, t, t),
@@ -266,6 +230,12 @@ class SqlStore(SqlOps, ContextSql, Store):
     async def approve(self, draft_id: int, version: int, actor: str,
                       now: float | None = None, *, quorum: int = 1,
                       body: str | None = None, key: str | None = None) -> Draft | None:
+        """Record ``actor``'s vote for ``version`` (one per operator and version, only
+        while it awaits a decision), then CAS ``awaiting -> approved`` if ``quorum``
+        distinct operators voted for it; audit row with the sha256 of the body the
+        operator saw. ``None`` if the draft did not move: anything differs, or the
+        quorum is not met yet (then a new vote is audited, with ``body`` and ``key``
+        of the version voted for)."""
         t = self._now(now)
         # The vote and the CAS in one transaction, under the draft's row lock (where the
         # backend has row locks), so of two operators tapping at once the later one sees
@@ -291,11 +261,14 @@ class SqlStore(SqlOps, ContextSql, Store):
             missed=partial if quorum > 1 else None))
 
     async def votes(self, draft_id: int, version: int) -> list[Vote]:
+        """The approvals of that version, oldest first."""
         rows = await self._query(VOTES_SQL, (draft_id, version))
         return [Vote(r[0], r[1], float(r[2])) for r in rows]
 
     async def redraft(self, draft_id: int, actor: str, instruction: str = "",
                       now: float | None = None) -> Draft | None:
+        """/reply: CAS an ``awaiting``, skipped, rejected, failed or expired draft to
+        ``queued`` with version + 1 and ``instruction`` for the drafter. Audited."""
         t = self._now(now)
         return await self._decide(Step(
             ON_DEMAND, "version = version + 1, instruction = ?, attempt = 0, lease_until = NULL, "
@@ -306,6 +279,9 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def claim_notice(self, key: str, now: float | None = None, *,
                            draft_id: int | None = None, version: int | None = None) -> bool:
+        """Claim the right to send the notice ``key`` (a reminder, a digest) once, across
+        restarts and hosts: True for exactly one caller. With ``draft_id``, only while
+        that ``version`` of the draft awaits a decision."""
         # ? IS NULL: a digest; otherwise a reminder, claimed only while that version of
         # the draft still waits for a decision.
         return await self._execute(
@@ -317,6 +293,8 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def edit(self, draft_id: int, version: int, body: str, actor: str,
                    now: float | None = None) -> Draft | None:
+        """CAS on ``awaiting`` and ``version``: new body, version + 1, status ``ready``
+        so the card is re-rendered (the approval message id is kept). Audited."""
         t = self._now(now)
         return await self._decide(Step(
             EDIT, "body = ?, version = version + 1, updated_at = ?", (self._clean(body), t),
@@ -325,6 +303,8 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def regenerate(self, draft_id: int, version: int, actor: str,
                          instruction: str = "", now: float | None = None) -> Draft | None:
+        """CAS on ``awaiting`` and ``version``: status ``queued``, version + 1,
+        ``instruction`` stored for the drafter, attempt reset. Audited."""
         t = self._now(now)
         # The audit hash is of the body the operator saw when asking for another one.
         return await self._decide(Step(
@@ -336,6 +316,7 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def reject(self, draft_id: int, version: int, actor: str, reason: str = "",
                      now: float | None = None) -> Draft | None:
+        """CAS ``awaiting -> rejected`` for ``version``. Audited."""
         t = self._now(now)
         return await self._decide(Step(
             REJECT, "decided_by = ?, decided_at = ?, error = ?, updated_at = ?",
@@ -345,6 +326,8 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     # -- sending ---------------------------------------------------------------------
     async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
+        """CAS ``approved -> sending``, committed before the send call, recording the
+        sending process (``holder``, as in the locks table) in ``send_holder``."""
         # updated_at by the store's clock for leases: recover_sending ages rows with it.
         clock, arg = self._db_clock(None)
         return await self._change(_one(Step(
@@ -353,6 +336,8 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def mark_sent(self, draft_id: int, sent_id: str,
                         now: float | None = None) -> Draft | None:
+        """CAS ``sending|send_unknown -> sent``; audit row with the sent text's hash;
+        the reply and its original kept as an example of the pipeline (same transaction)."""
         t = self._now(now)
         return await self._change(_one(Step(
             MARK_SENT, "sent_id = ?, error = NULL, updated_at = ?", (str(sent_id), t),
@@ -361,17 +346,20 @@ class SqlStore(SqlOps, ContextSql, Store):
             then=lambda d: example_row(d, t, self._clean)))
 
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
+        """CAS ``sending -> send_failed``."""
         return await self._change(_one(Step(
             MARK_SEND_FAILED, "error = ?, updated_at = ?",
             (self._clean(scrub(reason)), time.time()), "id = ?", (draft_id,))))
 
     async def mark_send_unknown(self, draft_id: int, reason: str) -> Draft | None:
+        """CAS ``sending -> send_unknown``."""
         return await self._change(_one(Step(
             MARK_SEND_UNKNOWN, "error = ?, updated_at = ?",
             (self._clean(scrub(reason)), time.time()), "id = ?", (draft_id,))))
 
     async def retry_send(self, draft_id: int, actor: str,
                          now: float | None = None) -> Draft | None:
+        """CAS ``send_failed|send_unknown -> approved`` by an operator. Audited."""
         t = self._now(now)
         return await self._change(_one(Step(
             RETRY_SEND, "error = NULL, updated_at = ?", (t,), "id = ?", (draft_id,)),
@@ -389,17 +377,15 @@ class SqlStore(SqlOps, ContextSql, Store):
         return found[0] if found else None
 
     async def item_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
+        """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe), oldest first."""
         return await self._select_drafts("pipeline = ? AND item_id = ?", (pipeline, item_id))
-
-    async def find_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        """Not in the Store contract (tests and tools say this; see item_drafts)."""
-        return await self.item_drafts(pipeline, item_id)
 
     async def _by_status(self, statuses: Iterable[str], pipeline: str | None,
                          tail: str = "ORDER BY id") -> list[Draft]:
         return await self._select_drafts(*status_where(statuses, pipeline), tail)
 
     async def pending(self, pipeline: str | None = None, limit: int | None = None) -> list[Draft]:
+        """Drafts in PENDING_STATUSES, oldest first (the oldest ``limit``, if given)."""
         tail = "ORDER BY id" if limit is None else f"ORDER BY id LIMIT {int(limit)}"
         if pipeline is not None:
             return await self._by_status(PENDING_STATUSES, pipeline, tail)
@@ -408,6 +394,8 @@ class SqlStore(SqlOps, ContextSql, Store):
         return await self._select_drafts(PENDING_SQL, (), tail)
 
     async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
+        """Drafts in ``ready`` (never posted, or re-drafted) and ``notified`` ones whose
+        FYI card was never posted, oldest first."""
         where = "(status = ? OR (status = ? AND approval_message_id IS NULL))"
         args: tuple = (READY, NOTIFIED)
         if pipeline is not None:
@@ -415,22 +403,27 @@ class SqlStore(SqlOps, ContextSql, Store):
         return await self._select_drafts(where, args, f"ORDER BY id LIMIT {int(limit)}")
 
     async def approved(self, pipeline: str | None = None) -> list[Draft]:
+        """Drafts in ``approved`` (approved but the send was not begun)."""
         return await self._by_status((APPROVED,), pipeline)
 
     async def send_unknown(self, pipeline: str | None = None) -> list[Draft]:
         return await self._by_status((SEND_UNKNOWN,), pipeline)
 
     async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
+        """Drafts not drafted yet (``queued`` or ``drafting``), oldest first."""
         return await self._by_status((QUEUED, DRAFTING), pipeline,
                                      f"ORDER BY id LIMIT {int(limit)}")
 
     async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
+        """The newest ``limit`` drafts of ``pipeline`` in ``statuses``, newest first (what
+        ``status`` lists with item ids and reasons, for ``replay``)."""
         wanted = tuple(dict.fromkeys(statuses))
         if not wanted:
             return []
         return await self._by_status(wanted, pipeline, f"ORDER BY id DESC LIMIT {int(limit)}")
 
     async def stale_cards(self, limit: int = 50) -> list[Draft]:
+        """Drafts whose card is marked stale, oldest id first."""
         return await self._select_drafts("card_stale = 1", (), f"ORDER BY id LIMIT {int(limit)}")
 
     # -- cursors, tokens -------------------------------------------------------------
@@ -444,15 +437,18 @@ class SqlStore(SqlOps, ContextSql, Store):
         await self._execute(CURSOR_SQL, (pipeline, scope, value, time.time()))
 
     async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
+        """Count tokens spent that did not end in a stored draft (failed attempts)."""
         if tokens:
             await self._execute(TOKENS_SQL, (pipeline, utc_day(self._now(now)), int(tokens)))
 
     async def tokens_used(self, pipeline: str, day: str) -> int:
+        """Tokens used by ``pipeline`` on UTC ``day`` (``YYYY-MM-DD``)."""
         rows = await self._query("SELECT tokens FROM token_usage WHERE pipeline = ? AND day = ?",
                                  (pipeline, day))
         return int(rows[0][0] or 0) if rows else 0
 
     async def ping(self) -> None:
+        """A trivial query (``/readyz``): raises if the store does not answer."""
         await self._query("SELECT 1")
 
     # -- runs ------------------------------------------------------------------------
@@ -481,6 +477,7 @@ class SqlStore(SqlOps, ContextSql, Store):
         return [run_from_row(r) for r in rows]
 
     async def recent_runs(self, pipeline: str, limit: int = 10) -> list[Run]:
+        """Newest first."""
         return await self._runs(pipeline, None, limit)
 
     async def last_run(self, pipeline: str, status: str | None = None) -> Run | None:
@@ -488,18 +485,16 @@ class SqlStore(SqlOps, ContextSql, Store):
         return runs[0] if runs else None
 
     # -- audit -----------------------------------------------------------------------
-    def _audit_row(self, t: float, actor: str, action: str, key: str | None,
-                   text: str | None, detail: str | None) -> Record:
-        return audit_row(t, actor, action, key, text, detail, self._clean)
-
     async def audit(self, actor: str, action: str, draft_key: str | None = None,
                     text: str | None = None, detail: str | None = None,
                     now: float | None = None) -> None:
+        """Append one audit row (sha256 of ``text`` when given)."""
         await self._script([], [self._audit_row(self._now(now), actor, action, draft_key, text,
                                              detail)])
 
     async def audit_log(self, draft_key: str | None = None,
                         limit: int = 100) -> list[AuditEntry]:
+        """Newest first."""
         where, args = ("WHERE draft_key = ?", (draft_key,)) if draft_key is not None else ("", ())
         rows = await self._query(
             "SELECT id, at, actor, action, draft_key, text_sha256, detail FROM audit "
@@ -508,6 +503,8 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def count_audit(self, action: str, key_prefix: str, since: float,
                           until: float) -> int:
+        """Audit rows of ``action`` whose draft key starts with ``key_prefix``, written
+        in ``[since, until)`` (the digest's sent and rejected counts)."""
         rows = await self._query(
             "SELECT COUNT(*) FROM audit WHERE action = ? AND substr(draft_key, 1, ?) = ? "
             "AND at >= ? AND at < ?", (action, len(key_prefix), key_prefix, since, until))
@@ -515,6 +512,9 @@ class SqlStore(SqlOps, ContextSql, Store):
 
     async def audit_export(self, since: float = 0.0, after_seq: int = 0,
                            limit: int = 1000) -> list[dict]:
+        """Chained audit rows in chain order (``bot.store.chain.CHAIN_COLS`` as keys):
+        after position ``after_seq``, or (``after_seq`` 0) from the first row written at
+        or after ``since`` on, every later row (contiguous, so an export verifies)."""
         if after_seq <= 0:  # from the first row written since then, every later one
             first = (await self._query(chain.FIRST_SINCE_SQL, (float(since),)))[0][0]
             if first is None:
@@ -542,6 +542,9 @@ class SqlStore(SqlOps, ContextSql, Store):
         return {r[0] for r in rows}
 
     async def set_hold(self, pipeline: str, reason: str | None, until: float | None = None) -> None:
+        """Record why the pipeline's drafting is held (a setup error, a model's
+        Retry-After, a spent budget) and until when (None: until drafting works again);
+        ``reason=None`` clears it. Kept in the store so ``status`` in any process sees it."""
         await self._execute(
             "INSERT INTO pipeline_flags (pipeline, paused, updated_at, hold_reason, "
             "hold_until) VALUES (?, 0, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET "
@@ -549,6 +552,7 @@ class SqlStore(SqlOps, ContextSql, Store):
             (pipeline, time.time(), reason, until if reason is not None else None))
 
     async def holds(self) -> dict[str, tuple[str, float | None]]:
+        """Every recorded hold: pipeline -> (reason, until or None)."""
         rows = await self._query("SELECT pipeline, hold_reason, hold_until FROM pipeline_flags "
                                  "WHERE hold_reason IS NOT NULL")
         return {r[0]: (r[1], r[2]) for r in rows}
@@ -557,21 +561,28 @@ class SqlStore(SqlOps, ContextSql, Store):
         await self._execute("DELETE FROM locks WHERE name = ? AND holder = ?", (name, holder))
 
     async def lock_holder(self, name: str) -> str | None:
+        """Who holds the named lock (expired or not), or None."""
         rows = await self._query("SELECT holder FROM locks WHERE name = ?", (name,))
         return rows[0][0] if rows else None
 
     async def mark_card_stale(self, draft_id: int, stale: bool) -> None:
+        """Remember (or forget) that the draft's card shows an old state because its
+        last edit failed; the channel re-renders such cards until an edit succeeds."""
         # updated_at stays: it measures the draft's state (expiry, send grace), not its card.
         await self._execute("UPDATE drafts SET card_stale = ? WHERE id = ?",
                             (int(stale), draft_id))
 
     async def sending_holders(self) -> list[str]:
+        """The distinct ``send_holder`` values of rows in ``sending``."""
         rows = await self._query("SELECT DISTINCT send_holder FROM drafts WHERE status = ? "
                                  "AND send_holder IS NOT NULL", (SENDING,))
         return [r[0] for r in rows]
 
     async def try_lock(self, name: str, holder: str, ttl_seconds: float,
                        now: float | None = None) -> bool:
+        """Take or renew a named lease row (e.g. ``tick:support``) for ``holder``.
+        True if ``holder`` now holds it. Used so ticks of one pipeline never overlap
+        across processes."""
         clock, arg = self._db_clock(now)
         return bool(await self._query(
             f"INSERT INTO locks (name, holder, expires_at) VALUES (?, ?, {clock} + ?)"

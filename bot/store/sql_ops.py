@@ -1,53 +1,29 @@
 """Replay, sweep, recovery of abandoned work and the counts `status` shows, written once for both SQL stores (a
-mixin of :class:`bot.store.sql.SqlStore`, on the same ``_run`` primitive)."""
+base of :class:`bot.store.sql.SqlStore`, on the primitives of :class:`~bot.store.base.Backend`)."""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Iterable
 
 from ..models import AWAITING, REPLAYABLE_STATUSES, SENT, STATUSES, TERMINAL_STATUSES
-from .base import ABANDONED_SEND, HEARTBEAT_PREFIX, ReplayResult, SweepResult
-from .chain import Record
+from .base import ABANDONED_SEND, HEARTBEAT_PREFIX, Backend, ReplayResult, SweepResult
 from .rows import DRAFT_COLS, Db, draft_from_row, select_drafts, status_where
 from .transitions import EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY, cas
 
-T = TypeVar("T")
 DAY = 86400.0
 #: Statuses counted live (not kept in draft_counts): those a draft leaves again.
 _LIVE = tuple(s for s in STATUSES if s not in TERMINAL_STATUSES)
 
 
-class SqlOps:
-    """Operations over many drafts; needs the SqlStore primitives below."""
-
-    FOR_UPDATE = ""
-    NEXT_FENCE = "fence + 1"
-
-    async def _run(self, fn: Callable[[Db], Awaitable[T]], *, tx: bool = True) -> T:
-        raise NotImplementedError
-
-    async def _execute(self, sql: str, args: tuple = ()) -> int:
-        raise NotImplementedError
-
-    async def _query(self, sql: str, args: tuple = ()) -> list[Any]:
-        raise NotImplementedError
-
-    def _now(self, now: float | None) -> float:
-        raise NotImplementedError
-
-    def _db_clock(self, now: float | None) -> tuple[str, Any]:
-        raise NotImplementedError
-
-    def _audit_row(self, t: float, actor: str, action: str, key: str | None,
-                   text: str | None, detail: str | None) -> Record:
-        raise NotImplementedError
-
-    async def _append(self, db: Db, records: Sequence[Record]) -> None:
-        raise NotImplementedError
+class SqlOps(Backend):
+    """Operations over many drafts."""
 
     # -- operations --------------------------------------------------------------------
     async def replay(self, pipeline: str, item_id: str, actor: str,
                      now: float | None = None) -> ReplayResult:
+        """A failed, rejected, skipped or expired draft of the item -> ``queued``
+        (attempt 0, version + 1). An item only seen (no draft) loses its seen mark. A
+        sent item or one still in flight is ``refused``. Always audited."""
         t = self._now(now)
         where = f"{pipeline} {item_id}"
 
@@ -92,6 +68,10 @@ class SqlOps:
     async def sweep(self, *, seen_ttl_days: float, max_attempts: int = 3,
                     approval_ttl_days: float | None = None, runs_keep_days: float = 30,
                     now: float | None = None) -> SweepResult:
+        """Delete seen marks older than the TTL (only those with no live draft
+        needed), return expired drafting leases to queued (attempt + 1; past
+        ``max_attempts``, failed), expire ``awaiting`` drafts older than
+        ``approval_ttl_days`` if given, prune runs older than ``runs_keep_days``."""
         t = self._now(now)
 
         async def tx(db: Db) -> SweepResult:
@@ -115,6 +95,9 @@ class SqlOps:
 
     async def requeue_expired(self, pipeline: str, *, max_attempts: int,
                               now: float | None = None) -> tuple[int, int]:
+        """The lease part of ``sweep`` for one pipeline, cheap enough for every tick:
+        expired ``drafting`` leases -> ``queued`` (attempt + 1, new fence) or, past
+        ``max_attempts``, ``failed``. Returns (requeued, failed)."""
         return await self._run(lambda db: self._requeue(db, pipeline, max_attempts, now))
 
     async def _requeue(self, db: Db, pipeline: str | None, max_attempts: int,
@@ -151,6 +134,12 @@ class SqlOps:
 
     async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
                                       grace: float, now: float | None = None) -> int:
+        """``sending`` rows whose sending process is gone -> ``send_unknown`` (error
+        ``ABANDONED_SEND``): those of a holder in ``dead`` (the caller saw its pid gone on
+        this machine), those whose holder's heartbeat row ``process:<holder>`` is missing
+        or expired (never ``alive``'s, the caller's own), and rows with no holder (begun
+        before holders were recorded) older than ``grace`` seconds. ``now`` None: the
+        store's clock, which on a shared store is the database's."""
         clock, arg = self._db_clock(now)
         dead = list(dead)
         marks = ", ".join("?" * len(dead)) or "NULL"
@@ -187,6 +176,8 @@ class SqlOps:
         return {r[0]: int(r[1]) for r in rows}
 
     async def count_by_pipeline(self, statuses: Iterable[str]) -> dict[str, int]:
+        """How many drafts each pipeline has in ``statuses`` (pipelines with none are
+        left out): finds work owned by pipelines that left the configuration."""
         wanted = tuple(dict.fromkeys(statuses))
         out: dict[str, int] = {}
         for table, chosen, total in (
@@ -206,6 +197,8 @@ class SqlOps:
         return int(rows[0][0])
 
     async def draft_gauges(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
+        """For metrics, in one query: how many drafts each (pipeline, status) has, and
+        each pipeline's oldest ``awaiting`` draft's ``created_at``."""
         live_where, live_args = status_where(_LIVE, None)
         rows = await self._query("SELECT pipeline, status, COUNT(*), MIN(created_at) FROM drafts "
                                  f"WHERE {live_where} GROUP BY pipeline, status", live_args)

@@ -862,7 +862,7 @@ class GmailWorld:
         """Every draft of every message the fake mailbox holds."""
         out = []
         for gid in list(self.fake.messages):
-            out.extend(await self.store.find_drafts("support", gid))
+            out.extend(await self.store.item_drafts("support", gid))
         return out
 
 
