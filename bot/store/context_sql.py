@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Sequence
+from typing import Any
 
 from ..models import Example, Passage
-from .chain import Record
+from .base import Backend
 
 #: Terms of the new email a search uses at most, and how many of its words are weighed
 #: for that (the longest ones first).
@@ -127,27 +127,13 @@ _TOTAL = {"examples": "(SELECT count(*) FROM examples)",
 _MAX_COUNTS = 50_000  # cached term counts kept at most
 
 
-class ContextSql:
-    """Examples and knowledge; see the module docstring. Needs the SqlStore primitives."""
+class ContextSql(Backend):
+    """Examples and knowledge; see the module docstring."""
 
     FTS = "sqlite"  # which search SQL the backend speaks: "sqlite" | "postgres"
     #: (search, term) -> (rows containing it, monotonic time it is trusted until);
     #: term "" holds the table's row count.
     _term_rows: dict[tuple[str, str], tuple[int, float]] | None = None
-
-    async def _query(self, sql: str, args: tuple = ()) -> list[Any]:
-        raise NotImplementedError
-
-    async def _script(self, statements: list[tuple[str, tuple]],
-                      records: Sequence[Record] = ()) -> None:
-        raise NotImplementedError
-
-    def _clean(self, text: str | None) -> str | None:
-        raise NotImplementedError
-
-    def _audit_row(self, t: float, actor: str, action: str, key: str | None,
-                   text: str | None, detail: str | None) -> Record:
-        raise NotImplementedError
 
     # -- team memory ------------------------------------------------------------------
     async def examples_for(self, pipeline: str, text: str, limit: int) -> list[Example]:
