@@ -8,7 +8,10 @@ path); ``check_all`` builds everything once so ``draftgate validate`` reports th
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
+import sys
 
 from . import metrics
 from .config import PipelineConfig, Settings
@@ -39,6 +42,20 @@ def build_model(pipeline: PipelineConfig, settings: Settings, name: str) -> Draf
     pipeline's drafter, or the client its triage asks."""
     model = settings.models[name]
     return importlib.import_module(_DRAFTERS[model.provider]).create(model, pipeline, settings)
+
+
+async def import_models(pipeline: PipelineConfig, settings: Settings) -> None:
+    """Import the modules of the pipeline's drafter and triage models in a worker
+    thread: their SDKs take seconds to import (anthropic ~5 s), which on the event
+    loop would stall Telegram taps, /status and health. A module that fails to import
+    is left to :func:`build_model`, which raises it as it always has."""
+    names = {pipeline.drafter.model, *([pipeline.triage.model] if pipeline.triage else [])}
+    for name in names:
+        model = settings.models.get(name)
+        module = _DRAFTERS.get(model.provider) if model is not None else None
+        if module is not None and module not in sys.modules:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(importlib.import_module, module)
 
 
 def build_drafter(pipeline: PipelineConfig, settings: Settings) -> Drafter:

@@ -13,6 +13,7 @@ from .cli_common import existing_store, load, options, say
 from .config import Settings
 from .errors import ConfigError, DraftgateError
 from .models import used_line
+from .redact import redact_url
 
 
 def add_cli(subparsers) -> None:
@@ -322,7 +323,7 @@ async def _doctor(args) -> int:
         async with existing_store(settings) as store:
             problems = await store.check()
         detail = ("; ".join(problems) + "; restore it from a backup or point `store:` "
-                  "elsewhere") if problems else settings.store.split("@")[-1]
+                  "elsewhere") if problems else redact_url(settings.store)
         results.append(("store", not problems, detail))
     except DraftgateError as exc:
         results.append(("store", False, str(exc)))

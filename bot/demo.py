@@ -13,6 +13,7 @@ from .cli_common import REPO, channels, existing_store, load, options, say, stor
 from .config import Settings
 from .errors import ConfigError
 from .options import OutboxSenderOptions, expect
+from .redact import redact_url
 
 DEMO_CONFIG = REPO / "draftgate.demo.yaml"
 #: Marks a store (audit row) and an outbox (file) as the demo's own: `demo -c FILE`
@@ -71,7 +72,7 @@ async def _foreign_demo_state(settings: Settings) -> list[str]:
     try:
         async with existing_store(settings) as store:
             if not await store.audit_log(draft_key=DEMO_MARK, limit=1):
-                found.append(f"store {settings.store.split('@')[-1]} exists and was not "
+                found.append(f"store {redact_url(settings.store)} exists and was not "
                              f"created by the demo")
     except StoreMissing:
         pass  # a new store: the demo creates it and marks it as its own

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 from . import logfmt
 from .clock import utc_day
@@ -43,9 +43,13 @@ class Drafting:
     def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Operators,
                  drafter: Callable[[PipelineConfig], Drafter], clock: Callable[[], float],
                  triager: Callable[[PipelineConfig], Triager | None] = lambda p: None,
-                 source: Callable[[PipelineConfig], Source] | None = None):
+                 source: Callable[[PipelineConfig], Source] | None = None,
+                 prepare: Callable[[PipelineConfig], Awaitable[None]] | None = None):
         self.settings, self.store, self.leases, self.operators = settings, store, leases, operators
         self._drafter, self.clock, self._triager = drafter, clock, triager
+        # Awaited before the drafter and triager are used (the engine imports their
+        # SDKs there, off the event loop).
+        self._prepare = prepare
         # What a draft is based on besides the email (thread, examples, knowledge).
         self.context = ContextBuilder(store, source or (lambda p: None))
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
@@ -177,6 +181,8 @@ class Drafting:
         """Draft one claimed item; False when the model is in trouble (stop claiming).
         ``ready`` gets the stored draft (status ``ready``) when one was made, or the
         ``notified`` one whose FYI card is to be posted when triage said notify."""
+        if self._prepare is not None:
+            await self._prepare(p)
         triaged = await self._triaged(p, d, counts, ready)
         if triaged is None:
             return True

@@ -26,7 +26,7 @@ from typing import Callable
 from . import filters as _filters
 from . import logfmt, metrics, scheduler
 from .admit import admit_fetched
-from .build import build_drafter, build_sender, build_source, build_triager
+from .build import build_drafter, build_sender, build_source, build_triager, import_models
 from .clock import wall
 from .config import PipelineConfig, Settings
 from .decisions import Decisions
@@ -80,7 +80,8 @@ class Engine:
         self.sends = Sends(settings, store, self.leases, self.operators, sender, now, self._spawn,
                            send_check_delay)
         self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now,
-                                 lambda p: self.triager(p), lambda p: self.source(p))
+                                 lambda p: self.triager(p), lambda p: self.source(p),
+                                 self._models_imported)
         self.decisions = Decisions(settings, store, self.operators, self.drafting, self.sends,
                                    sender, now, self._spawn)
         self.desk = Desk(settings, store, self.operators, now)
@@ -107,6 +108,12 @@ class Engine:
 
     def triager(self, p: PipelineConfig) -> Triager | None:
         return _built(self._triagers, p, build_triager, self.settings)
+
+    async def _models_imported(self, p: PipelineConfig) -> None:
+        """Before ``p``'s drafter and triage are first built: their SDKs imported off
+        the event loop (:func:`bot.build.import_models`)."""
+        if p.name not in self._drafters or p.name not in self._triagers:
+            await import_models(p, self.settings)
 
     def sender(self, p: PipelineConfig) -> Sender:
         return _built(self._senders, p, build_sender, self.settings)

@@ -1,6 +1,7 @@
 """Are this process's loops alive? What ``/healthz`` and the systemd watchdog ask.
 
-Each loop (a pipeline's schedule, the Telegram receiver) reports when it waits and
+Each loop (a pipeline's schedule, the Telegram receiver: polling, or the webhook
+server, which the channel asks for an answer every :data:`WEBHOOK_PROBE_EVERY`) reports when it waits and
 until when, when it starts work, and each step of progress it makes (a tick ended, an
 item drafted, a send, a Telegram call answered). A loop is stuck when it has worked
 without progress for longer than its bound, or has overslept its wake-up by as much:
@@ -24,6 +25,11 @@ from .config import PipelineConfig, TelegramConfig
 #: timeout: the read timeout of getUpdates (10 s), PTB's longest back-off after a
 #: failed poll (30 s) or the channel's longest reconnect delay (60 s), and some slack.
 _TELEGRAM_SLACK = 100.0
+#: The webhook receiver's name here: its own, since Bot API calls answered (cards
+#: posted) tell nothing of whether the webhook server still takes Telegram's posts.
+WEBHOOK = "telegram webhook"
+#: How often a channel receiving by webhook asks its own webhook server for an answer.
+WEBHOOK_PROBE_EVERY = 10.0
 
 
 def pipeline_bound(p: PipelineConfig, now: float) -> float:
@@ -36,6 +42,12 @@ def pipeline_bound(p: PipelineConfig, now: float) -> float:
 
 def telegram_bound(t: TelegramConfig) -> float:
     return float(t.poll_timeout) + _TELEGRAM_SLACK
+
+
+def webhook_bound() -> float:
+    """The webhook server must answer a probe within this (the slack, as for polling,
+    covers the channel's reconnect delays, during which it counts as alive)."""
+    return WEBHOOK_PROBE_EVERY + _TELEGRAM_SLACK
 
 
 @dataclass

@@ -3,8 +3,9 @@
 ``observability.listen: HOST:PORT`` serves, on a small asyncio HTTP/1.1 server:
 
 * ``/metrics``: Prometheus text (:mod:`bot.metrics`);
-* ``/healthz``: 200 while every pipeline loop and the Telegram receiver make progress
-  (:mod:`bot.health`), else 503 with a JSON body naming what is stuck;
+* ``/healthz``: 200 while every pipeline loop and the Telegram receiver (polling, or
+  the webhook server) make progress (:mod:`bot.health`), else 503 with a JSON body
+  naming what is stuck;
 * ``/readyz``: 200 when the store answers a trivial query, else 503.
 
 None of them calls the model, Gmail or Telegram. Under systemd (``$NOTIFY_SOCKET``)
@@ -23,7 +24,7 @@ from . import metrics
 from .cli_common import version
 from .config import Settings
 from .errors import describe_error
-from .health import Health, telegram_bound
+from .health import WEBHOOK, Health, telegram_bound, webhook_bound
 from .sdnotify import Notifier
 
 log = logging.getLogger("draftgate.observe")
@@ -48,6 +49,8 @@ class Service:
             t = settings.telegram
             if t is not None and t.receive == "polling":
                 self.observer.health.expect("telegram", telegram_bound(t))
+            elif t is not None and t.receive == "webhook":
+                self.observer.health.expect(WEBHOOK, webhook_bound())
         self._server: asyncio.Server | None = None
         self._watchdog: asyncio.Task | None = None
         self._stopping = False

@@ -29,7 +29,7 @@ import re
 import threading
 import traceback
 import unicodedata
-from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, unquote_plus, urlsplit
 
 __all__ = ["redact_url", "register", "register_oauth", "scrub", "escape_controls", "LogFormatter",
            "MIN_SECRET"]
@@ -55,13 +55,16 @@ def redact_url(url: str, *, keep_user: bool = True) -> str:
                 netloc = f"{parts.username or ''}:{HIDDEN}@{host}"
             else:
                 netloc = f"{HIDDEN}@{host}"
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            if any(_SECRET_PARAM.search(k) for k, _ in pairs):
-                query = urlencode([(k, HIDDEN if _SECRET_PARAM.search(k) else v) for k, v in pairs],
-                                  safe="*")
-        return urlunsplit(parts._replace(netloc=netloc, query=query))
+        query = "&".join(f"{k}={HIDDEN}" if eq and _SECRET_PARAM.search(unquote_plus(k))
+                         else k + eq + v
+                         for k, eq, v in (pair.partition("=") for pair in parts.query.split("&")))
+        # Only the parts that changed are replaced, in the text as written: urlunsplit
+        # would drop an empty authority (sqlite:///var/x.db -> sqlite:/var/x.db).
+        head, hash_, fragment = url.partition("#")
+        before, mark, after = head.partition("?")
+        if netloc != parts.netloc:
+            before = before.replace(f"//{parts.netloc}", f"//{netloc}", 1)
+        return before + mark + (query if query != parts.query else after) + hash_ + fragment
     except ValueError:  # not parseable (e.g. a broken IPv6 host): hide any user info
         return _USERINFO.sub(rf"\g<1>{HIDDEN}@", url)
 

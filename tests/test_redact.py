@@ -289,6 +289,26 @@ def test_credentials_no_registry_knows_are_hidden(raw, shown):
     assert redact.scrub(raw) == shown
 
 
+@pytest.mark.parametrize("url, shown", [
+    # Without credentials: exactly as written (an empty authority is kept).
+    ("sqlite:///var/lib/draftgate/store.db", "sqlite:///var/lib/draftgate/store.db"),
+    ("sqlite:////abs/path.db", "sqlite:////abs/path.db"),
+    ("sqlite:///relative.db", "sqlite:///relative.db"),
+    ("sqlite:///state.db?mode=ro", "sqlite:///state.db?mode=ro"),
+    ("postgresql://draftgate@db.example:5432/prod", "postgresql://draftgate@db.example:5432/prod"),
+    ("postgresql:///prod?host=/run/postgresql", "postgresql:///prod?host=/run/postgresql"),
+    # With a password: *** in its place, the rest as written.
+    ("postgresql://draftgate:pw-123@db.example:5432/prod",
+     "postgresql://draftgate:***@db.example:5432/prod"),
+    ("postgresql:///prod?host=/run/postgresql&password=pw-123#x",
+     "postgresql:///prod?host=/run/postgresql&password=***#x"),
+])
+def test_a_store_url_is_shown_as_written_with_only_its_password_hidden(url, shown):
+    assert redact.redact_url(url) == shown
+    if "password=" not in url:  # (scrub hides that field as [redacted])
+        assert redact.scrub(f"store {url} ok") == f"store {shown} ok"
+
+
 def test_a_card_never_shows_a_secret_from_a_stored_error():
     """An error stored before this version (or by another process) is scrubbed when
     the card is rendered."""

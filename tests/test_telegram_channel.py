@@ -959,6 +959,55 @@ async def test_webhook_checks_the_secret_token_on_every_request(tmp_path, fake, 
         await w.stop()
 
 
+async def test_healthz_fails_while_the_webhook_server_is_dead(tmp_path, fake, monkeypatch):
+    """receive: webhook, with /healthz served: 200 while the webhook server answers;
+    once it is dead (the process lives on) 503 naming the receiver, as for a stuck
+    poller; 200 again when it is back."""
+    import socket
+
+    import httpx
+
+    from bot import health
+    from bot.observe import Service
+
+    monkeypatch.setattr(health, "WEBHOOK_PROBE_EVERY", 0.05, raising=False)
+    monkeypatch.setattr(health, "_TELEGRAM_SLACK", 1.0)  # the bound: 1.05 s
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
+    cfg = write_config(tmp_path, fake, receive="webhook", webhook=(
+        f"  webhook: {{listen: 127.0.0.1, port: {ports[0]}, path: tg, "
+        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n"
+        f"observability: {{listen: '127.0.0.1:{ports[1]}'}}\n"))
+    service = await Service(load_settings(cfg), None).start()
+    w = await World(tmp_path, fake, cfg).start()
+
+    async def healthz(want: int) -> dict:
+        async with httpx.AsyncClient() as client:
+            for _ in range(600):  # 30 s at most
+                r = await client.get(f"http://127.0.0.1:{ports[1]}/healthz")
+                if r.status_code == want:
+                    return r.json()
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"/healthz never answered {want}: {r.status_code} {r.text}")
+
+    try:
+        assert (await healthz(200))["stuck"] == {}
+        await w.channel._app.updater.stop()  # the webhook server is gone
+        body = await healthz(503)
+        assert list(body["stuck"]) == ["telegram webhook"], body
+        assert "late waking up" in body["stuck"]["telegram webhook"]
+        await w.channel._connect()  # back: the next probe is answered
+        assert (await healthz(200))["stuck"] == {}
+    finally:
+        await w.stop()
+        await service.close()
+
+
 # -- errors, shutdown, doctor ------------------------------------------------------------------------
 
 class _BrokenStore:

@@ -29,6 +29,7 @@ from telegram.ext import (
 )
 from telegram.warnings import PTBDeprecationWarning
 
+from .. import health, metrics
 from ..config import Settings, TelegramConfig, env_secret
 from ..errors import ApprovalError, ConfigError, DraftgateError
 from ..models import TERMINAL_STATUSES, Draft
@@ -82,6 +83,21 @@ def create(settings: Settings, store: Any) -> "TelegramChannel":
         raise ConfigError(f"{settings.file}: telegram: missing; add a telegram: section with "
                           f"token_env, operators and approvals_chat")
     return TelegramChannel(settings.telegram, store, settings)
+
+
+async def _answers(host: str, port: int, request: bytes) -> bool:
+    """Does the HTTP server at ``host:port`` answer ``request`` within 5 s?"""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    try:
+        writer.write(request)
+        return (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/")
+    except (OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        writer.close()
 
 
 def _markup(card: cards.Card) -> InlineKeyboardMarkup | None:
@@ -149,6 +165,7 @@ class TelegramChannel(ApprovalChannelBase):
         self._app: Application | None = None
         self._connected = False
         self._connect_task: asyncio.Task | None = None
+        self._webhook_watch: asyncio.Task | None = None
         self._card_locks: dict[int, asyncio.Lock] = {}
         self._shown: dict[tuple[int, int], bytes] = {}  # fingerprint of each card's last edit
 
@@ -198,6 +215,25 @@ class TelegramChannel(ApprovalChannelBase):
             log.warning("Telegram is not reachable (%s); retrying in the background, "
                         "cards wait until then", exc)
             self._connect_task = asyncio.create_task(self._reconnect(), name="telegram-connect")
+        if self.config.receive == "webhook" and metrics.installed() is not None:
+            self._webhook_watch = asyncio.create_task(self._watch_webhook(),
+                                                      name="telegram-webhook-watch")
+
+    async def _watch_webhook(self) -> None:
+        """``receive: webhook``, watched (/healthz, the systemd watchdog): every
+        :data:`~bot.health.WEBHOOK_PROBE_EVERY` seconds, ask our own webhook server for
+        an answer (a GET, which it refuses with 405: no update is made). An answer, or
+        a reconnect still trying to reach Telegram, is the receiver's sign of life, as
+        getUpdates' answers are when polling; a dead server makes /healthz fail."""
+        wh = self.config.webhook
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(wh.listen, wh.listen)
+        request = (f"GET /{wh.path.lstrip('/')} HTTP/1.1\r\nHost: localhost\r\n"
+                   f"Connection: close\r\n\r\n").encode()
+        while True:
+            trying = self._connect_task is not None and not self._connect_task.done()
+            if (trying and not self._connected) or await _answers(host, wh.port, request):
+                metrics.progress(health.WEBHOOK)
+            await asyncio.sleep(health.WEBHOOK_PROBE_EVERY)
 
     async def _connect(self) -> None:
         app = self._app
@@ -242,9 +278,10 @@ class TelegramChannel(ApprovalChannelBase):
 
     async def stop(self) -> None:
         """Stop receiving, let in-flight handlers finish their transitions, disconnect."""
-        if self._connect_task is not None:
-            self._connect_task.cancel()
-            await asyncio.gather(self._connect_task, return_exceptions=True)
+        for task in (self._connect_task, self._webhook_watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         app = self._app
         if app is None:
             return
