@@ -15,6 +15,7 @@ import sys
 
 from . import metrics
 from .config import PipelineConfig, Settings
+from .drafters._retry import DEFAULT_KEY_ENV
 from .errors import ConfigError
 from .options import ApprovalOptions, DrafterOptions, FilterOptions, WebhookSenderOptions
 from .stages import Drafter, Sender, Source, Triager
@@ -193,26 +194,21 @@ def register_secrets(settings: Settings) -> None:
         env(t.token_env)
         env(t.webhook.secret_env)
     for model in settings.models.values():  # unused ones too: their keys are in the env
-        if isinstance(model.options, dict):
-            env(model.options.get("api_key_env"))
+        # Read from the options as written, not by building the drafter: that would
+        # import the model's SDK (seconds) for every CLI command.
+        opts = model.options if isinstance(model.options, dict) else {}
+        base_url = opts.get("base_url")
+        env(opts.get("api_key_env") or (None if base_url else DEFAULT_KEY_ENV.get(model.provider)))
+        try:
+            url = urlsplit(str(base_url or ""))
+            redact.register(url.password, f"models.{model.name}.base_url password")
+            if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
+                redact.register(url.username, f"models.{model.name}.base_url user")
+        except ValueError:
+            pass
     for p in settings.pipelines:
         if isinstance(p.sender, WebhookSenderOptions):
             env(p.sender.secret_env)
-        for name in {p.drafter.model, *([p.triage.model] if p.triage is not None else [])}:
-            try:
-                opts = getattr(build_model(p, settings, name), "opts", None)
-            except Exception:  # a bad model entry: check_all reports it
-                continue
-            if opts is None:  # the template drafter
-                continue
-            env(opts.api_key_env)
-            try:
-                url = urlsplit(opts.base_url or "")
-                redact.register(url.password, f"{opts.where}.base_url password")
-                if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
-                    redact.register(url.username, f"{opts.where}.base_url user")
-            except ValueError:
-                pass
     # The store URL's password is not registered: it shows only inside that URL, which
     # scrub() hides anyway, and a weak one ("postgres") would garble every line.
     for name, account in settings.gmail_accounts.items():

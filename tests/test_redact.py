@@ -368,3 +368,44 @@ def test_auth_gmail_vv_shows_neither_the_client_secret_nor_the_tokens(tmp_path):
     assert code == 0, err
     assert "DEBUG" in err  # the debug lines were written
     assert _leaks(out + err, (client_secret, "fake-refresh-token") + issued) == [], err
+
+
+LOAD_CHILD = r"""
+import sys
+from bot import redact
+from bot.cli_common import load
+load(sys.argv[1])
+print("sdk imported:", sorted(m for m in ("openai", "anthropic") if m in sys.modules))
+for value in sys.argv[2:]:
+    print(redact.scrub(f"[{value}]"))
+"""
+
+
+def test_every_model_key_is_registered_without_importing_a_model_sdk(tmp_path):
+    """Each CLI command loads the deployment and registers its secrets first; that must
+    not cost the seconds of importing openai or anthropic (only drafting needs them).
+    Every model's key is registered anyway: its own api_key_env, the provider's default
+    variable when it has neither that nor a base_url, the base_url's password."""
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "p.yaml").write_text(
+        "name: p\nsource: {type: maildir, path: in}\ndrafter: {model: claude, prompt: r.txt}\n"
+        "sender: {type: outbox, path: out, from: s@shop.example}\n")
+    (tmp_path / "r.txt").write_text("Reply.")
+    (tmp_path / "draftgate.yaml").write_text(textwrap.dedent("""\
+        store: sqlite:///s.db
+        models:
+          gpt: {provider: openai, model: m}
+          claude: {provider: anthropic, model: m, api_key_env: DG_RD_CLAUDE}
+          proxy: {provider: openai, model: m, base_url: "https://u:proxy-pass-123@llm.example/v1"}
+        """))
+    env = {**_env(), "OPENAI_API_KEY": "sk-default-env-key-1", "DG_RD_CLAUDE": "sk-ant-own-key-2"}
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_CHILD, str(tmp_path / "draftgate.yaml"),
+         "sk-default-env-key-1", "sk-ant-own-key-2", "proxy-pass-123"],
+        cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "sdk imported: []"
+    assert not any(secret in done.stdout for secret in
+                   ("sk-default-env-key-1", "sk-ant-own-key-2", "proxy-pass-123")), done.stdout
+    assert len(lines) == 4

@@ -120,6 +120,11 @@ class ModelOptions:
         return value
 
 
+#: The environment variable each provider's key is read from when ``api_key_env`` is not
+#: set and the model has no ``base_url`` of its own.
+DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+
+
 def model_options(model: ModelConfig, pipeline: PipelineConfig, settings: Settings, *,
                   default_base_url: str, default_key_env: str,
                   temperature_ok: bool = True) -> ModelOptions:

@@ -21,6 +21,7 @@ import anthropic
 
 from ..config import ModelConfig, PipelineConfig, Settings
 from ._retry import (
+    DEFAULT_KEY_ENV,
     Answer,
     AnswerFailed,
     Failure,
@@ -41,7 +42,7 @@ __all__ = ["create", "AnthropicDrafter"]
 class AnthropicDrafter(LLMDrafter):
     provider = "anthropic"
     default_base_url = "https://api.anthropic.com"
-    default_key_env = "ANTHROPIC_API_KEY"
+    default_key_env = DEFAULT_KEY_ENV["anthropic"]
     # anthropic 2.x's Messages API has no sampling temperature.
     temperature_ok = False
 

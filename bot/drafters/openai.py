@@ -21,6 +21,7 @@ import openai
 
 from ..config import ModelConfig, PipelineConfig, Settings
 from ._retry import (
+    DEFAULT_KEY_ENV,
     Answer,
     AnswerFailed,
     Failure,
@@ -41,7 +42,7 @@ __all__ = ["create", "OpenAIDrafter"]
 class OpenAIDrafter(LLMDrafter):
     provider = "openai"
     default_base_url = "https://api.openai.com/v1"
-    default_key_env = "OPENAI_API_KEY"
+    default_key_env = DEFAULT_KEY_ENV["openai"]
 
     def _new_client(self, api_key: str) -> openai.AsyncOpenAI:
         # max_retries=0: retries are ours (bounded, Retry-After aware, within the lease).
