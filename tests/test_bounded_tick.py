@@ -150,7 +150,8 @@ async def test_a_flood_of_2000_mails_is_taken_in_bounded_ticks_and_cards_come_ea
     """2,000 mails of 60 kB at once (a flood, an old mailbox): every tick takes at most
     max_per_tick (200), so memory stays bounded (it was about 2,000 × the mail at
     once), and the first card goes out during the first tick, not after all 2,000
-    are fetched, stored and drafted. Nothing is lost or drafted twice."""
+    are fetched, stored and drafted, for one of the oldest mails. Nothing is lost or
+    drafted twice."""
     w = await make_world(deploy(tmp_path, emails=2000, body_kb=60))
     tracemalloc.start()
     try:
@@ -171,7 +172,9 @@ async def test_a_flood_of_2000_mails_is_taken_in_bounded_ticks_and_cards_come_ea
     drafts = await w.drafts()
     assert len(drafts) == 2000 and {d.status for d in drafts} == {"awaiting"}
     assert sorted(d for d, *_ in w.cards.posts) == sorted(d.id for d in drafts)  # one card each
-    assert first_id == min(d.id for d in drafts)
+    # It is one of the oldest: drafts run 4 at a time (max_in_flight), so any of the
+    # first 4 may finish first; the order of cards within those is not promised.
+    assert first_id in sorted(d.id for d in drafts)[:4], first_id
 
 
 async def test_max_per_tick_50_takes_120_mails_as_50_50_20_oldest_first(tmp_path, make_world):
