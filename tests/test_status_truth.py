@@ -339,7 +339,11 @@ def test_a_stop_during_a_console_prompt_in_run_ends_the_process(tmp_path, capsys
     assert b"Traceback" not in seen
     code, out, _ = run(capsys, "pending", "-c", str(cfg), "--json")
     statuses = [d["status"] for d in json.loads(out)]
-    assert statuses[0] == "awaiting" and "approved" not in statuses
+    # The prompted card stays awaiting. It need not be the oldest draft's: drafts run
+    # concurrently, and one still `ready` (or not yet drafted) at the stop gets its
+    # card at the next start.
+    assert "awaiting" in statuses, statuses
+    assert set(statuses) <= {"awaiting", "ready", "queued", "drafting"}, statuses
     assert not list((tmp_path / "var" / "demo" / "outbox").glob("*.eml"))
 
 
