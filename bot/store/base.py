@@ -25,7 +25,6 @@ from typing import Any, Awaitable, Callable, Self, Sequence, TypeVar
 
 from ..errors import StoreError
 from ..models import Draft, Item
-from . import chain
 from .chain import Record, Report
 from .rows import Db, audit_row, select_drafts
 
@@ -180,13 +179,9 @@ class Backend(abc.ABC):
         await self._run(tx)
 
     async def _append(self, db: Db, records: Sequence[Record]) -> None:
-        """Append ``records`` to the audit chain inside ``db``'s transaction: the head is
-        read (and, where the backend has row locks, locked) and moved on."""
-        if records:
-            head = chain.head_of(await db.rows(chain.HEAD_SQL + self.FOR_UPDATE))
-            rows, head = chain.link(head, records)
-            await db.many(chain.INSERT_SQL, rows)
-            await db.run(chain.SET_HEAD_SQL, head)
+        """Append ``records`` to the audit chain inside ``db``'s transaction (each
+        backend in as few round trips as it can)."""
+        raise NotImplementedError
 
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:

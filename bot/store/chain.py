@@ -81,14 +81,31 @@ def row_hash(prev_hash: str, seq: int, r: Record | tuple) -> str:
                           ).hexdigest()
 
 
+NO_HEAD = ("the audit chain's head (the one row of table audit_head) is missing, so "
+           "nothing audited can be written: the store was changed outside draftgate; run "
+           "`draftgate audit verify` and restore the store from a backup")
+
+
 def head_of(rows: list) -> tuple[int, str]:
     """The chain head from ``HEAD_SQL``'s rows; its row gone means someone removed it."""
     if not rows:
-        raise StoreError("the audit chain's head (the one row of table audit_head) is "
-                         "missing, so nothing audited can be written: the store was changed "
-                         "outside draftgate; run `draftgate audit verify` and restore the "
-                         "store from a backup")
+        raise StoreError(NO_HEAD)
     return int(rows[0][0]), str(rows[0][1])
+
+
+#: SQLite: a row chained and appended in one statement. It reads the head, hashes
+#: itself with ``sqlite_row_hash`` (registered on the store's connection as
+#: ``draftgate_row_hash``), and the trigger ``audit_head_follows`` moves the head on, so
+#: ``executemany`` appends a whole batch in one trip to aiosqlite's thread. No head row:
+#: nothing is inserted (the caller compares the row count).
+SQLITE_APPEND_SQL = (
+    "INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail, seq, prev_hash, "
+    "hash) SELECT ?1, ?2, ?3, ?4, ?5, ?6, seq + 1, hash, "
+    "draftgate_row_hash(hash, seq + 1, ?1, ?2, ?3, ?4, ?5, ?6) FROM audit_head WHERE one = 1")
+
+
+def sqlite_row_hash(prev_hash: str, seq: int, *record: Any) -> str:
+    return row_hash(prev_hash, seq, record)
 
 
 def link(head: tuple[int, str], records: Iterable[Record]) -> tuple[list[tuple], tuple[int, str]]:

@@ -25,7 +25,7 @@ import random
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import aiosqlite
 
@@ -73,6 +73,30 @@ def _is_busy(exc: BaseException) -> bool:
 def _chunks(seq: list, size: int = _CHUNK) -> Iterable[list]:
     for i in range(0, len(seq), size):
         yield seq[i:i + size]
+
+
+# admit's inserts: each says which rows it wrote (a seen mark or a draft already there
+# is left as it is), so admit needs no read first.
+_SEEN_INSERT = ("INSERT INTO seen_items (pipeline, scope, item_id, seen_at) VALUES {} "
+                "ON CONFLICT (pipeline, scope, item_id) DO NOTHING RETURNING item_id")
+_DRAFT_INSERT = ("INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status, payload, "
+                 "error, created_at, updated_at) VALUES {} ON CONFLICT (key) DO NOTHING "
+                 "RETURNING key")
+_probe = sqlite3.connect(":memory:")  # this SQLite's limit (32766 since 3.32)
+_MAX_VARS = _probe.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+_probe.close()
+
+
+async def _inserted(db: Db, sql: str, rows: list[tuple]) -> set:
+    """``sql`` (an INSERT ... VALUES {} ... RETURNING one column) over ``rows``, as few
+    statements as the variable limit allows; the set of values it returned."""
+    found: set = set()
+    if rows:
+        one = "(" + ",".join("?" * len(rows[0])) + ")"
+        for chunk in _chunks(rows, max(1, _MAX_VARS // len(rows[0]))):
+            found.update(r[0] for r in await db.rows(
+                sql.format(",".join([one] * len(chunk))), [v for row in chunk for v in row]))
+    return found
 
 
 class _Db:
@@ -191,6 +215,8 @@ class SQLiteStore(SqlStore):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
         conn.row_factory = sqlite3.Row
+        await conn.create_function("draftgate_row_hash", 8, chain.sqlite_row_hash,
+                                   deterministic=True)
         self._conn = conn
         try:
             await self._run(self._configure, tx=False)
@@ -247,44 +273,37 @@ class SQLiteStore(SqlStore):
 
         async def tx(db: Db) -> AdmitResult:
             ids = list(unique)
-            seen: set[str] = set()
-            drafted: set[str] = set()
-            for chunk in _chunks(ids):
-                # One read per chunk: the seen marks, and the drafts whose key exists.
-                marks = ",".join("?" * len(chunk))
-                for item_id, is_seen in await db.rows(
-                        "SELECT item_id, 1 FROM seen_items WHERE pipeline = ? AND scope = ? "
-                        f"AND item_id IN ({marks}) UNION ALL SELECT item_id, 0 FROM drafts "
-                        f"WHERE key IN ({marks})",
-                        (pipeline, scope, *chunk, *(keys[i] for i in chunk))):
-                    (seen if is_seen else drafted).add(item_id)
-            old = seen | drafted
-            result = AdmitResult(already_seen=len(old) + duplicates)
             if mark_seen:
-                # Also the items whose draft exists but whose mark the sweep removed
-                # (a source that lists old mail again): marked afresh, so that a later
-                # recipe change does not draft them again.
-                await db.many("INSERT INTO seen_items (pipeline, scope, item_id, seen_at) "
-                              "VALUES (?, ?, ?, ?)",
-                              [(pipeline, scope, i, t) for i in ids if i not in seen])
-            rows = []
-            for i in ids:
-                if i in old:
-                    continue
-                item = unique[i]
-                (result.skipped if item.skip_reason else result.new).append(keys[i])
-                rows.append((keys[i], pipeline, scope, i, recipe,
-                             SKIPPED if item.skip_reason else QUEUED,
-                             item.message.to_json(), item.skip_reason, t, t))
-            await db.many("INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status, "
-                          "payload, error, created_at, updated_at) "
-                          "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                # Marked and told apart in one statement: the ones not returned were
+                # marked before. Also the items whose draft exists but whose mark the sweep
+                # removed (a source that lists old mail again) are marked afresh, so that
+                # a later recipe change does not draft them again.
+                fresh = await _inserted(db, _SEEN_INSERT, [(pipeline, scope, i, t) for i in ids])
+            else:
+                fresh = set(ids)
+                for chunk in _chunks(ids):
+                    fresh -= {r[0] for r in await db.rows(
+                        "SELECT item_id FROM seen_items WHERE pipeline = ? AND scope = ? "
+                        f"AND item_id IN ({','.join('?' * len(chunk))})",
+                        (pipeline, scope, *chunk))}
+            rows = [(keys[i], pipeline, scope, i, recipe,
+                     SKIPPED if unique[i].skip_reason else QUEUED, unique[i].message.to_json(),
+                     unique[i].skip_reason, t, t) for i in ids if i in fresh]
+            made = await _inserted(db, _DRAFT_INSERT, rows)  # no draft by that key yet
+            rows = [r for r in rows if r[0] in made]
+            result = AdmitResult(already_seen=len(ids) - len(rows) + duplicates)
+            for r in rows:
+                (result.skipped if r[7] else result.new).append(r[0])
             await self._append(db, [admit_record(t, r[0], r[7]) for r in rows])
             if cursor is not None:
                 await db.run(CURSOR_SQL, (pipeline, scope, cursor, t))
             return result
 
         return await self._run(tx)
+
+    async def _append(self, db: Db, records: Sequence[chain.Record]) -> None:
+        if records and await db.many(chain.SQLITE_APPEND_SQL, list(records)) != len(records):
+            raise StoreError(chain.NO_HEAD)
 
     async def mark_seen(self, pipeline: str, scope: str, item_ids: list[str],
                         now: float | None = None) -> None:
