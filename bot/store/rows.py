@@ -125,9 +125,10 @@ class Change:
 
     @property
     def single(self) -> bool:
-        """One statement and nothing after it (no transaction needed)."""
-        return (len(self.steps) == 1 and self.action is None and not self.tokens
-                and self.before is None and not self.prelude and self.then is None)
+        """Each step one statement, nothing after it: no transaction needed (a step
+        whose CAS matches no row changes nothing, so the next may run on its own)."""
+        return (self.action is None and not self.tokens and self.before is None
+                and not self.prelude and self.then is None and self.missed is None)
 
     def followups(self, d: Draft, old: Any, clean: Callable
                   ) -> tuple[list[tuple[str, tuple]], list[Record]]:
