@@ -70,8 +70,10 @@ class Operators:
                     != (ref.chat, ref.message_id)):
                 await channel.discard(ref, fresh)
             return fresh or d
-        await channel.on_posted(posted)  # outside the guard: it may post a new version
-        return await self.store.get_draft(d.id) or posted
+        # Outside the guard: it may post a new version.
+        if await channel.on_posted(posted):
+            return await self.store.get_draft(d.id) or posted
+        return posted
 
     async def post_counted(self, p: PipelineConfig, d: Draft, counts: RunCounts) -> bool:
         """Post ``d``'s card and count it; False if the channel is unreachable."""

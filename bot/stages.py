@@ -137,8 +137,9 @@ class ApprovalChannel(Protocol):
         """Re-render cards whose last update failed (called at start and every tick).
         A channel that keeps no cards does nothing."""
 
-    async def on_posted(self, draft: Draft) -> None:
-        """After ``draft``'s card is recorded as posted (a console may prompt here)."""
+    async def on_posted(self, draft: Draft) -> bool:
+        """After ``draft``'s card is recorded as posted (a console may prompt here);
+        True if the hook may have decided on the draft (the engine reads it again)."""
 
     async def discard(self, ref: PostedRef, draft: Draft) -> None:
         """Take away a second card of ``draft`` (``ref``) that a tap made redundant."""
@@ -156,8 +157,10 @@ class ApprovalChannelBase:
         """Called by the engine before its crash recovery (which may update cards), so
         a channel can read and record through ``decisions`` before :meth:`start`."""
 
-    async def on_posted(self, draft: Draft) -> None:
-        """Called by the engine after ``mark_posted`` recorded the card of ``draft``."""
+    async def on_posted(self, draft: Draft) -> bool:
+        """Called by the engine after ``mark_posted`` recorded the card of ``draft``;
+        True if it may have decided on it."""
+        return False
 
     async def discard(self, ref: PostedRef, draft: Draft) -> None:
         """Take away ``ref``, a second card of ``draft`` (not its recorded card)."""

@@ -135,6 +135,7 @@ class RecordingChannel(ApprovalChannelBase):
     async def on_posted(self, draft):
         if self.auto_approve:
             await self.decisions.approve(draft.id, draft.version, "tester")
+        return self.auto_approve
 
     async def update(self, draft):
         self.updates.append((draft.id, draft.status))

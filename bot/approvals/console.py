@@ -91,25 +91,26 @@ class ConsoleChannel(ApprovalChannelBase):
             return PostedRef("console", draft.approval_message_id)
         return PostedRef("console", f"console-{draft.id}")
 
-    async def on_posted(self, draft: Draft) -> None:
-        """Called by the engine once the card is recorded as awaiting a decision."""
+    async def on_posted(self, draft: Draft) -> bool:
+        """Called by the engine once the card is recorded as awaiting a decision; True
+        when the operator (or demo mode) was asked to decide."""
         if self._decisions is None:
-            return
+            return False
         if draft.status == NOTIFIED:
-            if self.interactive:
-                await self.ask(self.review_fyi, draft)
-            else:
+            if not self.interactive:
                 self._print("   FYI only: `draftgate review` offers Draft a reply or Dismiss")
-            return
-        if self.auto_approve:
+                return False
+            await self.ask(self.review_fyi, draft)
+        elif self.auto_approve:
             self._print(f"   [DEMO MODE] auto-approving #{draft.id} v{draft.version} "
                         f"(a real deployment waits for an operator)")
             await self._decisions.approve(draft.id, draft.version, self.actor)
-            return
-        if self.interactive:
+        elif self.interactive:
             await self.ask(self.review, draft)
         else:
             self._print("   waiting for a decision: run `draftgate review` in a terminal")
+            return False
+        return True
 
     async def ask(self, prompt: Any, draft: Draft) -> None:
         """Run ``prompt(draft)`` (review or review_send) as the only prompt on the

@@ -367,10 +367,11 @@ class TelegramChannel(ApprovalChannelBase):
         except (TelegramError, ApprovalError) as exc:
             log.warning("#%d: could not mark duplicate card %s/%s: %s", draft.id, chat, mid, exc)
 
-    async def on_posted(self, draft: Draft) -> None:
+    async def on_posted(self, draft: Draft) -> bool:
         """Called by the engine after ``mark_posted``: a status edit that raced the post
-        is put right."""
+        is put right (no decision: False)."""
         await self.update(draft)
+        return False
 
     async def _edit(self, chat: int, mid: int, text: str, markup: Any, *,
                     missing_ok: bool = False) -> bool:
