@@ -133,8 +133,7 @@ async def _demo(args) -> int:
     from .engine import Engine
 
     settings, own = await _demo_settings(args)
-    models = sorted({settings.models[p.drafter.model].provider
-                     for p in settings.pipelines})
+    models = sorted({settings.models[p.drafter.model].provider for p in settings.pipelines})
     drafter = ("offline template drafter" if models == ["template"]
                else f"drafter: {', '.join(models)} (calls the model)")
     print("=" * 72)

@@ -344,8 +344,7 @@ def _content_type(part: _RawMessage) -> str:
         return "text/plain"
 
 
-def _body(msg: _RawMessage, max_body: int, deadline: _Deadline
-          ) -> tuple[str, bool, list[str]]:
+def _body(msg: _RawMessage, max_body: int, deadline: _Deadline) -> tuple[str, bool, list[str]]:
     plain: list[str] = []
     htmls: list[tuple[str, bool]] = []
     attachments: list[str] = []

@@ -185,8 +185,7 @@ class ConsoleChannel(ApprovalChannelBase):
                         "Retry asks again, then sends only if it is not found.")
         else:
             self._print(f"   ❌ send failed: {draft.error}. Nothing was sent.")
-        answer = (await _terminal(
-            _ask, "   [t] retry the send, Enter = later: ")).strip().lower()
+        answer = (await _terminal(_ask, "   [t] retry the send, Enter = later: ")).strip().lower()
         if answer in ("t", "retry"):
             after = await self._decisions.retry_send(draft.id, self.actor)
             if after is not None:

@@ -63,8 +63,7 @@ class _Limiter(AIORateLimiter):
                     raise FloodWait(f"Telegram flood control: retry in {seconds:.0f} s") from exc
                 raise
 
-        return await super().process_request(capped, args, kwargs, endpoint, data,
-                                             rate_limit_args)
+        return await super().process_request(capped, args, kwargs, endpoint, data, rate_limit_args)
 
 
 def _retry_seconds(exc: RetryAfter) -> float:
@@ -200,8 +199,7 @@ class TelegramChannel(ApprovalChannelBase):
         """Connect and start receiving updates. If Telegram cannot be reached, keep
         trying in the background: drafts wait in ``ready`` meanwhile."""
         self.decisions = decisions
-        logging.getLogger("httpx").setLevel(max(logging.WARNING,
-                                                logging.getLogger("httpx").level))
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._app = self._build()
         try:
             await self._connect()
@@ -258,8 +256,7 @@ class TelegramChannel(ApprovalChannelBase):
                 secret_token=self._webhook_secret,
                 allowed_updates=["message", "callback_query"], drop_pending_updates=False)
         self._connected = True
-        log.info("Telegram connected as @%s (receive: %s)", app.bot.username,
-                 self.config.receive)
+        log.info("Telegram connected as @%s (receive: %s)", app.bot.username, self.config.receive)
 
     async def _reconnect(self) -> None:
         delay = self._reconnect_delay

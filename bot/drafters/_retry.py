@@ -147,8 +147,7 @@ def model_options(model: ModelConfig, pipeline: PipelineConfig, settings: Settin
         ck.error(f"{where}.model", "expected a model name, e.g. gpt-4.1-mini or llama3.1")
     # The official endpoint needs a key, so it defaults to the usual variable; a
     # custom base_url (Ollama, vLLM...) often needs none.
-    key_env = ck.get(data, "api_key_env", where, str,
-                     default=None if base_url else default_key_env)
+    key_env = ck.get(data, "api_key_env", where, str, default=None if base_url else default_key_env)
     temperature = ck.get(data, "temperature", where, float, default=None)
     if temperature is not None and not temperature_ok:
         ck.error(f"{where}.temperature", f"the {model.provider} provider takes no temperature "
@@ -299,8 +298,7 @@ def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
     if status == 429:
         return Failure(f"rate limited ({http}): {message}", True, retry_after_seconds(headers))
     if status in (408, 409) or status >= 500:
-        return Failure(f"server error ({http}): {message}", True,
-                       retry_after_seconds(headers))
+        return Failure(f"server error ({http}): {message}", True, retry_after_seconds(headers))
     if status == 401:
         hint = (f"check the API key in environment variable {key_env} ({where}.api_key_env)"
                 if key_env else
@@ -310,8 +308,7 @@ def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
     if status == 403 and _about_the_content(message):
         # OpenRouter and moderated endpoints answer 403 when this input was flagged:
         # that is about one email, not the setup; only this item fails.
-        return Failure(f"the provider refused this email's content ({http}): {message}",
-                       False)
+        return Failure(f"the provider refused this email's content ({http}): {message}", False)
     if status == 403:
         hint = (f"check that the API key in environment variable {key_env} may use model "
                 f"{opts.model!r} ({where}.api_key_env, {where}.model)" if key_env else
@@ -470,8 +467,7 @@ class LLMDrafter:
             raise err from None
         return DraftResult(body, answer.tokens_in, answer.tokens_out, answer.model or self.opts.model)
 
-    async def ask_json(self, p: _prompt.Prompt, schema: dict[str, Any],
-                       max_tokens: int) -> Answer:
+    async def ask_json(self, p: _prompt.Prompt, schema: dict[str, Any], max_tokens: int) -> Answer:
         """One answer constrained to ``schema`` (triage), with the same bounded retries
         as a draft; what it says is the caller's to check."""
         client = self._get_client()

@@ -259,8 +259,7 @@ def _scopes_for(args, out) -> tuple[list[str], str | None]:
         scopes = required_scopes(settings, args.account)
         if scopes:
             return scopes, token
-        print(f"no pipeline uses account {args.account!r}; requesting read and send",
-              file=out)
+        print(f"no pipeline uses account {args.account!r}; requesting read and send", file=out)
     return [SCOPE_READONLY, SCOPE_SEND], token
 
 

@@ -231,8 +231,7 @@ class GmailClient:
             # Read again when the file changed on disk: `draftgate auth gmail` after a
             # revoked token takes effect without a restart.
             if self._creds is None or (stamp is not None and stamp != self._loaded_stamp):
-                self._creds = auth.load_credentials(self.token_file, self.name,
-                                                    self.config_file)
+                self._creds = auth.load_credentials(self.token_file, self.name, self.config_file)
                 self._saved_token = self._creds.token
                 self._loaded_stamp = stamp
             creds = self._creds
