@@ -456,23 +456,12 @@ def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str 
         # RFC 5322 3.6.4: without References, the parent's In-Reply-To stands in.
         refs = [in_reply_to[0]]
     return Message(
-        kind="email",
-        message_id=message_id,
-        from_name=from_name,
-        from_addr=from_addr,
-        reply_to=reply_addr or from_addr,
-        to=_address_list(h.raw("To")),
-        cc=_address_list(h.raw("Cc")),
-        subject=h.text("Subject"),
-        date=date,
-        body=body,
-        body_truncated=truncated,
-        references=refs,
+        kind="email", message_id=message_id, from_name=from_name, from_addr=from_addr,
+        reply_to=reply_addr or from_addr, to=_address_list(h.raw("To")),
+        cc=_address_list(h.raw("Cc")), subject=h.text("Subject"), date=date, body=body,
+        body_truncated=truncated, references=refs,
         headers={name: h.text(name) for name in _KEPT_HEADERS if h.text(name)},
-        size=len(raw),
-        attachments=attachments,
-        source_id=_clean(source_id),
-    )
+        size=len(raw), attachments=attachments, source_id=_clean(source_id))
 
 
 __all__ = ["parse_email", "html_to_text", "stable_id", "item_id", "message_id_of", "UnparseableMessage", "EmailMessage",

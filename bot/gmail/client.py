@@ -193,9 +193,6 @@ class GmailClient:
     async def aread(self, make: Callable[[Any], Any], what: str) -> dict:
         return await self.run(self.read, make, what)
 
-    async def aget_many(self, kind: str, ids: list[str], **params) -> dict[str, dict]:
-        return await self.run(lambda: self.get_many(kind, ids, **params))
-
     async def awrite_once(self, make: Callable[[Any], Any], what: str) -> dict:
         return await self.run(self.write_once, make, what)
 
