@@ -126,8 +126,7 @@ def _check_telegram(settings: Settings) -> list[str]:
     if t is None or t.receive != "webhook":
         return []
     hints = {"url": "the public https:// URL Telegram posts updates to",
-             "secret_env": "the environment variable holding the secret checked on every "
-                           "update"}
+             "secret_env": "the environment variable holding the secret checked on every update"}
     return [f"{settings.file}: telegram.webhook.{key}: missing; required when telegram.receive "
             f"is webhook ({hint})" for key, hint in hints.items() if not getattr(t.webhook, key)]
 

@@ -172,8 +172,7 @@ class TelegramChannel(ApprovalChannelBase):
     def _build(self) -> Application:
         builder = (ApplicationBuilder().token(self._token)
                    .base_url(self.config.base_url).base_file_url(self.config.base_file_url)
-                   .rate_limiter(_Limiter(overall_max_rate=1,
-                                          overall_time_period=1 / _OVERALL_RATE,
+                   .rate_limiter(_Limiter(overall_max_rate=1, overall_time_period=1 / _OVERALL_RATE,
                                           max_retries=_MAX_RETRIES))
                    .concurrent_updates(16).job_queue(None))
         request, get_updates = tg_request.requests(self.config.receive)  # counted for metrics
@@ -334,8 +333,7 @@ class TelegramChannel(ApprovalChannelBase):
                     if await self._edit(chat, ref[1], card.text, markup, missing_ok=True):
                         return PostedRef(str(chat), str(ref[1]))
                 msg = await bot.send_message(chat, card.text, parse_mode=ParseMode.HTML,
-                                             reply_markup=markup,
-                                             link_preview_options=NO_PREVIEW)
+                                             reply_markup=markup, link_preview_options=NO_PREVIEW)
             except (RetryAfter, FloodWait, Forbidden) as exc:
                 raise ApprovalError(f"Telegram refused the card for #{draft.id}: {exc}") from exc
             except BadRequest as exc:

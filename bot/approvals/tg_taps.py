@@ -80,8 +80,7 @@ async def _answered(ch: Any, query: Any, tap: Awaitable[str]) -> None:
                     await ch.bot.send_message(
                         message.chat.id, "⚠️ That tap did not go through (the error is "
                         "in the bot's log); the card shows where the draft stands.",
-                        reply_to_message_id=message.message_id,
-                        allow_sending_without_reply=True)
+                        reply_to_message_id=message.message_id, allow_sending_without_reply=True)
             raise
         return
     except BaseException:

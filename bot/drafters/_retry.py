@@ -415,8 +415,7 @@ class LLMDrafter:
     temperature_ok = True
 
     def __init__(self, model: ModelConfig, pipeline: PipelineConfig, settings: Settings):
-        self.opts = model_options(model, pipeline, settings,
-                                  default_base_url=self.default_base_url,
+        self.opts = model_options(model, pipeline, settings, default_base_url=self.default_base_url,
                                   default_key_env=self.default_key_env,
                                   temperature_ok=self.temperature_ok)
         self._config = pipeline  # its drafter: options shape the prompt

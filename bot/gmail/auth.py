@@ -284,8 +284,7 @@ def run_cli(args, out=None) -> int:
     redact.register_oauth(flow.client_config, "OAuth client")
     print("Requesting scopes: " + ", ".join(s.rsplit("/", 1)[-1] for s in scopes), file=out)
     prompt = ("Open this URL in a browser and approve access:\n{url}\n"
-              if args.no_browser else
-              "Your browser should open; if it does not, visit:\n{url}\n")
+              if args.no_browser else "Your browser should open; if it does not, visit:\n{url}\n")
     # Google's consent screen lets the user untick scopes; oauthlib would then raise
     # "Scope has changed". Accept the partial grant and say exactly what is missing.
     os.environ.setdefault("OAUTHLIB_RELAX_TOKEN_SCOPE", "1")

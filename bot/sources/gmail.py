@@ -299,8 +299,7 @@ class GmailSource:
         while True:
             def make(s, token=token):
                 return s.users().history().list(
-                    userId="me", startHistoryId=stored.history_id,
-                    historyTypes=["messageAdded"],
+                    userId="me", startHistoryId=stored.history_id, historyTypes=["messageAdded"],
                     labelId=label_id, maxResults=self.page_size, pageToken=token)
             resp = await self._read(make, "history.list")
             for h in resp.get("history", []) or []:
