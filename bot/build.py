@@ -198,13 +198,11 @@ def register_secrets(settings: Settings) -> None:
         opts = model.options if isinstance(model.options, dict) else {}
         base_url = opts.get("base_url")
         env(opts.get("api_key_env") or (None if base_url else DEFAULT_KEY_ENV.get(model.provider)))
-        try:
+        with contextlib.suppress(ValueError):
             url = urlsplit(str(base_url or ""))
             redact.register(url.password, f"models.{model.name}.base_url password")
             if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
                 redact.register(url.username, f"models.{model.name}.base_url user")
-        except ValueError:
-            pass
     for p in settings.pipelines:
         if isinstance(p.sender, WebhookSenderOptions):
             env(p.sender.secret_env)

@@ -16,6 +16,7 @@ control characters, no lone surrogates (so it always encodes to UTF-8 and JSON).
 from __future__ import annotations
 
 import codecs
+import contextlib
 import email
 import email.header
 import email.policy
@@ -114,10 +115,8 @@ def _decode_bytes(data: bytes, charset: str | None) -> str:
         except UnicodeDecodeError:
             return data.decode("cp1252", errors="replace")
     if name:
-        try:
+        with contextlib.suppress(Exception):  # LookupError, or a codec (idna, base64) unusable here
             return data.decode(name, errors="replace")
-        except Exception:  # LookupError, or a codec (idna, base64) unusable here
-            pass
     # Mixed mail (UTF-8 text with a pasted Latin-1 line) keeps both readable.
     return data.decode("utf-8", errors="draftgate-cp1252")
 

@@ -14,6 +14,7 @@ SIGTERM) ends the wait at once; the undecided draft stays awaiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import shlex
 import sys
@@ -234,10 +235,8 @@ async def _terminal(fn: Any, *args: Any) -> str:
             result, exc = fn(*args), None
         except BaseException as e:  # handed to the awaiting task
             result, exc = None, e
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
             loop.call_soon_threadsafe(settle, result, exc)
-        except RuntimeError:
-            pass  # the loop is closed: nobody waits for this answer any more
 
     threading.Thread(target=read, name="console-prompt", daemon=True).start()
     return await answer

@@ -22,6 +22,7 @@ that code is classified like an HTTP status.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import logging
@@ -87,11 +88,9 @@ class ModelOptions:
         if url and url != self.shown_url:
             text = text.replace(url, self.shown_url)
         secrets = []
-        try:
+        with contextlib.suppress(ValueError):
             parts = urlsplit(url)
             secrets += [parts.password or "", parts.username or ""]
-        except ValueError:
-            pass
         if self.api_key_env:
             secrets.append(os.environ.get(self.api_key_env, ""))
         for secret in sorted(filter(None, secrets), key=len, reverse=True):

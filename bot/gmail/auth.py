@@ -10,6 +10,7 @@ contents are never logged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -108,10 +109,8 @@ def write_token(path: str | os.PathLike, data: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

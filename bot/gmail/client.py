@@ -21,6 +21,7 @@ starves other pipelines or the default executor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import logging
@@ -126,7 +127,7 @@ def _error_info(exc) -> tuple[int, str, set[str], float | None]:
     status = int(getattr(exc.resp, "status", 0) or 0)
     reasons: set[str] = set()
     message = ""
-    try:
+    with contextlib.suppress(ValueError, AttributeError):
         data = json.loads(exc.content.decode("utf-8", "replace"))
         err = data.get("error", {}) if isinstance(data, dict) else {}
         if isinstance(err, dict):
@@ -138,8 +139,6 @@ def _error_info(exc) -> tuple[int, str, set[str], float | None]:
                 reasons.add(str(err["status"]))
         elif isinstance(err, str):
             message = err
-    except (ValueError, AttributeError):
-        pass
     retry_after = None
     value = exc.resp.get("retry-after") if hasattr(exc.resp, "get") else None
     if value:
