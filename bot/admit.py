@@ -65,8 +65,7 @@ async def admit_fetched(store: Store, p: PipelineConfig, scope: str, result: Fet
                 # Skipped is final: seen now, or a source would list it on every tick
                 # and, with max_per_tick of them first in line, never get past them.
                 await store.mark_seen(p.name, scope, [by_key[k].item_id for k in
-                                                      admitted.skipped if k in by_key],
-                                      now=clock())
+                                                      admitted.skipped if k in by_key], now=clock())
     if counts.new or counts.skipped:
         log.info("%s: fetched %d, admitted %d new, %d skipped, %d seen before",
                  p.name, counts.fetched, counts.new, counts.skipped, seen)

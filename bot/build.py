@@ -126,8 +126,7 @@ def _check_telegram(settings: Settings) -> list[str]:
     if t is None or t.receive != "webhook":
         return []
     hints = {"url": "the public https:// URL Telegram posts updates to",
-             "secret_env": "the environment variable holding the secret checked on every "
-                           "update"}
+             "secret_env": "the environment variable holding the secret checked on every update"}
     return [f"{settings.file}: telegram.webhook.{key}: missing; required when telegram.receive "
             f"is webhook ({hint})" for key, hint in hints.items() if not getattr(t.webhook, key)]
 
@@ -199,13 +198,11 @@ def register_secrets(settings: Settings) -> None:
         opts = model.options if isinstance(model.options, dict) else {}
         base_url = opts.get("base_url")
         env(opts.get("api_key_env") or (None if base_url else DEFAULT_KEY_ENV.get(model.provider)))
-        try:
+        with contextlib.suppress(ValueError):
             url = urlsplit(str(base_url or ""))
             redact.register(url.password, f"models.{model.name}.base_url password")
             if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
                 redact.register(url.username, f"models.{model.name}.base_url user")
-        except ValueError:
-            pass
     for p in settings.pipelines:
         if isinstance(p.sender, WebhookSenderOptions):
             env(p.sender.secret_env)

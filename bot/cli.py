@@ -145,8 +145,7 @@ def _add_run(subparsers) -> None:
                         "bot still decides the cards of every pipeline")
     p.add_argument("--once", action="store_true", help="one tick per pipeline, then exit")
     p.add_argument("--log-format", choices=("text", "json"), dest="log_format_after",
-                   help="log lines as text or one JSON object per line (overrides "
-                        "logging.format)")
+                   help="log lines as text or one JSON object per line (overrides logging.format)")
     p.add_argument("--telegram-receive", choices=("polling", "webhook", "off"),
                    help="override telegram.receive for this process (several hosts: exactly "
                         "one polls, or all take webhooks behind a load balancer)")

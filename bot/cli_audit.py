@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from dataclasses import asdict
@@ -109,13 +110,11 @@ def verify_file(path: Path) -> chain.Report:
 
 
 def _export_row(line: str, path: Path, n: int) -> dict:
-    try:
+    with contextlib.suppress(json.JSONDecodeError):
         row = json.loads(line)
         if isinstance(row, dict) and all(c in row for c in chain.CHAIN_COLS) \
                 and isinstance(row["seq"], int) and isinstance(row["id"], int):
             return row
-    except json.JSONDecodeError:
-        pass
     raise ConfigError(f"--file: {path} line {n} is not an audit row as `audit export` writes "
                       f"them (a JSON object with {', '.join(chain.CHAIN_COLS)})")
 

@@ -151,8 +151,7 @@ async def _validate(args) -> int:
     # checked too, so fixing one typo does not reveal the next.
     settings, problems = collect_settings(args.config)
     if settings is not None:
-        problems += [e for e in check_all(settings) + _not_folders(settings)
-                     if e not in problems]
+        problems += [e for e in check_all(settings) + _not_folders(settings) if e not in problems]
     if problems or settings is None:
         raise ConfigError(problems)
     print(f"{settings.file}: OK, {len(settings.pipelines)} pipeline(s)")
@@ -161,8 +160,7 @@ async def _validate(args) -> int:
         print(f"  {p.name}: {scheduler.describe(p)}, source {p.source.type}, "
               f"drafter {p.drafter.model}, "
               + (f"triage {p.triage.model}, " if p.triage is not None else "") + "approval "
-              f"{p.approval.channel}, sender {p.sender.type}, "
-              f"recipe {p.recipe}"
+              f"{p.approval.channel}, sender {p.sender.type}, recipe {p.recipe}"
               + ("" if p.enabled else " (enabled: false)"))
     # Secrets may well live only on the machine that runs draftgate: a notice, not an
     # error, so validate stays usable anywhere; `run` refuses to start without them.

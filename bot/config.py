@@ -312,8 +312,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     tz = ck.timezone(data, "timezone", "")
     raw_source = data.get("source")  # its account is the default of sender.account
     ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
-                           raw_source.get("account") if isinstance(raw_source, dict) else None,
-                           tz)
+                           raw_source.get("account") if isinstance(raw_source, dict) else None, tz)
     source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
     filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
     drafter = _drafter(ck, data, settings, base)
@@ -366,8 +365,7 @@ def _schedule(ck: Checker, data: dict) -> tuple[Any, float | None, str | None]:
         ck.error("schedule", f"{schedule!r} looks like a time of day, which a schedule is "
                              f"not; for a time of day use a quoted cron expression (in the "
                              f"pipeline's timezone, default UTC), e.g. schedule: "
-                             f"'0 9 * * *' (every day at 09:00), or an "
-                             f"interval like 9m")
+                             f"'0 9 * * *' (every day at 09:00), or an interval like 9m")
     elif isinstance(schedule, str):
         from .scheduler import validate_cron
 

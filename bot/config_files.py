@@ -111,8 +111,7 @@ def pipeline_files(ck: Checker, data: dict, base: Path) -> list[Path]:
     """The pipeline files ``pipelines:`` names (a file, a glob or a list of them), each once."""
     pattern = ck.get(data, "pipelines", "", (str, list), default="pipelines/*.yaml")
     if isinstance(pattern, list) and not pattern:
-        ck.error("pipelines", "expected at least one pipeline file or glob, like "
-                              "pipelines/*.yaml")
+        ck.error("pipelines", "expected at least one pipeline file or glob, like pipelines/*.yaml")
     patterns: list[tuple[str, str]] = []  # (key path, pattern)
     for i, pat in enumerate([pattern] if isinstance(pattern, str) else pattern or []):
         where = "pipelines" if isinstance(pattern, str) else f"pipelines[{i}]"

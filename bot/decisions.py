@@ -93,8 +93,7 @@ class Decisions:
         ``d``'s pipeline (``approval.operators``); nothing else changes."""
         await self.may_act(d.pipeline, actor, f"{what} v{d.version}", d.key)
 
-    async def may_act(self, pipeline: str, actor: str, what: str, key: str | None = None
-                      ) -> None:
+    async def may_act(self, pipeline: str, actor: str, what: str, key: str | None = None) -> None:
         """:meth:`may_decide` for a command naming ``pipeline`` (/replay, /emails)."""
         if self.may_see(pipeline, actor):
             return
@@ -239,8 +238,7 @@ class Decisions:
         d = await self.store.retry_send(draft_id, actor, now=self.clock())
         return None if d is None else await self.sends.send(d)
 
-    async def sweep(self, days: float | None,
-                    lease_now: Callable[[], float | None]) -> SweepResult:
+    async def sweep(self, days: float | None, lease_now: Callable[[], float | None]) -> SweepResult:
         now = self.clock()
         ttl = self.settings.approval_ttl_days
         # Cards of approvals the sweep is about to expire: re-rendered afterwards, so

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.policy
 import shutil
 import sys
@@ -69,13 +70,11 @@ async def _foreign_demo_state(settings: Settings) -> list[str]:
     from .store import StoreMissing
 
     found = []
-    try:
+    with contextlib.suppress(StoreMissing):  # a new store: the demo creates and marks it
         async with existing_store(settings) as store:
             if not await store.audit_log(draft_key=DEMO_MARK, limit=1):
                 found.append(f"store {redact_url(settings.store)} exists and was not "
                              f"created by the demo")
-    except StoreMissing:
-        pass  # a new store: the demo creates it and marks it as its own
     for p in settings.pipelines:
         folder = settings.resolve(getattr(p.sender, "path", ""))
         if folder.exists() and not (folder / DEMO_OUTBOX_MARK).exists():
@@ -133,8 +132,7 @@ async def _demo(args) -> int:
     from .engine import Engine
 
     settings, own = await _demo_settings(args)
-    models = sorted({settings.models[p.drafter.model].provider
-                     for p in settings.pipelines})
+    models = sorted({settings.models[p.drafter.model].provider for p in settings.pipelines})
     drafter = ("offline template drafter" if models == ["template"]
                else f"drafter: {', '.join(models)} (calls the model)")
     print("=" * 72)

@@ -9,6 +9,7 @@ decision. A claim whose send then fails is not repeated (once beats twice).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Callable
 
@@ -63,10 +64,8 @@ class Desk:
                 await self.digest()
             except Exception as exc:
                 log.warning("reminders and digest: %s", describe_error(exc))
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=every)
-            except asyncio.TimeoutError:
-                pass
 
     # -- reminders ------------------------------------------------------------------------
     async def remind(self) -> int:

@@ -56,8 +56,7 @@ class Engine:
                  channels: dict[str, ApprovalChannel] | None = None, *,
                  clock: Callable[[], float] | None = None,
                  drafters: dict[str, Drafter] | None = None,
-                 senders: dict[str, Sender] | None = None,
-                 sources: dict[str, Source] | None = None,
+                 senders: dict[str, Sender] | None = None, sources: dict[str, Source] | None = None,
                  send_check_delay: float = 5.0,
                  progress: Callable[[str, int, int], None] | None = None):
         self.settings = settings

@@ -77,8 +77,7 @@ def own_reason(message: Message, filters: FilterOptions, *, own_addresses: list[
     still recorded as skipped with the same reason rather than dropped."""
     if message.kind != "email" or not filters.skip_own:
         return None
-    own = {a.strip().lower() for a in [*own_addresses, *filters.own_addresses]
-           if a and a.strip()}
+    own = {a.strip().lower() for a in [*own_addresses, *filters.own_addresses] if a and a.strip()}
     for addr in (message.from_addr, message.reply_to):
         if addr and addr.lower() in own:
             return f"sent from our own address {addr}"

@@ -99,6 +99,5 @@ class Health:
                 if idle > beat.bound:
                     out[name] = f"no progress for {idle:.0f}s (bound {beat.bound:.0f}s)"
             elif now - beat.wake_at > beat.bound:
-                out[name] = (f"{now - beat.wake_at:.0f}s late waking up (bound "
-                             f"{beat.bound:.0f}s)")
+                out[name] = (f"{now - beat.wake_at:.0f}s late waking up (bound {beat.bound:.0f}s)")
         return out

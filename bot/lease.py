@@ -71,8 +71,7 @@ class Heartbeat:
     ``ttl`` until :meth:`stop`. Sends are begun only under a fresh one, so no other
     host takes a send in flight for abandoned."""
 
-    def __init__(self, store: Store, holder: str, ttl: float,
-                 now: Callable[[], float | None]):
+    def __init__(self, store: Store, holder: str, ttl: float, now: Callable[[], float | None]):
         self.store, self.holder, self.ttl, self._now = store, holder, ttl, now
         self.name = HEARTBEAT_PREFIX + holder
         self._task: asyncio.Task | None = None
@@ -106,8 +105,7 @@ async def renew_once(store: Store, name: str, holder: str, ttl: float,
     """Renew lease ``name`` once: the store's answer, or None (logged with ``failed``)
     if it failed or did not answer within a third of ``ttl`` (a hung connection)."""
     try:
-        return await asyncio.wait_for(store.try_lock(name, holder, ttl, now=now()),
-                                      timeout=ttl / 3)
+        return await asyncio.wait_for(store.try_lock(name, holder, ttl, now=now()), timeout=ttl / 3)
     except Exception as exc:
         log.warning("%s: %s", failed, describe_error(exc))
         return None

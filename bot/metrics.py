@@ -55,8 +55,7 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
         self.items = Counter("draftgate_items", "Items by what a tick did with them: admitted "
                              "(new, queued), skipped (a filter), drafted, failed (drafting "
-                             "gave up). Counted when the tick ends.", pl + ["outcome"],
-                             registry=r)
+                             "gave up). Counted when the tick ends.", pl + ["outcome"], registry=r)
         self.sends = Counter("draftgate_sends", "Send attempts by outcome (sent, failed, "
                              "unknown).", pl + ["outcome"], registry=r)
         self.model_calls = Counter("draftgate_model_calls", "Drafter calls by model (the "
@@ -72,8 +71,7 @@ class Metrics:
             "and error (an HTTP status, or network/timeout).", ["method", "error"], registry=r)
         self.telegram_429 = Counter(
             "draftgate_telegram_rate_limited", "Telegram 429 answers (flood control), by "
-            "method; also counted in draftgate_telegram_api_errors_total.", ["method"],
-            registry=r)
+            "method; also counted in draftgate_telegram_api_errors_total.", ["method"], registry=r)
         self.gmail_units = Counter("draftgate_gmail_quota_units", "Gmail API quota units "
                                    "spent (each attempt of each call), by account.",
                                    ["account"], registry=r)

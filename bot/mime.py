@@ -16,6 +16,7 @@ control characters, no lone surrogates (so it always encodes to UTF-8 and JSON).
 from __future__ import annotations
 
 import codecs
+import contextlib
 import email
 import email.header
 import email.policy
@@ -114,10 +115,8 @@ def _decode_bytes(data: bytes, charset: str | None) -> str:
         except UnicodeDecodeError:
             return data.decode("cp1252", errors="replace")
     if name:
-        try:
+        with contextlib.suppress(Exception):  # LookupError, or a codec (idna, base64) unusable here
             return data.decode(name, errors="replace")
-        except Exception:  # LookupError, or a codec (idna, base64) unusable here
-            pass
     # Mixed mail (UTF-8 text with a pasted Latin-1 line) keeps both readable.
     return data.decode("utf-8", errors="draftgate-cp1252")
 
@@ -344,8 +343,7 @@ def _content_type(part: _RawMessage) -> str:
         return "text/plain"
 
 
-def _body(msg: _RawMessage, max_body: int, deadline: _Deadline
-          ) -> tuple[str, bool, list[str]]:
+def _body(msg: _RawMessage, max_body: int, deadline: _Deadline) -> tuple[str, bool, list[str]]:
     plain: list[str] = []
     htmls: list[tuple[str, bool]] = []
     attachments: list[str] = []
@@ -457,23 +455,12 @@ def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str 
         # RFC 5322 3.6.4: without References, the parent's In-Reply-To stands in.
         refs = [in_reply_to[0]]
     return Message(
-        kind="email",
-        message_id=message_id,
-        from_name=from_name,
-        from_addr=from_addr,
-        reply_to=reply_addr or from_addr,
-        to=_address_list(h.raw("To")),
-        cc=_address_list(h.raw("Cc")),
-        subject=h.text("Subject"),
-        date=date,
-        body=body,
-        body_truncated=truncated,
-        references=refs,
+        kind="email", message_id=message_id, from_name=from_name, from_addr=from_addr,
+        reply_to=reply_addr or from_addr, to=_address_list(h.raw("To")),
+        cc=_address_list(h.raw("Cc")), subject=h.text("Subject"), date=date, body=body,
+        body_truncated=truncated, references=refs,
         headers={name: h.text(name) for name in _KEPT_HEADERS if h.text(name)},
-        size=len(raw),
-        attachments=attachments,
-        source_id=_clean(source_id),
-    )
+        size=len(raw), attachments=attachments, source_id=_clean(source_id))
 
 
 __all__ = ["parse_email", "html_to_text", "stable_id", "item_id", "message_id_of", "UnparseableMessage", "EmailMessage",

@@ -110,8 +110,7 @@ class Operators:
         try:  # a channel without cards has the base class's no-op
             await self.channel(p).remind(d, text)
         except Exception as exc:
-            log.warning("%s #%d: could not send a reminder: %s", p.name, d.id,
-                        describe_error(exc))
+            log.warning("%s #%d: could not send a reminder: %s", p.name, d.id, describe_error(exc))
 
     # -- notices ----------------------------------------------------------------------
     async def notify_once(self, tag: str, text: str, *, retry_draft: Draft | None = None) -> None:

@@ -202,8 +202,7 @@ async def status_one(store: Store, settings: Settings, name: str, now: float | N
         problem=problem, queued=counts.get(QUEUED, 0) + counts.get(DRAFTING, 0), hold=hold,
         runs=[_run_dict(r) for r in runs], last_green=_run_dict(last_green),
         first_red_after_green=_run_dict(first_red),
-        pending=sum(counts.get(s, 0) for s in PENDING_STATUSES),
-        seen=await store.seen_count(name),
+        pending=sum(counts.get(s, 0) for s in PENDING_STATUSES), seen=await store.seen_count(name),
         tokens_today=await store.tokens_used(name, utc_day(now)),
         token_budget=p.daily_token_budget, by_status=counts, attention=attention)
 
@@ -338,8 +337,7 @@ def format_status_all(items: list[PipelineStatus]) -> str:
     lines = []
     for s in items:
         if s.health == NOT_CONFIGURED:
-            lines.append(f"{s.name:<{width}}  ⚠ not configured  unfinished {s.pending}: "
-                         f"{_RESTORE}")
+            lines.append(f"{s.name:<{width}}  ⚠ not configured  unfinished {s.pending}: {_RESTORE}")
             continue
         if s.paused:
             lines.append(f"{s.name:<{width}}  ⏸ paused  pending {s.pending}")
@@ -391,8 +389,7 @@ def format_status_one(d: PipelineDetail) -> str:
 _PENDING_STATE: dict[str, str] = {
     QUEUED: "queued for drafting", DRAFTING: "being drafted",
     READY: "not posted yet", AWAITING: "awaiting decision",
-    APPROVED: "approved, sending", SENDING: "sending",
-    SEND_FAILED: "send failed, Retry offered",
+    APPROVED: "approved, sending", SENDING: "sending", SEND_FAILED: "send failed, Retry offered",
     SEND_UNKNOWN: "send outcome unknown, being checked",
     NOTIFIED: "FYI card, no draft (Draft a reply or Dismiss)",
 }

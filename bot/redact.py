@@ -90,8 +90,7 @@ def register(value: object, name: str) -> None:
     if len(value) < MIN_SECRET:
         return
     # As sent in a URL path or query, a form body or a JSON string.
-    forms = {value, quote(value, safe=""), quote(value), quote_plus(value),
-             json.dumps(value)[1:-1]}
+    forms = {value, quote(value, safe=""), quote(value), quote_plus(value), json.dumps(value)[1:-1]}
     with _lock:
         added = [f for f in forms if f not in _secrets]
         for f in added:

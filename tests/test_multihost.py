@@ -37,6 +37,7 @@ from ._multihost import (
     write_deployment,
 )
 from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+from ._stores import recover_sending
 
 MESSAGES = 200
 BATCHES = 5
@@ -405,7 +406,7 @@ async def test_recover_sending_counts_only_sends_older_than_the_grace(store):
     await store.mark_posted(d.id, d.version, "1", "1")
     await store.approve(d.id, d.version, "anna")
     assert (await store.begin_send(d.id)).status == "sending"
-    assert await store.recover_sending(older_than=60) == 0
+    assert await recover_sending(store, older_than=60) == 0
     assert (await store.get_draft(d.id)).status == "sending"
-    assert await store.recover_sending(older_than=60, now=time.time() + 61) == 1
+    assert await recover_sending(store, older_than=60, now=time.time() + 61) == 1
     assert (await store.get_draft(d.id)).status == "send_unknown"

@@ -14,6 +14,8 @@ from bot.models import Item, Message, draft_key, sha256_text
 from bot.store import create_store
 from bot.store.base import HEARTBEAT_PREFIX
 
+from ._stores import recover_sending
+
 T0 = 1_700_000_000.0  # a fixed "now" so TTL arithmetic is exact
 DAY = 86400.0
 P, S, R = "support", "inbox", "v1"
@@ -507,10 +509,10 @@ class TestStoreContract:
     async def test_recover_sending_marks_interrupted_sends_unknown(self, store):
         d = await _sending(store, "m1")
         other = await _awaiting(store, "m2")
-        assert await store.recover_sending() == 1
+        assert await recover_sending(store) == 1
         assert (await store.get_draft(d.id)).status == "send_unknown"
         assert (await store.get_draft(other.id)).status == "awaiting"
-        assert await store.recover_sending() == 0
+        assert await recover_sending(store) == 0
 
     async def test_recover_abandoned_sends_takes_only_sends_whose_process_is_gone(self, store):
         """A send in flight in a live process (heartbeat fresh, or the caller's own) is

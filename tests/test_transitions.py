@@ -39,6 +39,7 @@ from bot.store.transitions import (
     cas,
 )
 
+from ._stores import recover_sending
 from .test_store_contract import DAY, T0, P, R, S, _items, _msg
 
 ALLOWED = {(src, t.dst) for t in TRANSITIONS.values() for src in t.src}
@@ -97,7 +98,7 @@ async def test_every_move_of_both_stores_is_in_the_table_and_every_row_is_used(s
     await rec(st.mark_send_failed(d.id, "550 rejected"))
     await rec(st.retry_send(d.id, "anna", now=T0))
     await rec(st.begin_send(d.id))
-    assert await rec(st.recover_sending()) == 1
+    assert await rec(recover_sending(st)) == 1
     assert (await rec(st.mark_sent(d.id, "s-2", now=T0))).status == SENT
 
     [d] = await rec.admit("fails")

@@ -294,8 +294,7 @@ def status_line(draft: Draft) -> str | None:
     return f"{html.escape(s)} · {t}"
 
 
-def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (),
-                  quorum: int = 1) -> Card:
+def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1) -> Card:
     """The card after (or while) something happened: a status line on top, no decision
     buttons; Retry for a send that failed or whose outcome is unknown. (Waiting for a
     decision: the card, with ``votes`` of ``quorum``.)"""

@@ -14,6 +14,7 @@ SIGTERM) ends the wait at once; the undecided draft stays awaiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import shlex
 import sys
@@ -186,8 +187,7 @@ class ConsoleChannel(ApprovalChannelBase):
                         "Retry asks again, then sends only if it is not found.")
         else:
             self._print(f"   ❌ send failed: {draft.error}. Nothing was sent.")
-        answer = (await _terminal(
-            _ask, "   [t] retry the send, Enter = later: ")).strip().lower()
+        answer = (await _terminal(_ask, "   [t] retry the send, Enter = later: ")).strip().lower()
         if answer in ("t", "retry"):
             after = await self._decisions.retry_send(draft.id, self.actor)
             if after is not None:
@@ -236,10 +236,8 @@ async def _terminal(fn: Any, *args: Any) -> str:
             result, exc = fn(*args), None
         except BaseException as e:  # handed to the awaiting task
             result, exc = None, e
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
             loop.call_soon_threadsafe(settle, result, exc)
-        except RuntimeError:
-            pass  # the loop is closed: nobody waits for this answer any more
 
     threading.Thread(target=read, name="console-prompt", daemon=True).start()
     return await answer

@@ -63,8 +63,7 @@ class _Limiter(AIORateLimiter):
                     raise FloodWait(f"Telegram flood control: retry in {seconds:.0f} s") from exc
                 raise
 
-        return await super().process_request(capped, args, kwargs, endpoint, data,
-                                             rate_limit_args)
+        return await super().process_request(capped, args, kwargs, endpoint, data, rate_limit_args)
 
 
 def _retry_seconds(exc: RetryAfter) -> float:
@@ -173,8 +172,7 @@ class TelegramChannel(ApprovalChannelBase):
     def _build(self) -> Application:
         builder = (ApplicationBuilder().token(self._token)
                    .base_url(self.config.base_url).base_file_url(self.config.base_file_url)
-                   .rate_limiter(_Limiter(overall_max_rate=1,
-                                          overall_time_period=1 / _OVERALL_RATE,
+                   .rate_limiter(_Limiter(overall_max_rate=1, overall_time_period=1 / _OVERALL_RATE,
                                           max_retries=_MAX_RETRIES))
                    .concurrent_updates(16).job_queue(None))
         request, get_updates = tg_request.requests(self.config.receive)  # counted for metrics
@@ -200,8 +198,7 @@ class TelegramChannel(ApprovalChannelBase):
         """Connect and start receiving updates. If Telegram cannot be reached, keep
         trying in the background: drafts wait in ``ready`` meanwhile."""
         self.decisions = decisions
-        logging.getLogger("httpx").setLevel(max(logging.WARNING,
-                                                logging.getLogger("httpx").level))
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._app = self._build()
         try:
             await self._connect()
@@ -258,8 +255,7 @@ class TelegramChannel(ApprovalChannelBase):
                 secret_token=self._webhook_secret,
                 allowed_updates=["message", "callback_query"], drop_pending_updates=False)
         self._connected = True
-        log.info("Telegram connected as @%s (receive: %s)", app.bot.username,
-                 self.config.receive)
+        log.info("Telegram connected as @%s (receive: %s)", app.bot.username, self.config.receive)
 
     async def _reconnect(self) -> None:
         delay = self._reconnect_delay
@@ -337,8 +333,7 @@ class TelegramChannel(ApprovalChannelBase):
                     if await self._edit(chat, ref[1], card.text, markup, missing_ok=True):
                         return PostedRef(str(chat), str(ref[1]))
                 msg = await bot.send_message(chat, card.text, parse_mode=ParseMode.HTML,
-                                             reply_markup=markup,
-                                             link_preview_options=NO_PREVIEW)
+                                             reply_markup=markup, link_preview_options=NO_PREVIEW)
             except (RetryAfter, FloodWait, Forbidden) as exc:
                 raise ApprovalError(f"Telegram refused the card for #{draft.id}: {exc}") from exc
             except BadRequest as exc:

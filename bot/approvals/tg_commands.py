@@ -96,8 +96,7 @@ async def replay(update: Update, context: Context) -> None:
         await ch.decisions.may_act(name, operator(update), "replay")
     except NotAllowed as exc:
         return await reply(update, str(exc))
-    result = await ops.replay(ch.store, name, item_id, operator(update),
-                              settings=ch.settings)
+    result = await ops.replay(ch.store, name, item_id, operator(update), settings=ch.settings)
     await reply(update, ops.format_replay(name, item_id, result))
 
 
@@ -149,8 +148,7 @@ async def audit(update: Update, context: Context) -> None:
     if (problem := _unknown(context, name)) is not None:
         return await reply(update, problem)
     ch = channel_of(context)
-    await reply(update, ops.format_history(await ops.history(ch.store, ch.settings, name,
-                                                             item_id)))
+    await reply(update, ops.format_history(await ops.history(ch.store, ch.settings, name, item_id)))
 
 
 async def sweep(update: Update, context: Context) -> None:

@@ -32,8 +32,7 @@ def requests(receive: str) -> tuple[CountedRequest, CountedRequest | None]:
     """ApplicationBuilder's ``request`` and (unless nothing is received) its
     ``get_updates_request``, with draftgate's timeouts: a long poll is read for 10 s
     past its own timeout."""
-    request = CountedRequest(connect_timeout=10, read_timeout=30, write_timeout=30,
-                             pool_timeout=30)
+    request = CountedRequest(connect_timeout=10, read_timeout=30, write_timeout=30, pool_timeout=30)
     if receive == "off":
         return request, None
     return request, CountedRequest(connection_pool_size=1, read_timeout=10)

@@ -80,8 +80,7 @@ async def _answered(ch: Any, query: Any, tap: Awaitable[str]) -> None:
                     await ch.bot.send_message(
                         message.chat.id, "⚠️ That tap did not go through (the error is "
                         "in the bot's log); the card shows where the draft stands.",
-                        reply_to_message_id=message.message_id,
-                        allow_sending_without_reply=True)
+                        reply_to_message_id=message.message_id, allow_sending_without_reply=True)
             raise
         return
     except BaseException:
@@ -154,8 +153,7 @@ def _ours(query: Any, cb: cards.Callback) -> bool:
         return False
     if cb.action in (cards.RETRY, cards.REPLAY):
         return True
-    return cards.parse_card_header(getattr(message, "text", None)) == (cb.draft_id,
-                                                                        cb.version)
+    return cards.parse_card_header(getattr(message, "text", None)) == (cb.draft_id, cb.version)
 
 
 async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
@@ -181,8 +179,7 @@ async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
 
 # -- the families --------------------------------------------------------------------------------
 
-async def _approve(ch: Any, query: Any, cb: cards.Callback, draft: Draft,
-                   chat_id: int) -> str:
+async def _approve(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     if draft.status != AWAITING:
         return already(draft)
     # The draft read to check the tap goes with it: the decision does not read it again.
@@ -274,8 +271,7 @@ async def _fyi(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: i
     return "✍️ Drafting a reply; this card turns into it."
 
 
-async def _full_text(ch: Any, query: Any, cb: cards.Callback, draft: Draft,
-                     chat_id: int) -> str:
+async def _full_text(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     message = query.message
     await ch.bot.send_document(
         chat_id, io.BytesIO(cards.full_text(draft).encode("utf-8")),

@@ -22,6 +22,7 @@ that code is classified like an HTTP status.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import logging
@@ -87,11 +88,9 @@ class ModelOptions:
         if url and url != self.shown_url:
             text = text.replace(url, self.shown_url)
         secrets = []
-        try:
+        with contextlib.suppress(ValueError):
             parts = urlsplit(url)
             secrets += [parts.password or "", parts.username or ""]
-        except ValueError:
-            pass
         if self.api_key_env:
             secrets.append(os.environ.get(self.api_key_env, ""))
         for secret in sorted(filter(None, secrets), key=len, reverse=True):
@@ -147,8 +146,7 @@ def model_options(model: ModelConfig, pipeline: PipelineConfig, settings: Settin
         ck.error(f"{where}.model", "expected a model name, e.g. gpt-4.1-mini or llama3.1")
     # The official endpoint needs a key, so it defaults to the usual variable; a
     # custom base_url (Ollama, vLLM...) often needs none.
-    key_env = ck.get(data, "api_key_env", where, str,
-                     default=None if base_url else default_key_env)
+    key_env = ck.get(data, "api_key_env", where, str, default=None if base_url else default_key_env)
     temperature = ck.get(data, "temperature", where, float, default=None)
     if temperature is not None and not temperature_ok:
         ck.error(f"{where}.temperature", f"the {model.provider} provider takes no temperature "
@@ -299,8 +297,7 @@ def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
     if status == 429:
         return Failure(f"rate limited ({http}): {message}", True, retry_after_seconds(headers))
     if status in (408, 409) or status >= 500:
-        return Failure(f"server error ({http}): {message}", True,
-                       retry_after_seconds(headers))
+        return Failure(f"server error ({http}): {message}", True, retry_after_seconds(headers))
     if status == 401:
         hint = (f"check the API key in environment variable {key_env} ({where}.api_key_env)"
                 if key_env else
@@ -310,8 +307,7 @@ def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
     if status == 403 and _about_the_content(message):
         # OpenRouter and moderated endpoints answer 403 when this input was flagged:
         # that is about one email, not the setup; only this item fails.
-        return Failure(f"the provider refused this email's content ({http}): {message}",
-                       False)
+        return Failure(f"the provider refused this email's content ({http}): {message}", False)
     if status == 403:
         hint = (f"check that the API key in environment variable {key_env} may use model "
                 f"{opts.model!r} ({where}.api_key_env, {where}.model)" if key_env else
@@ -418,8 +414,7 @@ class LLMDrafter:
     temperature_ok = True
 
     def __init__(self, model: ModelConfig, pipeline: PipelineConfig, settings: Settings):
-        self.opts = model_options(model, pipeline, settings,
-                                  default_base_url=self.default_base_url,
+        self.opts = model_options(model, pipeline, settings, default_base_url=self.default_base_url,
                                   default_key_env=self.default_key_env,
                                   temperature_ok=self.temperature_ok)
         self._config = pipeline  # its drafter: options shape the prompt
@@ -470,8 +465,7 @@ class LLMDrafter:
             raise err from None
         return DraftResult(body, answer.tokens_in, answer.tokens_out, answer.model or self.opts.model)
 
-    async def ask_json(self, p: _prompt.Prompt, schema: dict[str, Any],
-                       max_tokens: int) -> Answer:
+    async def ask_json(self, p: _prompt.Prompt, schema: dict[str, Any], max_tokens: int) -> Answer:
         """One answer constrained to ``schema`` (triage), with the same bounded retries
         as a draft; what it says is the caller's to check."""
         client = self._get_client()

@@ -91,12 +91,10 @@ class OpenAIDrafter(LLMDrafter):
         else:
             refused = ""
         return Answer(
-            text=_text(message.get("content")),
-            cut_off=finish == "length",
+            text=_text(message.get("content")), cut_off=finish == "length",
             tokens_in=token_count(usage.get("prompt_tokens")),
             tokens_out=token_count(usage.get("completion_tokens")),
-            model=text_field(data.get("model")),
-            refused=refused)
+            model=text_field(data.get("model")), refused=refused)
 
     def _classify(self, exc: BaseException) -> Failure | None:
         if isinstance(exc, openai.APITimeoutError):

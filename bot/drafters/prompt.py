@@ -40,8 +40,7 @@ _ANGLES = re.compile(r"<{3,}")
 _QUOTE_HEADER = re.compile(
     r"(?:On .{0,300}wrote:|Am .{0,300}schrieb.{0,100}:|Le .{0,300}a écrit\s*:)\s*$", re.I)
 #: Outlook's separator: everything below it is the earlier message.
-_QUOTE_SEPARATOR = re.compile(
-    r"-{2,}\s*(?:Original Message|Ursprüngliche Nachricht)\s*-{2,}", re.I)
+_QUOTE_SEPARATOR = re.compile(r"-{2,}\s*(?:Original Message|Ursprüngliche Nachricht)\s*-{2,}", re.I)
 
 _DEFAULT_PROMPT = (
     "You draft replies to emails on behalf of the operator. Be helpful, correct and brief. "
@@ -120,8 +119,7 @@ def _answered_inline(lines: list[str]):
 
     Computed once for every start in one pass, so a body of alternating quote and text
     lines costs linear time, not quadratic (a hostile email must not stall a tick)."""
-    kinds = ["" if not ln.strip() else (">" if ln.strip().startswith(">") else "t")
-             for ln in lines]
+    kinds = ["" if not ln.strip() else (">" if ln.strip().startswith(">") else "t") for ln in lines]
     last_quote = max((i for i, k in enumerate(kinds) if k == ">"), default=-1)
     # The last text line before the last quote: any quote before it is answered inline.
     text_before_last_quote = max((i for i, k in enumerate(kinds[:max(last_quote, 0)])
@@ -146,8 +144,7 @@ def _is_footer(tail: list[str]) -> bool:
         return True
     if _SIGN_OFF.match(tail[0]):
         names = tail[1:]
-        return len(names) <= 2 and all(len(n.split()) <= 4 and n[-1] not in ".?!:"
-                                       for n in names)
+        return len(names) <= 2 and all(len(n.split()) <= 4 and n[-1] not in ".?!:" for n in names)
     return False
 
 

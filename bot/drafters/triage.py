@@ -123,8 +123,7 @@ class Triager:
         where = f"{self.llm.opts.provider} {self.llm.opts.model}"
         tokens = 0
         try:
-            answer = await self.llm.ask_json(build_prompt(message, self.rules), SCHEMA,
-                                             MAX_TOKENS)
+            answer = await self.llm.ask_json(build_prompt(message, self.rules), SCHEMA, MAX_TOKENS)
             tokens = answer.tokens_in + answer.tokens_out
             action, reason = parse(answer.text, cut_off=answer.cut_off, refused=answer.refused)
         except ValueError as exc:

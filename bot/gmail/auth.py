@@ -10,6 +10,7 @@ contents are never logged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -108,10 +109,8 @@ def write_token(path: str | os.PathLike, data: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -259,8 +258,7 @@ def _scopes_for(args, out) -> tuple[list[str], str | None]:
         scopes = required_scopes(settings, args.account)
         if scopes:
             return scopes, token
-        print(f"no pipeline uses account {args.account!r}; requesting read and send",
-              file=out)
+        print(f"no pipeline uses account {args.account!r}; requesting read and send", file=out)
     return [SCOPE_READONLY, SCOPE_SEND], token
 
 
@@ -285,8 +283,7 @@ def run_cli(args, out=None) -> int:
     redact.register_oauth(flow.client_config, "OAuth client")
     print("Requesting scopes: " + ", ".join(s.rsplit("/", 1)[-1] for s in scopes), file=out)
     prompt = ("Open this URL in a browser and approve access:\n{url}\n"
-              if args.no_browser else
-              "Your browser should open; if it does not, visit:\n{url}\n")
+              if args.no_browser else "Your browser should open; if it does not, visit:\n{url}\n")
     # Google's consent screen lets the user untick scopes; oauthlib would then raise
     # "Scope has changed". Accept the partial grant and say exactly what is missing.
     os.environ.setdefault("OAUTHLIB_RELAX_TOKEN_SCOPE", "1")

@@ -21,6 +21,7 @@ starves other pipelines or the default executor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import logging
@@ -126,7 +127,7 @@ def _error_info(exc) -> tuple[int, str, set[str], float | None]:
     status = int(getattr(exc.resp, "status", 0) or 0)
     reasons: set[str] = set()
     message = ""
-    try:
+    with contextlib.suppress(ValueError, AttributeError):
         data = json.loads(exc.content.decode("utf-8", "replace"))
         err = data.get("error", {}) if isinstance(data, dict) else {}
         if isinstance(err, dict):
@@ -138,8 +139,6 @@ def _error_info(exc) -> tuple[int, str, set[str], float | None]:
                 reasons.add(str(err["status"]))
         elif isinstance(err, str):
             message = err
-    except (ValueError, AttributeError):
-        pass
     retry_after = None
     value = exc.resp.get("retry-after") if hasattr(exc.resp, "get") else None
     if value:
@@ -193,9 +192,6 @@ class GmailClient:
     async def aread(self, make: Callable[[Any], Any], what: str) -> dict:
         return await self.run(self.read, make, what)
 
-    async def aget_many(self, kind: str, ids: list[str], **params) -> dict[str, dict]:
-        return await self.run(lambda: self.get_many(kind, ids, **params))
-
     async def awrite_once(self, make: Callable[[Any], Any], what: str) -> dict:
         return await self.run(self.write_once, make, what)
 
@@ -231,8 +227,7 @@ class GmailClient:
             # Read again when the file changed on disk: `draftgate auth gmail` after a
             # revoked token takes effect without a restart.
             if self._creds is None or (stamp is not None and stamp != self._loaded_stamp):
-                self._creds = auth.load_credentials(self.token_file, self.name,
-                                                    self.config_file)
+                self._creds = auth.load_credentials(self.token_file, self.name, self.config_file)
                 self._saved_token = self._creds.token
                 self._loaded_stamp = stamp
             creds = self._creds

@@ -48,8 +48,7 @@ class SingleShotHttp:
         self.issued = False  # set once the write itself is handed to the transport
         self._conn: http.client.HTTPConnection | None = None
 
-    def request(self, uri: str, method: str = "GET", body: Any = None,
-                headers: dict | None = None,
+    def request(self, uri: str, method: str = "GET", body: Any = None, headers: dict | None = None,
                 redirections: int = httplib2.DEFAULT_MAX_REDIRECTS,
                 connection_type: Any = None) -> tuple[httplib2.Response, bytes]:
         """Send ``method uri`` once; ``(response, content)`` as ``httplib2.Http.request``

@@ -117,8 +117,7 @@ class _GmailSender:
                 # trash are searched, but only messages labelled SENT are listed.
                 resp = await self.client.aread(
                     lambda s: s.users().messages().list(userId="me", q=q, maxResults=5,
-                                                        labelIds=["SENT"],
-                                                        includeSpamTrash=True),
+                                                        labelIds=["SENT"], includeSpamTrash=True),
                     "messages.list")
                 found = [(m.get("id"), m) for m in resp.get("messages") or []]
         except SourceError as exc:

@@ -14,6 +14,7 @@ a crash) never sees a half-written ``.eml`` under the final name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import logging
@@ -85,10 +86,8 @@ class OutboxSender:
                              f"{exc.strerror or exc}") from exc
         finally:
             if tmp is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(tmp)
-                except OSError:
-                    pass
         _fsync_dir(self.folder)
         return name
 

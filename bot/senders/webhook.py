@@ -55,17 +55,12 @@ def payload(draft: Draft) -> dict:
     """The JSON body for ``draft``. The recipient is the original's, never the body's."""
     m = draft.message
     slot = m.kind == "slot"
-    return {
-        "key": draft.key,
-        "pipeline": draft.pipeline,
-        "item_id": draft.item_id,
-        "to": "" if slot else m.reply_to,
-        "subject": m.subject if slot else reply_subject(m.subject),
-        "in_reply_to": "" if slot else m.message_id,
-        "message_id": reply_message_id(draft.key),
-        "body": draft.body,
-        "version": draft.version,
-    }
+    return {"key": draft.key, "pipeline": draft.pipeline, "item_id": draft.item_id,
+            "to": "" if slot else m.reply_to,
+            "subject": m.subject if slot else reply_subject(m.subject),
+            "in_reply_to": "" if slot else m.message_id,
+            "message_id": reply_message_id(draft.key), "body": draft.body,
+            "version": draft.version}
 
 
 def header_key(key: str) -> str:

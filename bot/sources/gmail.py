@@ -152,8 +152,7 @@ class GmailSource:
             q += f' label:"{self.label}"'
         return f"{q} {extra}".strip()
 
-    async def _list_ids(self, q: str, label_id: str | None, limit: int | None = None
-                        ) -> list[str]:
+    async def _list_ids(self, q: str, label_id: str | None, limit: int | None = None) -> list[str]:
         """Ids matching ``q`` (newest first), following pages up to ``limit``."""
         ids: list[str] = []
         token = None
@@ -240,8 +239,7 @@ class GmailSource:
                 try:
                     res = await self.client.run(self._fetch_chunk, chunk, stop)
                 except BaseException as exc:
-                    if isinstance(exc, Exception) and not isinstance(exc, Cancelled) \
-                            and not first:
+                    if isinstance(exc, Exception) and not isinstance(exc, Cancelled) and not first:
                         first.append(exc)
                     stop.set()
                     if isinstance(exc, RateLimited) and exc.retry_after:
@@ -263,8 +261,7 @@ class GmailSource:
         if errors:
             raise errors[0]
         # (Past the raise none is an exception; the isinstance tells the type checker.)
-        results = [r for chunk in gathered if not isinstance(chunk, BaseException)
-                   for r in chunk]
+        results = [r for chunk in gathered if not isinstance(chunk, BaseException) for r in chunk]
         items = [item for _, item in results if item is not None]
         return items, [resource for resource, _ in results]
 
@@ -302,8 +299,7 @@ class GmailSource:
         while True:
             def make(s, token=token):
                 return s.users().history().list(
-                    userId="me", startHistoryId=stored.history_id,
-                    historyTypes=["messageAdded"],
+                    userId="me", startHistoryId=stored.history_id, historyTypes=["messageAdded"],
                     labelId=label_id, maxResults=self.page_size, pageToken=token)
             resp = await self._read(make, "history.list")
             for h in resp.get("history", []) or []:
@@ -397,8 +393,7 @@ class GmailSource:
         # An arrival "in the future" (imported mail dated by its header, a clock ahead)
         # counts as now, so the recheck window still ends.
         now_ms = int(time.time() * 1000)
-        dates = {str(r.get("id")): min(int(r.get("internalDate") or 0), now_ms)
-                 for r in resources}
+        dates = {str(r.get("id")): min(int(r.get("internalDate") or 0), now_ms) for r in resources}
         found = await self._search(
             min([dates[it.item_id] for it in items] + list(pending.values())), label_id)
         cutoff = (time.time() - self.recheck_window) * 1000  # after the search answered

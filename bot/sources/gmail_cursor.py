@@ -58,8 +58,7 @@ class Cursor:
 
 
 def _seconds(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _recheck(value: Any) -> list[tuple[str, int]]:
@@ -85,8 +84,7 @@ def _pairs(value: Any, what: str, shown: Any, entry_what: str,
                 and entry[0] and (x := second(entry[1])) is not None:
             out.append((entry[0], x))
         else:
-            log.warning("gmail: unreadable %s %r in the stored cursor; left out", entry_what,
-                        entry)
+            log.warning("gmail: unreadable %s %r in the stored cursor; left out", entry_what, entry)
     return out
 
 

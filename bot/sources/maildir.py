@@ -21,6 +21,7 @@ cuts the parsed body (the filter of the same name skips big mail instead).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.parser
 import email.policy
 import hashlib
@@ -248,10 +249,8 @@ class MaildirSource:
     def _too_old(self, message: Message, f: _File, now: float, max_age: float) -> str | None:
         when = f.stamp[0] / 1e9
         if message.date:
-            try:
+            with contextlib.suppress(ValueError, OverflowError):
                 when = datetime.fromisoformat(message.date).timestamp()
-            except (ValueError, OverflowError):
-                pass
         if now - when > max_age:
             dated = message.date or "file time " + datetime.fromtimestamp(when, timezone.utc).isoformat()
             return f"older than source.max_age ({duration_text(max_age)}): dated {dated}"

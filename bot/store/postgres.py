@@ -190,8 +190,7 @@ class PostgresStore(SqlStore):
                               _lock_key(f"draftgate-migrate:{self._schema}"))
             # Look first: CREATE SCHEMA IF NOT EXISTS still needs CREATE on the database,
             # which a deployment user of an existing schema often lacks.
-            if not await con.fetchval("SELECT 1 FROM pg_namespace WHERE nspname=$1",
-                                      self._schema):
+            if not await con.fetchval("SELECT 1 FROM pg_namespace WHERE nspname=$1", self._schema):
                 await con.execute(f"CREATE SCHEMA {ident}")
             await con.execute(f"SET LOCAL search_path TO {ident}")
             await con.execute(

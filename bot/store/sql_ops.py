@@ -120,18 +120,6 @@ class SqlOps(Backend):
                                  "' attempts', updated_at = ?", t, where, args))
         return requeued, failed
 
-    async def recover_sending(self, older_than: float | None = None,
-                              now: float | None = None) -> int:
-        """Not in the Store contract (the engine uses recover_abandoned_sends): for tests.
-        Every ``sending`` row -> ``send_unknown``; with ``older_than``, only rows that
-        began sending more than that many seconds before ``now``."""
-        clock, arg = self._db_clock(now)
-        return await self._execute(*cas(
-            RECOVER_SEND, "error = ?, updated_at = ?",
-            ("interrupted mid-send by a restart; it may have been delivered", self._now(now)),
-            f"(CAST(? AS float8) IS NULL OR updated_at < {clock} - ?)",
-            (older_than, arg, older_than)))
-
     async def recover_abandoned_sends(self, *, dead: Iterable[str] = (), alive: str | None = None,
                                       grace: float, now: float | None = None) -> int:
         """``sending`` rows whose sending process is gone -> ``send_unknown`` (error

@@ -73,8 +73,7 @@ TRIAGE_SKIP = Transition("triage_skip", (DRAFTING,), SKIPPED, audited=True)
 POST_FYI = Transition("post_fyi", (NOTIFIED,), NOTIFIED)  # its FYI card is recorded
 DRAFT_REPLY = Transition("draft_reply", (NOTIFIED,), QUEUED, audited=True)  # an operator asks
 DISMISS = Transition("dismiss", (NOTIFIED,), DISMISSED, audited=True)
-REPLAY = Transition("replay", tuple(Status(s) for s in REPLAYABLE_STATUSES), QUEUED,
-                    audited=True)
+REPLAY = Transition("replay", tuple(Status(s) for s in REPLAYABLE_STATUSES), QUEUED, audited=True)
 # /reply: an operator asks for a (new) draft of an item that waits for a decision or
 # ended without a send (skipped, rejected, failed, expired, dismissed), or an FYI card
 # (as Draft a reply does); never of a sent one.

@@ -1,0 +1,17 @@
+"""Store operations only tests use (the engine recovers sends with
+``recover_abandoned_sends``), on the SQL stores' own primitives."""
+
+from __future__ import annotations
+
+from bot.store.transitions import RECOVER_SEND, cas
+
+
+async def recover_sending(store, older_than: float | None = None, now: float | None = None) -> int:
+    """Every ``sending`` row -> ``send_unknown``; with ``older_than``, only rows that
+    began sending more than that many seconds before ``now``."""
+    clock, arg = store._db_clock(now)
+    return await store._execute(*cas(
+        RECOVER_SEND, "error = ?, updated_at = ?",
+        ("interrupted mid-send by a restart; it may have been delivered", store._now(now)),
+        f"(CAST(? AS float8) IS NULL OR updated_at < {clock} - ?)",
+        (older_than, arg, older_than)))
