@@ -204,3 +204,24 @@ async def test_close_waits_for_a_running_transaction(tmp_path):
     assert len((await admitting).new) == 2
     async with SQLiteStore(url) as again:
         assert await again.seen_count("p") == 2
+
+
+async def test_an_admit_or_a_decision_without_the_chain_head_writes_nothing(tmp_path):
+    """Both SQLite append paths (admit's, which chains after the head its inserts
+    return, and the one-statement append of a decision) refuse when the head row was
+    removed, and roll back: no seen mark, no draft, no state change without its row."""
+    path = tmp_path / "state.db"
+    async with create_store(f"sqlite:///{path}") as store:
+        await store.admit("p", "inbox", "v1", _items("a"))
+        [d] = await store.claim("p", 600)
+        raw = sqlite3.connect(path)
+        raw.execute("DELETE FROM audit_head")
+        raw.commit()
+        raw.close()
+        with pytest.raises(StoreError, match="audit chain's head .* is missing"):
+            await store.admit("p", "inbox", "v1", _items("b", "c"))
+        assert await store.unseen("p", "inbox", ["b", "c"]) == {"b", "c"}
+        with pytest.raises(StoreError, match="audit chain's head .* is missing"):
+            await store.finish_draft(d.id, d.fence, "Hello")
+        assert (await store.get_draft(d.id)).status == "drafting"
+        assert [r["action"] for r in await store.audit_export()] == ["admit"]

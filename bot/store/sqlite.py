@@ -76,25 +76,27 @@ def _chunks(seq: list, size: int = _CHUNK) -> Iterable[list]:
 
 
 # admit's inserts: each says which rows it wrote (a seen mark or a draft already there
-# is left as it is), so admit needs no read first.
+# is left as it is), so admit needs no read first; the drafts' also say the audit
+# chain's head, which admit's audit rows follow.
 _SEEN_INSERT = ("INSERT INTO seen_items (pipeline, scope, item_id, seen_at) VALUES {} "
                 "ON CONFLICT (pipeline, scope, item_id) DO NOTHING RETURNING item_id")
 _DRAFT_INSERT = ("INSERT INTO drafts (key, pipeline, scope, item_id, recipe, status, payload, "
                  "error, created_at, updated_at) VALUES {} ON CONFLICT (key) DO NOTHING "
-                 "RETURNING key")
+                 "RETURNING key, (SELECT seq FROM audit_head WHERE one = 1), "
+                 "(SELECT hash FROM audit_head WHERE one = 1)")
 _probe = sqlite3.connect(":memory:")  # this SQLite's limit (32766 since 3.32)
 _MAX_VARS = _probe.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
 _probe.close()
 
 
-async def _inserted(db: Db, sql: str, rows: list[tuple]) -> set:
-    """``sql`` (an INSERT ... VALUES {} ... RETURNING one column) over ``rows``, as few
-    statements as the variable limit allows; the set of values it returned."""
-    found: set = set()
+async def _inserted(db: Db, sql: str, rows: list[tuple]) -> dict[Any, Any]:
+    """``sql`` (an INSERT ... VALUES {} ... RETURNING) over ``rows``, as few statements
+    as the variable limit allows: each row it returned, by its first column."""
+    found: dict[Any, Any] = {}
     if rows:
         one = "(" + ",".join("?" * len(rows[0])) + ")"
         for chunk in _chunks(rows, max(1, _MAX_VARS // len(rows[0]))):
-            found.update(r[0] for r in await db.rows(
+            found.update((r[0], r) for r in await db.rows(
                 sql.format(",".join([one] * len(chunk))), [v for row in chunk for v in row]))
     return found
 
@@ -278,7 +280,8 @@ class SQLiteStore(SqlStore):
                 # marked before. Also the items whose draft exists but whose mark the sweep
                 # removed (a source that lists old mail again) are marked afresh, so that
                 # a later recipe change does not draft them again.
-                fresh = await _inserted(db, _SEEN_INSERT, [(pipeline, scope, i, t) for i in ids])
+                fresh = set(await _inserted(db, _SEEN_INSERT,
+                                            [(pipeline, scope, i, t) for i in ids]))
             else:
                 fresh = set(ids)
                 for chunk in _chunks(ids):
@@ -294,7 +297,11 @@ class SQLiteStore(SqlStore):
             result = AdmitResult(already_seen=len(ids) - len(rows) + duplicates)
             for r in rows:
                 (result.skipped if r[7] else result.new).append(r[0])
-            await self._append(db, [admit_record(t, r[0], r[7]) for r in rows])
+            if rows:  # chained here, after the head the inserts returned (NULL: no head)
+                first = next(iter(made.values()))
+                head = chain.head_of([first[1:]] if first[1] is not None else [])
+                links, _ = chain.link(head, [admit_record(t, r[0], r[7]) for r in rows])
+                await db.many(chain.INSERT_SQL, links)  # audit_head_follows moves the head
             if cursor is not None:
                 await db.run(CURSOR_SQL, (pipeline, scope, cursor, t))
             return result
