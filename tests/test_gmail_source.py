@@ -12,6 +12,7 @@ import time
 import pytest
 
 from bot.models import AWAITING, SKIPPED
+from tests._stores import set_cursor
 from tests.fakes.gmail import GmailWorld, simple_message
 
 
@@ -548,7 +549,7 @@ async def test_a_cursor_stored_as_a_bare_history_id_still_works(world):
     """Cursors stored before this format (a bare historyId) go on working: the next
     tick reads history from it and stores the new format."""
     await _started(world)
-    await world.store.set_cursor("support", "gmail:support", str(world.fake.history_id))
+    await set_cursor(world.store, "support", "gmail:support", str(world.fake.history_id))
     gid = world.fake.add_message(simple_message(1))
     counts = await world.tick()
     assert counts.new == 1 and [d.item_id for d in await world.drafts()] == [gid]
@@ -739,7 +740,7 @@ async def test_older_cursor_formats_keep_working_with_the_recheck(from_alice, st
              "json": json.dumps({"historyId": hid, "synced": time.time(), "first": 1.0}),
              "json+recheck": json.dumps({"historyId": hid, "synced": time.time(),
                                          "recheck": [["x", "y"], 5, ["", 1]]})}[stored]
-    await w.store.set_cursor("support", "gmail:support", value)
+    await set_cursor(w.store, "support", "gmail:support", value)
     gid = w.fake.add_message(simple_message(1), search_lag=1)
     assert (await w.tick()).new == 0
     cursor = json.loads(await w.store.get_cursor("support", "gmail:support"))

@@ -16,6 +16,7 @@ from bot.models import Item, Message
 from bot.store import create_store
 
 from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+from ._stores import get_draft_by_key
 
 SEEN = 10_000
 
@@ -195,7 +196,7 @@ async def test_postgres_back_to_sqlite(tmp_path, pg_url):
         [q] = await s.claim("support", 600)
         assert q.item_id == "<m1@example.com>"  # the queued one, not drafted twice
         fresh = await s.admit("support", "inbox", "v1", [_item(7)])
-        assert (await s.get_draft_by_key(fresh.new[0])).id > q.id  # ids not reused
+        assert (await get_draft_by_key(s, fresh.new[0])).id > q.id  # ids not reused
         [passage] = await s.passages_for("support", "are you open on monday?", 3)
         assert passage.name == "hours.md › Opening hours"  # indexed by SQLite's triggers
         # admit 2 + draft, then on the copy approve + admit: one chain throughout.

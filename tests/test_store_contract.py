@@ -14,7 +14,7 @@ from bot.models import Item, Message, draft_key, sha256_text
 from bot.store import create_store
 from bot.store.base import HEARTBEAT_PREFIX
 
-from ._stores import recover_sending
+from ._stores import get_draft_by_key, recover_sending, set_cursor
 
 T0 = 1_700_000_000.0  # a fixed "now" so TTL arithmetic is exact
 DAY = 86400.0
@@ -99,7 +99,7 @@ class TestStoreContract:
         assert await store.seen_count(P) == 2
         assert await store.unseen(P, S, ["m1", "m2", "m3"]) == {"m3"}
         assert await store.get_cursor(P, S) == "h-42"
-        d = await store.get_draft_by_key(_key("m1"))
+        d = await get_draft_by_key(store, _key("m1"))
         assert (d.status, d.pipeline, d.scope, d.item_id, d.recipe) == ("queued", P, S, "m1", R)
         assert d.message == _msg("m1")
         assert (d.attempt, d.version, d.created_at) == (0, 1, T0)
@@ -113,8 +113,8 @@ class TestStoreContract:
         nested = Message(message_id="<nested@mail.example>",
                          headers={"X-Parts": [{"part": 1}]})  # type: ignore[dict-item]
         await store.admit(P, S, R, [Item("odd", odd), Item("nested", nested)], now=T0)
-        assert (await store.get_draft_by_key(_key("odd"))).message == odd
-        assert (await store.get_draft_by_key(_key("nested"))).message == nested
+        assert (await get_draft_by_key(store, _key("odd"))).message == odd
+        assert (await get_draft_by_key(store, _key("nested"))).message == nested
 
     async def test_items_seen_before_are_not_queued_again(self, store):
         """A second fetch of the same ids queues only the new one."""
@@ -123,7 +123,7 @@ class TestStoreContract:
         assert result.new == [_key("m3")]
         assert result.already_seen == 2
         assert await store.count_by_status(P) == {"queued": 3}
-        assert (await store.get_draft_by_key(_key("m1"))).created_at == T0
+        assert (await get_draft_by_key(store, _key("m1"))).created_at == T0
         assert await store.get_cursor(P, S) == "h2"
 
     async def test_a_large_fetch_is_admitted_and_filtered_whole(self, store):
@@ -144,7 +144,7 @@ class TestStoreContract:
     async def test_skip_reason_records_a_skipped_draft_with_the_reason(self, store):
         result = await store.admit(P, S, R, _items("m1", "m2", skip={"m2": "mailing list"}), now=T0)
         assert result.new == [_key("m1")] and result.skipped == [_key("m2")]
-        d = await store.get_draft_by_key(_key("m2"))
+        d = await get_draft_by_key(store, _key("m2"))
         assert (d.status, d.error) == ("skipped", "mailing list")
         assert await store.unseen(P, S, ["m2"]) == set()
         assert [x.key for x in await store.claim(P, 60, limit=5, now=T0)] == [_key("m1")]
@@ -190,11 +190,11 @@ class TestStoreContract:
 
     async def test_cursor_per_pipeline_and_scope(self, store):
         assert await store.get_cursor(P, S) is None
-        await store.set_cursor(P, S, "1")
-        await store.set_cursor(P, "other", "9")
-        await store.set_cursor(P, S, "2")
+        await set_cursor(store, P, S, "1")
+        await set_cursor(store, P, "other", "9")
+        await set_cursor(store, P, S, "2")
         assert (await store.get_cursor(P, S), await store.get_cursor(P, "other")) == ("2", "9")
-        await store.set_cursor(P, S, None)
+        await set_cursor(store, P, S, None)
         assert await store.get_cursor(P, S) is None
 
     async def test_seen_marks_are_per_pipeline_and_scope(self, store):
@@ -559,8 +559,8 @@ class TestStoreContract:
         await store.admit(P, "other", "v2", _items("m9"), mark_seen=False, now=T0)
         assert {(d.scope, d.recipe) for d in await store.item_drafts(P, "m9")} == {
             (S, "v1"), ("other", "v2")}
-        assert (await store.get_draft_by_key(_key("m2"))).id == b.id
-        assert await store.get_draft_by_key("nope") is None
+        assert (await get_draft_by_key(store, _key("m2"))).id == b.id
+        assert await get_draft_by_key(store, "nope") is None
         assert await store.get_draft(10**9) is None
         assert await store.seen_count("sales") == 1
 
@@ -699,7 +699,7 @@ class TestStoreContract:
         else:
             await _awaiting(store)
             await store.sweep(seen_ttl_days=90, approval_ttl_days=1, now=time.time() + 2 * DAY)
-        assert (await store.get_draft_by_key(_key("m1"))).status == end
+        assert (await get_draft_by_key(store, _key("m1"))).status == end
         assert (await store.replay(P, "m1", "bob")).outcome == "requeued"
         assert [d.key for d in await store.claim(P, 60, limit=5)] == [_key("m1")]
 

@@ -39,7 +39,7 @@ from bot.store.transitions import (
     cas,
 )
 
-from ._stores import recover_sending
+from ._stores import get_draft_by_key, recover_sending
 from .test_store_contract import DAY, T0, P, R, S, _items, _msg
 
 ALLOWED = {(src, t.dst) for t in TRANSITIONS.values() for src in t.src}
@@ -68,7 +68,7 @@ class Recorder:
 
     async def admit(self, *ids: str, skip: dict[str, str] | None = None):
         result = await self.store.admit(P, S, R, _items(*ids, skip=skip), now=T0)
-        drafts = [await self.store.get_draft_by_key(k) for k in result.new + result.skipped]
+        drafts = [await get_draft_by_key(self.store, k) for k in result.new + result.skipped]
         self.ids.update(d.id for d in drafts)
         return drafts
 
@@ -136,9 +136,9 @@ async def test_every_move_of_both_stores_is_in_the_table_and_every_row_is_used(s
             rec.seen.add((d.status, d.status))
         if d.status == DRAFTING:  # reply: drafting goes on under the same claim
             assert await rec(st.release(d.id, d.fence))
-    fyi = await st.get_draft_by_key(f"{P}|{S}|t-fyi|{R}")
+    fyi = await get_draft_by_key(st, f"{P}|{S}|t-fyi|{R}")
     assert (await rec(st.draft_reply(fyi.id, fyi.version, "anna", now=T0))).status == QUEUED
-    gone = await st.get_draft_by_key(f"{P}|{S}|t-dismiss|{R}")
+    gone = await get_draft_by_key(st, f"{P}|{S}|t-dismiss|{R}")
     assert (await rec(st.dismiss(gone.id, gone.version, "anna", now=T0))).status == DISMISSED
     await rec(st.replay(P, "t-dismiss", "anna", now=T0))
     [d] = await rec.admit("t-expires")

@@ -17,6 +17,7 @@ from bot.drafters.triage import SCHEMA
 from bot.engine import Engine
 from bot.errors import ConfigError
 from bot.store import create_store
+from tests._stores import get_draft_by_key
 from tests.fakes.llm import FakeLLM
 from tests.test_drafter_engine import Cards, Clock
 
@@ -268,7 +269,7 @@ async def test_the_triage_decision_is_fenced_and_comes_with_its_audit_row_and_to
     from tests.test_store_contract import T0, P, R, S, _items
 
     result = await store.admit(P, S, R, _items("a", "b"), now=T0)
-    [a, b] = [await store.get_draft_by_key(k) for k in result.new]
+    [a, b] = [await get_draft_by_key(store, k) for k in result.new]
     a = await store.claim_key(a.key, 60, now=T0)
     stale = a.fence
     await store.requeue_expired(P, max_attempts=5, now=T0 + 61)  # the lease ran out

@@ -34,7 +34,6 @@ from .chain import Record
 from .context_sql import ContextSql
 from .rows import (
     BEFORE_SQL,
-    CURSOR_SQL,
     DRAFT_COLS,
     SYSTEM,
     TOKENS_SQL,
@@ -328,7 +327,7 @@ class SqlStore(SqlOps, ContextSql):
     async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
         """CAS ``approved -> sending``, committed before the send call, recording the
         sending process (``holder``, as in the locks table) in ``send_holder``."""
-        # updated_at by the store's clock for leases: recover_sending ages rows with it.
+        # updated_at by the store's clock for leases: recover_abandoned_sends ages rows with it.
         clock, arg = self._db_clock(None)
         return await self._change(_one(Step(
             BEGIN_SEND, f"send_holder = ?, updated_at = {clock}", (holder, arg),
@@ -369,11 +368,6 @@ class SqlStore(SqlOps, ContextSql):
     # -- reading drafts --------------------------------------------------------------
     async def get_draft(self, draft_id: int) -> Draft | None:
         found = await self._select_drafts("id = ?", (draft_id,))
-        return found[0] if found else None
-
-    async def get_draft_by_key(self, key: str) -> Draft | None:
-        """Not in the Store contract: for tests and tools."""
-        found = await self._select_drafts("key = ?", (key,))
         return found[0] if found else None
 
     async def item_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
@@ -431,10 +425,6 @@ class SqlStore(SqlOps, ContextSql):
         rows = await self._query("SELECT value FROM cursors WHERE pipeline = ? AND scope = ?",
                                  (pipeline, scope))
         return rows[0][0] if rows else None
-
-    async def set_cursor(self, pipeline: str, scope: str, value: str | None) -> None:
-        """Not in the Store contract (admit stores cursors): for tests and tools."""
-        await self._execute(CURSOR_SQL, (pipeline, scope, value, time.time()))
 
     async def add_tokens(self, pipeline: str, tokens: int, now: float | None = None) -> None:
         """Count tokens spent that did not end in a stored draft (failed attempts)."""
