@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 from ..config import PipelineConfig, Settings
 from ..errors import AuthError, SendFailed, SendUnknown, SourceError
@@ -64,9 +64,11 @@ class _GmailSender:
             body["threadId"] = draft.message.thread_id
         return body
 
-    async def _write(self, make, what: str) -> dict:
+    async def _send(self, draft: Draft, make: Callable[[Any, dict], Any], what: str) -> SendResult:
+        """Issue ``make(service, raw reply)`` once, then mark the original."""
+        body = await self._raw(draft)
         try:
-            return await self.client.awrite_once(make, what)
+            resp = await self.client.awrite_once(lambda s: make(s, body), what)
         except NotSent as exc:
             raise SendFailed(str(exc)) from None
         except MaybeSent as exc:
@@ -74,6 +76,8 @@ class _GmailSender:
         except AuthError as exc:
             # A 401 or a failed refresh happens before Gmail accepts anything.
             raise SendFailed(str(exc)) from None
+        await self._after_send(draft)
+        return SendResult(sent_id=str(resp.get("id", "")))
 
     async def _after_send(self, draft: Draft) -> None:
         if not (self.mark_read or self.label) or not draft.message.source_id:
@@ -138,11 +142,8 @@ class GmailReplySender(_GmailSender):
     name = "gmail_reply"
 
     async def send(self, draft: Draft) -> SendResult:
-        body = await self._raw(draft)
-        resp = await self._write(
-            lambda s: s.users().messages().send(userId="me", body=body), "messages.send")
-        await self._after_send(draft)
-        return SendResult(sent_id=str(resp.get("id", "")))
+        return await self._send(
+            draft, lambda s, raw: s.users().messages().send(userId="me", body=raw), "messages.send")
 
     async def check(self, draft: Draft) -> str | None:
         """Gmail id of the reply with this draft's Message-ID, or None if absent.
@@ -179,12 +180,9 @@ class GmailDraftSender(_GmailSender):
     name = "gmail_draft"
 
     async def send(self, draft: Draft) -> SendResult:
-        message = await self._raw(draft)
-        resp = await self._write(
-            lambda s: s.users().drafts().create(userId="me", body={"message": message}),
+        return await self._send(
+            draft, lambda s, raw: s.users().drafts().create(userId="me", body={"message": raw}),
             "drafts.create")
-        await self._after_send(draft)
-        return SendResult(sent_id=str(resp.get("id", "")))
 
     async def check(self, draft: Draft) -> str | None:
         """Gmail draft id holding this draft's Message-ID, or None if absent."""
