@@ -11,6 +11,7 @@ from telegram.constants import ParseMode
 from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
+from .. import config_telegram
 from ..models import (
     APPROVED,
     DISMISSED,
@@ -39,13 +40,11 @@ def channel_of(context: ContextTypes.DEFAULT_TYPE) -> Any:
 
 
 def chat_id(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    raise ValueError(value)
+    """A chat id as the loader reads one; ValueError for a value set but not a chat id."""
+    found = config_telegram.chat_id(value)
+    if found is None and value is not None and not isinstance(value, bool):
+        raise ValueError(value)
+    return found
 
 
 def actor(user: User) -> str:
