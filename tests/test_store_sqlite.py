@@ -225,3 +225,28 @@ async def test_an_admit_or_a_decision_without_the_chain_head_writes_nothing(tmp_
             await store.finish_draft(d.id, d.fence, "Hello")
         assert (await store.get_draft(d.id)).status == "drafting"
         assert [r["action"] for r in await store.audit_export()] == ["admit"]
+
+
+async def test_a_row_appended_past_the_head_from_outside_is_named_by_verify(tmp_path):
+    """The head follows the store's own appends (a trigger on its connection only): a
+    correctly hashed row inserted at the end by another connection leaves the head
+    behind, and verify names that row as inserted."""
+    from bot.store import chain
+
+    path = tmp_path / "state.db"
+    async with create_store(f"sqlite:///{path}") as store:
+        await store.admit("p", "inbox", "v1", _items("a", "b"))
+        await store.audit("anna", "note", None, "by the store")
+        assert (await store.verify_audit()).ok
+        raw = sqlite3.connect(path)
+        seq, prev = raw.execute(chain.HEAD_SQL).fetchone()
+        record = (1.7e9, "mallory", "approve", None, None, "v1")
+        forged = raw.execute(chain.INSERT_SQL, (*record, seq + 1, prev,
+                                                chain.row_hash(prev, seq + 1, record))).lastrowid
+        raw.commit()
+        assert raw.execute(chain.HEAD_SQL).fetchone() == (seq, prev)
+        raw.close()
+        report = await store.verify_audit()
+        assert not report.ok and report.problem == (
+            f"audit row #{forged} was inserted: it is past the store's chain head "
+            f"(position {seq})")

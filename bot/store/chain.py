@@ -104,6 +104,15 @@ SQLITE_APPEND_SQL = (
     "draftgate_row_hash(hash, seq + 1, ?1, ?2, ?3, ?4, ?5, ?6) FROM audit_head WHERE one = 1")
 
 
+#: SQLite: moves the head on after each appended row, on the store's own connection only
+#: (a TEMP trigger, made at open): a row inserted past the head by anything else leaves
+#: the head behind, so `audit verify` names it; so does a row put back below the head.
+HEAD_FOLLOWS_SQL = (
+    "CREATE TEMP TRIGGER IF NOT EXISTS audit_head_follows AFTER INSERT ON main.audit "
+    "WHEN NEW.seq > (SELECT seq FROM audit_head WHERE one = 1) BEGIN "
+    "UPDATE audit_head SET seq = NEW.seq, hash = NEW.hash WHERE one = 1; END")
+
+
 def sqlite_row_hash(prev_hash: str, seq: int, *record: Any) -> str:
     return row_hash(prev_hash, seq, record)
 

@@ -281,20 +281,10 @@ _V_COUNTS = [
     "('ready', 'awaiting', 'approved', 'sending', 'send_failed', 'send_unknown', 'notified')",
 ]
 
-# One trip per audit append on SQLite (chain.SQLITE_APPEND_SQL): each row reads the head
-# and this trigger moves it on. Only a row that extends the chain moves it; a row put
-# back or forged below the head leaves it, so `audit verify` still names such rows.
-_V_HEAD = [
-    """CREATE TRIGGER audit_head_follows AFTER INSERT ON audit
-       WHEN NEW.seq > (SELECT seq FROM audit_head WHERE one = 1) BEGIN
-       UPDATE audit_head SET seq = NEW.seq, hash = NEW.hash WHERE one = 1; END""",
-]
-
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).
-MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
-                          _V_HEAD]
+MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -224,6 +224,7 @@ class SQLiteStore(SqlStore):
             await self._run(self._configure, tx=False)
             if (await self._query("PRAGMA user_version"))[0][0] != LATEST:
                 await self._run(lambda db: _run_migrations(db, self.path))
+            await self._execute(chain.HEAD_FOLLOWS_SQL)
         except BaseException:
             await self.close()
             raise
