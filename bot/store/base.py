@@ -178,10 +178,10 @@ class Backend(abc.ABC):
 
         await self._run(tx)
 
+    @abc.abstractmethod
     async def _append(self, db: Db, records: Sequence[Record]) -> None:
         """Append ``records`` to the audit chain inside ``db``'s transaction (each
         backend in as few round trips as it can)."""
-        raise NotImplementedError
 
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:
