@@ -101,6 +101,16 @@ async def _inserted(db: Db, sql: str, rows: list[tuple]) -> dict[Any, Any]:
     return found
 
 
+async def _unseen(db: Db, pipeline: str, scope: str, ids: list[str]) -> set[str]:
+    """Those of ``ids`` (no repeats) without a seen mark."""
+    fresh = set(ids)
+    for chunk in _chunks(ids):
+        fresh -= {r[0] for r in await db.rows(
+            "SELECT item_id FROM seen_items WHERE pipeline = ? AND scope = ? "
+            f"AND item_id IN ({','.join('?' * len(chunk))})", (pipeline, scope, *chunk))}
+    return fresh
+
+
 class _Db:
     """The store's connection inside ``_run`` (see :class:`~bot.store.sql.Db`)."""
 
@@ -252,15 +262,7 @@ class SQLiteStore(SqlStore):
 
     async def unseen(self, pipeline: str, scope: str, item_ids: list[str]) -> set[str]:
         ids = list(dict.fromkeys(item_ids))
-        if not ids:
-            return set()
-        seen = set()
-        for chunk in _chunks(ids):
-            marks = ",".join("?" * len(chunk))
-            seen |= {r[0] for r in await self._query(
-                "SELECT item_id FROM seen_items WHERE pipeline = ? AND scope = ? "
-                f"AND item_id IN ({marks})", (pipeline, scope, *chunk))}
-        return set(ids) - seen
+        return await self._run(lambda db: _unseen(db, pipeline, scope, ids), tx=False)
 
     async def admit(self, pipeline: str, scope: str, recipe: str, items: list[Item], *,
                     cursor: str | None = None, mark_seen: bool = True,
@@ -284,12 +286,7 @@ class SQLiteStore(SqlStore):
                 fresh = set(await _inserted(db, _SEEN_INSERT,
                                             [(pipeline, scope, i, t) for i in ids]))
             else:
-                fresh = set(ids)
-                for chunk in _chunks(ids):
-                    fresh -= {r[0] for r in await db.rows(
-                        "SELECT item_id FROM seen_items WHERE pipeline = ? AND scope = ? "
-                        f"AND item_id IN ({','.join('?' * len(chunk))})",
-                        (pipeline, scope, *chunk))}
+                fresh = await _unseen(db, pipeline, scope, ids)
             rows = [(keys[i], pipeline, scope, i, recipe,
                      SKIPPED if unique[i].skip_reason else QUEUED, unique[i].message.to_json(),
                      unique[i].skip_reason, t, t) for i in ids if i in fresh]
