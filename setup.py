@@ -3,7 +3,7 @@
 The demo deployment, its inbox and template, the example pipelines and the prompts
 live at the top of the checkout, where ./scripts/demo, the tests and the README use
 them. A wheel copies them into ``bot/_bundled/``, so that `pip install .` (or pipx)
-then `draftgate demo` works in any folder (bot.demo copies them out of there).
+then `draftgate demo` works in any folder (bot.cli.demo copies them out of there).
 """
 
 import shutil

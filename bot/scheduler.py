@@ -1,5 +1,5 @@
 """When ticks run. Pure functions of (schedule, time) first, tested by table; the loop
-that uses them lives in :mod:`bot.loop`.
+that uses them lives in :mod:`bot.engine.loop`.
 
 Slots come from the scheduled time, never from ``now()``: a catch-up run for 10:00
 that happens at 10:07 is still the 10:00 slot, so it produces the same draft key as

@@ -78,7 +78,7 @@ class PostedRef:
 
 class Decisions(Protocol):
     """What an approval channel calls when an operator acts. Implemented by
-    ``bot.decisions.Decisions``, handed on by ``bot.engine.Engine``. Each returns the
+    ``bot.desk.decisions.Decisions``, handed on by ``bot.engine.engine.Engine``. Each returns the
     draft after the transition, or ``None`` when the CAS did not match (double tap,
     old version, already decided)."""
 

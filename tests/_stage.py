@@ -1,13 +1,13 @@
 """A PipelineConfig built by hand from the YAML mappings a pipeline file would hold,
-parsed as the loader parses them (:mod:`bot.options`); ConfigError on any problem."""
+parsed as the loader parses them (:mod:`bot.config.options`); ConfigError on any problem."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bot.config import Checker, PipelineConfig
+from bot.config.load import Checker, PipelineConfig
+from bot.config.options import ApprovalOptions, Context, parse_drafter, parse_filters, parse_stage
 from bot.errors import ConfigError
-from bot.options import ApprovalOptions, Context, parse_drafter, parse_filters, parse_stage
 
 
 def pipeline(*, source: dict, sender: dict, drafter: dict | None = None,

@@ -33,8 +33,8 @@ def flowed(tmp_path: Path) -> Path:
     """The demo deployment after a full flow: 8 mails admitted (3 skipped), 5 drafted by
     the template model, approved and sent through the outbox."""
     from bot.approvals.console import ConsoleChannel
-    from bot.config import load_settings
-    from bot.engine import Engine
+    from bot.config.load import load_settings
+    from bot.engine.engine import Engine
 
     shutil.copytree(ROOT / "demo", tmp_path / "demo")
     (tmp_path / "pipelines").mkdir()

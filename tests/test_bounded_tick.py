@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import load_settings
-from bot.engine import Engine
+from bot.config.load import load_settings
+from bot.engine.engine import Engine
 from bot.errors import ConfigError
 from bot.stages import ApprovalChannelBase, PostedRef
 from bot.store import create_store

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bot.__main__ import main
-from bot.checker import parse_duration, parse_size
-from bot.config import load_settings
+from bot.config.checker import parse_duration, parse_size
+from bot.config.load import load_settings
 from bot.errors import ConfigError
 
 GOOD = """\
@@ -401,7 +401,7 @@ def test_a_model_no_pipeline_uses_is_checked_too(tmp_path, capsys):
 
 
 def test_a_tilde_in_a_relative_sqlite_store_means_the_home_folder(tmp_path, monkeypatch):
-    from bot.config import load_settings
+    from bot.config.load import load_settings
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "pipelines").mkdir()
@@ -453,7 +453,7 @@ def test_stage_options_are_parsed_once_at_load_into_frozen_types_with_their_defa
     each default filled in from one place."""
     from dataclasses import FrozenInstanceError
 
-    from bot.options import (
+    from bot.config.options import (
         ApprovalOptions,
         DrafterOptions,
         MaildirSourceOptions,

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from bot.approvals.cards import render_card
-from bot.cli import main
-from bot.config import load_settings
-from bot.engine import Engine
-from bot.mime import parse_email
+from bot.cli.main import main
+from bot.config.load import load_settings
+from bot.engine.engine import Engine
+from bot.mail.mime import parse_email
 from bot.models import used_line
 from bot.store import create_store
 from tests.fakes.gmail import FakeGmail, write_token_file

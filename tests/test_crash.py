@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import load_settings
-from bot.engine import Engine
+from bot.config.load import load_settings
+from bot.engine.engine import Engine
 from bot.models import TERMINAL_STATUSES
 from bot.store import create_store
 from tests._proc import ORDER_EMAIL, reap, sqlite_rows, start_bot

@@ -49,7 +49,7 @@ def test_every_cli_command_has_help(path, capsys):
 
 
 def test_every_telegram_command_is_in_the_readme():
-    from bot.approvals.telegram import COMMANDS as TELEGRAM
+    from bot.approvals.telegram.channel import COMMANDS as TELEGRAM
 
     for name, _args, description in TELEGRAM:
         assert description

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bot import ops
-from bot.config import load_settings
-from bot.engine import Engine
+from bot.config.load import load_settings
+from bot.desk import reports as ops
+from bot.engine.engine import Engine
 from bot.stages import ApprovalChannelBase, PostedRef
 from bot.store import create_store
 from tests.fakes.llm import FakeLLM

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bot.config import PipelineConfig
+from bot.config.load import PipelineConfig
+from bot.config.options import ApprovalOptions, DrafterOptions, FilterOptions
 from bot.drafters import prompt
 from bot.errors import DrafterError, DrafterSetupError
 from bot.models import DraftRequest, Message
-from bot.options import ApprovalOptions, DrafterOptions, FilterOptions
 
 
 def settings(**kw) -> DrafterOptions:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import load_settings
-from bot.engine import Engine
+from bot.config.load import load_settings
+from bot.config.options import FilterOptions
+from bot.engine.engine import Engine
 from bot.errors import (
     DrafterError,
     DrafterRetryable,
@@ -24,7 +25,6 @@ from bot.errors import (
     StoreError,
 )
 from bot.models import DraftResult, FetchResult, Item, Message, SendResult
-from bot.options import FilterOptions
 from bot.stages import ApprovalChannelBase, PostedRef
 from bot.store import create_store
 
@@ -710,7 +710,7 @@ def _dead_local_holder(nonce: str = "dead") -> str:
     import subprocess
     import sys
 
-    from bot.lease import process_home
+    from bot.engine.lease import process_home
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
@@ -736,7 +736,7 @@ async def test_a_tick_that_overran_its_interval_is_followed_at_once_by_one_catch
     """A 5m tick that took 7m: the next tick runs at once for the slot it overran (not
     at the slot after, with new mail waiting and the channel idle), and each tick is
     told to stop claiming one interval after it began."""
-    from bot.loop import Loop
+    from bot.engine.loop import Loop
 
     clock, calls, stop = Clock(T0 - T0 % 300 + 10), [], asyncio.Event()
 

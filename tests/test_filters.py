@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bot.config import Checker
-from bot.filters import skip_reason
+from bot.config.load import Checker
+from bot.config.options import FilterOptions, parse_filters
 from bot.models import Message
-from bot.options import FilterOptions, parse_filters
+from bot.sources.filters import skip_reason
 
 OWN = ["support@shop.example"]
 
@@ -111,7 +111,7 @@ def test_check_options_accepts_a_full_valid_set():
 def test_a_switch_written_without_a_value_keeps_its_loop_protection(tmp_path, key, fields, reason):
     """`skip_own:` with nothing after it is null in YAML; it used to turn the protection
     off (filters.get(key, True) returned None)."""
-    from bot.config import load_settings
+    from bot.config.load import load_settings
 
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "pipelines" / "a.yaml").write_text(

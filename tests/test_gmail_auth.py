@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import load_settings
+from bot.config.load import load_settings
 from bot.errors import AuthError
 from bot.gmail import auth, doctor
 from bot.gmail.client import GmailClient

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bot.__main__ import main
-from bot.config import load_settings
+from bot.config.load import load_settings
 from bot.errors import ConfigError
 
 PIPELINE = """\
@@ -46,7 +46,7 @@ def errors_of(cfg: Path) -> list[str]:
 
 def test_durations_take_the_usual_forms_and_reach_the_client(tmp_path):
     """`timeout: 30s` used to crash `draftgate validate` with a ValueError traceback."""
-    from bot.build import check_all
+    from bot.engine.build import check_all
     from bot.gmail.client import GmailClient
 
     cfg = write(tmp_path, "token_file: t.json\naddress: support@example.com\n"

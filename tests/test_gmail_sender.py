@@ -12,8 +12,8 @@ import google_auth_httplib2
 import httplib2
 import pytest
 
+from bot.mail.reply import reply_message_id
 from bot.models import AWAITING, SEND_FAILED, SENT
-from bot.reply import reply_message_id
 from tests.fakes.gmail import GmailWorld, simple_message
 
 

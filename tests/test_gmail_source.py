@@ -289,8 +289,8 @@ async def test_query_beyond_labels_is_rechecked_with_one_bounded_list(tmp_path):
 
 def test_bad_options_name_the_file_and_path(tmp_path):
     """Config errors for the Gmail source and senders say where and what is expected."""
-    from bot.build import check_all
-    from bot.config import collect_settings
+    from bot.config.load import collect_settings
+    from bot.engine.build import check_all
     from tests.fakes.gmail import FakeGmail, write_deployment
 
     fake = FakeGmail()  # never started: building does no I/O

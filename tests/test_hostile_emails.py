@@ -1,6 +1,6 @@
 """Emails that try to steer the model stay data.
 
-Each file in tests/corpus_hostile/ is a real RFC 5322 message (parsed by bot.mime as
+Each file in tests/corpus_hostile/ is a real RFC 5322 message (parsed by bot.mail.mime as
 the sources do) that tries something: change the recipient, add a link, approve
 itself, close the data block with a fake boundary, pose as a system prompt, hide
 instructions in HTML or base64, use chat-template tokens. The request the model
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.build import build_drafter
-from bot.config import load_settings
+from bot.config.load import load_settings
 from bot.drafters.prompt import defuse
-from bot.mime import parse_email
+from bot.engine.build import build_drafter
+from bot.mail.mime import parse_email
 from bot.models import DraftRequest, Message
 from tests.fakes.llm import FakeLLM, Request
 from tests.test_drafter_llm import PROVIDERS, write_config
@@ -111,8 +111,8 @@ async def test_hostile_emails_wait_for_a_human_and_replies_go_to_the_original_se
     import email.utils
     import shutil
 
-    from bot.engine import Engine
-    from bot.reply import reply_subject
+    from bot.engine.engine import Engine
+    from bot.mail.reply import reply_subject
     from bot.store import create_store
     from tests.test_drafter_engine import Cards, Clock
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bot import mime
-from bot.config import PipelineConfig, Settings
+from bot.config.load import PipelineConfig, Settings
 from bot.errors import ConfigError, SourceError
+from bot.mail import mime
 from bot.sources import maildir
 from bot.stages import FetchContext, Source
 from tests._stage import pipeline
@@ -195,9 +195,9 @@ def test_create_does_no_io(tmp_path):
 async def test_demo_inbox(tmp_path):
     """The shipped demo inbox: five messages to draft, three skipped with a reason
     (with the filters pipelines/demo.yaml uses)."""
-    from bot.config import Checker
-    from bot.filters import skip_reason
-    from bot.options import parse_filters
+    from bot.config.load import Checker
+    from bot.config.options import parse_filters
+    from bot.sources.filters import skip_reason
 
     repo = Path(__file__).resolve().parent.parent
     src = maildir.create(_pipeline(repo, path="demo/inbox"), _settings(repo))

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from bot.cli.migrate import _Bar, add_cli, migrate_store, run_cli
 from bot.errors import StoreError
-from bot.migrate import _Bar, add_cli, migrate_store, run_cli
 from bot.models import Item, Message
 from bot.store import create_store
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.mime import UnparseableMessage, html_to_text, parse_email, stable_id
+from bot.mail.mime import UnparseableMessage, html_to_text, parse_email, stable_id
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -192,7 +192,7 @@ def test_html_bombs_turn_into_text_in_linear_time(shape):
 
 
 def test_html_beyond_what_is_read_is_cut_and_the_text_says_so():
-    from bot import mime
+    from bot.mail import mime
 
     markup = "<p>Hi, where is my order?</p>" + "<span></span>" * 200_000
     assert len(markup) > mime.MAX_HTML

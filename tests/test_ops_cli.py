@@ -97,8 +97,8 @@ def test_a_sent_item_cannot_be_replayed(deployment, capsys):
     import io
 
     from bot.approvals.console import ConsoleChannel
-    from bot.config import load_settings
-    from bot.engine import Engine
+    from bot.config.load import load_settings
+    from bot.engine.engine import Engine
     from bot.store import create_store
 
     async def tick_and_approve_all():
@@ -128,8 +128,8 @@ def test_drafts_of_a_removed_pipeline_stay_visible_and_cannot_be_approved(deploy
     import io
 
     from bot.approvals.console import ConsoleChannel
-    from bot.config import load_settings
-    from bot.engine import Engine
+    from bot.config.load import load_settings
+    from bot.engine.engine import Engine
     from bot.errors import ConfigError
     from bot.store import create_store
 
@@ -226,8 +226,8 @@ def test_an_edit_at_the_terminal_prompt_is_followed_by_a_prompt_for_the_new_vers
 
     from bot.approvals import console
     from bot.approvals.console import ConsoleChannel
-    from bot.config import load_settings
-    from bot.engine import Engine
+    from bot.config.load import load_settings
+    from bot.engine.engine import Engine
     from bot.store import create_store
 
     answers = iter(["e", "a"] + [""] * 20)  # edit the first card, approve its v2, skip the rest
@@ -388,7 +388,7 @@ def test_review_offers_retry_for_a_failed_send_in_a_terminal_only_setup(deployme
     import asyncio
 
     from bot.approvals import console
-    from bot.config import load_settings
+    from bot.config.load import load_settings
     from bot.store import create_store
 
     assert run(capsys, "run", "--once", "-c", str(deployment))[0] == 0

@@ -1,4 +1,4 @@
-"""The outbox sender and the shared reply builder (bot/reply.py)."""
+"""The outbox sender and the shared reply builder (bot/mail/reply.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import PipelineConfig, Settings
+from bot.config.load import PipelineConfig, Settings
 from bot.errors import ConfigError, SendFailed
+from bot.mail.reply import build_reply, reply_message_id, reply_subject
 from bot.models import Draft, Message, draft_key
-from bot.reply import build_reply, reply_message_id, reply_subject
 from bot.senders import outbox
 from bot.stages import Sender
 from tests._stage import pipeline

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.cli_common import version
+from bot.cli.common import version
 from tests._proc import ROOT
 
 pytestmark = pytest.mark.slow

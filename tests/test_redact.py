@@ -24,7 +24,7 @@ import pytest
 
 from bot import redact
 from bot.approvals import cards
-from bot.config import Settings
+from bot.config.load import Settings
 from bot.errors import SendFailed
 from bot.models import Draft, Message, draft_key
 from bot.senders import webhook
@@ -373,7 +373,7 @@ def test_auth_gmail_vv_shows_neither_the_client_secret_nor_the_tokens(tmp_path):
 LOAD_CHILD = r"""
 import sys
 from bot import redact
-from bot.cli_common import load
+from bot.cli.common import load
 load(sys.argv[1])
 print("sdk imported:", sorted(m for m in ("openai", "anthropic") if m in sys.modules))
 for value in sys.argv[2:]:

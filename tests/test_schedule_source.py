@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from bot.config import PipelineConfig, Settings
+from bot.config.load import PipelineConfig, Settings
 from bot.errors import ConfigError
 from bot.models import draft_key
 from bot.sources import schedule

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bot.cli_common import version
+from bot.cli.common import version
 from tests._proc import ORDER_EMAIL, ROOT, reap, sqlite_rows
 from tests.fakes.telegram import FakeTelegram
 
@@ -306,7 +306,7 @@ def test_a_bad_listen_address_says_what_is_expected(tmp_path, listen, expected):
 
 
 def test_logging_format_accepts_text_or_json_only(tmp_path):
-    from bot.config import load_settings
+    from bot.config.load import load_settings
     from tests.test_config import GOOD, errors_of, write
 
     cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")}, "logging: {format: xml}\n")
@@ -321,7 +321,8 @@ def test_a_json_log_line_carries_the_scope_and_hides_secrets():
     """Fields bound by the scope, a traceback in `exception`, secrets redacted, one line."""
     import logging
 
-    from bot import logfmt, redact
+    from bot import redact
+    from bot.service import logfmt
 
     redact.register("tok-123456789-secret", "TEST_TOKEN")
     fmt = logfmt.JsonFormatter()
@@ -346,8 +347,8 @@ async def test_the_listener_answers_404_and_readyz_503_when_the_store_fails(tmp_
     Telegram call is involved)."""
     import asyncio
 
-    from bot.config import load_settings
-    from bot.observe import Service
+    from bot.config.load import load_settings
+    from bot.service.observe import Service
     from tests.test_config import GOOD, write
 
     port = _free_port()
@@ -370,7 +371,7 @@ async def test_the_listener_answers_404_and_readyz_503_when_the_store_fails(tmp_
 def test_a_loop_is_stuck_only_past_its_bound_working_or_asleep():
     """Working: stuck after `bound` seconds without progress (progress restarts the
     count). Waiting: stuck only when `bound` seconds late waking up."""
-    from bot.health import Health
+    from bot.service.health import Health
 
     now = [1000.0]
     health = Health(clock=lambda: now[0])
@@ -394,7 +395,7 @@ def test_a_loop_is_stuck_only_past_its_bound_working_or_asleep():
 async def test_gmail_quota_units_counted_match_what_gmail_charged(tmp_path):
     """draftgate_gmail_quota_units_total counts every Gmail call's units, by account:
     the fake Gmail's own tally of a first run and a tick with new mail agrees."""
-    from bot import metrics
+    from bot.service import metrics
     from tests.fakes.gmail import GmailWorld, simple_message
 
     observer = metrics.Observer(metrics.Metrics("test"))

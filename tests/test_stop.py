@@ -19,7 +19,7 @@ from tests.fakes.gmail import FakeGmail, simple_message, write_deployment
 
 pytestmark = pytest.mark.slow
 
-# bot.cli.STOP_GRACE (10 s) and a margin for a loaded machine; well under the
+# bot.cli.main.STOP_GRACE (10 s) and a margin for a loaded machine; well under the
 # 30 s after which the fake answers the held read at last.
 EXIT_WITHIN = 20
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.approvals.telegram import TelegramChannel, create
-from bot.config import load_settings
-from bot.engine import Engine
+from bot.approvals.telegram.channel import TelegramChannel, create
+from bot.config.load import load_settings
+from bot.engine.engine import Engine
 from bot.errors import SendUnknown
 from bot.models import SendResult
 from bot.store import create_store
@@ -894,7 +894,7 @@ async def test_commands_answer_and_bad_arguments_get_a_usage_line(world, fake):
 
 def test_pending_links_to_cards_in_supergroups():
     """/pending links each card where Telegram has links (supergroups), nowhere else."""
-    from bot.approvals.tg_commands import card_link as _card_link
+    from bot.approvals.telegram.commands import card_link as _card_link
     from bot.models import Draft, Message
 
     d = Draft(id=1, key="k", pipeline="p", scope="s", item_id="i", recipe="v1",
@@ -967,8 +967,8 @@ async def test_healthz_fails_while_the_webhook_server_is_dead(tmp_path, fake, mo
 
     import httpx
 
-    from bot import health
-    from bot.observe import Service
+    from bot.service import health
+    from bot.service.observe import Service
 
     monkeypatch.setattr(health, "WEBHOOK_PROBE_EVERY", 0.05, raising=False)
     monkeypatch.setattr(health, "_TELEGRAM_SLACK", 1.0)  # the bound: 1.05 s
@@ -1030,7 +1030,7 @@ async def test_a_failing_handler_is_logged_first_then_the_operator_is_told(world
     """The one error handler logs with the traceback, then answers briefly; a tap whose
     handling fails is still answered."""
     d = await world.deliver(1)
-    world.channel.store = _BrokenStore(world.store)  # the commands' queries (bot.ops)
+    world.channel.store = _BrokenStore(world.store)  # the commands' queries (bot.desk.reports)
     world.engine.decisions.store = _BrokenStore(world.store)  # what the taps read
     text = await world.say("/status support")
     assert text == "⚠️ That failed (database disk image is malformed); the details are in " \
@@ -1083,7 +1083,7 @@ async def test_a_rejected_token_stops_start_with_the_variable_to_fix(tmp_path, f
 
 
 async def test_doctor_reports_the_bot_or_what_is_wrong(tmp_path, fake, monkeypatch):
-    from bot.approvals.telegram import doctor
+    from bot.approvals.telegram.channel import doctor
 
     settings = load_settings(write_config(tmp_path, fake))
     monkeypatch.delenv(TOKEN_ENV, raising=False)
@@ -1115,7 +1115,7 @@ async def test_flood_waits_are_read_in_either_ptb_mode_without_a_warning(monkeyp
     reading it adds no deprecation warning to the log."""
     from telegram.error import RetryAfter
 
-    from bot.approvals.telegram import FloodWait, _Limiter
+    from bot.approvals.telegram.channel import FloodWait, _Limiter
 
     monkeypatch.setenv("PTB_TIMEDELTA", ptb_timedelta)
     def raising(exc: RetryAfter):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ModelConfig, PipelineConfig, Settings
+from bot.config.load import ModelConfig, PipelineConfig, Settings
 from bot.drafters import template
 from bot.errors import ConfigError, DrafterError, DrafterSetupError
 from bot.models import DraftRequest, Message

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bot import ops
-from bot.config import load_settings
+from bot.config.load import load_settings
+from bot.desk import reports as ops
 from bot.drafters.triage import SCHEMA
-from bot.engine import Engine
+from bot.engine.engine import Engine
 from bot.errors import ConfigError
 from bot.store import create_store
 from tests._stores import get_draft_by_key
@@ -354,7 +354,7 @@ def test_every_hostile_email_stays_data_in_the_triage_request():
     are word for word those of a harmless email, and each email sits between the one
     real boundary pair, with no fake boundary left in it."""
     from bot.drafters.triage import build_prompt
-    from bot.mime import parse_email
+    from bot.mail.mime import parse_email
     from bot.models import Message
     from tests.test_hostile_emails import CORPUS
 

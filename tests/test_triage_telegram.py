@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from bot import ops
-from bot.build import build_drafter
+from bot.desk import reports as ops
+from bot.engine.build import build_drafter
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
 from tests.test_telegram_channel import (

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bot.config import PipelineConfig, Settings
+from bot.config.load import PipelineConfig, Settings
+from bot.config.options import WebhookSenderOptions
 from bot.errors import ConfigError, SendFailed, SendUnknown
+from bot.mail.reply import reply_message_id
 from bot.models import Draft, Message, draft_key
-from bot.options import WebhookSenderOptions
-from bot.reply import reply_message_id
 from bot.senders import webhook
 from bot.stages import Sender
 from tests._stage import pipeline

@@ -19,8 +19,8 @@ from typing import Any
 
 import openai
 
-from ..config import ModelConfig, PipelineConfig, Settings
-from ._retry import (
+from ..config.load import ModelConfig, PipelineConfig, Settings
+from .llm import (
     DEFAULT_KEY_ENV,
     Answer,
     AnswerFailed,

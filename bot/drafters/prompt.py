@@ -27,10 +27,10 @@ import secrets
 import unicodedata
 from dataclasses import dataclass
 
-from ..config import PipelineConfig
+from ..config.load import PipelineConfig
+from ..config.options import DrafterOptions
 from ..errors import DrafterError, DrafterSetupError
 from ..models import Context, DraftRequest, Message
-from ..options import DrafterOptions
 
 #: Longest draft we pass on; longer output is a runaway model, not a reply.
 MAX_DRAFT_CHARS = 20_000

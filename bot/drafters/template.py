@@ -32,7 +32,7 @@ import textwrap
 from datetime import datetime
 from pathlib import Path
 
-from ..config import Checker, ModelConfig, PipelineConfig, Settings
+from ..config.load import Checker, ModelConfig, PipelineConfig, Settings
 from ..errors import ConfigError, DrafterError, DrafterSetupError
 from ..models import Context, DraftRequest, DraftResult, Message
 from .prompt import has_visible_text

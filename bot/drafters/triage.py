@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import DraftgateError, describe_error
 from ..models import TRIAGE_ACTIONS, Message, TriageDecision
-from ._retry import LLMDrafter
+from .llm import LLMDrafter
 from .prompt import Prompt, defuse, has_visible_text, split_quoted
 
 log = logging.getLogger("draftgate.engine")

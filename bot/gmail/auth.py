@@ -240,7 +240,7 @@ def _scopes_for(args, out) -> tuple[list[str], str | None]:
         # The account's pipelines decide the scopes: never guess them when the
         # deployment file cannot be read (a token without gmail.modify or
         # gmail.compose would fail later, at the first send).
-        from ..config import load_settings
+        from ..config.load import load_settings
 
         try:
             settings = load_settings(config)

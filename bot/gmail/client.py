@@ -36,8 +36,9 @@ from typing import Any, Callable
 
 import httplib2
 
-from .. import metrics, redact
+from .. import redact
 from ..errors import AuthError, SourceError
+from ..service import metrics
 from . import auth
 from .batch import MAX_PARTS, batch_uri, build_requests, run_batch, status_of
 from .transport import ConnectFailed, SingleShotHttp

@@ -20,12 +20,12 @@ import logging
 import os
 from typing import Any, Callable
 
-from ..config import PipelineConfig, Settings
+from ..config.load import PipelineConfig, Settings
+from ..config.options import GmailSenderOptions, expect
 from ..errors import AuthError, SendFailed, SendUnknown, SourceError
 from ..gmail.client import GmailClient, MaybeSent, NotSent
+from ..mail.reply import build_reply, reply_message_id
 from ..models import Draft, SendResult
-from ..options import GmailSenderOptions, expect
-from ..reply import build_reply, reply_message_id
 
 log = logging.getLogger("draftgate.senders.gmail")
 

@@ -23,11 +23,11 @@ import re
 import tempfile
 from pathlib import Path
 
-from ..config import PipelineConfig, Settings
+from ..config.load import PipelineConfig, Settings
+from ..config.options import OutboxSenderOptions, expect
 from ..errors import SendFailed
+from ..mail.reply import build_reply
 from ..models import Draft, SendResult
-from ..options import OutboxSenderOptions, expect
-from ..reply import build_reply
 
 log = logging.getLogger("draftgate.outbox")
 

@@ -36,12 +36,12 @@ import urllib.parse
 import httpx
 
 from .. import redact
-from ..checker import url_problem
-from ..config import PipelineConfig, Settings
+from ..config.checker import url_problem
+from ..config.load import PipelineConfig, Settings
+from ..config.options import WebhookSenderOptions, expect
 from ..errors import SendFailed, SendUnknown
+from ..mail.reply import reply_message_id, reply_subject
 from ..models import Draft, SendResult
-from ..options import WebhookSenderOptions, expect
-from ..reply import reply_message_id, reply_subject
 
 _HEADER_SAFE = "".join(c for c in string.printable if c not in "%\r\n\t\x0b\x0c")
 #: Raised while the request is built (URL, header encoding), before any I/O.

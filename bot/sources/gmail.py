@@ -30,7 +30,7 @@ the ids are intersected with a
 on ticks that have candidates). Bodies are fetched as ``format=raw`` through Gmail's
 batch endpoint (up to 50 messages per request, see :meth:`GmailClient.get_many`),
 those requests with bounded concurrency in the account's thread pool, and parsed by
-:func:`bot.mime.parse_email`;
+:func:`bot.mail.mime.parse_email`;
 an unparseable message becomes a skipped item with the reason.
 
 At most ``ctx.limit`` (the pipeline's ``max_per_tick``) unseen ids are downloaded per
@@ -63,16 +63,16 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .. import filters as _filters
-from ..config import PipelineConfig, Settings
-from ..context import thread_message
+from ..config.load import PipelineConfig, Settings
+from ..config.options import FilterOptions, GmailSourceOptions, expect
+from ..context.builder import thread_message
 from ..errors import SourceError
 from ..gmail.batch import MAX_PARTS
 from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
-from ..mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
+from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message, ThreadMessage
-from ..options import FilterOptions, GmailSourceOptions, expect
 from ..stages import FetchContext
+from . import filters as _filters
 from .gmail_cursor import Cursor, join_queues
 
 log = logging.getLogger("draftgate.sources.gmail")

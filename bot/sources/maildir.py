@@ -9,7 +9,7 @@ Read-only: files are never moved, renamed or flagged, so another mail client can
 the folder. The item id is the Message-ID (a hash of the file's bytes when it has
 none), so a message moved from ``new/`` to ``cur/`` keeps its id. Only messages the
 store has not seen are parsed; a file that cannot be parsed (or whose parsing takes
-more than :data:`bot.mime.PARSE_CPU_LIMIT` of CPU time) becomes a skipped item with
+more than :data:`bot.mail.mime.PARSE_CPU_LIMIT` of CPU time) becomes a skipped item with
 the reason, and the tick goes on. File I/O runs off the event loop.
 
 ``max_age`` (optional) keeps a first run on an old mailbox from drafting years of
@@ -31,14 +31,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import mime
-from ..config import PipelineConfig, Settings
-from ..context import thread_message
+from ..config.load import PipelineConfig, Settings
+from ..config.options import MaildirSourceOptions, expect
+from ..context.builder import thread_message
 from ..errors import SourceError
-from ..filters import too_big
+from ..mail import mime
 from ..models import FetchResult, Item, Message, ThreadMessage
-from ..options import MaildirSourceOptions, expect
 from ..scheduler import duration_text
+from .filters import too_big
 
 log = logging.getLogger("draftgate.sources.maildir")
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from .. import scheduler
-from ..config import PipelineConfig, Settings
+from ..config.load import PipelineConfig, Settings
+from ..config.options import ScheduleSourceOptions, expect
 from ..models import FetchResult, Item, Message
-from ..options import ScheduleSourceOptions, expect
 
 
 class ScheduleSource:

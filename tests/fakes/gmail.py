@@ -831,8 +831,8 @@ class GmailWorld:
         import io
 
         from bot.approvals.console import ConsoleChannel
-        from bot.config import load_settings
-        from bot.engine import Engine
+        from bot.config.load import load_settings
+        from bot.engine.engine import Engine
         from bot.store import create_store
 
         self.settings = load_settings(self.config)

@@ -1,0 +1,1 @@
+"""The Telegram approval channel: the channel, taps on cards, commands, the transport."""

@@ -1,0 +1,522 @@
+"""The Telegram approval channel: connects, posts cards, keeps them true, notifies.
+
+Runs python-telegram-bot inside the engine's event loop (``initialize``/``start``/
+``updater.start_polling``, never ``run_polling``). Taps and replies are handled in
+:mod:`.tg_taps`, commands in :mod:`.tg_commands`, behind one gate (handler group -1)
+that drops every update whose user is not in ``telegram.operators``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import logging
+import warnings
+from typing import Any
+
+from telegram import BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
+from telegram.constants import ParseMode
+from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
+from telegram.ext import (
+    AIORateLimiter,
+    Application,
+    ApplicationBuilder,
+    ApplicationHandlerStop,
+    ContextTypes,
+    TypeHandler,
+)
+from telegram.warnings import PTBDeprecationWarning
+
+from ...config.load import Settings, TelegramConfig, env_secret
+from ...errors import ApprovalError, ConfigError, DraftgateError
+from ...models import TERMINAL_STATUSES, Draft
+from ...service import health, metrics
+from ...stages import ApprovalChannelBase, Decisions, PostedRef
+from .. import cards
+from . import commands as tg_commands
+from . import request as tg_request
+from . import taps as tg_taps
+from .commands import COMMANDS
+from .common import NO_PREVIEW, answer, card_ref, chat_id, kind, log, plain
+
+# Telegram's flood limits: ~30 messages/s per bot, 20/min per group. One message per
+# 1/29 s with no burst keeps every one-second window at or under 30.
+_OVERALL_RATE = 29.0
+_MAX_RETRIES = 3  # RetryAfter only: by Telegram's contract a 429 delivered nothing
+_MAX_RETRY_WAIT = 60.0  # longer flood waits are not slept through: the card waits in ready
+
+
+class FloodWait(TelegramError):
+    """Telegram asked for a pause longer than :data:`_MAX_RETRY_WAIT`."""
+
+
+class _Limiter(AIORateLimiter):
+    """PTB's limiter, except that a long RetryAfter (a flood ban) fails at once instead
+    of holding every request, and the engine's tick, for minutes or hours."""
+
+    async def process_request(self, callback, args, kwargs, endpoint, data, rate_limit_args):
+        async def capped(*a: Any, **kw: Any) -> Any:
+            try:
+                return await callback(*a, **kw)
+            except RetryAfter as exc:
+                seconds = _retry_seconds(exc)
+                if seconds > _MAX_RETRY_WAIT:
+                    raise FloodWait(f"Telegram flood control: retry in {seconds:.0f} s") from exc
+                raise
+
+        return await super().process_request(capped, args, kwargs, endpoint, data, rate_limit_args)
+
+
+def _retry_seconds(exc: RetryAfter) -> float:
+    """The wait Telegram asked for, in seconds. ``retry_after`` is an int, or a timedelta
+    under ``PTB_TIMEDELTA=true``; in PTB 22.x reading it warns that it will become a
+    timedelta, which the next line handles, so the warning is not repeated in the log."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        wait = exc.retry_after
+    return wait.total_seconds() if isinstance(wait, dt.timedelta) else float(wait)
+
+
+def create(settings: Settings, store: Any) -> "TelegramChannel":
+    """Build the channel from settings (no I/O). Raises ConfigError naming what to fix."""
+    if settings.telegram is None:
+        raise ConfigError(f"{settings.file}: telegram: missing; add a telegram: section with "
+                          f"token_env, operators and approvals_chat")
+    return TelegramChannel(settings.telegram, store, settings)
+
+
+async def _answers(host: str, port: int, request: bytes) -> bool:
+    """Does the HTTP server at ``host:port`` answer ``request`` within 5 s?"""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    try:
+        writer.write(request)
+        return (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/")
+    except (OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+def _markup(card: cards.Card) -> InlineKeyboardMarkup | None:
+    if not card.buttons:
+        return None
+    return InlineKeyboardMarkup([[InlineKeyboardButton(label, callback_data=data)
+                                  for label, data in row] for row in card.buttons])
+
+
+def _fingerprint(text: str, markup: InlineKeyboardMarkup | None) -> bytes:
+    """What a card shows, small enough to remember for every card."""
+    keys = json.dumps(markup.to_dict() if markup is not None else None, sort_keys=True)
+    return hashlib.sha256(f"{text}\0{keys}".encode()).digest()
+
+
+class TelegramChannel(ApprovalChannelBase):
+    """Approval channel ``telegram`` (see the module docstring)."""
+
+    name = "telegram"
+
+    def __init__(self, config: TelegramConfig, store: Any, settings: Settings, *,
+                 token: str | None = None, reconnect_delay: float = 1.0,
+                 answer_within: float = 4.0):
+        self.config = config
+        # A tap whose decision takes longer (a slow send) is answered at this point, so
+        # the operator's spinner ends; the card then shows the outcome.
+        self.answer_within = answer_within
+        self.store = store
+        self.settings = settings
+        self._token = token or env_secret(config.token_env, "telegram.token_env")
+        self._operators = frozenset(int(u) for u in config.operators)
+        self._chats: dict[str, int] = {}
+        problems = []
+        for p in settings.pipelines:
+            if p.approval.channel != "telegram":
+                continue
+            try:
+                chat = chat_id(p.approval.chat) or config.approvals_chat
+            except ValueError:
+                problems.append(f"{p.file}: approval.chat: expected a numeric Telegram chat id, "
+                                f"got {p.approval.chat!r}")
+                continue
+            if chat is None:
+                problems.append(f"{p.file}: approval.chat: missing; set it, or telegram."
+                                f"approvals_chat in {settings.file}")
+                continue
+            self._chats[p.name] = chat
+        if not self._operators:
+            problems.append(f"{settings.file}: telegram.operators: expected at least one "
+                            f"numeric user id; nobody could approve anything")
+        if config.receive == "webhook":
+            for key in ("url", "secret_env"):
+                if not getattr(config.webhook, key):
+                    problems.append(f"{settings.file}: telegram.webhook.{key}: required when "
+                                    f"telegram.receive is webhook")
+        if problems:
+            raise ConfigError(problems)
+        self._webhook_secret = (env_secret(str(config.webhook.secret_env),
+                                           "telegram.webhook.secret_env")
+                                if config.receive == "webhook" else None)
+        self._ops_chat = config.ops_chat or config.approvals_chat
+        self._reconnect_delay = reconnect_delay
+        # The engine: its Decisions, and pause/resume/run_now/sweep for the commands.
+        self.decisions: Any = None
+        self._app: Application | None = None
+        self._connected = False
+        self._connect_task: asyncio.Task | None = None
+        self._webhook_watch: asyncio.Task | None = None
+        self._card_locks: dict[int, asyncio.Lock] = {}
+        self._shown: dict[tuple[int, int], bytes] = {}  # fingerprint of each card's last edit
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _build(self) -> Application:
+        builder = (ApplicationBuilder().token(self._token)
+                   .base_url(self.config.base_url).base_file_url(self.config.base_file_url)
+                   .rate_limiter(_Limiter(overall_max_rate=1, overall_time_period=1 / _OVERALL_RATE,
+                                          max_retries=_MAX_RETRIES))
+                   .concurrent_updates(16).job_queue(None))
+        request, get_updates = tg_request.requests(self.config.receive)  # counted for metrics
+        builder = builder.request(request)
+        if get_updates is not None:
+            builder = builder.get_updates_request(get_updates)
+        if self.config.receive == "off":
+            builder = builder.updater(None)
+        app = builder.build()
+        app.bot_data["channel"] = self  # how the handlers find the store and the engine
+        # The gate runs first for every update; ApplicationHandlerStop ends it there.
+        app.add_handler(TypeHandler(Update, self._gate), group=-1)
+        app.add_handlers(tg_taps.handlers() + tg_commands.handlers())
+        app.add_error_handler(self._on_error)
+        return app
+
+    def bind(self, decisions: Decisions) -> None:
+        """What the channel reads and records goes through ``decisions`` (never the
+        store): bound before the engine's recovery, which may update cards."""
+        self.decisions = decisions
+
+    async def start(self, decisions: Decisions) -> None:
+        """Connect and start receiving updates. If Telegram cannot be reached, keep
+        trying in the background: drafts wait in ``ready`` meanwhile."""
+        self.decisions = decisions
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
+        self._app = self._build()
+        try:
+            await self._connect()
+        except InvalidToken:
+            # Retrying cannot help; say which variable holds the bad token. (PTB's own
+            # message quotes the token, so it is never passed on.)
+            await self._app.bot.shutdown()
+            raise ConfigError(f"Telegram rejected the bot token in ${self.config.token_env}; "
+                              f"check it with @BotFather (/token) and telegram.base_url") from None
+        except TelegramError as exc:
+            log.warning("Telegram is not reachable (%s); retrying in the background, "
+                        "cards wait until then", exc)
+            self._connect_task = asyncio.create_task(self._reconnect(), name="telegram-connect")
+        if self.config.receive == "webhook" and metrics.installed() is not None:
+            self._webhook_watch = asyncio.create_task(self._watch_webhook(),
+                                                      name="telegram-webhook-watch")
+
+    async def _watch_webhook(self) -> None:
+        """``receive: webhook``, watched (/healthz, the systemd watchdog): every
+        :data:`~bot.service.health.WEBHOOK_PROBE_EVERY` seconds, ask our own webhook server for
+        an answer (a GET, which it refuses with 405: no update is made). An answer, or
+        a reconnect still trying to reach Telegram, is the receiver's sign of life, as
+        getUpdates' answers are when polling; a dead server makes /healthz fail."""
+        wh = self.config.webhook
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(wh.listen, wh.listen)
+        request = (f"GET /{wh.path.lstrip('/')} HTTP/1.1\r\nHost: localhost\r\n"
+                   f"Connection: close\r\n\r\n").encode()
+        while True:
+            trying = self._connect_task is not None and not self._connect_task.done()
+            if (trying and not self._connected) or await _answers(host, wh.port, request):
+                metrics.progress(health.WEBHOOK)
+            await asyncio.sleep(health.WEBHOOK_PROBE_EVERY)
+
+    async def _connect(self) -> None:
+        app = self._app
+        assert app is not None
+        # Each step is skipped when an earlier attempt got past it, so a retry after a
+        # failure half-way resumes instead of tripping over "already running".
+        await app.initialize()
+        await app.bot.set_my_commands([BotCommand(c, d) for c, _, d in COMMANDS])
+        if not app.running:
+            await app.start()
+        if app.updater is None or app.updater.running:
+            pass
+        elif self.config.receive == "polling":
+            await app.updater.start_polling(
+                timeout=int(self.config.poll_timeout), drop_pending_updates=False,
+                allowed_updates=["message", "callback_query"],
+                error_callback=lambda exc: log.warning("Telegram polling: %s", exc))
+        elif self.config.receive == "webhook":
+            wh = self.config.webhook
+            await app.updater.start_webhook(
+                listen=wh.listen, port=wh.port, url_path=wh.path, webhook_url=str(wh.url),
+                secret_token=self._webhook_secret,
+                allowed_updates=["message", "callback_query"], drop_pending_updates=False)
+        self._connected = True
+        log.info("Telegram connected as @%s (receive: %s)", app.bot.username, self.config.receive)
+
+    async def _reconnect(self) -> None:
+        delay = self._reconnect_delay
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._connect()
+                return
+            except InvalidToken:
+                log.error("Telegram rejected the bot token in $%s; cards cannot be posted "
+                          "until it is fixed and draftgate restarted", self.config.token_env)
+                return
+            except TelegramError as exc:
+                delay = min(delay * 2, 60.0)
+                log.warning("Telegram still not reachable (%s); next try in %.0fs", exc, delay)
+
+    async def stop(self) -> None:
+        """Stop receiving, let in-flight handlers finish their transitions, disconnect."""
+        for task in (self._connect_task, self._webhook_watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        app = self._app
+        if app is None:
+            return
+        if app.updater is not None and app.updater.running:
+            await app.updater.stop()
+        if app.running:
+            await app.stop()
+        await app.shutdown()
+        await app.bot.shutdown()  # closes HTTP clients of a bot that never got initialised
+        self._connected = False
+
+    @property
+    def bot(self) -> Any:
+        """The connected bot; ApprovalError while Telegram has not been reached."""
+        if self._app is None or not self._connected:
+            raise ApprovalError("Telegram is not connected yet; the draft waits in ready")
+        return self._app.bot
+
+    # -- ApprovalChannel ---------------------------------------------------------------
+    def approvals_chat(self, pipeline: str) -> int:
+        """Where ``pipeline``'s cards go; every pipeline approved here got its chat when
+        the channel was built (or the channel was refused with a ConfigError)."""
+        if (chat := self._chats.get(pipeline)) is None:
+            raise ApprovalError(f"no approvals chat for pipeline {pipeline!r}; set approval.chat "
+                                f"or telegram.approvals_chat")
+        return chat
+
+    def chat_allowed(self, draft: Draft, chat: int | None, action: str) -> bool:
+        """May a tap (``action``) or a reply in ``chat`` act on ``draft``? Its pipeline's
+        chat and its card's; Retry send and Replay also from a notice in the ops chat."""
+        if chat is None:
+            return False
+        allowed = {self._chats.get(draft.pipeline)}
+        if (ref := card_ref(draft)) is not None:
+            allowed.add(ref[0])
+        if action in (cards.RETRY, cards.REPLAY):
+            allowed.add(self._ops_chat)
+        allowed.discard(None)
+        return chat in allowed
+
+    def _lock(self, draft_id: int) -> asyncio.Lock:
+        return self._card_locks.setdefault(draft_id, asyncio.Lock())
+
+    async def post(self, draft: Draft) -> PostedRef:
+        """Send the card (or edit the existing card for a new version)."""
+        chat = self.approvals_chat(draft.pipeline)
+        bot = self.bot
+        card = cards.render_card(draft, *await self.decisions.votes(draft))
+        markup = _markup(card)
+        async with self._lock(draft.id):
+            try:
+                if (ref := card_ref(draft)) is not None and ref[0] == chat:
+                    if await self._edit(chat, ref[1], card.text, markup, missing_ok=True):
+                        return PostedRef(str(chat), str(ref[1]))
+                msg = await bot.send_message(chat, card.text, parse_mode=ParseMode.HTML,
+                                             reply_markup=markup, link_preview_options=NO_PREVIEW)
+            except (RetryAfter, FloodWait, Forbidden) as exc:
+                raise ApprovalError(f"Telegram refused the card for #{draft.id}: {exc}") from exc
+            except BadRequest as exc:
+                raise ApprovalError(f"Telegram rejected the card for #{draft.id} in chat {chat}: "
+                                    f"{exc}") from exc
+            except TelegramError as exc:  # NetworkError, TimedOut, 5xx
+                raise ApprovalError(f"Telegram unreachable: {exc}") from exc
+            self._shown[(chat, msg.message_id)] = _fingerprint(card.text, markup)
+            return PostedRef(str(chat), str(msg.message_id))
+
+    async def discard(self, ref: PostedRef, draft: Draft) -> None:
+        """Remove a second card of ``draft`` (``ref`` is not its recorded card): delete
+        it, or, where Telegram no longer allows that (older than 48 hours), strip its
+        buttons and say where the card is."""
+        chat, mid = int(ref.chat), int(ref.message_id)
+        try:
+            await self.bot.delete_message(chat, mid)
+            log.info("#%d: deleted a duplicate card %s/%s", draft.id, chat, mid)
+            return
+        except (TelegramError, ApprovalError) as exc:
+            log.info("#%d: could not delete duplicate card %s/%s (%s); marking it", draft.id,
+                     chat, mid, exc)
+        try:
+            await self._edit(chat, mid, f"Duplicate of the card of #{draft.id} (Telegram lost "
+                             "the answer to the first post); use the other card.", None)
+        except (TelegramError, ApprovalError) as exc:
+            log.warning("#%d: could not mark duplicate card %s/%s: %s", draft.id, chat, mid, exc)
+
+    async def on_posted(self, draft: Draft) -> bool:
+        """Called by the engine after ``mark_posted``: a status edit that raced the post
+        is put right (no decision: False)."""
+        await self.update(draft)
+        return False
+
+    async def _edit(self, chat: int, mid: int, text: str, markup: Any, *,
+                    missing_ok: bool = False) -> bool:
+        """Edit a card; False if it is gone and ``missing_ok`` (post a new one then)."""
+        if self._shown.get((chat, mid)) == _fingerprint(text, markup):
+            return True
+        try:
+            await self.bot.edit_message_text(text, chat_id=chat, message_id=mid,
+                                             parse_mode=ParseMode.HTML, reply_markup=markup,
+                                             link_preview_options=NO_PREVIEW)
+        except BadRequest as exc:
+            msg = str(exc).lower()
+            if "not modified" in msg:
+                pass
+            elif missing_ok and ("not found" in msg or "can't be edited" in msg):
+                log.info("card %s/%s is gone (%s); posting a new one", chat, mid, exc)
+                return False
+            else:
+                raise
+        self._shown[(chat, mid)] = _fingerprint(text, markup)
+        return True
+
+    async def update(self, draft: Draft) -> bool:
+        """Re-render a card from the draft's current state in the store, so edits that
+        arrive out of order still end on the latest state. False if the edit failed: the
+        card is then marked stale in the store, and :meth:`resync_cards` tries again."""
+        async with self._lock(draft.id):
+            fresh = await self.decisions.draft(draft.id) or draft
+            ref = card_ref(fresh)
+            ok = True
+            if ref is not None:
+                card = cards.render_status(fresh, *await self.decisions.votes(fresh))
+                chat, mid = ref
+                try:
+                    await self._edit(chat, mid, card.text, _markup(card))
+                except BadRequest as exc:
+                    text = str(exc).lower()
+                    # A card that is gone cannot be put right by trying again.
+                    if "not found" not in text and "can't be edited" not in text:
+                        ok = False
+                    log.warning("could not update the card of #%d: %s", draft.id, exc)
+                except (TelegramError, ApprovalError) as exc:  # flood wait, network, 5xx
+                    ok = False
+                    log.warning("could not update the card of #%d (tried again on the next "
+                                "tick): %s", draft.id, exc)
+            if fresh.card_stale == ok:  # the flag changes: stale now, or put right
+                try:
+                    await self.decisions.card_stale(fresh.id, not ok)
+                except Exception as exc:
+                    log.warning("could not record the card state of #%d: %s", draft.id, exc)
+            if ok and fresh.status in TERMINAL_STATUSES:
+                # Nothing moves this card any more; keep memory flat over months.
+                self._card_locks.pop(draft.id, None)
+            return ok
+
+    async def resync_cards(self) -> None:
+        """Re-render cards whose last edit failed (a long flood wait, a network error),
+        so a decided draft does not keep its buttons. Called by the engine at start and
+        on every tick; stops at the first failure, since Telegram is still in trouble."""
+        if not self._connected:
+            return
+        for d in await self.decisions.stale_cards(limit=50):
+            if not await self.update(d):
+                return
+
+    async def notify(self, text: str, *, retry_draft: Draft | None = None) -> None:
+        """A message to the ops chat. ``retry_draft`` is the draft the notice is about;
+        a button moves it on: Retry send for a send that failed or whose outcome is
+        unknown, Replay (as /replay) for a failed, rejected, skipped or expired draft."""
+        chat = self._ops_chat
+        if chat is None:
+            log.warning("no telegram.ops_chat or approvals_chat; not sent: %s", text)
+            return
+        markup = None
+        if retry_draft is not None and (button := cards.notice_button(retry_draft)) is not None:
+            markup = InlineKeyboardMarkup([[InlineKeyboardButton(button[0],
+                                                                 callback_data=button[1])]])
+        try:
+            await self.bot.send_message(chat, cards.notice_html(text), parse_mode=ParseMode.HTML,
+                                        reply_markup=markup, link_preview_options=NO_PREVIEW)
+        except TelegramError as exc:
+            raise ApprovalError(f"could not notify the ops chat: {exc}") from exc
+
+    async def remind(self, draft: Draft, text: str) -> None:
+        """A reminder in the card's chat, as a reply to the card (Telegram links it)."""
+        if (ref := card_ref(draft)) is None:
+            return
+        try:
+            await self.bot.send_message(ref[0], text, reply_to_message_id=ref[1],
+                                        allow_sending_without_reply=True)
+        except TelegramError as exc:
+            raise ApprovalError(f"could not send a reminder for #{draft.id}: {exc}") from exc
+
+    # -- the gate ------------------------------------------------------------------------
+    async def _gate(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Drop every update whose user is not an operator, before any handler."""
+        user = update.effective_user
+        if user is not None and not user.is_bot and user.id in self._operators:
+            return
+        chat = update.effective_chat
+        # Never log the text: it is whatever a stranger chose to send.
+        log.warning("dropped %s from user %s in chat %s: not in telegram.operators",
+                    kind(update), user.id if user else None, chat.id if chat else None)
+        if update.callback_query is not None:
+            await answer(update.callback_query, "Not allowed.")
+        raise ApplicationHandlerStop
+
+    # -- errors --------------------------------------------------------------------------------
+    async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Log first, then tell the operator briefly (never the details)."""
+        log.error("handling %s failed", kind(update) if isinstance(update, Update)
+                  else "no update", exc_info=context.error)
+        if not isinstance(update, Update) or update.callback_query is not None:
+            return  # taps were already answered
+        user, chat = update.effective_user, update.effective_chat
+        if chat is None or user is None or user.id not in self._operators:
+            return
+        what = str(context.error) if isinstance(context.error, DraftgateError) else \
+            type(context.error).__name__
+        try:
+            await context.bot.send_message(chat.id, plain(f"⚠️ That failed ({what}); the "
+                                                          f"details are in the bot's log."))
+        except TelegramError:
+            log.warning("could not tell the operator about the error")
+
+
+async def doctor(settings: Settings) -> list[tuple[str, bool, str]]:
+    """For ``draftgate doctor``: the token is set and the bot answers getMe."""
+    if settings.telegram is None:
+        return []
+    from telegram import Bot
+
+    cfg = settings.telegram
+    try:
+        token = env_secret(cfg.token_env, "telegram.token_env")
+    except ConfigError as exc:
+        return [("telegram", False, str(exc))]
+    bot = Bot(token, base_url=cfg.base_url, base_file_url=cfg.base_file_url)
+    try:
+        await bot.initialize()
+        me = bot.bot
+    except InvalidToken:  # its message quotes the token: never shown
+        return [("telegram", False, f"Telegram rejected the token in ${cfg.token_env}; check "
+                                    f"it with @BotFather")]
+    except TelegramError as exc:
+        return [("telegram", False, f"getMe failed: {exc} (check telegram.base_url and the "
+                                    f"network)")]
+    finally:
+        await bot.shutdown()
+    return [("telegram", True, f"@{me.username}, operators {len(cfg.operators)}")]

@@ -1,0 +1,139 @@
+"""What the Telegram channel, its taps and its commands share: how an operator, a chat,
+a card and a plain answer are named, and how a handler finds the channel."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from telegram import LinkPreviewOptions, Message, Update, User
+from telegram.constants import ParseMode
+from telegram.error import TelegramError
+from telegram.ext import ContextTypes
+
+from ...config import telegram as config_telegram
+from ...models import (
+    APPROVED,
+    DISMISSED,
+    DRAFTING,
+    NOTIFIED,
+    QUEUED,
+    READY,
+    REJECTED,
+    SEND_FAILED,
+    SEND_UNKNOWN,
+    SENDING,
+    SENT,
+    Draft,
+)
+from ...redact import scrub
+from .. import cards
+
+log = logging.getLogger("draftgate.telegram")  # one logger for the whole channel
+NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
+_PLAIN_LIMIT = 4000
+
+
+def channel_of(context: ContextTypes.DEFAULT_TYPE) -> Any:
+    """The TelegramChannel that built the Application (``bot_data["channel"]``)."""
+    return context.bot_data["channel"]
+
+
+def chat_id(value: Any) -> int | None:
+    """A chat id as the loader reads one; ValueError for a value set but not a chat id."""
+    found = config_telegram.chat_id(value)
+    if found is None and value is not None and not isinstance(value, bool):
+        raise ValueError(value)
+    return found
+
+
+def actor(user: User) -> str:
+    return f"tg:{user.id} ({user.first_name})"
+
+
+def operator(update: Update) -> str:
+    """The actor of an update a handler runs for: the gate lets only operators' pass."""
+    user = update.effective_user
+    assert user is not None, "the gate drops updates without a user"
+    return actor(user)
+
+
+def message_of(update: Update) -> Message:
+    """The message a command or reply handler runs for (they match only messages)."""
+    msg = update.effective_message
+    assert msg is not None, "command and reply handlers get only updates with a message"
+    return msg
+
+
+def kind(update: Update) -> str:
+    """What an update is, for the log (never its text)."""
+    if update.callback_query is not None:
+        return "callback_query"
+    msg = update.effective_message
+    if msg is not None:
+        text = msg.text or ""
+        return f"command {text.split()[0][:32]}" if text.startswith("/") else "message"
+    return "update"
+
+
+def plain(text: str) -> str:
+    """``text`` cut to fit a plain message, counted as Telegram counts (UTF-16 units)."""
+    text = scrub(text)  # notices and error replies quote errors: no secret leaves in one
+    if cards.units(text) <= _PLAIN_LIMIT:
+        return text
+    budget, used, end = _PLAIN_LIMIT - 20, 0, len(text)
+    for i, ch in enumerate(text):
+        used += 2 if ord(ch) > 0xFFFF else 1
+        if used > budget:
+            end = i
+            break
+    return text[:end] + "\n… (cut)"
+
+
+async def reply(update: Update, text: str, *, pre: bool = False) -> None:
+    """Answer the operator's message, quoting it; ``pre``: as a fixed-width block."""
+    msg = message_of(update)
+    if pre:
+        body, _ = cards.clip(text, cards.MAX_TEXT - 20, ellipsis="\n… (cut)")
+        await msg.reply_text(do_quote=True, text=f"<pre>{body}</pre>", parse_mode=ParseMode.HTML)
+    else:
+        await msg.reply_text(do_quote=True, text=plain(text), link_preview_options=NO_PREVIEW)
+
+
+async def answer(query: Any, text: str) -> None:
+    """Answer a callback query (ends the operator's spinner)."""
+    try:
+        await query.answer(text[:200])
+    except TelegramError as exc:
+        # A replayed update's query is too old to answer; nothing else to do.
+        log.info("could not answer a callback query: %s", exc)
+
+
+def card_ref(draft: Draft) -> tuple[int, int] | None:
+    """(chat, message id) of the draft's Telegram card; None if it has none here (never
+    posted, or decided elsewhere, e.g. ``draftgate review`` in a terminal)."""
+    try:
+        chat, mid = chat_id(draft.approval_chat), int(draft.approval_message_id or "")
+    except ValueError:
+        return None
+    return (chat, mid) if chat is not None else None
+
+
+def already(draft: Draft) -> str:
+    """Why a decision on ``draft`` did nothing: what it is now, and who decided."""
+    who, s = cards.actor_name(draft.decided_by), draft.status
+    if s in (SENT, REJECTED):
+        return f"Already decided: {'sent' if s == SENT else 'rejected'} by {who}."
+    if s in (APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN):
+        return f"Already approved by {who}; " + ("sending." if s in (APPROVED, SENDING) else
+                                                 "the send needs attention (see the card).")
+    if s in (QUEUED, DRAFTING):
+        return ("Being regenerated; wait for the new version." if draft.body else
+                "A reply is being drafted; the card turns into it.")
+    if s == NOTIFIED:
+        return "This is an FYI card: tap ✍️ Draft a reply or 👋 Dismiss."
+    if s == DISMISSED:
+        return f"Already dismissed by {who}."
+    if s == READY:
+        return "A new version is being posted; use the updated card."
+    return f"Nothing to do: the draft is {s}."

@@ -1,0 +1,387 @@
+"""Taps on cards and notices, and replies to prompts: where an operator decides.
+
+One CallbackQueryHandler per action family (data ``<action>:<draft id>:<version>``)
+and a last one for any other data; every query is answered. A tap acts only on the
+draft whose card (or notice) was tapped, through the engine's compare-and-set
+decisions. A prompt is known by its message id, recorded (through the decisions) when
+it is sent. The channel never touches the store: it reads and records through
+``ch.decisions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import io
+from typing import Any, Awaitable, Callable, Coroutine
+
+from telegram import ForceReply, Update
+from telegram.constants import ParseMode
+from telegram.error import TelegramError
+from telegram.ext import (
+    BaseHandler,
+    CallbackQueryHandler,
+    CommandHandler,
+    ContextTypes,
+    MessageHandler,
+    filters,
+)
+
+from ...desk import reports as ops
+from ...errors import ApprovalError, ConfigError, DrafterError, DraftgateError, NotAllowed
+from ...models import (
+    AWAITING,
+    NOTIFIED,
+    READY,
+    REPLAYABLE_STATUSES,
+    SEND_FAILED,
+    SEND_UNKNOWN,
+    SENDING,
+    SENT,
+    Draft,
+)
+from ...stages import PostedRef
+from .. import cards
+from .common import actor, already, answer, card_ref, channel_of, log, message_of, operator, plain
+
+Context = ContextTypes.DEFAULT_TYPE
+#: What a family decides once the tap is checked: (channel, query, callback, draft,
+#: chat id) -> the answer shown to the operator.
+Decide = Callable[[Any, Any, cards.Callback, Draft, int], Awaitable[str]]
+
+
+async def _answered(ch: Any, query: Any, tap: Awaitable[str]) -> None:
+    """Run ``tap`` and answer the query with its notice, whatever happens. A tap whose
+    decision takes longer (a slow send) is answered after ``ch.answer_within`` seconds,
+    so the operator's spinner ends; the card then shows the outcome."""
+    task = asyncio.ensure_future(tap)
+    try:
+        notice = await asyncio.wait_for(asyncio.shield(task), ch.answer_within)
+    except asyncio.TimeoutError:
+        await answer(query, "Working on it; the card shows the outcome.")
+        try:
+            await task
+        except Exception:
+            # The tap is answered already: say it in the chat, then let the error
+            # handler log it.
+            if (message := query.message) is not None:
+                with contextlib.suppress(TelegramError, ApprovalError):
+                    await ch.bot.send_message(
+                        message.chat.id, "⚠️ That tap did not go through (the error is "
+                        "in the bot's log); the card shows where the draft stands.",
+                        reply_to_message_id=message.message_id, allow_sending_without_reply=True)
+            raise
+        return
+    except BaseException:
+        task.cancel()  # cancelled (shutdown): so is the decision, as without a wait
+        await answer(query, "Something went wrong; it is in the bot's log.")
+        raise
+    await answer(query, notice)
+
+
+def _family(decide: Decide) -> Callable[[Update, Context], Coroutine[Any, Any, None]]:
+    """The handler of one action family: check the tap, then ``decide``."""
+    async def on_tap(update: Update, context: Context) -> None:
+        ch = channel_of(context)
+        await _answered(ch, update.callback_query, _tap(ch, update.callback_query, decide))
+    return on_tap
+
+
+async def _unknown(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """Data of no family: ``_tap`` refuses it (not ours, not canonical, none) first."""
+    return "Unknown action; use the latest card."
+
+
+async def _tap(ch: Any, query: Any, decide: Decide) -> str:
+    """Check that the tapped message carries this draft's current data, then decide."""
+    try:
+        cb = cards.parse_callback(query.data)  # canonical data only, byte for byte
+    except cards.BadCallback as exc:
+        log.info("ignored callback data from user %s: %s", query.from_user.id, exc)
+        return str(exc)
+    draft = await ch.decisions.draft(cb.draft_id)
+    message = query.message  # None: too old for Telegram to say which (no chat allows it)
+    chat_id: int | None = message.chat.id if message is not None else None
+    if draft is None or chat_id is None or not ch.chat_allowed(draft, chat_id, cb.action):
+        # Same answer for both, so a tap cannot probe which ids exist elsewhere.
+        return "This button does not belong to a draft of this chat."
+    if cb.version != draft.version:  # (changes nothing, whichever message it came from)
+        if cb.action == cards.REPLAY:
+            return f"Already replayed: #{draft.id} is v{draft.version} now ({draft.status})."
+        return f"Old version (v{cb.version}); the card now shows v{draft.version}."
+    if cb.action != cards.FULL_TEXT:  # reading is not deciding
+        try:
+            await ch.decisions.may_decide(draft, actor(query.from_user), f"tap {cb.action}")
+        except NotAllowed as exc:
+            return str(exc)
+    mid: int = message.message_id
+    on_card = card_ref(draft) == (chat_id, mid)
+    if not on_card and not _ours(query, cb):
+        # A client can send any data. Data that is not on the tapped message (e.g.
+        # another draft's id on this card) must not act, nor make this card look
+        # like a lost copy of that draft's card and get it deleted.
+        log.info("ignored callback data from user %s: not on message %s/%s",
+                 query.from_user.id, chat_id, mid)
+        return "This button does not belong to this message; use the draft's own card."
+    if not on_card and cb.action not in (cards.RETRY, cards.REPLAY):
+        draft = await _reconcile(ch, draft, chat_id, mid)
+    try:
+        return await decide(ch, query, cb, draft, chat_id)
+    except ConfigError as exc:  # the draft's pipeline left the configuration
+        return str(exc)
+
+
+def _ours(query: Any, cb: cards.Callback) -> bool:
+    """Is the tapped message (not the draft's recorded card) one we made for this
+    draft: a notice carrying this button, or a card of this draft and version whose
+    post looked failed? Telegram reports the message's keyboard itself, so forged
+    data is not on it; a card must also name this draft in its header."""
+    message = query.message
+    rows = getattr(getattr(message, "reply_markup", None), "inline_keyboard", None) or ()
+    if message is None or query.data not in {b.callback_data for row in rows for b in row}:
+        return False
+    if cb.action in (cards.RETRY, cards.REPLAY):
+        return True
+    return cards.parse_card_header(getattr(message, "text", None)) == (cb.draft_id, cb.version)
+
+
+async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
+    """A tap on a card of this draft and version that is not its recorded card.
+    That card exists because Telegram delivered a sendMessage whose answer was lost
+    (a timeout). If the draft is still waiting to be posted, that card becomes its
+    card (so no second one is posted); if a second card was posted meanwhile, the
+    tapped copy is removed. The tap then acts as on the recorded card. (``_tap``
+    checked that the message carries this tap's data and names this draft and
+    version in its header: it is a copy of this draft's card, never another's.)"""
+    if draft.status == READY or (draft.status == NOTIFIED and draft.approval_message_id is None):
+        # A card of exactly this version exists (the tap came from it) though the
+        # draft still waits to be posted: that card is its card. An older card
+        # recorded for an earlier version does not change that.
+        adopted: Draft = await ch.decisions.adopt_card(draft, str(chat_id), str(mid))
+        return adopted
+    ref = card_ref(draft)
+    if draft.approval_message_id is None or ref is None or ref == (chat_id, mid):
+        return draft  # its own card, or a record that is not a Telegram card
+    await ch.discard(PostedRef(str(chat_id), str(mid)), draft)
+    return draft
+
+
+# -- the families --------------------------------------------------------------------------------
+
+async def _approve(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    if draft.status != AWAITING:
+        return already(draft)
+    # The draft read to check the tap goes with it: the decision does not read it again.
+    after = await ch.decisions.approve(draft.id, cb.version, actor(query.from_user), draft)
+    if after is not None and after.status == AWAITING:  # the quorum is not met yet
+        await ch.update(after)
+        votes, quorum = await ch.decisions.votes(after)
+        return f"✅ Your approval counts ({len(votes)}/{quorum}); it sends at {quorum}."
+    return await _sent(ch, draft, after) or {
+        SENT: "✅ Sent.", SEND_FAILED: "❌ Send failed; see the card.",
+        SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
+            after.status, f"Approved ({after.status}).")
+
+
+async def _sent(ch: Any, draft: Draft, after: Draft | None) -> str | None:
+    """After Approve or Retry send: why nothing happened (None: it did). A send's
+    outcome is on the card already (the engine shows it); any other state is shown."""
+    if after is None:
+        return already(await ch.decisions.draft(draft.id) or draft)
+    # SENDING: another host's send holds it and shows its outcome on the card; an edit
+    # from here ("sending…") could reach Telegram after that one and hide it.
+    if after.status not in (SENT, SEND_FAILED, SEND_UNKNOWN, SENDING):
+        await ch.update(after)
+    return None
+
+
+async def _prompt(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """Edit / Regenerate / Reject: ask for the text (a reply to the prompt)."""
+    if draft.status != AWAITING:
+        return already(draft)
+    kind = {cards.EDIT: cards.PROMPT_EDIT, cards.REGENERATE: cards.PROMPT_REGENERATE,
+            cards.REJECT: cards.PROMPT_REJECT}[cb.action]
+    user, message = query.from_user, query.message
+    who = f'<a href="tg://user?id={user.id}">{html.escape(user.first_name, quote=False)}</a>'
+    prompt = await ch.bot.send_message(
+        chat_id, cards.prompt_text(kind, draft, who), parse_mode=ParseMode.HTML,
+        reply_markup=ForceReply(selective=True),
+        reply_to_message_id=message.message_id if message is not None else None,
+        allow_sending_without_reply=True)
+    # The prompt is known by its message id from now on (and after a restart); its
+    # text is never read back.
+    await ch.decisions.record_prompt(chat_id, prompt.message_id,
+                                     cards.prompt_record(kind, draft.id, draft.version),
+                                     actor(user))
+    return {cards.EDIT: "Reply to the prompt with the new text.",
+            cards.REGENERATE: "Reply with an instruction, or /skip.",
+            cards.REJECT: "Reply with a reason, or /skip."}[cb.action]
+
+
+async def _retry(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    if draft.status not in (SEND_FAILED, SEND_UNKNOWN):
+        return already(draft)
+    after = await ch.decisions.retry_send(draft.id, actor(query.from_user))
+    return await _sent(ch, draft, after) or {SENT: "✅ Sent."}.get(after.status,
+                                                                  f"Retried: {after.status}.")
+
+
+async def _replay(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    if draft.status not in REPLAYABLE_STATUSES:
+        return already(draft)
+    result = await ops.replay(ch.store, draft.pipeline, draft.item_id, actor(query.from_user),
+                              settings=ch.settings)
+    if result.outcome != "requeued":
+        return ops.format_replay(draft.pipeline, draft.item_id, result)
+    if query.message is not None:  # its job is done: the button goes
+        with contextlib.suppress(TelegramError):
+            await ch.bot.edit_message_reply_markup(chat_id, query.message.message_id,
+                                                   reply_markup=None)
+    return f"♻️ #{draft.id} is back in the queue; the next tick drafts it."
+
+
+async def _fyi(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """Draft a reply / Dismiss on an FYI card (triage said notify)."""
+    if draft.status != NOTIFIED:
+        return already(draft)
+    who = actor(query.from_user)
+    try:
+        if cb.action == cards.DISMISS:
+            after = await ch.decisions.dismiss(draft.id, cb.version, who)
+        else:
+            after = await ch.decisions.draft_reply(draft.id, cb.version, who)
+    except DraftgateError as exc:  # budget spent, model hold: refused with the reason
+        return str(exc).replace("Not regenerated", "Not drafted")
+    if after is None:
+        return already(await ch.decisions.draft(draft.id) or draft)
+    if cb.action == cards.DISMISS:
+        return "👋 Dismissed."
+    await ch.update(after)
+    return "✍️ Drafting a reply; this card turns into it."
+
+
+async def _full_text(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    message = query.message
+    await ch.bot.send_document(
+        chat_id, io.BytesIO(cards.full_text(draft).encode("utf-8")),
+        filename=f"draft-{draft.id}-v{draft.version}.txt",
+        caption=f"Full text of {cards.tag(draft)}",
+        reply_to_message_id=message.message_id if message is not None else None,
+        allow_sending_without_reply=True)
+    return "Full text sent as a file."
+
+
+_FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
+    ((cards.APPROVE,), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
+    ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
+    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi)]
+
+
+# -- replies to prompts and cards ---------------------------------------------------------------
+
+async def _target(update: Update, context: Context, not_to_bot: str = ""
+                  ) -> tuple[str, Draft] | None:
+    """(prompt kind, draft) that a reply answers, if it may still be applied; else the
+    operator is told why (None). A message that is no reply to the bot gets
+    ``not_to_bot`` (nothing if empty)."""
+    ch, msg = channel_of(context), message_of(update)
+    target = msg.reply_to_message
+    if target is None or target.from_user is None or target.from_user.id != context.bot.id:
+        if not_to_bot:
+            await msg.reply_text(do_quote=True, text=not_to_bot)
+        return None
+    parsed = await _prompt_of(ch, msg.chat_id, target)
+    kind, version, draft = parsed or ("", None, None)
+    if parsed is None:
+        problem = ("Nothing changed: that message is not a draft's card or prompt. Tap ✏️ "
+                   "Edit on the card to change a draft.")
+    elif draft is None or not ch.chat_allowed(draft, msg.chat_id, cards.EDIT):
+        problem = "That draft does not belong to this chat."
+    elif version != draft.version:
+        problem = (f"Not applied: {cards.tag(draft)} is the current version, you answered "
+                   f"for v{version}.")
+    elif draft.status != AWAITING:
+        problem = f"Not applied: {already(draft)}"
+    else:
+        return kind, draft
+    await msg.reply_text(do_quote=True, text=problem)
+    return None
+
+
+async def _prompt_of(ch: Any, chat_id: int, target: Any) -> tuple[str, int, Draft | None] | None:
+    """(kind, version, draft) of the bot message replied to: a prompt recorded when it
+    was sent, or a draft's recorded card (kind ``card`` = edit). What a message says is
+    not enough: a notice can quote outside text that looks alike."""
+    record = await ch.decisions.prompt_record(chat_id, target.message_id)
+    if (parsed := cards.parse_prompt_record(record)) is not None:
+        kind, draft_id, version = parsed
+        return kind, version, await ch.decisions.draft(draft_id)
+    named = cards.parse_card_header(target.text)
+    if named is None:
+        return None
+    draft = await ch.decisions.draft(named[0])
+    if draft is None or card_ref(draft) != (chat_id, target.message_id):
+        return None
+    return cards.PROMPT_CARD, named[1], draft
+
+
+async def on_reply(update: Update, context: Context) -> None:
+    """A reply to an Edit/Regenerate/Reject prompt, or to a card (= new text)."""
+    if (found := await _target(update, context)) is not None:
+        await _apply(update, context, *found, message_of(update).text or "")
+
+
+async def skip(update: Update, context: Context) -> None:
+    """/skip as the answer to a Regenerate or Reject prompt."""
+    found = await _target(update, context, "Send /skip as a reply to a Regenerate or Reject "
+                                           "prompt.")
+    if found is None:
+        return
+    kind, draft = found
+    if kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD):
+        await message_of(update).reply_text(
+            do_quote=True, text=f"An edit needs the new text; {cards.tag(draft)} is unchanged.")
+        return
+    await _apply(update, context, kind, draft, "")
+
+
+async def _apply(update: Update, context: Context, kind: str, draft: Draft, text: str) -> None:
+    """Hand the answer to a prompt to the engine; tell the operator what came of it."""
+    ch, msg, who = channel_of(context), message_of(update), operator(update)
+    text = text.strip()
+    editing = kind in (cards.PROMPT_EDIT, cards.PROMPT_CARD)
+    if editing and not text:
+        await msg.reply_text(do_quote=True, text="An empty text cannot replace a draft.")
+        return
+    try:
+        if editing:
+            after = await ch.decisions.edit(draft.id, draft.version, text, who)
+            done = f"✏️ {cards.tag(after)} is on the card." if after else ""
+        elif kind == cards.PROMPT_REGENERATE:
+            after = await ch.decisions.regenerate(draft.id, draft.version, who, instruction=text)
+            done = f"🔁 Regenerating as v{after.version}…" if after else ""
+        else:
+            after = await ch.decisions.reject(draft.id, draft.version, who, reason=text)
+            done = f"🗑 #{draft.id} rejected." if after else ""
+    except (ConfigError, DrafterError, NotAllowed) as exc:  # pipeline gone; budget; not theirs
+        text = str(exc)
+        await msg.reply_text(do_quote=True, text=plain(
+            text if text.startswith("Not ") else f"Not applied: {text}"))
+        return
+    if after is None:
+        fresh = await ch.decisions.draft(draft.id) or draft
+        await msg.reply_text(do_quote=True, text=f"Not applied: {already(fresh)}")
+        return
+    await ch.update(after)
+    await msg.reply_text(do_quote=True, text=done)
+
+
+def handlers() -> list[BaseHandler]:
+    """One CallbackQueryHandler per action family, the catch-all for other data last;
+    /skip and replies to prompts and cards."""
+    taps: list[BaseHandler] = [
+        CallbackQueryHandler(_family(decide), pattern=rf"^(?:{'|'.join(actions)}):")
+        for actions, decide in _FAMILIES]
+    return taps + [CallbackQueryHandler(_family(_unknown)), CommandHandler("skip", skip),
+                   MessageHandler(filters.REPLY & filters.TEXT & ~filters.COMMAND, on_reply)]

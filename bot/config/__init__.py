@@ -1,0 +1,1 @@
+"""What a YAML key means: loading the files, the checker, and the typed options."""

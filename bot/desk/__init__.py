@@ -1,0 +1,1 @@
+"""The operator desk: every action an operator may take, and who may take it."""

@@ -1,0 +1,1 @@
+"""How a tick runs: admit, claim, draft, post, send; leases, the loop, building stages."""

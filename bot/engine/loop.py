@@ -1,0 +1,117 @@
+"""The schedule: each pipeline's loop of ticks, kept alive, and the sweep's timer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from .. import scheduler
+from ..clock import utc_day
+from ..config.load import PipelineConfig, Settings
+from ..errors import describe_error
+from ..models import RunCounts
+from ..service import metrics
+from ..store import Store, SweepResult
+from .channels import Operators
+from .reminders import Desk
+
+log = logging.getLogger("draftgate.engine")
+
+
+async def _stopped(stop: asyncio.Event, within: float) -> bool:
+    """Wait up to ``within`` seconds; True if ``stop`` was set meanwhile."""
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=within)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+class Loop:
+    def __init__(self, settings: Settings, store: Store, operators: Operators,
+                 tick: Callable[..., Awaitable[RunCounts]],
+                 sweep: Callable[[], Awaitable[SweepResult]], clock: Callable[[], float],
+                 desk: Desk | None = None):
+        self.settings, self.store, self.operators = settings, store, operators
+        self._tick, self._sweep, self.clock, self.desk = tick, sweep, clock, desk
+        # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
+        # once instead of waiting for the next slot, in bounded steps.
+        self.backlog: set[str] = set()
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        """Tick every pipeline on its schedule until ``stop`` is set. Pipelines run
+        concurrently; a slow tick coalesces the slots it overran into one catch-up
+        tick (the source's catch-up policy decides what that admits)."""
+        loops = [asyncio.create_task(self.supervised(p, stop), name=f"loop:{p.name}")
+                 for p in self.settings.pipelines if p.enabled]
+        loops.append(asyncio.create_task(self._sweep_loop(stop), name="sweep"))
+        if self.desk is not None:  # reminders and the digest
+            loops.append(asyncio.create_task(self.desk.run(stop), name="desk"))
+        await stop.wait()
+        for t in loops:
+            t.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+    async def supervised(self, p: PipelineConfig, stop: asyncio.Event,
+                         restart_after: float = 60.0) -> None:
+        """A pipeline's loop that cannot die silently: if its scheduling fails (a bug,
+        a schedule that can never fire), the error is logged, the operators are told
+        once a day, and the loop starts again a minute later."""
+        while not stop.is_set():
+            try:
+                await self._pipeline_loop(p, stop)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("%s: the pipeline loop failed; restarting it in %gs",
+                              p.name, restart_after)
+                await self.operators.notify_once(
+                    f"loop|{p.name}|{utc_day(self.clock())}",
+                    f"⚠️ {p.name}: its schedule stopped working ({describe_error(exc)}); "
+                    f"retrying every minute. Check `schedule` in {p.file}.")
+            metrics.loop_waiting(p, restart_after)
+            if await _stopped(stop, restart_after):
+                return
+
+    async def _pipeline_loop(self, p: PipelineConfig, stop: asyncio.Event) -> None:
+        due = scheduler.last_due(p, self.clock())  # catch up at start
+        while not stop.is_set():
+            wait = due - self.clock()
+            metrics.loop_waiting(p, wait)
+            if wait > 0 and await _stopped(stop, wait):
+                return
+            metrics.loop_busy(p.name)
+            slot = scheduler.last_due(p, self.clock())
+            try:
+                if p.name in await self.store.paused():
+                    log.debug("%s is paused", p.name)
+                    self.backlog.discard(p.name)
+                else:
+                    # Drafting stops claiming one interval after the tick began: the
+                    # next tick fetches new mail while the rest of the queue is drafted
+                    # and posted, so the channel never waits on a fetch.
+                    step = scheduler.next_due(p, slot) - slot
+                    await self._tick(p.name, slot, until=self.clock() + step)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: tick crashed", p.name)
+                self.backlog.discard(p.name)
+            # More new items wait at the source (max_per_tick): the next bounded tick
+            # runs now rather than at the next slot, so a flood drains steadily. A tick
+            # that overran its interval is followed at once by one catch-up tick for
+            # the slots it overran (not at the slot after them: the mail that came
+            # meanwhile would wait up to a whole interval more, and the channel idle).
+            due = self.clock() if p.name in self.backlog else scheduler.next_due(p, slot)
+
+    async def _sweep_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if await _stopped(stop, self.settings.sweep_every):
+                return
+            try:
+                result = await self._sweep()
+                log.info("daily sweep: %s", result.to_dict())
+            except Exception:
+                log.exception("sweep failed")

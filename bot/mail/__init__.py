@@ -1,0 +1,1 @@
+"""Mail as bytes: MIME parsing and quoting, and building a threaded reply."""

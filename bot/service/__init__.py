@@ -1,0 +1,1 @@
+"""The service around the engine: metrics, health, systemd notify, log formats."""
