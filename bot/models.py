@@ -40,16 +40,18 @@ class Status(StrEnum):
     DISMISSED = "dismissed"
 
 
-# Module-level names, as the rest of the code spells them (a Status is a str).
-(QUEUED, DRAFTING, READY, AWAITING, APPROVED, SENDING, SENT, SEND_FAILED, SEND_UNKNOWN,
- FAILED, SKIPPED, REJECTED, EXPIRED, NOTIFIED, DISMISSED) = STATUSES = tuple(Status)
+#: Every status, in lifecycle order.
+STATUSES = tuple(Status)
 #: States an operator has to act on or watch (shown by /pending): waiting for a
 #: decision (a draft, or an FYI card), or approved and not yet known to be sent.
-PENDING_STATUSES = (READY, AWAITING, APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN, NOTIFIED)
+PENDING_STATUSES = (Status.READY, Status.AWAITING, Status.APPROVED, Status.SENDING,
+                    Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.NOTIFIED)
 #: States nothing moves any more, except /replay.
-TERMINAL_STATUSES = (SENT, FAILED, SKIPPED, REJECTED, EXPIRED, DISMISSED)
+TERMINAL_STATUSES = (Status.SENT, Status.FAILED, Status.SKIPPED, Status.REJECTED,
+                     Status.EXPIRED, Status.DISMISSED)
 #: States /replay may send back to queued.
-REPLAYABLE_STATUSES = (FAILED, REJECTED, SKIPPED, EXPIRED, DISMISSED)
+REPLAYABLE_STATUSES = (Status.FAILED, Status.REJECTED, Status.SKIPPED, Status.EXPIRED,
+                       Status.DISMISSED)
 #: What triage may decide (bot.drafters.triage); anything else is taken as reply.
 TRIAGE_ACTIONS = ("reply", "notify", "skip")
 

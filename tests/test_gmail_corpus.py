@@ -9,7 +9,7 @@ import email.policy
 
 import pytest
 
-from bot.models import AWAITING, SKIPPED
+from bot.models import Status
 from tests.fakes.gmail import GmailWorld
 
 H = "From: Bob <bob@customer.example>\r\nTo: support@example.com\r\n"
@@ -89,13 +89,13 @@ async def test_awkward_corpus_never_stops_a_tick(world):
     for name, gid in ids.items():
         (d,) = await world.store.item_drafts("support", gid)
         outcome[name] = (d.status, d.error)
-        assert d.status in (AWAITING, SKIPPED), (name, d.status, d.error)
-        if d.status == SKIPPED:
+        assert d.status in (Status.AWAITING, Status.SKIPPED), (name, d.status, d.error)
+        if d.status == Status.SKIPPED:
             assert d.error, name
-    skipped = {n for n, (s, _) in outcome.items() if s == SKIPPED}
+    skipped = {n for n, (s, _) in outcome.items() if s == Status.SKIPPED}
     assert {"no_sender", "bad_from", "garbage"} <= skipped
     assert "no usable sender" in outcome["no_sender"][1]
-    assert outcome["plain"][0] == outcome["huge_5mb"][0] == AWAITING
+    assert outcome["plain"][0] == outcome["huge_5mb"][0] == Status.AWAITING
     huge = (await world.store.item_drafts("support", ids["huge_5mb"]))[0]
     assert huge.message.body_truncated and len(huge.message.body) <= 200_000
     nested = (await world.store.item_drafts("support", ids["nested"]))[0]
@@ -132,4 +132,4 @@ async def test_an_html_bomb_holds_up_no_other_mail(world):
     assert (await world.store.recent_runs("support", 1))[0].status == "ok"
     for gid, body in ((bomb, "Hi"), (plain, "Hello")):
         (d,) = await world.store.item_drafts("support", gid)
-        assert (d.status, d.message.body) == (AWAITING, body)
+        assert (d.status, d.message.body) == (Status.AWAITING, body)

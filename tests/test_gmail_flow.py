@@ -7,7 +7,7 @@ from __future__ import annotations
 import email
 import email.policy
 
-from bot.models import SENT
+from bot.models import Status
 from tests.fakes.gmail import GmailWorld, simple_message
 
 
@@ -19,7 +19,7 @@ async def test_message_in_gmail_is_drafted_approved_and_sent_once_threaded(tmp_p
         counts = await w.tick()
         assert (counts.fetched, counts.new, counts.drafted, counts.posted) == (1, 1, 1, 1)
         (d,) = await w.store.item_drafts("support", gid)
-        assert d.status == SENT and d.decided_by == "demo-auto-approve"
+        assert d.status == Status.SENT and d.decided_by == "demo-auto-approve"
         (reply,) = w.fake.sent()
         assert d.sent_id == reply.id and reply.thread_id == w.fake.messages[gid].thread_id
         m = email.message_from_bytes(reply.raw, policy=email.policy.default)
@@ -28,7 +28,7 @@ async def test_message_in_gmail_is_drafted_approved_and_sent_once_threaded(tmp_p
         assert m["Subject"] == "Re: Where is my order #1042?"
         assert "Hi Dana," in m.get_content()
         assert "DEMO" in w.out.getvalue()
-        for _ in range(2):  # our own reply shows up in history as SENT: not work
+        for _ in range(2):  # our own reply shows up in history as Status.SENT: not work
             mark = w.fake.mark()
             await w.tick()
             assert "messages.send" not in [c.route for c in w.fake.api_calls(mark)]

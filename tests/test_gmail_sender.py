@@ -13,7 +13,7 @@ import httplib2
 import pytest
 
 from bot.mail.reply import reply_message_id
-from bot.models import AWAITING, SEND_FAILED, SENT
+from bot.models import Status
 from tests.fakes.gmail import GmailWorld, simple_message
 
 
@@ -23,7 +23,7 @@ async def _awaiting(w: GmailWorld, *raws: bytes, labels=("INBOX", "UNREAD")):
     for raw in raws:
         w.fake.add_message(raw, labels=list(labels))
     await w.tick()
-    drafts = [d for d in await w.drafts() if d.status == AWAITING]
+    drafts = [d for d in await w.drafts() if d.status == Status.AWAITING]
     assert len(drafts) == len(raws)
     return sorted(drafts, key=lambda d: d.id)
 
@@ -47,7 +47,7 @@ async def test_reply_mime_is_threaded_to_the_original_sender(world):
     original = simple_message(1, extra_headers="References: <a@x.example> <b@x.example>\r\n")
     (d,) = await _awaiting(world, original)
     after = await world.engine.approve(d.id, d.version, "op")
-    assert after.status == SENT
+    assert after.status == Status.SENT
     (post,) = world.fake.calls_to("messages.send")
     assert post.body["threadId"] == d.message.thread_id
     (raw,) = world.fake.received_raw
@@ -114,7 +114,7 @@ async def test_ambiguous_send_is_posted_once_and_ends_sent_after_the_check(world
     assert "may have been delivered" in after.error or "500" in after.error
     await world.engine.drain("support")
     final = await world.store.get_draft(d.id)
-    assert final.status == SENT
+    assert final.status == Status.SENT
     assert len(world.fake.calls_to("messages.send")) == 1
     assert len(world.fake.sent()) == 1 and final.sent_id == world.fake.sent()[0].id
     (check,) = world.fake.calls_to("messages.list")[-1:]
@@ -143,7 +143,7 @@ async def test_not_found_after_unknown_send_stays_unknown_and_never_resends(worl
     assert len(world.fake.calls_to("messages.send")) == 1 and world.fake.sent() == []
     assert "tap Retry" in world.out.getvalue()
     retried = await world.engine.retry_send(d.id, "op")
-    assert retried.status == SENT and len(world.fake.sent()) == 1
+    assert retried.status == Status.SENT and len(world.fake.sent()) == 1
 
 
 @pytest.mark.parametrize("labels", [["INBOX", "UNREAD"], ["SPAM"], ["TRASH"]],
@@ -162,7 +162,7 @@ async def test_a_planted_message_with_the_replys_message_id_does_not_mark_it_sen
     await world.engine.drain("support")
     assert (await world.store.get_draft(d.id)).status == "send_unknown"
     assert world.fake.sent() == [] and "not in Sent" in world.out.getvalue()
-    assert (await world.engine.retry_send(d.id, "op")).status == SENT
+    assert (await world.engine.retry_send(d.id, "op")).status == Status.SENT
     assert len(world.fake.sent()) == 1
 
 
@@ -170,7 +170,7 @@ async def test_4xx_is_send_failed_with_the_reason(world):
     (d,) = await _awaiting(world, simple_message(5))
     world.fake.fail("messages.send", 400, message="Invalid To header")
     after = await world.engine.approve(d.id, d.version, "op")
-    assert after.status == SEND_FAILED
+    assert after.status == Status.SEND_FAILED
     assert "Gmail 400 on messages.send: Invalid To header" in after.error
     assert world.fake.sent() == []
 
@@ -183,7 +183,7 @@ async def test_unreachable_gmail_is_send_failed_not_unknown(world):
     client.api_endpoint = "http://127.0.0.1:9/"
     client._service = None
     after = await world.engine.approve(d.id, d.version, "op")
-    assert after.status == SEND_FAILED and "unreachable" in after.error
+    assert after.status == Status.SEND_FAILED and "unreachable" in after.error
 
 
 async def test_mark_read_and_label_after_send(tmp_path):
@@ -195,11 +195,11 @@ async def test_mark_read_and_label_after_send(tmp_path):
     await w.open()
     try:
         d1, d2 = await _awaiting(w, simple_message(7), simple_message(8))
-        assert (await w.engine.approve(d1.id, d1.version, "op")).status == SENT
+        assert (await w.engine.approve(d1.id, d1.version, "op")).status == Status.SENT
         original = w.fake.messages[d1.item_id]
         assert "UNREAD" not in original.labels and lid in original.labels
         w.fake.fail("messages.modify", 400, times=5)
-        assert (await w.engine.approve(d2.id, d2.version, "op")).status == SENT
+        assert (await w.engine.approve(d2.id, d2.version, "op")).status == Status.SENT
         assert len(w.fake.sent()) == 2
     finally:
         await w.close()
@@ -213,14 +213,14 @@ async def test_gmail_draft_sender_creates_one_draft_in_the_thread(tmp_path):
     try:
         d1, d2 = await _awaiting(w, simple_message(9), simple_message(10))
         ok = await w.engine.approve(d1.id, d1.version, "op")
-        assert ok.status == SENT and ok.sent_id in w.fake.drafts
+        assert ok.status == Status.SENT and ok.sent_id in w.fake.drafts
         (create,) = w.fake.calls_to("drafts.create")
         assert create.body["message"]["threadId"] == d1.message.thread_id
         w.fake.drop_after_accept("drafts.create")
         assert (await w.engine.approve(d2.id, d2.version, "op")).status == "send_unknown"
         await w.engine.drain("support")
         final = await w.store.get_draft(d2.id)
-        assert final.status == SENT and final.sent_id in w.fake.drafts
+        assert final.status == Status.SENT and final.sent_id in w.fake.drafts
         assert len(w.fake.calls_to("drafts.create")) == 2 and len(w.fake.drafts) == 2
         assert w.fake.calls_to("messages.send") == []
         m = _parsed(w.fake.received_raw[1])
@@ -239,7 +239,7 @@ async def test_check_finds_a_reply_gmail_stored_under_its_own_message_id(world):
     assert (await world.engine.approve(d.id, d.version, "op")).status == "send_unknown"
     await world.engine.drain("support")
     final = await world.store.get_draft(d.id)
-    assert final.status == SENT and final.sent_id == world.fake.sent()[0].id
+    assert final.status == Status.SENT and final.sent_id == world.fake.sent()[0].id
     assert len(world.fake.calls_to("messages.send")) == 1
     threads = world.fake.calls_to("threads.get")
     assert threads and all(c.path.endswith("/" + d.message.thread_id) for c in threads)
@@ -260,7 +260,7 @@ async def test_send_timeout_is_unknown_and_resolved_without_a_second_post(tmp_pa
         assert await asyncio.to_thread(w.fake.accepted.wait, 10)
         await w.engine.drain("support")
         final = await w.store.get_draft(d.id)
-        assert final.status == SENT
+        assert final.status == Status.SENT
         assert len(w.fake.calls_to("messages.send")) == 1 and len(w.fake.sent()) == 1
     finally:
         await w.close()
@@ -271,7 +271,7 @@ async def test_revoked_token_at_send_is_send_failed_with_the_command(world):
     (d,) = await _awaiting(world, simple_message(13))
     world.fake.revoke()
     after = await world.engine.approve(d.id, d.version, "op")
-    assert after.status == SEND_FAILED
+    assert after.status == Status.SEND_FAILED
     assert "token expired or revoked; run `draftgate auth gmail --account support" in after.error
     assert world.fake.sent() == []
 
@@ -294,7 +294,7 @@ async def test_token_refresh_failing_before_the_send_is_send_failed(world, tmp_p
         world.fake.refresh_ok = False
     token.write_text(json.dumps(data))
     after = await world.engine.approve(d.id, d.version, "op")
-    assert after.status == SEND_FAILED, after.error
+    assert after.status == Status.SEND_FAILED, after.error
     if case == "token endpoint down":
         assert "cannot refresh the access token" in after.error
         assert "nothing was sent" in after.error
@@ -313,10 +313,10 @@ async def test_retry_after_reauthorising_sends_without_a_restart(world, tmp_path
     (d,) = await _awaiting(world, simple_message(15))
     world.fake.revoke()
     after = await world.engine.approve(d.id, d.version, "op")
-    assert after.status == SEND_FAILED and "draftgate auth gmail" in after.error
+    assert after.status == Status.SEND_FAILED and "draftgate auth gmail" in after.error
     access, refresh = world.fake.reauthorise()  # what `draftgate auth gmail` obtains
     write_token_file(tmp_path / "support-token.json", world.fake, token=access,
                      refresh_token=refresh)
-    assert (await world.engine.retry_send(d.id, "op")).status == SENT
+    assert (await world.engine.retry_send(d.id, "op")).status == Status.SENT
     assert len(world.fake.calls_to("messages.send")) == 2  # the 401, then the reply
     assert len(world.fake.sent()) == 1

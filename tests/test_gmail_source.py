@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bot.models import AWAITING, SKIPPED
+from bot.models import Status
 from tests._stores import set_cursor
 from tests.fakes.gmail import GmailWorld, simple_message
 
@@ -74,7 +74,7 @@ async def test_fifty_new_messages_are_each_fetched_exactly_once(world):
     assert [c.route for c in world.fake.api_calls(mark)] == ["history.list"]
     drafts = await world.drafts()
     assert len(drafts) == 50 and {d.item_id for d in drafts} == set(ids)
-    assert all(d.status == AWAITING for d in drafts)
+    assert all(d.status == Status.AWAITING for d in drafts)
     d = drafts[0]
     assert d.message.thread_id and d.message.source_id == d.item_id
     assert "INBOX" in d.message.labels
@@ -133,7 +133,7 @@ async def test_sent_drafts_spam_own_and_non_matching_mail_are_not_admitted(world
     own = world.fake.add_message(simple_message(6, sender=f"Us <{world.fake.address}>"))
     counts = await world.tick()
     assert sorted((d.item_id, d.status) for d in await world.drafts()) == \
-        sorted([(good, AWAITING), (own, SKIPPED)])
+        sorted([(good, Status.AWAITING), (own, Status.SKIPPED)])
     assert counts.new == 1 and counts.skipped == 1
     assert len(world.fake.calls_to("messages.get")) == 3  # SENT/DRAFT/SPAM not downloaded
 
@@ -370,7 +370,7 @@ async def test_mail_from_our_own_address_is_skipped_with_the_reason(tmp_path, co
             extra_headers="Reply-To: visitor@customer.example\r\n"))
         counts = await w.tick()
         (d,) = await w.store.item_drafts("support", gid)
-        assert d.status == SKIPPED
+        assert d.status == Status.SKIPPED
         assert d.error == f"sent from our own address {w.fake.address}"
         assert counts.skipped == 1 and counts.new == 0
     finally:
@@ -394,7 +394,7 @@ async def test_skip_own_false_drafts_mail_from_our_own_address(tmp_path, configu
             extra_headers="Reply-To: visitor@customer.example\r\n"))
         counts = await w.tick()
         (d,) = await w.store.item_drafts("support", gid)
-        assert d.status == AWAITING and counts.new == 1
+        assert d.status == Status.AWAITING and counts.new == 1
         after = await w.engine.approve(d.id, d.version, "op")
         assert after.status == "sent"
         (reply,) = w.fake.sent()
@@ -630,7 +630,7 @@ async def test_a_match_the_search_misses_at_first_is_admitted_later_exactly_once
     assert (await w.tick()).new == 1  # the index has caught up
     assert [c.route for c in w.fake.api_calls(mark)] == \
         ["history.list", "messages.list", "messages.get"]
-    assert [(d.item_id, d.status) for d in await w.drafts()] == [(gid, AWAITING)]
+    assert [(d.item_id, d.status) for d in await w.drafts()] == [(gid, Status.AWAITING)]
     assert _recheck(await w.store.get_cursor("support", "gmail:support")) == []
     for _ in range(2):
         mark = w.fake.mark()

@@ -8,25 +8,7 @@ import time
 
 import pytest
 
-from bot.models import (
-    APPROVED,
-    AWAITING,
-    DISMISSED,
-    DRAFTING,
-    EXPIRED,
-    FAILED,
-    NOTIFIED,
-    QUEUED,
-    READY,
-    REJECTED,
-    SEND_FAILED,
-    SEND_UNKNOWN,
-    SENDING,
-    SENT,
-    SKIPPED,
-    Item,
-    Status,
-)
+from bot.models import Item, Status
 from bot.store.base import Backend
 from bot.store.sql import Change
 from bot.store.transitions import (
@@ -99,15 +81,15 @@ async def test_every_move_of_both_stores_is_in_the_table_and_every_row_is_used(s
     await rec(st.retry_send(d.id, "anna", now=T0))
     await rec(st.begin_send(d.id))
     assert await rec(recover_sending(st)) == 1
-    assert (await rec(st.mark_sent(d.id, "s-2", now=T0))).status == SENT
+    assert (await rec(st.mark_sent(d.id, "s-2", now=T0))).status == Status.SENT
 
     [d] = await rec.admit("fails")
     d = await rec(st.claim_key(d.key, 600, now=T0))
     d = await rec(st.fail_draft(d.id, d.fence, "503", retryable=True, max_attempts=3, now=T0))
-    assert d.status == QUEUED
+    assert d.status == Status.QUEUED
     [d] = await rec(st.claim(P, 600, now=T0))
     d = await rec(st.fail_draft(d.id, d.fence, "400", retryable=False, max_attempts=3, now=T0))
-    assert d.status == FAILED
+    assert d.status == Status.FAILED
     assert (await rec(st.replay(P, "fails", "anna", now=T0))).outcome == "requeued"
 
     d = await _awaiting(rec, "edited")
@@ -130,16 +112,16 @@ async def test_every_move_of_both_stores_is_in_the_table_and_every_row_is_used(s
         [d] = await rec.admit(item)
         d = await rec(st.claim_key(d.key, 600, now=T0))
         d = await rec(st.record_triage(d.id, d.fence, action, "why", lease_seconds=60, now=T0))
-        if d.status in (DRAFTING, NOTIFIED):
+        if d.status in (Status.DRAFTING, Status.NOTIFIED):
             d = await rec(st.mark_posted(d.id, d.version, "-100", "8")) \
-                if d.status == NOTIFIED else d
+                if d.status == Status.NOTIFIED else d
             rec.seen.add((d.status, d.status))
-        if d.status == DRAFTING:  # reply: drafting goes on under the same claim
+        if d.status == Status.DRAFTING:  # reply: drafting goes on under the same claim
             assert await rec(st.release(d.id, d.fence))
     fyi = await get_draft_by_key(st, f"{P}|{S}|t-fyi|{R}")
-    assert (await rec(st.draft_reply(fyi.id, fyi.version, "anna", now=T0))).status == QUEUED
+    assert (await rec(st.draft_reply(fyi.id, fyi.version, "anna", now=T0))).status == Status.QUEUED
     gone = await get_draft_by_key(st, f"{P}|{S}|t-dismiss|{R}")
-    assert (await rec(st.dismiss(gone.id, gone.version, "anna", now=T0))).status == DISMISSED
+    assert (await rec(st.dismiss(gone.id, gone.version, "anna", now=T0))).status == Status.DISMISSED
     await rec(st.replay(P, "t-dismiss", "anna", now=T0))
     [d] = await rec.admit("t-expires")
     d = await rec(st.claim_key(d.key, 600, now=T0))
@@ -165,8 +147,8 @@ async def test_statuses_are_stored_and_serialised_as_the_same_plain_strings(stor
         "queued", "drafting", "ready", "awaiting", "approved", "sending", "sent",
         "send_failed", "send_unknown", "failed", "skipped", "rejected", "expired",
         "notified", "dismissed"]
-    assert json.dumps({"s": SEND_UNKNOWN}) == '{"s": "send_unknown"}'
-    assert f"{QUEUED}" == "queued" and QUEUED == "queued"
+    assert json.dumps({"s": Status.SEND_UNKNOWN}) == '{"s": "send_unknown"}'
+    assert f"{Status.QUEUED}" == "queued" and Status.QUEUED == "queued"
     await store.admit(P, S, R, [Item("m1", _msg("m1"))], now=T0)
     assert await store.count_by_status() == {"queued": 1}
     [d] = await store.item_drafts(P, "m1")
@@ -175,25 +157,25 @@ async def test_statuses_are_stored_and_serialised_as_the_same_plain_strings(stor
 
 def test_a_transition_the_table_does_not_allow_is_refused_loudly():
     with pytest.raises(IllegalTransition, match="sent -> queued"):
-        cas(REPLAY, "attempt = 0", (), "id = ?", (1,), src=(SENT,))
+        cas(REPLAY, "attempt = 0", (), "id = ?", (1,), src=(Status.SENT,))
     with pytest.raises(IllegalTransition, match="not in the transition table"):
-        cas(Transition("resurrect", (SENT,), QUEUED), "attempt = 0", (), "id = ?", (1,))
+        cas(Transition("resurrect", (Status.SENT,), Status.QUEUED), "attempt = 0", (), "id = ?", (1,))
     # An audited move without its audit row (and the other way round) is refused too.
     approve = Step(APPROVE, "decided_by = ?", ("anna",), "id = ?", (1,))
     with pytest.raises(IllegalTransition, match="audited"):
         Change((approve,))
-    sql, args = cas(REPLAY, "attempt = 0", (), "id = ?", (1,), src=(FAILED,))
+    sql, args = cas(REPLAY, "attempt = 0", (), "id = ?", (1,), src=(Status.FAILED,))
     assert sql == "UPDATE drafts SET status = ?, attempt = 0 WHERE id = ? AND status IN (?)"
-    assert args == (QUEUED, 1, FAILED)
+    assert args == (Status.QUEUED, 1, Status.FAILED)
 
 
 def test_every_status_has_a_way_in_and_every_unfinished_one_a_way_out():
-    into = {t.dst for t in TRANSITIONS.values()} | {QUEUED, SKIPPED}  # admit inserts those
+    into = {t.dst for t in TRANSITIONS.values()} | {Status.QUEUED, Status.SKIPPED}  # admit inserts those
     out = {s for t in TRANSITIONS.values() for s in t.src}
     assert into == set(Status)
-    assert out == set(Status) - {SENT}  # sent is final; /replay refuses it
-    assert {DRAFTING, READY, AWAITING, APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN,
-            FAILED, REJECTED, EXPIRED, NOTIFIED, DISMISSED} <= out
+    assert out == set(Status) - {Status.SENT}  # sent is final; /replay refuses it
+    assert {Status.DRAFTING, Status.READY, Status.AWAITING, Status.APPROVED, Status.SENDING, Status.SEND_FAILED, Status.SEND_UNKNOWN,
+            Status.FAILED, Status.REJECTED, Status.EXPIRED, Status.NOTIFIED, Status.DISMISSED} <= out
 
 
 def test_a_backend_writes_itself_only_what_its_sql_does_differently():
@@ -202,4 +184,4 @@ def test_a_backend_writes_itself_only_what_its_sql_does_differently():
     assert Backend.__abstractmethods__ == {"open", "close", "_run", "unseen", "admit",
                                            "mark_seen", "claim", "verify_audit", "check",
                                            "_append"}
-    assert {EXPIRED, REJECTED} <= set(REPLAY.src)
+    assert {Status.EXPIRED, Status.REJECTED} <= set(REPLAY.src)

@@ -18,25 +18,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..models import (
-    APPROVED,
-    AWAITING,
-    DISMISSED,
-    DRAFTING,
-    EXPIRED,
-    FAILED,
-    NOTIFIED,
-    QUEUED,
-    READY,
-    REJECTED,
-    REPLAYABLE_STATUSES,
-    SEND_FAILED,
-    SEND_UNKNOWN,
-    SENDING,
-    SENT,
-    Draft,
-    used_line,
-)
+from ..models import REPLAYABLE_STATUSES, Draft, Status, used_line
 from ..redact import scrub
 
 MAX_TEXT = 4096  # Telegram's limit for one message
@@ -219,8 +201,8 @@ def _decision_buttons(draft: Draft, cut: bool) -> list[list[Button]]:
 
 def _is_fyi(draft: Draft) -> bool:
     """An FYI card's draft: triage said notify and nothing was drafted (yet)."""
-    return draft.status == NOTIFIED or (draft.triage == "notify" and not draft.body
-                                        and draft.status in (DISMISSED, EXPIRED))
+    return draft.status == Status.NOTIFIED or (draft.triage == "notify" and not draft.body
+                                        and draft.status in (Status.DISMISSED, Status.EXPIRED))
 
 
 def render_fyi(draft: Draft, status: str | None = None) -> Card:
@@ -250,7 +232,7 @@ def quorum_line(votes: list[str] | tuple[str, ...], quorum: int) -> str | None:
 def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1) -> Card:
     """The card an operator decides on, with its buttons (for ``post``); with a quorum,
     who approved this version so far."""
-    if draft.status == NOTIFIED:
+    if draft.status == Status.NOTIFIED:
         return render_fyi(draft)
     top = _header(draft)
     if (line := quorum_line(votes, quorum)) is not None:
@@ -266,30 +248,30 @@ def status_line(draft: Draft) -> str | None:
     at = hhmm(draft.decided_at)
     error = clip(_one_line(scrub(draft.error or "")), _FIELD["error"])[0]
     s, t = draft.status, tag(draft)
-    if s in (AWAITING, NOTIFIED):
+    if s in (Status.AWAITING, Status.NOTIFIED):
         return None
-    if s == SENT:
+    if s == Status.SENT:
         return f"✅ Sent by {who} at {hhmm(draft.updated_at or draft.decided_at)} · {t}"
-    if s in (APPROVED, SENDING):
+    if s in (Status.APPROVED, Status.SENDING):
         return f"⏳ Approved by {who} at {at} · sending… · {t}"
-    if s == REJECTED:
+    if s == Status.REJECTED:
         reason = f"\nReason: {error}" if error else ""
         return f"🗑 Rejected by {who} at {at} · {t}{reason}"
-    if s == SEND_FAILED:
+    if s == Status.SEND_FAILED:
         return (f"❌ Send failed (approved by {who} at {at}) · {t}\n{error or 'no reason given'}"
                 f"\nNothing was sent. Retry sends this version.")
-    if s == SEND_UNKNOWN:
+    if s == Status.SEND_UNKNOWN:
         return (f"❓ Send outcome unknown (approved by {who} at {at}) · {t}\n"
                 f"{error or 'interrupted'}\nCheck the mailbox before you tap Retry.")
-    if s in (QUEUED, DRAFTING):  # no body yet: a first draft an operator asked for
+    if s in (Status.QUEUED, Status.DRAFTING):  # no body yet: a first draft an operator asked for
         return f"🔁 Regenerating · {t} …" if draft.body else f"✍️ Drafting a reply · {t} …"
-    if s == DISMISSED:
+    if s == Status.DISMISSED:
         return f"👋 Dismissed by {who} at {at} · {t}"
-    if s == READY:
+    if s == Status.READY:
         return f"⏳ {t} is ready; updating the card…"
-    if s == EXPIRED:
+    if s == Status.EXPIRED:
         return f"⌛ Expired without a decision · {t}"
-    if s == FAILED:
+    if s == Status.FAILED:
         return f"⚠️ Drafting failed · {t}\n{error}"
     return f"{html.escape(s)} · {t}"
 
@@ -303,18 +285,18 @@ def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum:
         return render_card(draft, votes, quorum)
     if _is_fyi(draft):
         return render_fyi(draft, line)
-    if draft.status in (QUEUED, DRAFTING):
+    if draft.status in (Status.QUEUED, Status.DRAFTING):
         return Card(line + "\n\n" + "\n".join(_header(draft)), [])
     text, cut = _with_body([line, ""] + _header(draft), draft)
     buttons: list[list[Button]] = []
-    if draft.status in (SEND_FAILED, SEND_UNKNOWN):
+    if draft.status in (Status.SEND_FAILED, Status.SEND_UNKNOWN):
         buttons = [[("🔁 Retry send", callback_data(RETRY, draft.id, draft.version))]]
     return Card(text, buttons, cut)
 
 
 def notice_button(draft: Draft) -> Button | None:
     """The button under an ops notice about ``draft``: what can move it on."""
-    if draft.status in (SEND_FAILED, SEND_UNKNOWN):
+    if draft.status in (Status.SEND_FAILED, Status.SEND_UNKNOWN):
         return f"🔁 Retry send #{draft.id}", callback_data(RETRY, draft.id, draft.version)
     if draft.status in REPLAYABLE_STATUSES:
         return f"♻️ Replay #{draft.id}", callback_data(REPLAY, draft.id, draft.version)

@@ -23,7 +23,7 @@ import threading
 from typing import Any, TextIO
 
 from ..errors import DraftgateError
-from ..models import NOTIFIED, REPLAYABLE_STATUSES, Draft, used_line
+from ..models import REPLAYABLE_STATUSES, Draft, Status, used_line
 from ..redact import escape_controls, scrub
 from ..stages import ApprovalChannelBase, Decisions, PostedRef
 
@@ -48,7 +48,7 @@ def render(draft: Draft, *, width: int = 76, excerpt: int = 400) -> str:
             lines.append("» " + "\n  ".join(textwrap.wrap(cut, width - 2)))
     if used_line(draft.used):
         lines.append(used_line(draft.used))
-    if draft.status == NOTIFIED:  # triage said notify: an FYI, no draft
+    if draft.status == Status.NOTIFIED:  # triage said notify: an FYI, no draft
         lines.append(f"🔔 FYI, no reply drafted. Triage: {draft.triage_reason or 'no reason given'}")
         return "\n".join(lines)
     lines.append("Draft:")
@@ -97,7 +97,7 @@ class ConsoleChannel(ApprovalChannelBase):
         when the operator (or demo mode) was asked to decide."""
         if self._decisions is None:
             return False
-        if draft.status == NOTIFIED:
+        if draft.status == Status.NOTIFIED:
             if not self.interactive:
                 self._print("   FYI only: `draftgate review` offers Draft a reply or Dismiss")
                 return False

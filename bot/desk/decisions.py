@@ -17,17 +17,7 @@ from ..engine.channels import Operators
 from ..engine.drafting import Drafting
 from ..engine.sending import Sends
 from ..errors import ConfigError, NotAllowed, describe_error
-from ..models import (
-    AWAITING,
-    EXPIRED,
-    NOTIFIED,
-    SEND_UNKNOWN,
-    SENT,
-    Draft,
-    RunCounts,
-    operator_id,
-    telegram_user,
-)
+from ..models import Draft, RunCounts, Status, operator_id, telegram_user
 from ..service import metrics
 from ..stages import Sender
 from ..store import Store, SweepResult
@@ -111,7 +101,7 @@ class Decisions:
         """(who approved ``d``'s current version so far, the quorum), for its card."""
         quorum = (self.settings.pipeline(d.pipeline).approval.quorum
                   if self.settings.has_pipeline(d.pipeline) else 1)
-        if quorum <= 1 or d.status != AWAITING:
+        if quorum <= 1 or d.status != Status.AWAITING:
             return [], quorum
         return [v.actor for v in await self.store.votes(d.id, d.version)], quorum
 
@@ -139,7 +129,7 @@ class Decisions:
                     "the newest with their ids.")
         d = found[-1]  # the newest recipe's
         await self.may_decide(d, actor, "reply")
-        why = "it was sent already; a sent item is never drafted again" if d.status == SENT \
+        why = "it was sent already; a sent item is never drafted again" if d.status == Status.SENT \
             else None
         if why is None:
             await self.drafting.refuse_if_waiting(d)
@@ -224,7 +214,7 @@ class Decisions:
 
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
         d = await self._decidable(draft_id, actor, "retry send")
-        if d is not None and d.status == SEND_UNKNOWN:
+        if d is not None and d.status == Status.SEND_UNKNOWN:
             # Ask once more before sending again: a reply that did arrive meanwhile
             # must not go out twice because Retry was tapped before the check ran.
             try:
@@ -245,12 +235,12 @@ class Decisions:
         # their buttons go and they say why (the sweep itself is one SQL statement).
         due = [] if ttl is None else [
             d for d in await self.store.pending()
-            if d.status in (AWAITING, NOTIFIED) and d.updated_at < now - ttl * 86400.0]
+            if d.status in (Status.AWAITING, Status.NOTIFIED) and d.updated_at < now - ttl * 86400.0]
         # lease_now: on a shared store the sweep's lease expiry is the database's call.
         result = await sweep(self.store, self.settings, days=days, now=lease_now())
         for d in due:
             fresh = await self.store.get_draft(d.id)
-            if fresh is not None and fresh.status == EXPIRED and self.settings.has_pipeline(d.pipeline):
+            if fresh is not None and fresh.status == Status.EXPIRED and self.settings.has_pipeline(d.pipeline):
                 await self.operators.update_card(fresh)
         return result
 

@@ -17,26 +17,7 @@ from .. import scheduler
 from ..approvals.cards import hhmm
 from ..clock import utc_day
 from ..config.load import PipelineConfig, Settings
-from ..models import (
-    APPROVED,
-    AWAITING,
-    DISMISSED,
-    DRAFTING,
-    EXPIRED,
-    FAILED,
-    NOTIFIED,
-    PENDING_STATUSES,
-    QUEUED,
-    READY,
-    REJECTED,
-    SEND_FAILED,
-    SEND_UNKNOWN,
-    SENDING,
-    SKIPPED,
-    STATUSES,
-    Draft,
-    Run,
-)
+from ..models import PENDING_STATUSES, STATUSES, Draft, Run, Status
 from ..store import ReplayResult, Store, SweepResult
 from ..store.sql import SYSTEM
 
@@ -83,9 +64,9 @@ class PipelineDetail:
 NOT_CONFIGURED = "not configured"
 _RESTORE = "restore its pipeline file and restart to finish them (or Reject on a card)"
 #: Drafts that something still has to move: queued or being drafted, or pending.
-UNFINISHED_STATUSES = (QUEUED, DRAFTING, *PENDING_STATUSES)
+UNFINISHED_STATUSES = (Status.QUEUED, Status.DRAFTING, *PENDING_STATUSES)
 #: What `status <pipeline>` lists by item id, so an operator can `replay` it.
-ATTENTION_STATUSES = (FAILED, SKIPPED, REJECTED, SEND_FAILED, SEND_UNKNOWN, EXPIRED, DISMISSED)
+ATTENTION_STATUSES = (Status.FAILED, Status.SKIPPED, Status.REJECTED, Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.EXPIRED, Status.DISMISSED)
 
 
 @overload
@@ -162,7 +143,7 @@ async def status_all(store: Store, settings: Settings, now: float | None = None)
             name=p.name, schedule=scheduler.describe(p), paused=p.name in paused,
             last_run=_run_dict(runs[0] if runs else None),
             pending=sum(counts.get(s, 0) for s in PENDING_STATUSES),
-            health=health, queued=counts.get(QUEUED, 0) + counts.get(DRAFTING, 0),
+            health=health, queued=counts.get(Status.QUEUED, 0) + counts.get(Status.DRAFTING, 0),
             hold=hold, problem=problem))
     # A pipeline removed from (or renamed in) the configuration may still own drafts
     # that wait for a decision or a send: show it, so they are not silently stranded.
@@ -199,7 +180,7 @@ async def status_one(store: Store, settings: Settings, name: str, now: float | N
                  for d in await store.recent(name, ATTENTION_STATUSES, limit=limit)]
     return PipelineDetail(
         name=name, schedule=scheduler.describe(p), paused=paused, health=health,
-        problem=problem, queued=counts.get(QUEUED, 0) + counts.get(DRAFTING, 0), hold=hold,
+        problem=problem, queued=counts.get(Status.QUEUED, 0) + counts.get(Status.DRAFTING, 0), hold=hold,
         runs=[_run_dict(r) for r in runs], last_green=_run_dict(last_green),
         first_red_after_green=_run_dict(first_red),
         pending=sum(counts.get(s, 0) for s in PENDING_STATUSES), seen=await store.seen_count(name),
@@ -387,11 +368,11 @@ def format_status_one(d: PipelineDetail) -> str:
 
 #: How `pending` names each unfinished state.
 _PENDING_STATE: dict[str, str] = {
-    QUEUED: "queued for drafting", DRAFTING: "being drafted",
-    READY: "not posted yet", AWAITING: "awaiting decision",
-    APPROVED: "approved, sending", SENDING: "sending", SEND_FAILED: "send failed, Retry offered",
-    SEND_UNKNOWN: "send outcome unknown, being checked",
-    NOTIFIED: "FYI card, no draft (Draft a reply or Dismiss)",
+    Status.QUEUED: "queued for drafting", Status.DRAFTING: "being drafted",
+    Status.READY: "not posted yet", Status.AWAITING: "awaiting decision",
+    Status.APPROVED: "approved, sending", Status.SENDING: "sending", Status.SEND_FAILED: "send failed, Retry offered",
+    Status.SEND_UNKNOWN: "send outcome unknown, being checked",
+    Status.NOTIFIED: "FYI card, no draft (Draft a reply or Dismiss)",
 }
 
 
@@ -404,7 +385,7 @@ def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str
     for d in drafts:
         if settings is not None and not settings.has_pipeline(d.pipeline):
             what = "restore its file and restart to finish this draft"
-            if d.status == AWAITING:
+            if d.status == Status.AWAITING:
                 what += ", or Reject it on its card"
             lines.append(f"{d.pipeline} #{d.id} v{d.version} · {d.status} · ⚠ pipeline "
                          f"{d.pipeline} is not configured: {what}")
@@ -412,7 +393,7 @@ def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str
         who = d.message.from_addr or d.message.slot
         subj = d.message.subject or "(no subject)"
         state = _PENDING_STATE.get(d.status, d.status)
-        if d.status == NOTIFIED and not d.approval_message_id:
+        if d.status == Status.NOTIFIED and not d.approval_message_id:
             state = "FYI card not posted yet"
         where = f" · card {d.approval_chat}/{d.approval_message_id}" if d.approval_message_id else ""
         lines.append(f"{d.pipeline} #{d.id} v{d.version} · {state} · {who} · {subj[:60]}{where}")
@@ -453,7 +434,7 @@ def format_emails(pipeline: str, drafts: list[Draft]) -> str:
     lines = []
     for d in drafts:
         subject = " ".join((d.message.subject or d.message.slot or "(no subject)").split())
-        reason = f" ({d.error[:60]})" if d.status == SKIPPED and d.error else ""
+        reason = f" ({d.error[:60]})" if d.status == Status.SKIPPED and d.error else ""
         lines.append(f"#{d.id} {d.status}{reason} · {subject[:60]}\n   {d.item_id}")
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ from ..errors import (
     DraftgateError,
     describe_error,
 )
-from ..models import FAILED, NOTIFIED, SKIPPED, Draft, DraftRequest, RunCounts
+from ..models import Draft, DraftRequest, RunCounts, Status
 from ..service import logfmt
 from ..stages import Drafter, Source, Triager
 from ..store import Store
@@ -275,14 +275,14 @@ class Drafting:
             await self.store.add_tokens(p.name, decision.tokens, now=self.clock())
             return None
         log.info("%s #%d: triage %s: %s", p.name, d.id, decision.action, decision.reason)
-        if after.status in (SKIPPED, NOTIFIED):
-            if after.status == SKIPPED:
+        if after.status in (Status.SKIPPED, Status.NOTIFIED):
+            if after.status == Status.SKIPPED:
                 counts.skipped += 1
             else:
                 counts.notified += 1
             if p.mark_seen == "on_success":  # final (or up to an operator), like skipped
                 await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())
-            if after.status == NOTIFIED and ready is not None:
+            if after.status == Status.NOTIFIED and ready is not None:
                 ready(after)  # its FYI card goes out like a draft's card
             return None
         return after
@@ -299,7 +299,7 @@ class Drafting:
             log.exception("%s: drafter crashed on %s", p.name, d.key, exc_info=exc)
         after = await self.store.fail_draft(d.id, d.fence, reason, retryable=retryable,
                                             max_attempts=p.max_attempts, now=self.clock())
-        if after is not None and after.status == FAILED:
+        if after is not None and after.status == Status.FAILED:
             counts.failed += 1
             if p.mark_seen == "on_success":  # final, like skipped (see bot.engine.admit)
                 await self.store.mark_seen(p.name, d.scope, [d.item_id], now=self.clock())

@@ -16,7 +16,7 @@ from typing import Callable
 from .. import scheduler
 from ..config.load import PipelineConfig, Settings
 from ..errors import describe_error
-from ..models import AWAITING, FAILED, SEND_FAILED, Draft
+from ..models import Draft, Status
 from ..store import Store
 from .channels import Operators
 
@@ -81,7 +81,7 @@ class Desk:
     async def _remind(self, p: PipelineConfig, d: Draft, every: float) -> int:
         now = self.clock()
         n = min(MAX_REMINDERS, int((now - d.updated_at) // every))
-        if d.status != AWAITING or n < 1 or not await self.store.claim_notice(
+        if d.status != Status.AWAITING or n < 1 or not await self.store.claim_notice(
                 f"remind|{d.id}|{d.version}|{n}", now, draft_id=d.id, version=d.version):
             return 0
         waited = _age(now - d.updated_at)
@@ -120,9 +120,9 @@ class Desk:
             prefix = f"{p.name}|"
             sent = await self.store.count_audit("sent", prefix, since, until)
             rejected = await self.store.count_audit("reject", prefix, since, until)
-            failed = sum(1 for d in await self.store.recent(p.name, (FAILED, SEND_FAILED), 1000)
+            failed = sum(1 for d in await self.store.recent(p.name, (Status.FAILED, Status.SEND_FAILED), 1000)
                          if since <= d.updated_at < until)
-            waiting = [d for d in await self.store.pending(p.name) if d.status == AWAITING]
+            waiting = [d for d in await self.store.pending(p.name) if d.status == Status.AWAITING]
             oldest = f" (oldest {_age(now - min(d.updated_at for d in waiting))})" \
                 if waiting else ""
             lines.append(f"{p.name}: drafted {made} · sent {sent} · rejected {rejected} · "

@@ -13,7 +13,7 @@ from typing import Callable
 
 from ..config.load import PipelineConfig, Settings
 from ..errors import SendFailed, SendUnknown, describe_error
-from ..models import SEND_UNKNOWN, Draft, RunCounts
+from ..models import Draft, RunCounts, Status
 from ..service import logfmt, metrics
 from ..stages import Sender
 from ..store import Store
@@ -90,7 +90,7 @@ class Sends:
         try:
             await asyncio.sleep(self.check_delay)
             d = await self.store.get_draft(draft_id)
-            if d is not None and d.status == SEND_UNKNOWN:
+            if d is not None and d.status == Status.SEND_UNKNOWN:
                 await self._check_one(self.settings.pipeline(d.pipeline), d)
         finally:
             if self._checking.get(draft_id, ("", None))[1] is asyncio.current_task():

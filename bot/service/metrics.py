@@ -29,14 +29,14 @@ from prometheus_client import (
     generate_latest,
 )
 
-from ..models import AWAITING, SEND_FAILED, SEND_UNKNOWN, SENT, Draft, DraftRequest, DraftResult
+from ..models import Draft, DraftRequest, DraftResult, Status
 from .health import Health, pipeline_bound
 
 #: Store-read gauges are refreshed at most this often, however often /metrics is scraped.
 STORE_CACHE_SECONDS = 5.0
 _SHARED = " Read from the store: with several hosts on one store, every host reports " \
           "the same value."
-_SEND_OUTCOME: dict[str, str] = {SENT: "sent", SEND_FAILED: "failed", SEND_UNKNOWN: "unknown"}
+_SEND_OUTCOME: dict[str, str] = {Status.SENT: "sent", Status.SEND_FAILED: "failed", Status.SEND_UNKNOWN: "unknown"}
 
 
 class Metrics:
@@ -122,7 +122,7 @@ class Observer:
                 m.drafts.labels(pipeline, status).set(n)
             m.oldest_card.clear()
             now = time.time()
-            for pipeline, _status in {k for k in counts if k[1] == AWAITING}:
+            for pipeline, _status in {k for k in counts if k[1] == Status.AWAITING}:
                 m.oldest_card.labels(pipeline).set(max(0.0, now - oldest[pipeline]))
             self._store_read = time.monotonic()
 

@@ -30,7 +30,7 @@ import asyncpg
 
 from ..clock import wall
 from ..errors import StoreError
-from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
+from ..models import Draft, Item, Status, draft_key
 from ..redact import redact_url
 from . import chain
 from .base import AdmitResult, StoreMissing
@@ -309,7 +309,7 @@ class PostgresStore(SqlStore):
         keys, statuses, item_ids, payloads, errors = [], [], [], [], []
         for item in unique.values():
             keys.append(draft_key(pipeline, scope, item.item_id, recipe))
-            statuses.append(SKIPPED if item.skip_reason else QUEUED)
+            statuses.append(Status.SKIPPED if item.skip_reason else Status.QUEUED)
             item_ids.append(item.item_id)
             payloads.append(item.message.to_json())
             errors.append(self._clean(item.skip_reason))
@@ -323,7 +323,7 @@ class PostgresStore(SqlStore):
                                               zip(keys, errors, strict=True) if k in inserted])
         for key, status in zip(keys, statuses, strict=True):
             if key in inserted:
-                (result.skipped if status == SKIPPED else result.new).append(key)
+                (result.skipped if status == Status.SKIPPED else result.new).append(key)
         result.already_seen += len(unique) - len(inserted)
         return result
 

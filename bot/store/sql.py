@@ -12,22 +12,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from ..clock import utc_day
-from ..models import (
-    APPROVED,
-    AWAITING,
-    DRAFTING,
-    NOTIFIED,
-    PENDING_STATUSES,
-    QUEUED,
-    READY,
-    SEND_UNKNOWN,
-    SENDING,
-    AuditEntry,
-    Draft,
-    Run,
-    Vote,
-    operator_id,
-)
+from ..models import PENDING_STATUSES, AuditEntry, Draft, Run, Status, Vote, operator_id
 from ..redact import scrub
 from . import chain
 from .chain import Record
@@ -239,7 +224,7 @@ class SqlStore(SqlOps, ContextSql):
         # The vote and the CAS in one transaction, under the draft's row lock (where the
         # backend has row locks), so of two operators tapping at once the later one sees
         # the earlier vote: exactly one of them moves the draft, or neither (quorum 3).
-        vote = (VOTE_SQL, (operator_id(actor), actor, t, draft_id, version, AWAITING))
+        vote = (VOTE_SQL, (operator_id(actor), actor, t, draft_id, version, Status.AWAITING))
         count = ("SELECT COUNT(*) FROM approvals WHERE draft_id = ? AND version = ?",
                  (draft_id, version))
 
@@ -288,7 +273,7 @@ class SqlStore(SqlOps, ContextSql):
             "PRECISION) WHERE CAST(? AS INTEGER) IS NULL OR EXISTS ("
             "SELECT 1 FROM drafts WHERE id = ? AND version = ? AND status = ?) "
             "ON CONFLICT (key) DO NOTHING",
-            (key, self._now(now), draft_id, draft_id, version, AWAITING)) == 1
+            (key, self._now(now), draft_id, draft_id, version, Status.AWAITING)) == 1
 
     async def edit(self, draft_id: int, version: int, body: str, actor: str,
                    now: float | None = None) -> Draft | None:
@@ -391,21 +376,21 @@ class SqlStore(SqlOps, ContextSql):
         """Drafts in ``ready`` (never posted, or re-drafted) and ``notified`` ones whose
         FYI card was never posted, oldest first."""
         where = "(status = ? OR (status = ? AND approval_message_id IS NULL))"
-        args: tuple = (READY, NOTIFIED)
+        args: tuple = (Status.READY, Status.NOTIFIED)
         if pipeline is not None:
             where, args = "pipeline = ? AND " + where, (pipeline, *args)
         return await self._select_drafts(where, args, f"ORDER BY id LIMIT {int(limit)}")
 
     async def approved(self, pipeline: str | None = None) -> list[Draft]:
         """Drafts in ``approved`` (approved but the send was not begun)."""
-        return await self._by_status((APPROVED,), pipeline)
+        return await self._by_status((Status.APPROVED,), pipeline)
 
     async def send_unknown(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status((SEND_UNKNOWN,), pipeline)
+        return await self._by_status((Status.SEND_UNKNOWN,), pipeline)
 
     async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
         """Drafts not drafted yet (``queued`` or ``drafting``), oldest first."""
-        return await self._by_status((QUEUED, DRAFTING), pipeline,
+        return await self._by_status((Status.QUEUED, Status.DRAFTING), pipeline,
                                      f"ORDER BY id LIMIT {int(limit)}")
 
     async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
@@ -565,7 +550,7 @@ class SqlStore(SqlOps, ContextSql):
     async def sending_holders(self) -> list[str]:
         """The distinct ``send_holder`` values of rows in ``sending``."""
         rows = await self._query("SELECT DISTINCT send_holder FROM drafts WHERE status = ? "
-                                 "AND send_holder IS NOT NULL", (SENDING,))
+                                 "AND send_holder IS NOT NULL", (Status.SENDING,))
         return [r[0] for r in rows]
 
     async def try_lock(self, name: str, holder: str, ttl_seconds: float,

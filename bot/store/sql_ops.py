@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ..models import AWAITING, REPLAYABLE_STATUSES, SENT, STATUSES, TERMINAL_STATUSES
+from ..models import REPLAYABLE_STATUSES, STATUSES, TERMINAL_STATUSES, Status
 from .base import ABANDONED_SEND, HEARTBEAT_PREFIX, Backend, ReplayResult, SweepResult
 from .rows import DRAFT_COLS, Db, draft_from_row, select_drafts, status_where
 from .transitions import EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY, cas
@@ -31,7 +31,7 @@ class SqlOps(Backend):
             drafts = await select_drafts(db, "pipeline = ? AND item_id = ?", (pipeline, item_id),
                                          "ORDER BY id" + self.FOR_UPDATE)
             # A sent item is never replayed, nor one still in flight.
-            sent = [d for d in drafts if d.status == SENT]
+            sent = [d for d in drafts if d.status == Status.SENT]
             busy = [d for d in drafts if d.status not in REPLAYABLE_STATUSES]
             if not drafts:
                 removed = await db.run("DELETE FROM seen_items WHERE pipeline = ? AND item_id = ?",
@@ -193,4 +193,4 @@ class SqlOps(Backend):
         done = await self._query("SELECT pipeline, status, SUM(n) FROM draft_counts "
                                  "GROUP BY pipeline, status HAVING SUM(n) > 0")
         return ({(r[0], r[1]): int(r[2]) for r in [*rows, *done]},
-                {r[0]: float(r[3]) for r in rows if r[1] == AWAITING})
+                {r[0]: float(r[3]) for r in rows if r[1] == Status.AWAITING})

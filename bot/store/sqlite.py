@@ -30,7 +30,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 import aiosqlite
 
 from ..errors import StoreError
-from ..models import QUEUED, SKIPPED, Draft, Item, draft_key
+from ..models import Draft, Item, Status, draft_key
 from . import chain
 from .base import AdmitResult, StoreMissing
 from .rows import CURSOR_SQL, DRAFT_COLS, Db, admit_record, draft_from_row
@@ -288,7 +288,7 @@ class SQLiteStore(SqlStore):
             else:
                 fresh = await _unseen(db, pipeline, scope, ids)
             rows = [(keys[i], pipeline, scope, i, recipe,
-                     SKIPPED if unique[i].skip_reason else QUEUED, unique[i].message.to_json(),
+                     Status.SKIPPED if unique[i].skip_reason else Status.QUEUED, unique[i].message.to_json(),
                      unique[i].skip_reason, t, t) for i in ids if i in fresh]
             made = await _inserted(db, _DRAFT_INSERT, rows)  # no draft by that key yet
             rows = [r for r in rows if r[0] in made]

@@ -13,25 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ..models import (
-    APPROVED,
-    AWAITING,
-    DISMISSED,
-    DRAFTING,
-    EXPIRED,
-    FAILED,
-    NOTIFIED,
-    QUEUED,
-    READY,
-    REJECTED,
-    REPLAYABLE_STATUSES,
-    SEND_FAILED,
-    SEND_UNKNOWN,
-    SENDING,
-    SENT,
-    SKIPPED,
-    Status,
-)
+from ..models import REPLAYABLE_STATUSES, Status
 
 
 class IllegalTransition(RuntimeError):
@@ -46,38 +28,38 @@ class Transition:
     audited: bool = False  # an audit row goes with it, in the same transaction
 
 
-CLAIM = Transition("claim", (QUEUED,), DRAFTING)
-FINISH = Transition("finish", (DRAFTING,), READY, audited=True)  # "draft": model, tokens
-RETRY = Transition("retry", (DRAFTING,), QUEUED)  # a retryable drafting error
-FAIL = Transition("fail", (DRAFTING,), FAILED)
-RELEASE = Transition("release", (DRAFTING,), QUEUED)  # budget spent, shutdown
-LEASE_RETRY = Transition("lease_retry", (DRAFTING,), QUEUED)  # lease expired
-LEASE_FAIL = Transition("lease_fail", (DRAFTING,), FAILED)  # ... on the last attempt
-POST = Transition("post", (READY,), AWAITING)
-APPROVE = Transition("approve", (AWAITING,), APPROVED, audited=True)
-EDIT = Transition("edit", (AWAITING,), READY, audited=True)
-REGENERATE = Transition("regenerate", (AWAITING,), QUEUED, audited=True)
-REJECT = Transition("reject", (AWAITING,), REJECTED, audited=True)
-EXPIRE = Transition("expire", (AWAITING, NOTIFIED), EXPIRED)
-BEGIN_SEND = Transition("begin_send", (APPROVED,), SENDING)
-MARK_SENT = Transition("sent", (SENDING, SEND_UNKNOWN), SENT, audited=True)
-MARK_SEND_FAILED = Transition("send_failed", (SENDING,), SEND_FAILED)
-MARK_SEND_UNKNOWN = Transition("send_unknown", (SENDING,), SEND_UNKNOWN)
-RECOVER_SEND = Transition("recover_send", (SENDING,), SEND_UNKNOWN)  # its sender is gone
-RETRY_SEND = Transition("retry_send", (SEND_FAILED, SEND_UNKNOWN), APPROVED, audited=True)
+CLAIM = Transition("claim", (Status.QUEUED,), Status.DRAFTING)
+FINISH = Transition("finish", (Status.DRAFTING,), Status.READY, audited=True)  # "draft": model, tokens
+RETRY = Transition("retry", (Status.DRAFTING,), Status.QUEUED)  # a retryable drafting error
+FAIL = Transition("fail", (Status.DRAFTING,), Status.FAILED)
+RELEASE = Transition("release", (Status.DRAFTING,), Status.QUEUED)  # budget spent, shutdown
+LEASE_RETRY = Transition("lease_retry", (Status.DRAFTING,), Status.QUEUED)  # lease expired
+LEASE_FAIL = Transition("lease_fail", (Status.DRAFTING,), Status.FAILED)  # ... on the last attempt
+POST = Transition("post", (Status.READY,), Status.AWAITING)
+APPROVE = Transition("approve", (Status.AWAITING,), Status.APPROVED, audited=True)
+EDIT = Transition("edit", (Status.AWAITING,), Status.READY, audited=True)
+REGENERATE = Transition("regenerate", (Status.AWAITING,), Status.QUEUED, audited=True)
+REJECT = Transition("reject", (Status.AWAITING,), Status.REJECTED, audited=True)
+EXPIRE = Transition("expire", (Status.AWAITING, Status.NOTIFIED), Status.EXPIRED)
+BEGIN_SEND = Transition("begin_send", (Status.APPROVED,), Status.SENDING)
+MARK_SENT = Transition("sent", (Status.SENDING, Status.SEND_UNKNOWN), Status.SENT, audited=True)
+MARK_SEND_FAILED = Transition("send_failed", (Status.SENDING,), Status.SEND_FAILED)
+MARK_SEND_UNKNOWN = Transition("send_unknown", (Status.SENDING,), Status.SEND_UNKNOWN)
+RECOVER_SEND = Transition("recover_send", (Status.SENDING,), Status.SEND_UNKNOWN)  # its sender is gone
+RETRY_SEND = Transition("retry_send", (Status.SEND_FAILED, Status.SEND_UNKNOWN), Status.APPROVED, audited=True)
 # Triage (before drafting version 1): its decision is stored with the draft and audited
 # in the same transaction. reply keeps the claim (and renews its lease) for drafting.
-TRIAGE_REPLY = Transition("triage_reply", (DRAFTING,), DRAFTING, audited=True)
-TRIAGE_NOTIFY = Transition("triage_notify", (DRAFTING,), NOTIFIED, audited=True)
-TRIAGE_SKIP = Transition("triage_skip", (DRAFTING,), SKIPPED, audited=True)
-POST_FYI = Transition("post_fyi", (NOTIFIED,), NOTIFIED)  # its FYI card is recorded
-DRAFT_REPLY = Transition("draft_reply", (NOTIFIED,), QUEUED, audited=True)  # an operator asks
-DISMISS = Transition("dismiss", (NOTIFIED,), DISMISSED, audited=True)
-REPLAY = Transition("replay", tuple(Status(s) for s in REPLAYABLE_STATUSES), QUEUED, audited=True)
+TRIAGE_REPLY = Transition("triage_reply", (Status.DRAFTING,), Status.DRAFTING, audited=True)
+TRIAGE_NOTIFY = Transition("triage_notify", (Status.DRAFTING,), Status.NOTIFIED, audited=True)
+TRIAGE_SKIP = Transition("triage_skip", (Status.DRAFTING,), Status.SKIPPED, audited=True)
+POST_FYI = Transition("post_fyi", (Status.NOTIFIED,), Status.NOTIFIED)  # its FYI card is recorded
+DRAFT_REPLY = Transition("draft_reply", (Status.NOTIFIED,), Status.QUEUED, audited=True)  # an operator asks
+DISMISS = Transition("dismiss", (Status.NOTIFIED,), Status.DISMISSED, audited=True)
+REPLAY = Transition("replay", tuple(Status(s) for s in REPLAYABLE_STATUSES), Status.QUEUED, audited=True)
 # /reply: an operator asks for a (new) draft of an item that waits for a decision or
 # ended without a send (skipped, rejected, failed, expired, dismissed), or an FYI card
 # (as Draft a reply does); never of a sent one.
-ON_DEMAND = Transition("on_demand", (AWAITING, NOTIFIED, *REPLAY.src), QUEUED, audited=True)
+ON_DEMAND = Transition("on_demand", (Status.AWAITING, Status.NOTIFIED, *REPLAY.src), Status.QUEUED, audited=True)
 
 #: APPROVE's extra condition: as many distinct operators approved this very version as
 #: the quorum (``?``). Votes are rows of ``approvals`` (see :data:`VOTE_SQL`), so the
@@ -85,7 +67,7 @@ ON_DEMAND = Transition("on_demand", (AWAITING, NOTIFIED, *REPLAY.src), QUEUED, a
 QUORUM_MET = ("(SELECT COUNT(*) FROM approvals WHERE approvals.draft_id = drafts.id"
               " AND approvals.version = drafts.version) >= ?")
 #: One operator's vote for one version, only while that version awaits a decision; the
-#: same operator twice is one row. Args: operator, actor, at, draft id, version, AWAITING.
+#: same operator twice is one row. Args: operator, actor, at, draft id, version, Status.AWAITING.
 VOTE_SQL = ("INSERT INTO approvals (draft_id, version, operator, actor, at)"
             " SELECT id, version, CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS DOUBLE PRECISION)"
             " FROM drafts WHERE id = ? AND version = ? AND status = ?"

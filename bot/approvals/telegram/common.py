@@ -12,20 +12,7 @@ from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
 from ...config import telegram as config_telegram
-from ...models import (
-    APPROVED,
-    DISMISSED,
-    DRAFTING,
-    NOTIFIED,
-    QUEUED,
-    READY,
-    REJECTED,
-    SEND_FAILED,
-    SEND_UNKNOWN,
-    SENDING,
-    SENT,
-    Draft,
-)
+from ...models import Draft, Status
 from ...redact import scrub
 from .. import cards
 
@@ -122,18 +109,18 @@ def card_ref(draft: Draft) -> tuple[int, int] | None:
 def already(draft: Draft) -> str:
     """Why a decision on ``draft`` did nothing: what it is now, and who decided."""
     who, s = cards.actor_name(draft.decided_by), draft.status
-    if s in (SENT, REJECTED):
-        return f"Already decided: {'sent' if s == SENT else 'rejected'} by {who}."
-    if s in (APPROVED, SENDING, SEND_FAILED, SEND_UNKNOWN):
-        return f"Already approved by {who}; " + ("sending." if s in (APPROVED, SENDING) else
+    if s in (Status.SENT, Status.REJECTED):
+        return f"Already decided: {'sent' if s == Status.SENT else 'rejected'} by {who}."
+    if s in (Status.APPROVED, Status.SENDING, Status.SEND_FAILED, Status.SEND_UNKNOWN):
+        return f"Already approved by {who}; " + ("sending." if s in (Status.APPROVED, Status.SENDING) else
                                                  "the send needs attention (see the card).")
-    if s in (QUEUED, DRAFTING):
+    if s in (Status.QUEUED, Status.DRAFTING):
         return ("Being regenerated; wait for the new version." if draft.body else
                 "A reply is being drafted; the card turns into it.")
-    if s == NOTIFIED:
+    if s == Status.NOTIFIED:
         return "This is an FYI card: tap ✍️ Draft a reply or 👋 Dismiss."
-    if s == DISMISSED:
+    if s == Status.DISMISSED:
         return f"Already dismissed by {who}."
-    if s == READY:
+    if s == Status.READY:
         return "A new version is being posted; use the updated card."
     return f"Nothing to do: the draft is {s}."

@@ -30,17 +30,7 @@ from telegram.ext import (
 
 from ...desk import reports as ops
 from ...errors import ApprovalError, ConfigError, DrafterError, DraftgateError, NotAllowed
-from ...models import (
-    AWAITING,
-    NOTIFIED,
-    READY,
-    REPLAYABLE_STATUSES,
-    SEND_FAILED,
-    SEND_UNKNOWN,
-    SENDING,
-    SENT,
-    Draft,
-)
+from ...models import REPLAYABLE_STATUSES, Draft, Status
 from ...stages import PostedRef
 from .. import cards
 from .common import actor, already, answer, card_ref, channel_of, log, message_of, operator, plain
@@ -154,7 +144,7 @@ async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
     tapped copy is removed. The tap then acts as on the recorded card. (``_tap``
     checked that the message carries this tap's data and names this draft and
     version in its header: it is a copy of this draft's card, never another's.)"""
-    if draft.status == READY or (draft.status == NOTIFIED and draft.approval_message_id is None):
+    if draft.status == Status.READY or (draft.status == Status.NOTIFIED and draft.approval_message_id is None):
         # A card of exactly this version exists (the tap came from it) though the
         # draft still waits to be posted: that card is its card. An older card
         # recorded for an earlier version does not change that.
@@ -170,17 +160,17 @@ async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
 # -- the families --------------------------------------------------------------------------------
 
 async def _approve(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
-    if draft.status != AWAITING:
+    if draft.status != Status.AWAITING:
         return already(draft)
     # The draft read to check the tap goes with it: the decision does not read it again.
     after = await ch.decisions.approve(draft.id, cb.version, actor(query.from_user), draft)
-    if after is not None and after.status == AWAITING:  # the quorum is not met yet
+    if after is not None and after.status == Status.AWAITING:  # the quorum is not met yet
         await ch.update(after)
         votes, quorum = await ch.decisions.votes(after)
         return f"✅ Your approval counts ({len(votes)}/{quorum}); it sends at {quorum}."
     return await _sent(ch, draft, after) or {
-        SENT: "✅ Sent.", SEND_FAILED: "❌ Send failed; see the card.",
-        SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
+        Status.SENT: "✅ Sent.", Status.SEND_FAILED: "❌ Send failed; see the card.",
+        Status.SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
             after.status, f"Approved ({after.status}).")
 
 
@@ -189,16 +179,16 @@ async def _sent(ch: Any, draft: Draft, after: Draft | None) -> str | None:
     outcome is on the card already (the engine shows it); any other state is shown."""
     if after is None:
         return already(await ch.decisions.draft(draft.id) or draft)
-    # SENDING: another host's send holds it and shows its outcome on the card; an edit
+    # Status.SENDING: another host's send holds it and shows its outcome on the card; an edit
     # from here ("sending…") could reach Telegram after that one and hide it.
-    if after.status not in (SENT, SEND_FAILED, SEND_UNKNOWN, SENDING):
+    if after.status not in (Status.SENT, Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.SENDING):
         await ch.update(after)
     return None
 
 
 async def _prompt(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     """Edit / Regenerate / Reject: ask for the text (a reply to the prompt)."""
-    if draft.status != AWAITING:
+    if draft.status != Status.AWAITING:
         return already(draft)
     kind = {cards.EDIT: cards.PROMPT_EDIT, cards.REGENERATE: cards.PROMPT_REGENERATE,
             cards.REJECT: cards.PROMPT_REJECT}[cb.action]
@@ -220,10 +210,10 @@ async def _prompt(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id
 
 
 async def _retry(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
-    if draft.status not in (SEND_FAILED, SEND_UNKNOWN):
+    if draft.status not in (Status.SEND_FAILED, Status.SEND_UNKNOWN):
         return already(draft)
     after = await ch.decisions.retry_send(draft.id, actor(query.from_user))
-    return await _sent(ch, draft, after) or {SENT: "✅ Sent."}.get(after.status,
+    return await _sent(ch, draft, after) or {Status.SENT: "✅ Sent."}.get(after.status,
                                                                   f"Retried: {after.status}.")
 
 
@@ -243,7 +233,7 @@ async def _replay(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id
 
 async def _fyi(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     """Draft a reply / Dismiss on an FYI card (triage said notify)."""
-    if draft.status != NOTIFIED:
+    if draft.status != Status.NOTIFIED:
         return already(draft)
     who = actor(query.from_user)
     try:
@@ -301,7 +291,7 @@ async def _target(update: Update, context: Context, not_to_bot: str = ""
     elif version != draft.version:
         problem = (f"Not applied: {cards.tag(draft)} is the current version, you answered "
                    f"for v{version}.")
-    elif draft.status != AWAITING:
+    elif draft.status != Status.AWAITING:
         problem = f"Not applied: {already(draft)}"
     else:
         return kind, draft
