@@ -10,7 +10,7 @@ drafter, approval channel or sender sits behind them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol, runtime_checkable
+from typing import Any, Awaitable, Callable, Protocol, runtime_checkable
 
 from .models import (
     Draft,
@@ -76,56 +76,22 @@ class PostedRef:
     message_id: str
 
 
-class Decisions(Protocol):
-    """What an approval channel calls when an operator acts. Implemented by
-    ``bot.desk.decisions.Decisions``, handed on by ``bot.engine.engine.Engine``. Each returns the
-    draft after the transition, or ``None`` when the CAS did not match (double tap,
-    old version, already decided)."""
-
-    async def approve(self, draft_id: int, version: int, actor: str,
-                      draft: Draft | None = None) -> Draft | None: ...
-    async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None: ...
-    async def regenerate(self, draft_id: int, version: int, actor: str,
-                         instruction: str = "") -> Draft | None: ...
-    async def reject(self, draft_id: int, version: int, actor: str,
-                     reason: str = "") -> Draft | None: ...
-    async def retry_send(self, draft_id: int, actor: str) -> Draft | None: ...
-    # An FYI card (triage said notify): draft a reply after all, or dismiss it.
-    async def draft_reply(self, draft_id: int, version: int, actor: str) -> Draft | None: ...
-    async def dismiss(self, draft_id: int, version: int, actor: str) -> Draft | None: ...
-
-    # What a channel reads and records goes through here too: it never touches the store.
-    async def draft(self, draft_id: int) -> Draft | None: ...
-    async def record_prompt(self, chat: int | str, message_id: int | str, record: str,
-                            actor: str) -> None: ...
-    async def prompt_record(self, chat: int | str, message_id: int | str) -> str | None: ...
-    async def adopt_card(self, d: Draft, chat: str, message_id: str) -> Draft: ...
-    async def card_stale(self, draft_id: int, stale: bool) -> None: ...
-    async def stale_cards(self, limit: int = 50) -> list[Draft]: ...
-
-    # The team desk: who may decide, the quorum's votes, drafts on demand.
-    async def may_decide(self, d: Draft, actor: str, what: str) -> None: ...
-    async def may_act(self, pipeline: str, actor: str, what: str,
-                      key: str | None = None) -> None: ...
-    def may_see(self, pipeline: str, actor: str) -> bool: ...
-    async def votes(self, d: Draft) -> tuple[list[str], int]: ...
-    async def pending_for(self, actor: str) -> tuple[list[Draft], int]: ...
-    async def reply(self, pipeline: str, item_id: str, instruction: str, actor: str) -> str: ...
-    async def emails(self, pipeline: str, n: int, actor: str) -> list[Draft]: ...
-
-
 @runtime_checkable
 class ApprovalChannel(Protocol):
+    """Where cards go. Started by :class:`bot.app.App` with the operator desk
+    (:class:`bot.desk.desk.OperatorDesk`), which is how an operator's action reaches
+    the engine: a channel never touches the store."""
+
     name: str
 
-    async def start(self, decisions: Decisions) -> None: ...
+    async def start(self, desk: Any) -> None: ...
 
     async def post(self, draft: Draft) -> PostedRef:
         """Show the card for ``draft`` (status ``ready``). If the draft already has
         an approval message (a new version after edit/regenerate), edit that card
         instead of posting a second one. Raise ApprovalError if unreachable."""
 
-    async def update(self, draft: Draft) -> None:
+    async def update(self, draft: Draft) -> object:
         """Re-render the card after a decision or send outcome (sent, rejected,
         send_failed with Retry...). Best effort: failures are logged."""
 
@@ -148,29 +114,6 @@ class ApprovalChannel(Protocol):
         """Remind the operators of ``draft``'s undecided card."""
 
     async def stop(self) -> None: ...
-
-
-class ApprovalChannelBase:
-    """No-op defaults for an ApprovalChannel's optional hooks; channels subclass it."""
-
-    def bind(self, decisions: Decisions) -> None:
-        """Called by the engine before its crash recovery (which may update cards), so
-        a channel can read and record through ``decisions`` before :meth:`start`."""
-
-    async def on_posted(self, draft: Draft) -> bool:
-        """Called by the engine after ``mark_posted`` recorded the card of ``draft``;
-        True if it may have decided on it."""
-        return False
-
-    async def discard(self, ref: PostedRef, draft: Draft) -> None:
-        """Take away ``ref``, a second card of ``draft`` (not its recorded card)."""
-
-    async def resync_cards(self) -> None:
-        """Re-render cards whose last update failed (a channel with no cards: nothing)."""
-
-    async def remind(self, draft: Draft, text: str) -> None:
-        """Remind the operators of ``draft``'s undecided card (a channel without cards
-        has nothing to point at: nothing)."""
 
 
 @runtime_checkable

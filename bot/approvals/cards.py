@@ -16,8 +16,9 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
+from ..clock import hhmm
 from ..models import REPLAYABLE_STATUSES, Draft, Status, used_line
 from ..redact import scrub
 
@@ -118,12 +119,6 @@ def clip(text: str, budget: int, *, ellipsis: str = "…") -> tuple[str, bool]:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-def hhmm(t: float | None) -> str:
-    if not t:
-        return "--:--"
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M")
 
 
 def actor_name(actor: str | None) -> str:

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import shlex
 import sys
 import textwrap
 import threading
 from typing import Any, TextIO
 
+from ..desk.operator import CONSOLE, DEMO, Operator
 from ..errors import DraftgateError
 from ..models import REPLAYABLE_STATUSES, Draft, Status, used_line
 from ..redact import escape_controls, scrub
-from ..stages import ApprovalChannelBase, Decisions, PostedRef
+from ..stages import PostedRef
+from .base import DeskChannel
 
 _RULE = "─" * 64
 
@@ -57,16 +58,19 @@ def render(draft: Draft, *, width: int = 76, excerpt: int = 400) -> str:
     return "\n".join(lines)
 
 
-class ConsoleChannel(ApprovalChannelBase):
+class ConsoleChannel(DeskChannel):
+    """Approval channel ``console``. Its operator is the host's console, one identity
+    whoever runs it (``$USER`` is not asked): it counts once toward a quorum, and only
+    where the pipeline lets the console decide (``approval.console``)."""
+
     name = "console"
 
     def __init__(self, *, auto_approve: bool = False, interactive: bool | None = None,
-                 out: TextIO | None = None, actor: str | None = None):
+                 out: TextIO | None = None, operator: Operator | None = None):
         self.auto_approve = auto_approve
         self.interactive = (sys.stdin.isatty() if interactive is None else interactive) and not auto_approve
         self.out = out or sys.stdout
-        self.actor = actor or ("demo-auto-approve" if auto_approve else f"console:{_user()}")
-        self._decisions: Decisions | None = None
+        self.op = operator or (DEMO if auto_approve else CONSOLE)
         self._prompt_lock = asyncio.Lock()
         self._reviewer: asyncio.Task | None = None  # the task holding _prompt_lock
         self._shown_last: tuple[int, int] | None = None  # (draft id, version) printed last
@@ -74,9 +78,6 @@ class ConsoleChannel(ApprovalChannelBase):
     def _print(self, text: str = "") -> None:
         # Cards quote strangers (email, model): no terminal escape may reach the screen.
         print(escape_controls(scrub(text), keep_newlines=True), file=self.out, flush=True)
-
-    async def start(self, decisions: Decisions) -> None:
-        self._decisions = decisions
 
     def _show(self, draft: Draft) -> None:
         self._print(_RULE)
@@ -95,7 +96,7 @@ class ConsoleChannel(ApprovalChannelBase):
     async def on_posted(self, draft: Draft) -> bool:
         """Called by the engine once the card is recorded as awaiting a decision; True
         when the operator (or demo mode) was asked to decide."""
-        if self._decisions is None:
+        if self._desk is None:
             return False
         if draft.status == Status.NOTIFIED:
             if not self.interactive:
@@ -105,7 +106,7 @@ class ConsoleChannel(ApprovalChannelBase):
         elif self.auto_approve:
             self._print(f"   [DEMO MODE] auto-approving #{draft.id} v{draft.version} "
                         f"(a real deployment waits for an operator)")
-            await self._decisions.approve(draft.id, draft.version, self.actor)
+            await self.desk.approve(self.op, draft.id, draft.version)
         elif self.interactive:
             await self.ask(self.review, draft)
         else:
@@ -130,49 +131,50 @@ class ConsoleChannel(ApprovalChannelBase):
 
     async def review(self, draft: Draft) -> None:
         """Ask the operator what to do with ``draft``."""
-        assert self._decisions is not None
         if self._shown_last != (draft.id, draft.version):
             self._show(draft)  # another card was printed meanwhile: the prompt is for this one
         answer = (await _terminal(
             _ask, "   [a]pprove & send, [e]dit, re[g]enerate, [r]eject, Enter = later: ")).strip().lower()
+        try:
+            await self._decide(draft, answer)
+        except DraftgateError as exc:  # not the console's to decide, budget spent, model hold
+            self._print(f"   {exc}")
+
+    async def _decide(self, draft: Draft, answer: str) -> None:
+        desk, op = self.desk, self.op
         if answer in ("a", "approve"):
-            after = await self._decisions.approve(draft.id, draft.version, self.actor)
+            after = await desk.approve(op, draft.id, draft.version)
             if after is not None and after.status == "awaiting":  # approval.quorum
-                self._print("   your approval counts; this pipeline needs more operators' "
-                            "(approval.quorum) before it sends")
+                self._print("   the console's approval counts once; this pipeline needs more "
+                            "operators' (approval.quorum) before it sends")
         elif answer in ("e", "edit"):
             self._print("   New text; end with a line containing only '.':")
             body = await _terminal(_read_block)
-            after = await self._decisions.edit(draft.id, draft.version, body, self.actor)
+            after = await desk.edit(op, draft.id, draft.version, body)
             if after is not None and after.status == "ready":
                 self._print(f"   v{after.version} saved; the running draftgate puts it on "
                             "the card (Telegram), where it waits for a decision")
         elif answer in ("g", "regenerate"):
             instruction = await _terminal(_ask, "   Instruction for the model (optional): ")
-            try:
-                await self._decisions.regenerate(draft.id, draft.version, self.actor,
-                                                 instruction.strip())
-            except DraftgateError as exc:  # budget spent, model hold, pipeline gone
-                self._print(f"   {exc}")
+            await desk.regenerate(op, draft.id, draft.version, instruction.strip())
         elif answer in ("r", "reject"):
             reason = await _terminal(_ask, "   Reason (optional): ")
-            await self._decisions.reject(draft.id, draft.version, self.actor, reason.strip())
+            await desk.reject(op, draft.id, draft.version, reason.strip())
         else:
             self._print("   left pending")
 
     async def review_fyi(self, draft: Draft) -> None:
         """An FYI (triage said notify): draft a reply after all, or dismiss it."""
-        assert self._decisions is not None
         if self._shown_last != (draft.id, draft.version):
             self._show(draft)
         answer = (await _terminal(
             _ask, "   [d]raft a reply, dismiss [x], Enter = later: ")).strip().lower()
         try:
             if answer in ("d", "draft"):
-                if await self._decisions.draft_reply(draft.id, draft.version, self.actor):
+                if await self.desk.draft_reply(self.op, draft.id, draft.version):
                     self._print("   drafting a reply; its card follows")
             elif answer in ("x", "dismiss"):
-                await self._decisions.dismiss(draft.id, draft.version, self.actor)
+                await self.desk.dismiss(self.op, draft.id, draft.version)
             else:
                 self._print("   left pending")
         except DraftgateError as exc:  # budget spent, model hold, pipeline gone
@@ -180,7 +182,6 @@ class ConsoleChannel(ApprovalChannelBase):
 
     async def review_send(self, draft: Draft) -> None:
         """A reply whose send failed or whose outcome is unknown: offer Retry."""
-        assert self._decisions is not None
         self._show(draft)
         if draft.status == "send_unknown":
             self._print(f"   ❓ send outcome unknown: {draft.error}. Check the mailbox first: "
@@ -189,7 +190,11 @@ class ConsoleChannel(ApprovalChannelBase):
             self._print(f"   ❌ send failed: {draft.error}. Nothing was sent.")
         answer = (await _terminal(_ask, "   [t] retry the send, Enter = later: ")).strip().lower()
         if answer in ("t", "retry"):
-            after = await self._decisions.retry_send(draft.id, self.actor)
+            try:
+                after = await self.desk.retry_send(self.op, draft.id)
+            except DraftgateError as exc:
+                self._print(f"   {exc}")
+                return
             if after is not None:
                 await self.update(after)
         else:
@@ -211,9 +216,6 @@ class ConsoleChannel(ApprovalChannelBase):
             text += (f" Replay it with: draftgate replay {shlex.quote(retry_draft.pipeline)} "
                      f"{shlex.quote(retry_draft.item_id)}")
         self._print(f"🔔 {text}")
-
-    async def stop(self) -> None:
-        return None
 
 
 async def _terminal(fn: Any, *args: Any) -> str:
@@ -262,9 +264,3 @@ def _read_block() -> str:
         lines.append(line)
     return "\n".join(lines)
 
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "operator"

@@ -9,12 +9,14 @@ import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from ..app import OperatorDesk, open_desk
 from ..desk import reports as ops
+from ..desk.operator import CONSOLE
 from ..errors import ConfigError
 from ..store import chain
-from .common import existing_store, load, options, say
+from .common import load, options, say
 
 _DESCRIPTION = """\
 The audit table records every state change a human caused and every step of an item
@@ -63,8 +65,8 @@ def add_cli(subparsers) -> None:
 
 async def _show(args) -> int:
     settings = load(args.config)
-    async with existing_store(settings) as store:
-        h = await ops.history(store, settings, args.pipeline, args.item_id)
+    async with open_desk(settings) as desk:
+        h = await desk.history(CONSOLE, args.pipeline, args.item_id)
     # Subjects and details come from outside: no terminal escapes reach the screen.
     print(json.dumps(asdict(h), indent=2) if args.json else say(ops.format_history(h)))
     return 0 if h.drafts else 1
@@ -84,8 +86,8 @@ async def _verify(args) -> int:
     if args.file is not None:
         return _say_report(verify_file(args.file), str(args.file))
     settings = load(args.config)
-    async with existing_store(settings) as store:
-        report = await store.verify_audit()
+    async with open_desk(settings) as desk:
+        report = await desk.verify_audit(CONSOLE)
     return _say_report(report, "store")
 
 
@@ -141,8 +143,8 @@ async def _export(args) -> int:
         except OSError as exc:
             raise ConfigError(f"--output: cannot write {args.output}: {exc.strerror}") from None
     try:
-        async with existing_store(settings) as store:
-            count = await write_export(store, since, out)
+        async with open_desk(settings) as desk:
+            count = await write_export(desk, since, out)
     finally:
         if out is not sys.stdout:
             out.close()
@@ -151,11 +153,11 @@ async def _export(args) -> int:
     return 0
 
 
-async def write_export(store: Any, since: float, out: IO[str], batch: int = 1000) -> int:
+async def write_export(desk: OperatorDesk, since: float, out: IO[str], batch: int = 1000) -> int:
     """Write the chained rows with ``at >= since`` as JSON Lines, in chain order."""
     count, after = 0, 0
     while True:
-        rows = await store.audit_export(since, after, batch)
+        rows = await desk.audit_export(CONSOLE, since, after, batch)
         for row in rows:
             out.write(chain.export_line(row) + "\n")
         count += len(rows)

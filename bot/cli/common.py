@@ -1,4 +1,5 @@
-"""What the draftgate commands share: common options, loading settings, opening the store."""
+"""What the draftgate commands share: common options, loading settings, the console's
+identity, checking text arguments."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from .. import redact
 from ..config.load import Settings, load_settings
+from ..errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]  # a checkout's root, when run from one
 
@@ -48,46 +50,6 @@ def load(path) -> Settings:
     return settings
 
 
-def store_for(settings: Settings):
-    """The configured store: ``async with store_for(settings) as store:`` opens, closes it."""
-    from ..store import create_store
-
-    return create_store(settings.store)
-
-
-@contextlib.asynccontextmanager
-async def existing_store(settings: Settings):
-    """The configured store for a command that only reads or changes what is there: a
-    store that does not exist is reported (a typo in `store:` must not look like
-    "never run") and nothing is created."""
-    from ..store import StoreMissing
-
-    store = store_for(settings)
-    try:
-        await store.open(create=False)
-    except StoreMissing as exc:
-        raise StoreMissing(f"{exc} (`store:` in {settings.file})") from None
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
-def channels(settings: Settings, store, *, demo: bool = False) -> dict:
-    """The approval channels the pipelines use, by name (console always without Telegram)."""
-    from ..approvals.console import ConsoleChannel
-
-    found: dict = {}
-    used = {p.approval.channel for p in settings.pipelines}
-    if "console" in used or settings.telegram is None:
-        found["console"] = ConsoleChannel(auto_approve=demo)
-    if settings.telegram is not None:
-        from ..approvals.telegram import channel as telegram
-
-        found["telegram"] = telegram.create(settings, store)
-    return found
-
-
 def version() -> str:
     """draftgate's version: the installed package's, else the checkout's pyproject.toml."""
     from importlib import metadata
@@ -100,3 +62,16 @@ def version() -> str:
         with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
             return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
         return "unknown"
+
+
+def text_argument(name: str, value: str) -> None:
+    """A command-line value that is not valid UTF-8 arrives with surrogates in it and
+    could never match a stored id; say so instead of failing inside the store."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # Python decodes argv with surrogateescape: byte 0xNN became U+DCNN.
+        bad = next((ord(c) - 0xDC00 for c in value if 0xDC80 <= ord(c) <= 0xDCFF), None)
+        detail = f" (byte 0x{bad:02x} is not UTF-8)" if bad is not None else ""
+        raise ConfigError(f"{name}: not valid text{detail}; copy it exactly as `draftgate "
+                          f"pending` or `draftgate status` shows it") from None

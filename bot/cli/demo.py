@@ -14,7 +14,7 @@ from ..config.options import OutboxSenderOptions, expect
 from ..desk import reports as ops
 from ..errors import ConfigError
 from ..redact import redact_url
-from .common import REPO, channels, existing_store, load, options, say, store_for
+from .common import REPO, load, options, say
 
 DEMO_CONFIG = REPO / "draftgate.demo.yaml"
 #: Marks a store (audit row) and an outbox (file) as the demo's own: `demo -c FILE`
@@ -67,12 +67,12 @@ def _demo_config() -> Path:
 async def _foreign_demo_state(settings: Settings) -> list[str]:
     """What `demo -c FILE` would auto-approve into that the demo did not create: an
     existing store or outbox folder of a real deployment, which may feed a mail relay."""
-    from ..store import StoreMissing
+    from ..app import StoreMissing, open_desk
 
     found = []
     with contextlib.suppress(StoreMissing):  # a new store: the demo creates and marks it
-        async with existing_store(settings) as store:
-            if not await store.audit_log(draft_key=DEMO_MARK, limit=1):
+        async with open_desk(settings) as desk:
+            if not await desk.marked(DEMO_MARK):
                 found.append(f"store {redact_url(settings.store)} exists and was not "
                              f"created by the demo")
     for p in settings.pipelines:
@@ -129,7 +129,8 @@ async def _demo_settings(args) -> tuple[Settings, bool]:
 
 
 async def _demo(args) -> int:
-    from ..engine.engine import Engine
+    from ..app import App, channels
+    from ..desk.operator import DEMO
 
     settings, own = await _demo_settings(args)
     models = sorted({settings.models[p.drafter.model].provider for p in settings.pipelines})
@@ -145,27 +146,25 @@ async def _demo(args) -> int:
     folders = [settings.resolve(expect(p.sender, OutboxSenderOptions).path)
                for p in settings.pipelines]  # each an outbox: see _demo_settings
     before = {f: set(f.glob("*.eml")) if f.exists() else set() for f in folders}
-    async with store_for(settings) as store:
-        if not await store.audit_log(draft_key=DEMO_MARK, limit=1):
-            await store.audit("draftgate", "demo", draft_key=DEMO_MARK,
-                              detail="store created by draftgate demo")
-        for folder in folders:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / DEMO_OUTBOX_MARK).touch()
-        engine = Engine(settings, store, channels(settings, store, demo=True))
-        await engine.start()
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / DEMO_OUTBOX_MARK).touch()
+    async with App(settings, channels(settings, demo=True)) as app:
+        desk = app.desk
+        if not await desk.marked(DEMO_MARK):
+            await desk.mark(DEMO, "demo", DEMO_MARK, "store created by draftgate demo")
         for n in (1, 2):
             for p in settings.pipelines:
-                seen = await store.seen_count(p.name)
+                seen = await desk.seen_count(DEMO, p.name)
                 what = (f"{seen} item(s) already seen" if seen else
                         "fetch, filter, admit, draft, approve, send")
                 print(f"\n▶ {p.name}: tick {n}: {what}")
-                c = (await engine.tick(p.name)).to_dict()
+                c = (await desk.run_now(DEMO, p.name)).to_dict()
                 print(f"  fetched {c['fetched']} · new {c['new']} · skipped {c['skipped']} · "
                       f"drafted {c['drafted']} · cards {c['posted']} · sent {c['sent']} · "
                       f"failed {c['failed']}")
                 if not (c["new"] or c["drafted"] or c["sent"]):
-                    print(f"  nothing new: found {await store.seen_count(p.name)} already "
+                    print(f"  nothing new: found {await desk.seen_count(DEMO, p.name)} already "
                           f"seen; nothing drafted, nothing written")
         for folder in folders:
             files = sorted(folder.glob("*.eml"))
@@ -180,11 +179,10 @@ async def _demo(args) -> int:
                 for h in ("From", "To", "Subject", "Message-ID", "In-Reply-To", "References"):
                     print(f"    {h}: {first.get(h, '')}")
         print("\n" + "=" * 72 + "\n status\n" + "=" * 72)
-        print(ops.format_status_all(await ops.status_all(store, settings)))
+        print(ops.format_status_all(await desk.status(DEMO)))
         for p in settings.pipelines:
             print()
-            print(ops.format_status_one(await ops.status_one(store, settings, p.name)))
-        await engine.stop()
+            print(ops.format_status_one(await desk.status_of(DEMO, p.name)))
     print("\nRun ./scripts/demo again: nothing is drafted or sent twice. "
           "Start over with ./scripts/demo --fresh.")
     return 0

@@ -17,13 +17,14 @@ import threading
 from dataclasses import replace
 
 from ..config.load import Settings
+from ..desk.operator import CONSOLE
 from ..errors import ConfigError, DraftgateError
 from ..gmail import auth as gmail_auth
 from ..service import logfmt
 from . import audit as cli_audit
 from . import demo, migrate
 from . import ops as cli_ops
-from .common import channels, load, options, say, store_for, verbose_option, version
+from .common import load, options, say, verbose_option, version
 
 log = logging.getLogger("draftgate")
 
@@ -156,8 +157,8 @@ def _add_run(subparsers) -> None:
 
 
 async def _run(args) -> int:
+    from ..app import App
     from ..engine.build import check_all, missing_env
-    from ..engine.engine import Engine
     from ..service.observe import Service
     from .progress import Bar
 
@@ -185,46 +186,47 @@ async def _run(args) -> int:
     if problems := missing_env(settings, [p for p in settings.pipelines if p.enabled]
                                + (narrowed if receiving else [])):
         raise ConfigError(problems)
-    store = store_for(settings)
-    await store.open()
-    engine = service = None
+    app = App(settings, progress=Bar(_LogLines()) if _json_logs() else Bar())
+    await app.open()
+    service = None
+    started = False
     try:
-        service = await Service(settings, store).start()
-        engine = Engine(settings, store, channels(settings, store),
-                        progress=Bar(_LogLines()) if _json_logs() else Bar())
+        service = await Service(settings, app.store).start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, _stopper.request, stop)
-        await engine.start()
-        if posted := await engine.post_unposted():
+        started = True
+        await app.start()
+        if posted := await app.engine.post_unposted():
             log.info("posted %d card(s) that were waiting from before", posted)
         running = [p.name for p in settings.pipelines if p.enabled]
         if args.once:
-            return await _run_once(settings, store, engine, only)
+            return await _run_once(settings, app, only)
         _say(f"draftgate running {len(running)} pipeline(s) [{', '.join(running)}]; "
              f"Ctrl-C or SIGTERM stops")
         service.ready()
-        await engine.run_forever(stop)
+        await app.run_forever(stop)
         service.stopping()
         _say("draftgate stopping: ticks in progress are interrupted; a draft being written "
              "goes back to the queue and an interrupted send is checked at the next start")
     finally:
         if service is not None:
             service.stopping()
-        if engine is not None:
-            await engine.stop()
+        if started:
+            await app.engine.stop()
         if service is not None:
             await service.close()
-        await store.close()
+        await app.store.close()
     _stopper.code = 0
     return 0
 
 
-async def _run_once(settings: Settings, store, engine, only: set[str] | None) -> int:
+async def _run_once(settings: Settings, app, only: set[str] | None) -> int:
     """One tick of each pipeline; 1 when a tick failed, so a cron job or CI notices."""
-    paused = await store.paused()
+    desk = app.desk
+    paused = {s.name for s in await desk.status(CONSOLE) if s.paused}
     failed: list[str] = []
     for p in settings.pipelines:
         if only is not None and p.name not in only:
@@ -235,11 +237,12 @@ async def _run_once(settings: Settings, store, engine, only: set[str] | None) ->
             print(f"{p.name}: not run: paused (/resume {p.name} in Telegram schedules "
                   f"it again)", file=sys.stderr)
         else:
-            await engine.tick(p.name)
-            last = (await store.recent_runs(p.name, limit=1) or [None])[0]
-            if last is None or last.status != "ok":
+            await desk.run_now(CONSOLE, p.name)
+            runs = (await desk.status_of(CONSOLE, p.name)).runs
+            last = runs[0] if runs else None
+            if last is None or last["status"] != "ok":
                 why = "the tick did not run" if last is None else (
-                    last.error_text or f"its run is {last.status} (another process holds it)")
+                    last.get("error_text") or f"its run is {last['status']} (another process holds it)")
                 failed.append(f"{p.name}: {why}")
     for line in failed:
         print(f"tick failed: {line}", file=sys.stderr)

@@ -3,17 +3,18 @@ doctor."""
 
 from __future__ import annotations
 
-import getpass
 import json
 import time
 from dataclasses import asdict
 
+from ..app import open_desk
 from ..config.load import Settings
 from ..desk import reports as ops
+from ..desk.operator import CONSOLE
 from ..errors import ConfigError, DraftgateError
 from ..models import used_line
 from ..redact import redact_url
-from .common import existing_store, load, options, say
+from .common import load, options, say, text_argument
 
 
 def add_cli(subparsers) -> None:
@@ -101,12 +102,12 @@ def _add_memory(subparsers) -> None:
 
 
 async def _memory_list(args) -> int:
-    _text_argument("pipeline", args.pipeline)
+    text_argument("pipeline", args.pipeline)
     if args.limit < 1:
         raise ConfigError("--limit: expected a number of examples of at least 1")
     settings = load(args.config)
-    async with existing_store(settings) as store:
-        examples = await store.list_examples(args.pipeline, args.limit)
+    async with open_desk(settings) as desk:
+        examples = await desk.examples(CONSOLE, args.pipeline, args.limit)
     if args.json:
         print(json.dumps([asdict(e) for e in examples], indent=2))
         return 0
@@ -124,22 +125,15 @@ def _start(text: str) -> str:
 
 
 async def _memory_forget(args) -> int:
-    _text_argument("pipeline", args.pipeline)
-    _text_argument("item_id", args.item_id)
+    text_argument("pipeline", args.pipeline)
+    text_argument("item_id", args.item_id)
     settings = load(args.config)
-    async with existing_store(settings) as store:
-        n = await store.forget_example(args.pipeline, args.item_id, _actor())
+    async with open_desk(settings) as desk:
+        n = await desk.forget_example(CONSOLE, args.pipeline, args.item_id)
     print(say(f"{args.pipeline} {args.item_id}: " + (
         "example removed; later drafts no longer see it" if n else
         "no example kept for this item; `draftgate memory list PIPELINE` shows the item ids")))
     return 0 if n else 1
-
-
-def _actor() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:
-        return "cli"
 
 
 async def _validate(args) -> int:
@@ -193,12 +187,12 @@ def _not_folders(settings: Settings, *, missing: bool = False) -> list[str]:
 
 async def _status(args) -> int:
     settings = load(args.config)
-    async with existing_store(settings) as store:
+    async with open_desk(settings) as desk:
         if args.pipeline:
-            detail = await ops.status_one(store, settings, args.pipeline)
+            detail = await desk.status_of(CONSOLE, args.pipeline)
             print(json.dumps(asdict(detail), indent=2) if args.json else ops.format_status_one(detail))
         else:
-            items = await ops.status_all(store, settings)
+            items = await desk.status(CONSOLE)
             print(json.dumps([asdict(i) for i in items], indent=2) if args.json
                   else ops.format_status_all(items))
     return 0
@@ -206,11 +200,10 @@ async def _status(args) -> int:
 
 async def _pending(args) -> int:
     settings = load(args.config)
-    async with existing_store(settings) as store:
-        drafts, total = await ops.pending_page(store, settings)
-        if (args.all or args.json) and total > len(drafts):
-            drafts, total = await ops.pending_page(store, settings, limit=total)
-        holds = await ops.holds(store)
+    async with open_desk(settings) as desk:
+        drafts, total = await desk.pending(CONSOLE, None if args.all or args.json else
+                                           ops.PENDING_PAGE)
+        holds = await desk.holds(CONSOLE)
         if args.json:
             print(json.dumps([{"id": d.id, "key": d.key, "pipeline": d.pipeline,
                                "item_id": d.item_id, "status": d.status, "version": d.version,
@@ -231,37 +224,24 @@ async def _pending(args) -> int:
     return 0
 
 
-def _text_argument(name: str, value: str) -> None:
-    """A command-line value that is not valid UTF-8 arrives with surrogates in it and
-    could never match a stored id; say so instead of failing inside the store."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        # Python decodes argv with surrogateescape: byte 0xNN became U+DCNN.
-        bad = next((ord(c) - 0xDC00 for c in value if 0xDC80 <= ord(c) <= 0xDCFF), None)
-        detail = f" (byte 0x{bad:02x} is not UTF-8)" if bad is not None else ""
-        raise ConfigError(f"{name}: not valid text{detail}; copy it exactly as `draftgate "
-                          f"pending` or `draftgate status` shows it") from None
-
-
 async def _replay(args) -> int:
-    _text_argument("pipeline", args.pipeline)
-    _text_argument("item_id", args.item_id)
+    text_argument("pipeline", args.pipeline)
+    text_argument("item_id", args.item_id)
     settings = load(args.config)
-    async with existing_store(settings) as store:
-        result = await ops.replay(store, args.pipeline, args.item_id, _actor(), settings)
+    async with open_desk(settings) as desk:
+        result = await desk.replay(CONSOLE, args.pipeline, args.item_id)
         print(ops.format_replay(args.pipeline, args.item_id, result))
         return 0 if result.outcome in ("requeued", "unseen") else 1
 
 
 async def _emails(args) -> int:
-    _text_argument("pipeline", args.pipeline)
+    text_argument("pipeline", args.pipeline)
     if not 1 <= args.n <= ops.MAX_EMAILS:
         raise ConfigError(f"-n: expected a number of items from 1 to {ops.MAX_EMAILS}, "
                           f"got {args.n}")
     settings = load(args.config)
-    async with existing_store(settings) as store:
-        found = await ops.emails(store, settings, args.pipeline, args.n, _actor())
+    async with open_desk(settings) as desk:
+        found = await desk.emails(CONSOLE, args.pipeline, args.n)
     if args.json:
         print(json.dumps([{"id": d.id, "item_id": d.item_id, "status": d.status,
                            "reason": d.error if d.status == "skipped" else None,
@@ -276,50 +256,58 @@ async def _sweep(args) -> int:
     settings = load(args.config)
     if args.days is not None and args.days < 0:
         raise ConfigError("--days: expected a number of days >= 0")
-    async with existing_store(settings) as store:
-        print(ops.format_sweep(await ops.sweep(store, settings, days=args.days)))
+    async with open_desk(settings) as desk:
+        print(ops.format_sweep(await desk.sweep(CONSOLE, days=args.days)))
     return 0
 
 
 async def _review(args) -> int:
-    """Decide pending cards in the terminal."""
+    """Decide pending cards in the terminal, as the host's console (one identity, whoever
+    runs it; it decides only pipelines whose ``approval.console`` allows it)."""
+    from ..app import App, channels
     from ..approvals.console import ConsoleChannel
-    from ..engine.engine import Engine
 
     settings = load(args.config)
-    async with existing_store(settings) as store:
-        console = ConsoleChannel(interactive=True)
-        # Only the console: a Telegram pipeline's draft keeps its Telegram card (a new
-        # version made here waits in ready; the running draftgate updates that card).
-        engine = Engine(settings, store, {"console": console})
-        await console.start(engine)
-        mine = [d for d in await ops.pending(store, settings) if settings.has_pipeline(d.pipeline)]
-        waiting = [d for d in mine if d.status == "awaiting"]
-        fyi = [d for d in mine if d.status == "notified"]  # triage said notify
-        # A send that failed or whose outcome is unknown: Retry, as the Telegram card
-        # offers (it asks the other side first whether the reply arrived after all).
-        unsent = [d for d in mine if d.status in ("send_failed", "send_unknown")]
-        if not waiting and not unsent and not fyi:
-            print("nothing awaiting a decision")
-        for d in waiting:
-            await console.post(d)
-            await console.ask(console.review, d)
-        for d in fyi:
-            await console.post(d)
-            await console.ask(console.review_fyi, d)
-        for d in unsent:
-            await console.ask(console.review_send, d)
-        await engine.wait_idle()  # a regenerated draft is shown and asked about now
-        await engine.stop()
+    console = ConsoleChannel(interactive=True)
+    # Only the console: a Telegram pipeline's draft keeps its Telegram card (a new
+    # version made here waits in ready; the running draftgate updates that card).
+    app = App(settings, channels(settings, console=console), create=False)
+    await app.open()
+    try:
+        await app.start()
+        await _review_all(console, app.desk, settings)
+        await app.desk.wait_idle()  # a regenerated draft is shown and asked about now
+    finally:
+        await app.close()
     return 0
+
+
+async def _review_all(console, desk, settings: Settings) -> None:
+    drafts, _ = await desk.pending(CONSOLE, None)
+    mine = [d for d in drafts if settings.has_pipeline(d.pipeline)]
+    waiting = [d for d in mine if d.status == "awaiting"]
+    fyi = [d for d in mine if d.status == "notified"]  # triage said notify
+    # A send that failed or whose outcome is unknown: Retry, as the Telegram card
+    # offers (it asks the other side first whether the reply arrived after all).
+    unsent = [d for d in mine if d.status in ("send_failed", "send_unknown")]
+    if not waiting and not unsent and not fyi:
+        print("nothing awaiting a decision")
+    for d in waiting:
+        await console.post(d)
+        await console.ask(console.review, d)
+    for d in fyi:
+        await console.post(d)
+        await console.ask(console.review_fyi, d)
+    for d in unsent:
+        await console.ask(console.review_send, d)
 
 
 async def _doctor(args) -> int:
     settings = load(args.config)
     results: list[tuple[str, bool, str]] = []
     try:
-        async with existing_store(settings) as store:
-            problems = await store.check()
+        async with open_desk(settings) as desk:
+            problems = await desk.check_store(CONSOLE)
         detail = ("; ".join(problems) + "; restore it from a backup or point `store:` "
                   "elsewhere") if problems else redact_url(settings.store)
         results.append(("store", not problems, detail))

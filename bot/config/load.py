@@ -413,7 +413,8 @@ def knowledge_files(base: Path, patterns: tuple[str, ...]) -> list[Path]:
 
 
 def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
-    ck.unknown(raw, {"channel", "chat", "quorum", "operators", "remind_after"}, "approval")
+    ck.unknown(raw, {"channel", "chat", "quorum", "operators", "remind_after", "console"},
+               "approval")
     channel = ck.get(raw, "channel", "approval", str, default=ApprovalOptions.channel,
                      choices=CHANNELS)
     chat = raw.get("chat")
@@ -427,7 +428,13 @@ def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
             ck.error("approval.chat", f"missing; set the chat id here, or "
                                       f"telegram.approvals_chat in {settings.file}")
     team = _team(ck, raw, settings, channel)
-    return ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat), *team)
+    quorum, operators = team[0], team[1]
+    console = ck.get(raw, "console", "approval", bool, default=quorum == 1 and operators is None)
+    if console is False and channel != "telegram":
+        ck.error("approval.console", "false needs approval.channel: telegram (a console "
+                                     "approval is decided in the console)")
+    return ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat), *team,
+                           console=bool(console) if console is not None else True)
 
 
 def _team(ck: Checker, raw: dict, settings: Settings, channel: str | None

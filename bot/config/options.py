@@ -44,11 +44,10 @@ class ApprovalOptions:
     quorum: int = 1  # distinct operators who must approve the same version
     operators: tuple[int, ...] | None = None  # who may decide; None: telegram.operators
     remind_after: float | None = None  # seconds; None: no reminders
-
-    def may_decide(self, user_id: int | None) -> bool:
-        """May this Telegram user decide the pipeline's cards? (None: not a Telegram
-        user, e.g. the console: whoever has the terminal.)"""
-        return self.operators is None or user_id is None or user_id in self.operators
+    #: May the host's console (`draftgate review`) decide this pipeline's cards? It is
+    #: one identity and counts once toward a quorum. Default: only where one operator
+    #: decides and the pipeline names no operators (see bot.desk.operator).
+    console: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Operator decisions: approve (with a quorum), edit, regenerate, reject, retry a send,
-draft on demand (/reply); who may decide a pipeline's cards; and the sweep.
+draft on demand (/reply); and the sweep.
 
 The one owner of the transitions an operator causes (and the sweep's expiry of
-approvals nobody decided) and of the card updates after them. Decisions do not wait for ticks: Approve sends at once, and a Regenerate's new
-version is drafted at once by its own fenced claim (see _redraft).
+approvals nobody decided) and of the card updates after them. Who may decide is the
+desk's check (:class:`bot.desk.desk.OperatorDesk`), made before any method here runs.
+Decisions do not wait for ticks: Approve sends at once, and a Regenerate's new version
+is drafted at once by its own fenced claim (see _redraft).
 """
 
 from __future__ import annotations
@@ -13,46 +15,39 @@ import logging
 from typing import Callable
 
 from ..config.load import PipelineConfig, Settings
-from ..engine.channels import Operators
+from ..engine.channels import Channels
 from ..engine.drafting import Drafting
 from ..engine.sending import Sends
-from ..errors import ConfigError, NotAllowed, describe_error
-from ..models import Draft, RunCounts, Status, operator_id, telegram_user
+from ..errors import ConfigError, describe_error
+from ..models import Draft, RunCounts, Status, operator_id
 from ..service import metrics
 from ..stages import Sender
 from ..store import Store, SweepResult
-from .reports import UNFINISHED_STATUSES, emails, pending_page, sweep
-
-#: The audit key under which a prompt message (chat, message id) records its draft.
-PROMPT_KEY = "prompt|{chat}|{message_id}"
+from .reports import sweep
 
 log = logging.getLogger("draftgate.engine")
 
 
 class Decisions:
-    """Implements :class:`bot.stages.Decisions`."""
+    """The transitions of operator decisions (authorization is the desk's)."""
 
-    def __init__(self, settings: Settings, store: Store, operators: Operators, drafting: Drafting,
+    def __init__(self, settings: Settings, store: Store, operators: Channels, drafting: Drafting,
                  sends: Sends, sender: Callable[[PipelineConfig], Sender],
                  clock: Callable[[], float], spawn: Callable[..., asyncio.Task]):
         self.settings, self.store, self.operators = settings, store, operators
         self.drafting, self.sends, self._sender = drafting, sends, sender
         self.clock, self._spawn = clock, spawn
 
-    async def _decidable(self, draft_id: int, actor: str, what: str, d: Draft | None = None
-                         ) -> Draft | None:
-        """The draft (``d`` if the caller read it already), once :meth:`may_decide` let
-        ``actor`` do ``what`` to it, refusing one whose pipeline left the configuration:
-        it could be approved but never sent (no sender), a silent dead end. Reject
-        still works."""
+    async def _decidable(self, draft_id: int, d: Draft | None = None) -> Draft | None:
+        """The draft (``d`` if the caller read it already), refusing one whose pipeline
+        left the configuration: it could be approved but never sent (no sender), a
+        silent dead end. Reject still works."""
         if d is None or d.id != draft_id:
             d = await self.store.get_draft(draft_id)
         if d is not None and not self.settings.has_pipeline(d.pipeline):
             raise ConfigError(
                 f"Pipeline {d.pipeline!r} is not configured any more: restore its YAML file "
                 "and restart to act on this draft (Reject still works).")
-        if d is not None:
-            await self.may_decide(d, actor, what)
         return d
 
     async def approve(self, draft_id: int, version: int, actor: str,
@@ -61,7 +56,7 @@ class Decisions:
         again; the CAS below is the check that it is still this version, awaiting.
         Below the pipeline's quorum the vote is recorded and the draft comes back
         still ``awaiting`` (None: the vote did not count, e.g. an old version)."""
-        seen = await self._decidable(draft_id, actor, "approve", draft)
+        seen = await self._decidable(draft_id, draft)
         quorum = 1 if seen is None else self.settings.pipeline(seen.pipeline).approval.quorum
         same = seen is not None and seen.version == version
         d = await self.store.approve(draft_id, version, actor, now=self.clock(), quorum=quorum,
@@ -77,46 +72,16 @@ class Decisions:
         log.info("%s #%d v%d approved by %s", d.pipeline, d.id, d.version, actor)
         return await self.sends.send(d)
 
-    # -- the team: who may decide, how many must approve ---------------------------------
-    async def may_decide(self, d: Draft, actor: str, what: str) -> None:
-        """Raise :class:`NotAllowed` (audited) if ``actor`` is not among the operators of
-        ``d``'s pipeline (``approval.operators``); nothing else changes."""
-        await self.may_act(d.pipeline, actor, f"{what} v{d.version}", d.key)
-
-    async def may_act(self, pipeline: str, actor: str, what: str, key: str | None = None) -> None:
-        """:meth:`may_decide` for a command naming ``pipeline`` (/replay, /emails)."""
-        if self.may_see(pipeline, actor):
-            return
-        await self.store.audit(actor, "refused", draft_key=key, now=self.clock(),
-                               detail=f"{what}: not in approval.operators of {pipeline}")
-        raise NotAllowed(f"Not yours to decide: {pipeline}'s cards are decided by its "
-                         "approval.operators.")
-
-    def may_see(self, pipeline: str, actor: str) -> bool:
-        """Does ``pipeline`` show its drafts to ``actor`` (/pending, /emails)?"""
-        return not self.settings.has_pipeline(pipeline) or self.settings.pipeline(
-            pipeline).approval.may_decide(telegram_user(actor))
-
-    async def votes(self, d: Draft) -> tuple[list[str], int]:
+    @staticmethod
+    async def votes_of(settings: Settings, store: Store, d: Draft) -> tuple[list[str], int]:
         """(who approved ``d``'s current version so far, the quorum), for its card."""
-        quorum = (self.settings.pipeline(d.pipeline).approval.quorum
-                  if self.settings.has_pipeline(d.pipeline) else 1)
+        quorum = settings.pipeline(d.pipeline).approval.quorum if settings.has_pipeline(
+            d.pipeline) else 1
         if quorum <= 1 or d.status != Status.AWAITING:
             return [], quorum
-        return [v.actor for v in await self.store.votes(d.id, d.version)], quorum
+        return [v.actor for v in await store.votes(d.id, d.version)], quorum
 
-    async def pending_for(self, actor: str) -> tuple[list[Draft], int]:
-        """/pending: a page of the unfinished drafts of the pipelines ``actor`` may
-        decide, and how many of theirs there are in all."""
-        drafts, total = await pending_page(self.store, self.settings)
-        hidden = {p.name for p in self.settings.pipelines if not self.may_see(p.name, actor)}
-        if not hidden:
-            return drafts, total
-        counts = await self.store.count_by_pipeline(UNFINISHED_STATUSES)
-        return ([d for d in drafts if d.pipeline not in hidden],
-                sum(n for name, n in counts.items() if name not in hidden))
-
-    # -- on demand: /reply and /emails ----------------------------------------------------
+    # -- on demand: /reply ----------------------------------------------------
     async def reply(self, pipeline: str, item_id: str, instruction: str, actor: str) -> str:
         """/reply: draft (again) a reply to an admitted item, as a normal card, with the
         operator's ``instruction`` for the model. What happened, for the operator."""
@@ -128,7 +93,6 @@ class Decisions:
             return (f"{pipeline} {item_id}: no such admitted item; /emails {pipeline} lists "
                     "the newest with their ids.")
         d = found[-1]  # the newest recipe's
-        await self.may_decide(d, actor, "reply")
         why = "it was sent already; a sent item is never drafted again" if d.status == Status.SENT \
             else None
         if why is None:
@@ -144,18 +108,11 @@ class Decisions:
                                detail=f"refused: {why}")
         return f"{pipeline} {item_id}: not drafted: {why}."
 
-    async def emails(self, pipeline: str, n: int, actor: str) -> list[Draft]:
-        """/emails: the newest ``n`` admitted items of ``pipeline``, newest first
-        (NotAllowed for an operator it does not list). Audited with who asked."""
-        self.settings.pipeline(pipeline)
-        await self.may_act(pipeline, actor, "emails")
-        return await emails(self.store, self.settings, pipeline, n, actor, now=self.clock())
-
     async def edit(self, draft_id: int, version: int, body: str, actor: str) -> Draft | None:
         body = body.strip()
         if not body:
             return None
-        await self._decidable(draft_id, actor, "edit")
+        await self._decidable(draft_id)
         d = await self.store.edit(draft_id, version, body, actor, now=self.clock())
         if d is not None:
             await self.operators.post_card(self.settings.pipeline(d.pipeline), d)
@@ -164,7 +121,7 @@ class Decisions:
 
     async def regenerate(self, draft_id: int, version: int, actor: str,
                          instruction: str = "") -> Draft | None:
-        if (d := await self._decidable(draft_id, actor, "regenerate")) is not None:
+        if (d := await self._decidable(draft_id)) is not None:
             await self.drafting.refuse_if_waiting(d)
         d = await self.store.regenerate(draft_id, version, actor, instruction, now=self.clock())
         if d is not None:
@@ -187,8 +144,6 @@ class Decisions:
             await self.operators.post_card(p, ready)
 
     async def reject(self, draft_id: int, version: int, actor: str, reason: str = "") -> Draft | None:
-        if (d := await self.store.get_draft(draft_id)) is not None:
-            await self.may_decide(d, actor, "reject")
         d = await self.store.reject(draft_id, version, actor, reason, now=self.clock())
         metrics.decided(d, "rejected")
         return await self.operators.update_card(d)
@@ -197,7 +152,7 @@ class Decisions:
     async def draft_reply(self, draft_id: int, version: int, actor: str) -> Draft | None:
         """Draft a reply on an FYI card: the item is drafted after all, without triage
         (a human asked), at once like a Regenerate; its card becomes the draft's card."""
-        if (d := await self._decidable(draft_id, actor, "draft a reply")) is not None:
+        if (d := await self._decidable(draft_id)) is not None:
             await self.drafting.refuse_if_waiting(d)
         d = await self.store.draft_reply(draft_id, version, actor, now=self.clock())
         if d is not None:
@@ -207,13 +162,11 @@ class Decisions:
 
     async def dismiss(self, draft_id: int, version: int, actor: str) -> Draft | None:
         """Dismiss an FYI card: the item ends there (audited; /replay drafts it)."""
-        if (d := await self.store.get_draft(draft_id)) is not None:
-            await self.may_decide(d, actor, "dismiss")
         return await self.operators.update_card(
             await self.store.dismiss(draft_id, version, actor, now=self.clock()))
 
     async def retry_send(self, draft_id: int, actor: str) -> Draft | None:
-        d = await self._decidable(draft_id, actor, "retry send")
+        d = await self._decidable(draft_id)
         if d is not None and d.status == Status.SEND_UNKNOWN:
             # Ask once more before sending again: a reply that did arrive meanwhile
             # must not go out twice because Retry was tapped before the check ran.
@@ -244,38 +197,13 @@ class Decisions:
                 await self.operators.update_card(fresh)
         return result
 
-    # -- what a channel reads and records (a channel never touches the store itself) -----
-    async def draft(self, draft_id: int) -> Draft | None:
-        """The draft as stored now (None: there is none)."""
-        return await self.store.get_draft(draft_id)
-
-    async def record_prompt(self, chat: int | str, message_id: int | str, record: str,
-                            actor: str) -> None:
-        """Remember what a prompt message asks about (``record``, the channel's own
-        format), so a reply to it finds its draft, also after a restart."""
-        await self.store.audit(actor, "prompt", detail=record,
-                               draft_key=PROMPT_KEY.format(chat=chat, message_id=message_id))
-
-    async def prompt_record(self, chat: int | str, message_id: int | str) -> str | None:
-        """What :meth:`record_prompt` kept for that message (None: not a prompt)."""
-        entries = await self.store.audit_log(
-            draft_key=PROMPT_KEY.format(chat=chat, message_id=message_id), limit=1)
-        return entries[0].detail if entries else None
-
-    async def adopt_card(self, d: Draft, chat: str, message_id: str) -> Draft:
+    @staticmethod
+    async def adopt(store: Store, d: Draft, chat: str, message_id: str, now: float) -> Draft:
         """A card of ``d``'s version exists (an operator tapped it) though ``d`` still
         waits to be posted: Telegram delivered a post whose answer was lost. That card
         becomes its card, so no second one is posted. The draft afterwards."""
-        adopted = await self.store.mark_posted(d.id, d.version, chat, message_id, now=self.clock())
+        adopted = await store.mark_posted(d.id, d.version, chat, message_id, now=now)
         if adopted is None:
-            return await self.store.get_draft(d.id) or d
+            return await store.get_draft(d.id) or d
         log.info("#%d: adopted card %s/%s, whose post had looked failed", d.id, chat, message_id)
         return adopted
-
-    async def card_stale(self, draft_id: int, stale: bool) -> None:
-        """Remember (or forget) that ``draft_id``'s card shows an old state."""
-        await self.store.mark_card_stale(draft_id, stale)
-
-    async def stale_cards(self, limit: int = 50) -> list[Draft]:
-        """Drafts whose card shows an old state, oldest first."""
-        return await self.store.stale_cards(limit=limit)

@@ -14,8 +14,7 @@ from datetime import datetime, timezone
 from typing import Any, overload
 
 from .. import scheduler
-from ..approvals.cards import hhmm
-from ..clock import utc_day
+from ..clock import hhmm, utc_day
 from ..config.load import PipelineConfig, Settings
 from ..models import PENDING_STATUSES, STATUSES, Draft, Run, Status
 from ..store import ReplayResult, Store, SweepResult

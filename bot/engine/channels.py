@@ -21,7 +21,7 @@ from ..store import Store
 log = logging.getLogger("draftgate.engine")
 
 
-class Operators:
+class Channels:
     def __init__(self, settings: Settings, store: Store, channels: dict[str, ApprovalChannel],
                  clock: Callable[[], float]):
         self.settings, self.store, self.channels, self.clock = settings, store, channels, clock

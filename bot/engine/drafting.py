@@ -29,7 +29,7 @@ from ..models import Draft, DraftRequest, RunCounts, Status
 from ..service import logfmt
 from ..stages import Drafter, Source, Triager
 from ..store import Store
-from .channels import Operators
+from .channels import Channels
 from .lease import Leases
 
 log = logging.getLogger("draftgate.engine")
@@ -40,7 +40,7 @@ MAX_MODEL_HOLD = 3600.0
 
 
 class Drafting:
-    def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Operators,
+    def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Channels,
                  drafter: Callable[[PipelineConfig], Drafter], clock: Callable[[], float],
                  triager: Callable[[PipelineConfig], Triager | None] = lambda p: None,
                  source: Callable[[PipelineConfig], Source] | None = None,

@@ -9,8 +9,8 @@ A tick::
     and one pipeline_runs row with the counts and the error, if any. When the source
     had more than max_per_tick, the pipeline's loop (bot.engine.loop) runs the next tick at once.
 
-A tick holds its pipeline's lease (bot.engine.lease); operator decisions (bot.desk.decisions) do
-not wait for ticks. The engine never holds a store transaction across a network call:
+A tick holds its pipeline's lease (bot.engine.lease); operator decisions (made at the
+operator desk, bot.desk, which uses the engine's parts) do not wait for ticks. The engine never holds a store transaction across a network call:
 every store method is its own short transaction, and drafting, posting and sending
 happen between them.
 """
@@ -21,12 +21,11 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 from .. import scheduler
 from ..clock import wall
 from ..config.load import PipelineConfig, Settings
-from ..desk.decisions import Decisions
 from ..errors import DraftgateError, StoreError, describe_error
 from ..models import RunCounts
 from ..service import logfmt, metrics
@@ -35,11 +34,11 @@ from ..stages import ApprovalChannel, Drafter, FetchContext, Sender, Source, Tri
 from ..store import Store, SweepResult
 from .admit import admit_fetched
 from .build import build_drafter, build_sender, build_source, build_triager, import_models
-from .channels import Operators
+from .channels import Channels
 from .drafting import Drafting
 from .lease import Leases
 from .loop import Loop
-from .reminders import Desk
+from .reminders import Reminders
 from .sending import Sends
 
 log = logging.getLogger("draftgate.engine")
@@ -50,20 +49,24 @@ STOPPED_TEXT = "stopped: draftgate was stopped during this tick (Ctrl-C or SIGTE
 
 
 class Engine:
-    """Drives every configured pipeline: builds its parts, runs the ticks, and is
-    what approval channels call (operator decisions are :class:`Decisions`')."""
+    """Drives every configured pipeline: builds its parts and runs the ticks. The
+    operator desk (:class:`bot.desk.desk.OperatorDesk`) decides through its parts
+    (``channels``, ``drafting``, ``sends``)."""
 
     def __init__(self, settings: Settings, store: Store,
                  channels: dict[str, ApprovalChannel] | None = None, *,
                  clock: Callable[[], float] | None = None,
                  drafters: dict[str, Drafter] | None = None,
                  senders: dict[str, Sender] | None = None, sources: dict[str, Source] | None = None,
-                 send_check_delay: float = 5.0,
+                 send_check_delay: float = 5.0, host: str | None = None,
                  progress: Callable[[str, int, int], None] | None = None):
         self.settings = settings
         self.store = store
-        self.channels = dict(channels or {})
+        self.by_name = dict(channels or {})
+        # An injected clock (a test's, a simulation's) decides leases too; without one
+        # the store's clock does (see lease_now).
         self.clock = clock or wall
+        self._own_clock = clock is not None
         self.pipelines = {p.name: p for p in settings.pipelines}
         self._drafters = dict(drafters or {})
         self._senders = dict(senders or {})
@@ -71,33 +74,15 @@ class Engine:
         self._triagers: dict[str, Triager | None] = {}
         self._progress = progress  # (label, done, total): backfills on the CLI
         self._tasks: set[asyncio.Task] = set()
-        # The parts read the clock and the stages through the engine at each call
-        # (late-bound), so one swapped on the engine (as tests do) holds for all.
-        now = lambda: self.clock()  # noqa: E731
-        sender, drafter = (lambda p: self.sender(p)), (lambda p: self.drafter(p))
-        self.leases = Leases(store, self.pipelines, self._lease_now, self._spawn)
-        self.operators = Operators(settings, store, self.channels, now)
-        self.sends = Sends(settings, store, self.leases, self.operators, sender, now, self._spawn,
-                           send_check_delay)
-        self.drafting = Drafting(settings, store, self.leases, self.operators, drafter, now,
-                                 lambda p: self.triager(p), lambda p: self.source(p),
-                                 self._models_imported)
-        self.decisions = Decisions(settings, store, self.operators, self.drafting, self.sends,
-                                   sender, now, self._spawn)
-        self.desk = Desk(settings, store, self.operators, now)
-        self.loop = Loop(settings, store, self.operators, self.tick, self.sweep, now, self.desk)
-        # Handed on: what approval channels call when an operator acts
-        # (bot.stages.Decisions), notices, and the schedule.
-        d = self.decisions
-        self.approve, self.edit, self.regenerate = d.approve, d.edit, d.regenerate
-        self.reject, self.retry_send = d.reject, d.retry_send
-        self.draft_reply, self.dismiss = d.draft_reply, d.dismiss
-        self.draft, self.record_prompt, self.prompt_record = d.draft, d.record_prompt, d.prompt_record
-        self.adopt_card, self.card_stale, self.stale_cards = d.adopt_card, d.card_stale, d.stale_cards
-        self.votes, self.may_decide, self.may_see = d.votes, d.may_decide, d.may_see
-        self.may_act = d.may_act
-        self.pending_for, self.reply, self.emails = d.pending_for, d.reply, d.emails
-        self.notify, self.run_forever = self.operators.notify, self.loop.run_forever
+        self.leases = Leases(store, self.pipelines, self.lease_now, self.spawn, home=host)
+        self.channels = Channels(settings, store, self.by_name, self.clock)
+        self.sends = Sends(settings, store, self.leases, self.channels, self.sender, self.clock,
+                           self.spawn, send_check_delay)
+        self.drafting = Drafting(settings, store, self.leases, self.channels, self.drafter,
+                                 self.clock, self.triager, self.source, self._models_imported)
+        self.reminders = Reminders(settings, store, self.channels, self.clock)
+        self.loop = Loop(settings, store, self.channels, self.tick, self.clock, self.reminders)
+        self.notify = self.channels.notify
 
     # -- stages (each built once, on first use) ------------------------------------------
     def source(self, p: PipelineConfig) -> Source:
@@ -123,22 +108,22 @@ class Engine:
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
-        """Recover from a crash, start the approval channels, post what waits."""
-        for ch in self.operators.running():
-            if (bind := getattr(ch, "bind", None)) is not None:
-                bind(self)  # recovery may update its cards already
+        """Recover from a crash (sends a crash cut short). The approval channels are
+        bound to the desk and started by :class:`bot.app.App` around this."""
         await self.sends.recover()
-        for ch in self.operators.running():
-            await ch.start(self)
-        await self.operators.resync_cards()
 
-    async def stop(self) -> None:
-        """Let in-flight work finish its current transition, then close stages."""
+    async def stop_tasks(self) -> None:
+        """Cancel the background work decisions started, and wait for it."""
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for ch in self.operators.running():
+
+    async def stop(self) -> None:
+        """Let in-flight work finish its current transition, then close channels and
+        stages."""
+        await self.stop_tasks()
+        for ch in self.channels.running():
             try:
                 await ch.stop()
             except Exception:
@@ -155,19 +140,26 @@ class Engine:
         # another host would take it for abandoned.
         await self.leases.heartbeat.stop()
 
-    def _lease_now(self) -> float | None:
+    def lease_now(self) -> float | None:
         """``now`` for store calls that decide leases: None lets the store use its own
         clock (on PostgreSQL the database's, the one clock all hosts share, so a host
-        whose clock is off neither takes a live lease nor strands another's send)."""
-        # Unless a test drives time with a clock of its own: then that clock decides.
-        return None if self.clock is wall else self.clock()
+        whose clock is off neither takes a live lease nor strands another's send),
+        unless a clock was injected: then that clock decides."""
+        return self.clock() if self._own_clock else None
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def spawn(self, coro) -> asyncio.Task:
+        """Run ``coro`` in the background; :meth:`stop` cancels and awaits it."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_log_task_error)
         return task
+
+    async def run_forever(self, stop: asyncio.Event,
+                          sweep: Callable[[], Awaitable[SweepResult]]) -> None:
+        """Every pipeline's loop of ticks, reminders and the digest, and the daily
+        ``sweep``, until ``stop`` is set."""
+        await self.loop.run_forever(stop, sweep)
 
     # -- one tick -------------------------------------------------------------------
     @logfmt.about_pipeline
@@ -182,7 +174,7 @@ class Engine:
         if scheduled_for is None:
             scheduled_for = scheduler.last_due(p, self.clock())
         counts = RunCounts()
-        await self.operators.resync_cards()
+        await self.channels.resync_cards()
         # Set again only by a fetch of this tick that stops short (so a tick that does
         # not get that far, whatever the reason, never makes the loop hurry).
         self.loop.backlog.discard(name)
@@ -244,11 +236,11 @@ class Engine:
             return
         if previous is not None and previous.status in ("ok", "error") and previous.status != status:
             if status == "error":
-                await self.operators.notify(f"❌ {p.name} turned red: {error}")
+                await self.channels.notify(f"❌ {p.name} turned red: {error}")
             else:
-                await self.operators.notify(f"✅ {p.name} is green again")
+                await self.channels.notify(f"✅ {p.name} is green again")
         elif previous is None and status == "error":
-            await self.operators.notify(f"❌ {p.name} failed: {error}")
+            await self.channels.notify(f"❌ {p.name} failed: {error}")
 
     async def _fetch_and_admit(self, p: PipelineConfig, scheduled_for: float,
                                counts: RunCounts) -> None:
@@ -310,7 +302,7 @@ class Engine:
             waiting = await self.store.unposted(p.name, limit=batch)
             for d in waiting:
                 self.leases.still_held(p.name)
-                if not await self.operators.post_counted(p, d, counts):
+                if not await self.channels.post_counted(p, d, counts):
                     return  # the channel is unreachable: the rest wait in ready
             if len(waiting) < batch:
                 return
@@ -325,21 +317,6 @@ class Engine:
                     await self._post_ready(p, counts)
                     n += counts.posted
         return n
-
-    # -- operator controls -----------------------------------------------------------
-    async def sweep(self, days: float | None = None) -> SweepResult:
-        return await self.decisions.sweep(days, self._lease_now)
-
-    async def pause(self, name: str, actor: str) -> None:
-        self.pipeline(name)
-        await self.store.set_paused(name, True, actor)
-
-    async def resume(self, name: str, actor: str) -> None:
-        self.pipeline(name)
-        await self.store.set_paused(name, False, actor)
-
-    async def run_now(self, name: str) -> RunCounts:
-        return await self.tick(name)
 
     async def wait_idle(self) -> None:
         """Wait for the background work decisions started (a regenerate's drafting, a

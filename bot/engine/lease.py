@@ -32,10 +32,7 @@ log = logging.getLogger("draftgate.engine")
 
 @functools.lru_cache(maxsize=1)
 def process_home() -> str:
-    """Host name, boot and pid namespace of this process. DRAFTGATE_TEST_HOST replaces
-    it, so a test can run a process as if on another machine."""
-    if os.environ.get("DRAFTGATE_TEST_HOST"):
-        return os.environ["DRAFTGATE_TEST_HOST"]
+    """Host name, boot and pid namespace of this process."""
     boot = ""
     with contextlib.suppress(OSError):
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
@@ -55,15 +52,15 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def gone_here(holder: str) -> bool:
-    """True if ``holder`` is a process of this machine and pid namespace, not this
-    one, that no longer exists."""
+def gone_here(holder: str, here: str | None = None) -> bool:
+    """True if ``holder`` is a process of this machine and pid namespace (``here``,
+    default :func:`process_home`), not this one, that no longer exists."""
     home, _, rest = holder.rpartition(":")[0].rpartition(":")
     try:
         pid = int(rest)
     except ValueError:
         return False
-    return home == process_home() and pid != os.getpid() and not pid_alive(pid)
+    return home == (here or process_home()) and pid != os.getpid() and not pid_alive(pid)
 
 
 class Heartbeat:
@@ -115,9 +112,12 @@ class Leases:
     """The pipeline leases of this process (``holder``) and its heartbeat."""
 
     def __init__(self, store: Store, names, now: Callable[[], float | None],
-                 spawn: Callable[..., asyncio.Task]):
+                 spawn: Callable[..., asyncio.Task], home: str | None = None):
+        """``home``: this process's machine (default :func:`process_home`); a
+        simulation of several hosts in one machine gives each its own."""
         self.store, self.now, self._spawn = store, now, spawn
-        self.holder = f"{process_home()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.home = home or process_home()
+        self.holder = f"{self.home}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.ttl = 15.0
         self._locks = {name: asyncio.Lock() for name in names}
         self.lost: dict[str, asyncio.Event] = {}  # set when a held lease is lost
@@ -153,7 +153,7 @@ class Leases:
         its lease: a restart after a crash resumes at once. A holder elsewhere, or one
         whose pid is alive, is never touched."""
         holder = await self.store.lock_holder(name)
-        if not holder or holder == self.holder or not gone_here(holder):
+        if not holder or holder == self.holder or not gone_here(holder, self.home):
             return False
         log.warning("%s: held by %s, a process of this machine that is gone; taking it over",
                     name, holder)

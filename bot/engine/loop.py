@@ -13,8 +13,8 @@ from ..errors import describe_error
 from ..models import RunCounts
 from ..service import metrics
 from ..store import Store, SweepResult
-from .channels import Operators
-from .reminders import Desk
+from .channels import Channels
+from .reminders import Reminders
 
 log = logging.getLogger("draftgate.engine")
 
@@ -29,25 +29,25 @@ async def _stopped(stop: asyncio.Event, within: float) -> bool:
 
 
 class Loop:
-    def __init__(self, settings: Settings, store: Store, operators: Operators,
-                 tick: Callable[..., Awaitable[RunCounts]],
-                 sweep: Callable[[], Awaitable[SweepResult]], clock: Callable[[], float],
-                 desk: Desk | None = None):
+    def __init__(self, settings: Settings, store: Store, operators: Channels,
+                 tick: Callable[..., Awaitable[RunCounts]], clock: Callable[[], float],
+                 reminders: Reminders | None = None):
         self.settings, self.store, self.operators = settings, store, operators
-        self._tick, self._sweep, self.clock, self.desk = tick, sweep, clock, desk
+        self._tick, self.clock, self.reminders = tick, clock, reminders
         # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
         # once instead of waiting for the next slot, in bounded steps.
         self.backlog: set[str] = set()
 
-    async def run_forever(self, stop: asyncio.Event) -> None:
+    async def run_forever(self, stop: asyncio.Event,
+                          sweep: Callable[[], Awaitable[SweepResult]]) -> None:
         """Tick every pipeline on its schedule until ``stop`` is set. Pipelines run
         concurrently; a slow tick coalesces the slots it overran into one catch-up
         tick (the source's catch-up policy decides what that admits)."""
         loops = [asyncio.create_task(self.supervised(p, stop), name=f"loop:{p.name}")
                  for p in self.settings.pipelines if p.enabled]
-        loops.append(asyncio.create_task(self._sweep_loop(stop), name="sweep"))
-        if self.desk is not None:  # reminders and the digest
-            loops.append(asyncio.create_task(self.desk.run(stop), name="desk"))
+        loops.append(asyncio.create_task(self._sweep_loop(stop, sweep), name="sweep"))
+        if self.reminders is not None:  # reminders and the digest
+            loops.append(asyncio.create_task(self.reminders.run(stop), name="reminders"))
         await stop.wait()
         for t in loops:
             t.cancel()
@@ -106,12 +106,13 @@ class Loop:
             # meanwhile would wait up to a whole interval more, and the channel idle).
             due = self.clock() if p.name in self.backlog else scheduler.next_due(p, slot)
 
-    async def _sweep_loop(self, stop: asyncio.Event) -> None:
+    async def _sweep_loop(self, stop: asyncio.Event,
+                          sweep: Callable[[], Awaitable[SweepResult]]) -> None:
         while not stop.is_set():
             if await _stopped(stop, self.settings.sweep_every):
                 return
             try:
-                result = await self._sweep()
+                result = await sweep()
                 log.info("daily sweep: %s", result.to_dict())
             except Exception:
                 log.exception("sweep failed")

@@ -18,7 +18,7 @@ from ..config.load import PipelineConfig, Settings
 from ..errors import describe_error
 from ..models import Draft, Status
 from ..store import Store
-from .channels import Operators
+from .channels import Channels
 
 log = logging.getLogger("draftgate.engine")
 
@@ -40,8 +40,8 @@ def _k(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 10_000 else str(n)
 
 
-class Desk:
-    def __init__(self, settings: Settings, store: Store, operators: Operators,
+class Reminders:
+    def __init__(self, settings: Settings, store: Store, operators: Channels,
                  clock: Callable[[], float]):
         self.settings, self.store, self.operators, self.clock = settings, store, operators, clock
 

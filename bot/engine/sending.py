@@ -17,7 +17,7 @@ from ..models import Draft, RunCounts, Status
 from ..service import logfmt, metrics
 from ..stages import Sender
 from ..store import Store
-from .channels import Operators
+from .channels import Channels
 from .lease import Leases, gone_here
 
 log = logging.getLogger("draftgate.engine")
@@ -29,7 +29,7 @@ RECOVERED_SEND = "interrupted"
 
 
 class Sends:
-    def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Operators,
+    def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Channels,
                  sender: Callable[[PipelineConfig], Sender], clock: Callable[[], float],
                  spawn: Callable[..., asyncio.Task], check_delay: float):
         self.settings, self.store, self.leases, self.operators = settings, store, leases, operators
@@ -109,7 +109,7 @@ class Sends:
         (the lease ttl). A send in flight in a live process is never touched. Run at
         start and on every tick."""
         holder = self.leases.holder
-        dead = [h for h in await self.store.sending_holders() if h != holder and gone_here(h)]
+        dead = [h for h in await self.store.sending_holders() if h != holder and gone_here(h, self.leases.home)]
         stuck = await self.store.recover_abandoned_sends(
             dead=dead, alive=holder, grace=self.grace, now=self.leases.now())
         if stuck:

@@ -15,7 +15,7 @@ from .chain import GENESIS, seal
 #: Every table the migrations below create (``doctor`` reads each one).
 TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
           "pipeline_flags", "locks", "schema_migrations", "approvals", "sent_notices",
-          "examples", "knowledge_files", "knowledge_passages", "audit_head")
+          "examples", "knowledge_files", "knowledge_passages", "audit_head", "prompts")
 
 #: (version, name, SQL); the SQL may be a list of statements and async Python steps
 #: (called with the connection, inside the migration's transaction).
@@ -320,6 +320,23 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
             EXECUTE FUNCTION draft_counts_change();
         CREATE INDEX drafts_pending ON drafts (id) WHERE status IN
             ('ready', 'awaiting', 'approved', 'sending', 'send_failed', 'send_unknown', 'notified');
+        """,
+    ),
+    (
+        8, "prompts",
+        # What a prompt message asks about (issue 23), copied from the audit rows that
+        # held it under a ``prompt|chat|mid`` key.
+        """
+        CREATE TABLE prompts (
+            chat TEXT NOT NULL, message_id TEXT NOT NULL, record TEXT NOT NULL,
+            actor TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (chat, message_id));
+        INSERT INTO prompts (chat, message_id, record, actor, at)
+            SELECT DISTINCT ON (split_part(draft_key, '|', 2), split_part(draft_key, '|', 3))
+                split_part(draft_key, '|', 2), split_part(draft_key, '|', 3),
+                COALESCE(detail, ''), actor, at
+            FROM audit WHERE action = 'prompt' AND draft_key LIKE 'prompt|%|%'
+            ORDER BY split_part(draft_key, '|', 2), split_part(draft_key, '|', 3), id DESC;
         """,
     ),
 ]

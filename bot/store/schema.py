@@ -281,10 +281,31 @@ _V_COUNTS = [
     "('ready', 'awaiting', 'approved', 'sending', 'send_failed', 'send_unknown', 'notified')",
 ]
 
+# The operator desk (issue 23): what an Edit / Regenerate / Reject prompt message asks
+# about, so a reply to it finds its draft after a restart. These were audit rows under
+# a ``prompt|chat|mid`` key (the audit doubled as a key-value store); the rows already
+# recorded are copied, and stay in the chained audit where they are.
+_V_PROMPTS = [
+    """CREATE TABLE prompts (
+        chat       TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        record     TEXT NOT NULL,
+        actor      TEXT NOT NULL,
+        at         REAL NOT NULL,
+        PRIMARY KEY (chat, message_id)
+    ) WITHOUT ROWID""",
+    "INSERT OR REPLACE INTO prompts (chat, message_id, record, actor, at) "
+    "SELECT substr(draft_key, 8, instr(substr(draft_key, 8), '|') - 1), "
+    "substr(substr(draft_key, 8), instr(substr(draft_key, 8), '|') + 1), "
+    "COALESCE(detail, ''), actor, at FROM audit "
+    "WHERE action = 'prompt' AND draft_key LIKE 'prompt|%|%' ORDER BY id",
+]
+
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).
-MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS]
+MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
+                        _V_PROMPTS]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

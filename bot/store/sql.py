@@ -547,6 +547,21 @@ class SqlStore(SqlOps, ContextSql):
         await self._execute("UPDATE drafts SET card_stale = ? WHERE id = ?",
                             (int(stale), draft_id))
 
+    async def record_prompt(self, chat: str, message_id: str, record: str, actor: str, *,
+                            now: float | None = None) -> None:
+        """Remember what a prompt message (chat, message id) asks about."""
+        await self._execute(
+            "INSERT INTO prompts (chat, message_id, record, actor, at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (chat, message_id) DO UPDATE SET record = excluded.record, "
+            "actor = excluded.actor, at = excluded.at",
+            (chat, message_id, record, actor, time.time() if now is None else now))
+
+    async def prompt_record(self, chat: str, message_id: str) -> str | None:
+        """What :meth:`record_prompt` kept for that message (None: not a prompt)."""
+        rows = await self._query("SELECT record FROM prompts WHERE chat = ? AND message_id = ?",
+                                 (chat, message_id))
+        return rows[0][0] if rows else None
+
     async def sending_holders(self) -> list[str]:
         """The distinct ``send_holder`` values of rows in ``sending``."""
         rows = await self._query("SELECT DISTINCT send_holder FROM drafts WHERE status = ? "

@@ -2,8 +2,9 @@
 
 Runs python-telegram-bot inside the engine's event loop (``initialize``/``start``/
 ``updater.start_polling``, never ``run_polling``). Taps and replies are handled in
-:mod:`.tg_taps`, commands in :mod:`.tg_commands`, behind one gate (handler group -1)
-that drops every update whose user is not in ``telegram.operators``.
+:mod:`.taps`, commands in :mod:`.commands`, behind one gate (handler group -1) that
+drops every update whose user is not in ``telegram.operators``. Handlers act through
+the operator desk (``self.desk``), never the store.
 """
 
 from __future__ import annotations
@@ -24,22 +25,23 @@ from telegram.ext import (
     Application,
     ApplicationBuilder,
     ApplicationHandlerStop,
-    ContextTypes,
     TypeHandler,
 )
 from telegram.warnings import PTBDeprecationWarning
 
 from ...config.load import Settings, TelegramConfig, env_secret
+from ...desk.desk import OperatorDesk
 from ...errors import ApprovalError, ConfigError, DraftgateError
 from ...models import TERMINAL_STATUSES, Draft
 from ...service import health, metrics
-from ...stages import ApprovalChannelBase, Decisions, PostedRef
+from ...stages import PostedRef
 from .. import cards
+from ..base import DeskChannel
 from . import commands as tg_commands
 from . import request as tg_request
 from . import taps as tg_taps
 from .commands import COMMANDS
-from .common import NO_PREVIEW, answer, card_ref, chat_id, kind, log, plain
+from .common import CONTEXT_TYPES, NO_PREVIEW, Context, answer, card_ref, chat_id, kind, log, plain
 
 # Telegram's flood limits: ~30 messages/s per bot, 20/min per group. One message per
 # 1/29 s with no burst keeps every one-second window at or under 30.
@@ -79,12 +81,12 @@ def _retry_seconds(exc: RetryAfter) -> float:
     return wait.total_seconds() if isinstance(wait, dt.timedelta) else float(wait)
 
 
-def create(settings: Settings, store: Any) -> "TelegramChannel":
+def create(settings: Settings) -> "TelegramChannel":
     """Build the channel from settings (no I/O). Raises ConfigError naming what to fix."""
     if settings.telegram is None:
         raise ConfigError(f"{settings.file}: telegram: missing; add a telegram: section with "
                           f"token_env, operators and approvals_chat")
-    return TelegramChannel(settings.telegram, store, settings)
+    return TelegramChannel(settings.telegram, settings)
 
 
 async def _answers(host: str, port: int, request: bytes) -> bool:
@@ -115,19 +117,18 @@ def _fingerprint(text: str, markup: InlineKeyboardMarkup | None) -> bytes:
     return hashlib.sha256(f"{text}\0{keys}".encode()).digest()
 
 
-class TelegramChannel(ApprovalChannelBase):
+class TelegramChannel(DeskChannel):
     """Approval channel ``telegram`` (see the module docstring)."""
 
     name = "telegram"
 
-    def __init__(self, config: TelegramConfig, store: Any, settings: Settings, *,
+    def __init__(self, config: TelegramConfig, settings: Settings, *,
                  token: str | None = None, reconnect_delay: float = 1.0,
                  answer_within: float = 4.0):
         self.config = config
         # A tap whose decision takes longer (a slow send) is answered at this point, so
         # the operator's spinner ends; the card then shows the outcome.
         self.answer_within = answer_within
-        self.store = store
         self.settings = settings
         self._token = token or env_secret(config.token_env, "telegram.token_env")
         self._operators = frozenset(int(u) for u in config.operators)
@@ -162,8 +163,6 @@ class TelegramChannel(ApprovalChannelBase):
                                 if config.receive == "webhook" else None)
         self._ops_chat = config.ops_chat or config.approvals_chat
         self._reconnect_delay = reconnect_delay
-        # The engine: its Decisions, and pause/resume/run_now/sweep for the commands.
-        self.decisions: Any = None
         self._app: Application | None = None
         self._connected = False
         self._connect_task: asyncio.Task | None = None
@@ -177,7 +176,7 @@ class TelegramChannel(ApprovalChannelBase):
                    .base_url(self.config.base_url).base_file_url(self.config.base_file_url)
                    .rate_limiter(_Limiter(overall_max_rate=1, overall_time_period=1 / _OVERALL_RATE,
                                           max_retries=_MAX_RETRIES))
-                   .concurrent_updates(16).job_queue(None))
+                   .concurrent_updates(16).job_queue(None).context_types(CONTEXT_TYPES))
         request, get_updates = tg_request.requests(self.config.receive)  # counted for metrics
         builder = builder.request(request)
         if get_updates is not None:
@@ -185,22 +184,17 @@ class TelegramChannel(ApprovalChannelBase):
         if self.config.receive == "off":
             builder = builder.updater(None)
         app = builder.build()
-        app.bot_data["channel"] = self  # how the handlers find the store and the engine
+        app.bot_data.channel = self  # how the handlers find the desk
         # The gate runs first for every update; ApplicationHandlerStop ends it there.
         app.add_handler(TypeHandler(Update, self._gate), group=-1)
         app.add_handlers(tg_taps.handlers() + tg_commands.handlers())
         app.add_error_handler(self._on_error)
         return app
 
-    def bind(self, decisions: Decisions) -> None:
-        """What the channel reads and records goes through ``decisions`` (never the
-        store): bound before the engine's recovery, which may update cards."""
-        self.decisions = decisions
-
-    async def start(self, decisions: Decisions) -> None:
+    async def start(self, desk: OperatorDesk) -> None:
         """Connect and start receiving updates. If Telegram cannot be reached, keep
         trying in the background: drafts wait in ``ready`` meanwhile."""
-        self.decisions = decisions
+        self.bind(desk)
         logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._app = self._build()
         try:
@@ -328,7 +322,7 @@ class TelegramChannel(ApprovalChannelBase):
         """Send the card (or edit the existing card for a new version)."""
         chat = self.approvals_chat(draft.pipeline)
         bot = self.bot
-        card = cards.render_card(draft, *await self.decisions.votes(draft))
+        card = cards.render_card(draft, *await self.desk.votes(draft))
         markup = _markup(card)
         async with self._lock(draft.id):
             try:
@@ -397,11 +391,11 @@ class TelegramChannel(ApprovalChannelBase):
         arrive out of order still end on the latest state. False if the edit failed: the
         card is then marked stale in the store, and :meth:`resync_cards` tries again."""
         async with self._lock(draft.id):
-            fresh = await self.decisions.draft(draft.id) or draft
+            fresh = await self.desk.draft(draft.id) or draft
             ref = card_ref(fresh)
             ok = True
             if ref is not None:
-                card = cards.render_status(fresh, *await self.decisions.votes(fresh))
+                card = cards.render_status(fresh, *await self.desk.votes(fresh))
                 chat, mid = ref
                 try:
                     await self._edit(chat, mid, card.text, _markup(card))
@@ -417,7 +411,7 @@ class TelegramChannel(ApprovalChannelBase):
                                 "tick): %s", draft.id, exc)
             if fresh.card_stale == ok:  # the flag changes: stale now, or put right
                 try:
-                    await self.decisions.card_stale(fresh.id, not ok)
+                    await self.desk.card_stale(fresh.id, not ok)
                 except Exception as exc:
                     log.warning("could not record the card state of #%d: %s", draft.id, exc)
             if ok and fresh.status in TERMINAL_STATUSES:
@@ -431,7 +425,7 @@ class TelegramChannel(ApprovalChannelBase):
         on every tick; stops at the first failure, since Telegram is still in trouble."""
         if not self._connected:
             return
-        for d in await self.decisions.stale_cards(limit=50):
+        for d in await self.desk.stale_cards(limit=50):
             if not await self.update(d):
                 return
 
@@ -464,7 +458,7 @@ class TelegramChannel(ApprovalChannelBase):
             raise ApprovalError(f"could not send a reminder for #{draft.id}: {exc}") from exc
 
     # -- the gate ------------------------------------------------------------------------
-    async def _gate(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    async def _gate(self, update: Update, context: Context) -> None:
         """Drop every update whose user is not an operator, before any handler."""
         user = update.effective_user
         if user is not None and not user.is_bot and user.id in self._operators:
@@ -478,7 +472,7 @@ class TelegramChannel(ApprovalChannelBase):
         raise ApplicationHandlerStop
 
     # -- errors --------------------------------------------------------------------------------
-    async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+    async def _on_error(self, update: object, context: Context) -> None:
         """Log first, then tell the operator briefly (never the details)."""
         log.error("handling %s failed", kind(update) if isinstance(update, Update)
                   else "no update", exc_info=context.error)

@@ -1,20 +1,22 @@
 """The operator commands /status /pending /replay /sweep /audit /pause /resume /run /help: each
-parses its arguments (a bad one gets a usage line), calls :mod:`bot.desk.reports` or the engine's
-controls, and replies."""
+parses its arguments (a bad one gets a usage line), asks the operator desk (which checks
+who may do it, audits a refusal, and is the only way to change state), and replies."""
 
 from __future__ import annotations
 
+import functools
 import html
+from typing import Any, Callable, Coroutine
 
 from telegram import Update
 from telegram.constants import ParseMode
-from telegram.ext import BaseHandler, CommandHandler, ContextTypes
+from telegram.ext import BaseHandler, CommandHandler
 
 from ...desk import reports as ops
 from ...errors import ConfigError, DrafterError, NotAllowed
 from ...models import Draft
 from .. import cards
-from .common import NO_PREVIEW, channel_of, message_of, operator, reply
+from .common import NO_PREVIEW, Context, channel_of, message_of, operator, reply
 
 COMMANDS: list[tuple[str, str, str]] = [
     # (command, arguments, description) -- the description goes to setMyCommands.
@@ -33,9 +35,6 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 _USAGE = {name: f"Usage: /{name} {args}".rstrip() for name, args, _ in COMMANDS}
 
-Context = ContextTypes.DEFAULT_TYPE
-
-
 def _unknown(context: Context, name: str) -> str | None:
     """None if ``name`` is a pipeline, else the message listing the known ones."""
     try:
@@ -53,9 +52,9 @@ async def status(update: Update, context: Context) -> None:
     if args:
         if (problem := _unknown(context, args[0])) is not None:
             return await reply(update, problem)
-        detail = await ops.status_one(ch.store, ch.settings, args[0])
+        detail = await ch.desk.status_of(operator(update), args[0])
         return await reply(update, ops.format_status_one(detail), pre=True)
-    items = await ops.status_all(ch.store, ch.settings)
+    items = await ch.desk.status(operator(update))
     await reply(update, ops.format_status_all(items), pre=True)
 
 
@@ -64,7 +63,7 @@ async def pending(update: Update, context: Context) -> None:
     if context.args:
         return await reply(update, _USAGE["pending"])
     ch = channel_of(context)
-    drafts, total = await ch.decisions.pending_for(operator(update))
+    drafts, total = await ch.desk.pending(operator(update))
     if not drafts:
         return await reply(update, ops.format_pending(drafts))
     lines: list[str] = []
@@ -91,12 +90,7 @@ async def replay(update: Update, context: Context) -> None:
     name, item_id = found
     if (problem := _unknown(context, name)) is not None:
         return await reply(update, problem)
-    ch = channel_of(context)
-    try:
-        await ch.decisions.may_act(name, operator(update), "replay")
-    except NotAllowed as exc:
-        return await reply(update, str(exc))
-    result = await ops.replay(ch.store, name, item_id, operator(update), settings=ch.settings)
+    result = await channel_of(context).desk.replay(operator(update), name, item_id)
     await reply(update, ops.format_replay(name, item_id, result))
 
 
@@ -109,9 +103,9 @@ async def reply_cmd(update: Update, context: Context) -> None:
     if (problem := _unknown(context, name)) is not None:
         return await reply(update, problem)
     try:
-        text = await channel_of(context).decisions.reply(name, item_id, instruction.strip(),
-                                                         operator(update))
-    except (NotAllowed, DrafterError) as exc:  # not theirs; budget spent, model hold
+        text = await channel_of(context).desk.reply(operator(update), name, item_id,
+                                                    instruction.strip())
+    except DrafterError as exc:  # budget spent, model hold
         text = str(exc)
     await reply(update, text)
 
@@ -124,10 +118,7 @@ async def emails(update: Update, context: Context) -> None:
         return await reply(update, _USAGE["emails"] + f" (n: 1 to {ops.MAX_EMAILS})")
     if (problem := _unknown(context, args[0])) is not None:
         return await reply(update, problem)
-    try:
-        found = await channel_of(context).decisions.emails(args[0], int(n), operator(update))
-    except NotAllowed as exc:
-        return await reply(update, str(exc))
+    found = await channel_of(context).desk.emails(operator(update), args[0], int(n))
     await reply(update, ops.format_emails(args[0], found), pre=True)
 
 
@@ -147,8 +138,8 @@ async def audit(update: Update, context: Context) -> None:
     name, item_id = found
     if (problem := _unknown(context, name)) is not None:
         return await reply(update, problem)
-    ch = channel_of(context)
-    await reply(update, ops.format_history(await ops.history(ch.store, ch.settings, name, item_id)))
+    history = await channel_of(context).desk.history(operator(update), name, item_id)
+    await reply(update, ops.format_history(history))
 
 
 async def sweep(update: Update, context: Context) -> None:
@@ -163,7 +154,7 @@ async def sweep(update: Update, context: Context) -> None:
             days = -1.0
         if not 0 < days < 100_000:
             return await reply(update, _USAGE["sweep"] + " (days: a positive number)")
-    result = await channel_of(context).decisions.sweep(days)  # also clears expired cards
+    result = await channel_of(context).desk.sweep(operator(update), days)  # clears expired cards
     await reply(update, ops.format_sweep(result))
 
 
@@ -184,7 +175,7 @@ async def pause(update: Update, context: Context) -> None:
     """/pause <pipeline>"""
     if (name := await _pipeline_arg(update, context, "pause")) is None:
         return
-    await channel_of(context).decisions.pause(name, operator(update))
+    await channel_of(context).desk.pause(operator(update), name)
     await reply(update, f"⏸ {name} paused; /resume {name} starts it again.")
 
 
@@ -192,7 +183,7 @@ async def resume(update: Update, context: Context) -> None:
     """/resume <pipeline>"""
     if (name := await _pipeline_arg(update, context, "resume")) is None:
         return
-    await channel_of(context).decisions.resume(name, operator(update))
+    await channel_of(context).desk.resume(operator(update), name)
     await reply(update, f"▶️ {name} resumed.")
 
 
@@ -200,8 +191,10 @@ async def run(update: Update, context: Context) -> None:
     """/run <pipeline>"""
     if (name := await _pipeline_arg(update, context, "run")) is None:
         return
+    desk = channel_of(context).desk
+    await desk.authorize(operator(update), name, "run")  # refused before "running" is said
     await reply(update, f"▶️ running {name} now…")
-    counts = (await channel_of(context).decisions.run_now(name)).to_dict()
+    counts = (await desk.run_now(operator(update), name)).to_dict()
     await reply(update, f"{name}: " + " ".join(f"{k} {v}" for k, v in counts.items()))
 
 
@@ -218,7 +211,22 @@ def handlers() -> list[BaseHandler]:
     table = {"status": status, "pending": pending, "replay": replay, "sweep": sweep,
              "reply": reply_cmd, "emails": emails, "audit": audit,
              "pause": pause, "resume": resume, "run": run, "help": help_, "start": help_}
-    return [CommandHandler(name, fn) for name, fn in table.items()]
+    return [CommandHandler(name, _refused(fn)) for name, fn in table.items()]
+
+
+Handler = Callable[[Update, Context], Coroutine[Any, Any, None]]
+
+
+def _refused(fn: Handler) -> Handler:
+    """``fn``, answering a refusal of the desk (NotAllowed: audited there, nothing
+    changed) with its reason."""
+    @functools.wraps(fn)
+    async def handler(update: Update, context: Context) -> None:
+        try:
+            await fn(update, context)
+        except NotAllowed as exc:
+            await reply(update, str(exc))
+    return handler
 
 
 def card_link(draft: Draft) -> str | None:

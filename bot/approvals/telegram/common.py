@@ -1,19 +1,25 @@
 """What the Telegram channel, its taps and its commands share: how an operator, a chat,
-a card and a plain answer are named, and how a handler finds the channel."""
+a card and a plain answer are named, and how a handler finds the channel and its desk
+(typed PTB context: ``context.bot_data.channel``)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
-from telegram import LinkPreviewOptions, Message, Update, User
+from telegram import Bot, LinkPreviewOptions, Message, Update, User
 from telegram.constants import ParseMode
 from telegram.error import TelegramError
-from telegram.ext import ContextTypes
+from telegram.ext import CallbackContext, ContextTypes, ExtBot
 
 from ...config import telegram as config_telegram
+from ...config.load import Settings
+from ...desk.desk import OperatorDesk
+from ...desk.operator import Operator
+from ...desk.operator import telegram as telegram_operator
 from ...models import Draft, Status
 from ...redact import scrub
+from ...stages import PostedRef
 from .. import cards
 
 log = logging.getLogger("draftgate.telegram")  # one logger for the whole channel
@@ -21,9 +27,38 @@ NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 _PLAIN_LIMIT = 4000
 
 
-def channel_of(context: ContextTypes.DEFAULT_TYPE) -> Any:
-    """The TelegramChannel that built the Application (``bot_data["channel"]``)."""
-    return context.bot_data["channel"]
+class ChannelView(Protocol):
+    """What handlers use of the TelegramChannel that built the Application."""
+
+    settings: Settings
+    answer_within: float
+
+    @property
+    def desk(self) -> OperatorDesk: ...
+    @property
+    def bot(self) -> Bot: ...
+    def chat_allowed(self, draft: Draft, chat: int | None, action: str) -> bool: ...
+    async def update(self, draft: Draft) -> bool: ...
+    async def discard(self, ref: PostedRef, draft: Draft) -> None: ...
+
+
+class BotData:
+    """``context.bot_data``: the channel, typed (PTB's ContextTypes)."""
+
+    def __init__(self) -> None:
+        self.channel: ChannelView | None = None
+
+
+Context = CallbackContext[ExtBot[None], dict, dict, BotData]
+#: The context types the Application is built with.
+CONTEXT_TYPES = ContextTypes(bot_data=BotData)
+
+
+def channel_of(context: Context) -> ChannelView:
+    """The TelegramChannel that built the Application."""
+    channel = context.bot_data.channel
+    assert channel is not None, "the channel sets itself in bot_data when it builds the app"
+    return channel
 
 
 def chat_id(value: Any) -> int | None:
@@ -34,12 +69,13 @@ def chat_id(value: Any) -> int | None:
     return found
 
 
-def actor(user: User) -> str:
-    return f"tg:{user.id} ({user.first_name})"
+def actor(user: User) -> Operator:
+    """The operator a Telegram user is, for the desk."""
+    return telegram_operator(user.id, user.first_name)
 
 
-def operator(update: Update) -> str:
-    """The actor of an update a handler runs for: the gate lets only operators' pass."""
+def operator(update: Update) -> Operator:
+    """The operator of an update a handler runs for: the gate lets only operators' pass."""
     user = update.effective_user
     assert user is not None, "the gate drops updates without a user"
     return actor(user)

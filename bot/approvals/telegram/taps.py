@@ -2,10 +2,10 @@
 
 One CallbackQueryHandler per action family (data ``<action>:<draft id>:<version>``)
 and a last one for any other data; every query is answered. A tap acts only on the
-draft whose card (or notice) was tapped, through the engine's compare-and-set
-decisions. A prompt is known by its message id, recorded (through the decisions) when
-it is sent. The channel never touches the store: it reads and records through
-``ch.decisions``.
+draft whose card (or notice) was tapped, through the desk's compare-and-set
+decisions. A prompt is known by its message id, recorded (through the desk) when
+it is sent. The channel never touches the store: it reads, records and decides
+through the operator desk (``ch.desk``), which checks who may act.
 """
 
 from __future__ import annotations
@@ -23,25 +23,36 @@ from telegram.ext import (
     BaseHandler,
     CallbackQueryHandler,
     CommandHandler,
-    ContextTypes,
     MessageHandler,
     filters,
 )
 
 from ...desk import reports as ops
+from ...desk.operator import Operator
 from ...errors import ApprovalError, ConfigError, DrafterError, DraftgateError, NotAllowed
 from ...models import REPLAYABLE_STATUSES, Draft, Status
 from ...stages import PostedRef
 from .. import cards
-from .common import actor, already, answer, card_ref, channel_of, log, message_of, operator, plain
+from .common import (
+    ChannelView,
+    Context,
+    actor,
+    already,
+    answer,
+    card_ref,
+    channel_of,
+    log,
+    message_of,
+    operator,
+    plain,
+)
 
-Context = ContextTypes.DEFAULT_TYPE
 #: What a family decides once the tap is checked: (channel, query, callback, draft,
 #: chat id) -> the answer shown to the operator.
-Decide = Callable[[Any, Any, cards.Callback, Draft, int], Awaitable[str]]
+Decide = Callable[[ChannelView, Any, cards.Callback, Draft, int], Awaitable[str]]
 
 
-async def _answered(ch: Any, query: Any, tap: Awaitable[str]) -> None:
+async def _answered(ch: ChannelView, query: Any, tap: Awaitable[str]) -> None:
     """Run ``tap`` and answer the query with its notice, whatever happens. A tap whose
     decision takes longer (a slow send) is answered after ``ch.answer_within`` seconds,
     so the operator's spinner ends; the card then shows the outcome."""
@@ -78,19 +89,19 @@ def _family(decide: Decide) -> Callable[[Update, Context], Coroutine[Any, Any, N
     return on_tap
 
 
-async def _unknown(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+async def _unknown(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     """Data of no family: ``_tap`` refuses it (not ours, not canonical, none) first."""
     return "Unknown action; use the latest card."
 
 
-async def _tap(ch: Any, query: Any, decide: Decide) -> str:
+async def _tap(ch: ChannelView, query: Any, decide: Decide) -> str:
     """Check that the tapped message carries this draft's current data, then decide."""
     try:
         cb = cards.parse_callback(query.data)  # canonical data only, byte for byte
     except cards.BadCallback as exc:
         log.info("ignored callback data from user %s: %s", query.from_user.id, exc)
         return str(exc)
-    draft = await ch.decisions.draft(cb.draft_id)
+    draft = await ch.desk.draft(cb.draft_id)
     message = query.message  # None: too old for Telegram to say which (no chat allows it)
     chat_id: int | None = message.chat.id if message is not None else None
     if draft is None or chat_id is None or not ch.chat_allowed(draft, chat_id, cb.action):
@@ -100,11 +111,12 @@ async def _tap(ch: Any, query: Any, decide: Decide) -> str:
         if cb.action == cards.REPLAY:
             return f"Already replayed: #{draft.id} is v{draft.version} now ({draft.status})."
         return f"Old version (v{cb.version}); the card now shows v{draft.version}."
-    if cb.action != cards.FULL_TEXT:  # reading is not deciding
-        try:
-            await ch.decisions.may_decide(draft, actor(query.from_user), f"tap {cb.action}")
-        except NotAllowed as exc:
-            return str(exc)
+    try:  # the desk checks again in each decision; a refusal here changes nothing
+        await ch.desk.authorize(actor(query.from_user), draft.pipeline,
+                                f"tap {cb.action} v{draft.version}", key=draft.key,
+                                deciding=cb.action != cards.FULL_TEXT)
+    except NotAllowed as exc:
+        return str(exc)
     mid: int = message.message_id
     on_card = card_ref(draft) == (chat_id, mid)
     if not on_card and not _ours(query, cb):
@@ -136,7 +148,7 @@ def _ours(query: Any, cb: cards.Callback) -> bool:
     return cards.parse_card_header(getattr(message, "text", None)) == (cb.draft_id, cb.version)
 
 
-async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
+async def _reconcile(ch: ChannelView, draft: Draft, chat_id: int, mid: int) -> Draft:
     """A tap on a card of this draft and version that is not its recorded card.
     That card exists because Telegram delivered a sendMessage whose answer was lost
     (a timeout). If the draft is still waiting to be posted, that card becomes its
@@ -148,7 +160,7 @@ async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
         # A card of exactly this version exists (the tap came from it) though the
         # draft still waits to be posted: that card is its card. An older card
         # recorded for an earlier version does not change that.
-        adopted: Draft = await ch.decisions.adopt_card(draft, str(chat_id), str(mid))
+        adopted: Draft = await ch.desk.adopt_card(draft, str(chat_id), str(mid))
         return adopted
     ref = card_ref(draft)
     if draft.approval_message_id is None or ref is None or ref == (chat_id, mid):
@@ -159,26 +171,27 @@ async def _reconcile(ch: Any, draft: Draft, chat_id: int, mid: int) -> Draft:
 
 # -- the families --------------------------------------------------------------------------------
 
-async def _approve(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+async def _approve(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     if draft.status != Status.AWAITING:
         return already(draft)
     # The draft read to check the tap goes with it: the decision does not read it again.
-    after = await ch.decisions.approve(draft.id, cb.version, actor(query.from_user), draft)
+    after = await ch.desk.approve(actor(query.from_user), draft.id, cb.version, draft)
     if after is not None and after.status == Status.AWAITING:  # the quorum is not met yet
         await ch.update(after)
-        votes, quorum = await ch.decisions.votes(after)
+        votes, quorum = await ch.desk.votes(after)
         return f"✅ Your approval counts ({len(votes)}/{quorum}); it sends at {quorum}."
-    return await _sent(ch, draft, after) or {
-        Status.SENT: "✅ Sent.", Status.SEND_FAILED: "❌ Send failed; see the card.",
-        Status.SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
-            after.status, f"Approved ({after.status}).")
+    if (why := await _sent(ch, draft, after)) is not None or after is None:
+        return why or ""
+    return {Status.SENT: "✅ Sent.", Status.SEND_FAILED: "❌ Send failed; see the card.",
+            Status.SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
+        Status(after.status), f"Approved ({after.status}).")
 
 
-async def _sent(ch: Any, draft: Draft, after: Draft | None) -> str | None:
+async def _sent(ch: ChannelView, draft: Draft, after: Draft | None) -> str | None:
     """After Approve or Retry send: why nothing happened (None: it did). A send's
     outcome is on the card already (the engine shows it); any other state is shown."""
     if after is None:
-        return already(await ch.decisions.draft(draft.id) or draft)
+        return already(await ch.desk.draft(draft.id) or draft)
     # Status.SENDING: another host's send holds it and shows its outcome on the card; an edit
     # from here ("sending…") could reach Telegram after that one and hide it.
     if after.status not in (Status.SENT, Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.SENDING):
@@ -186,7 +199,7 @@ async def _sent(ch: Any, draft: Draft, after: Draft | None) -> str | None:
     return None
 
 
-async def _prompt(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+async def _prompt(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     """Edit / Regenerate / Reject: ask for the text (a reply to the prompt)."""
     if draft.status != Status.AWAITING:
         return already(draft)
@@ -201,27 +214,26 @@ async def _prompt(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id
         allow_sending_without_reply=True)
     # The prompt is known by its message id from now on (and after a restart); its
     # text is never read back.
-    await ch.decisions.record_prompt(chat_id, prompt.message_id,
-                                     cards.prompt_record(kind, draft.id, draft.version),
-                                     actor(user))
+    await ch.desk.record_prompt(actor(user), chat_id, prompt.message_id,
+                                cards.prompt_record(kind, draft.id, draft.version))
     return {cards.EDIT: "Reply to the prompt with the new text.",
             cards.REGENERATE: "Reply with an instruction, or /skip.",
             cards.REJECT: "Reply with a reason, or /skip."}[cb.action]
 
 
-async def _retry(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+async def _retry(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     if draft.status not in (Status.SEND_FAILED, Status.SEND_UNKNOWN):
         return already(draft)
-    after = await ch.decisions.retry_send(draft.id, actor(query.from_user))
-    return await _sent(ch, draft, after) or {Status.SENT: "✅ Sent."}.get(after.status,
-                                                                  f"Retried: {after.status}.")
+    after = await ch.desk.retry_send(actor(query.from_user), draft.id)
+    if (why := await _sent(ch, draft, after)) is not None or after is None:
+        return why or ""
+    return "✅ Sent." if after.status == Status.SENT else f"Retried: {after.status}."
 
 
-async def _replay(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+async def _replay(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     if draft.status not in REPLAYABLE_STATUSES:
         return already(draft)
-    result = await ops.replay(ch.store, draft.pipeline, draft.item_id, actor(query.from_user),
-                              settings=ch.settings)
+    result = await ch.desk.replay(actor(query.from_user), draft.pipeline, draft.item_id)
     if result.outcome != "requeued":
         return ops.format_replay(draft.pipeline, draft.item_id, result)
     if query.message is not None:  # its job is done: the button goes
@@ -231,27 +243,27 @@ async def _replay(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id
     return f"♻️ #{draft.id} is back in the queue; the next tick drafts it."
 
 
-async def _fyi(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+async def _fyi(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     """Draft a reply / Dismiss on an FYI card (triage said notify)."""
     if draft.status != Status.NOTIFIED:
         return already(draft)
-    who = actor(query.from_user)
+    who: Operator = actor(query.from_user)
     try:
         if cb.action == cards.DISMISS:
-            after = await ch.decisions.dismiss(draft.id, cb.version, who)
+            after = await ch.desk.dismiss(who, draft.id, cb.version)
         else:
-            after = await ch.decisions.draft_reply(draft.id, cb.version, who)
+            after = await ch.desk.draft_reply(who, draft.id, cb.version)
     except DraftgateError as exc:  # budget spent, model hold: refused with the reason
         return str(exc).replace("Not regenerated", "Not drafted")
     if after is None:
-        return already(await ch.decisions.draft(draft.id) or draft)
+        return already(await ch.desk.draft(draft.id) or draft)
     if cb.action == cards.DISMISS:
         return "👋 Dismissed."
     await ch.update(after)
     return "✍️ Drafting a reply; this card turns into it."
 
 
-async def _full_text(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+async def _full_text(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     message = query.message
     await ch.bot.send_document(
         chat_id, io.BytesIO(cards.full_text(draft).encode("utf-8")),
@@ -299,18 +311,18 @@ async def _target(update: Update, context: Context, not_to_bot: str = ""
     return None
 
 
-async def _prompt_of(ch: Any, chat_id: int, target: Any) -> tuple[str, int, Draft | None] | None:
+async def _prompt_of(ch: ChannelView, chat_id: int, target: Any) -> tuple[str, int, Draft | None] | None:
     """(kind, version, draft) of the bot message replied to: a prompt recorded when it
     was sent, or a draft's recorded card (kind ``card`` = edit). What a message says is
     not enough: a notice can quote outside text that looks alike."""
-    record = await ch.decisions.prompt_record(chat_id, target.message_id)
+    record = await ch.desk.prompt_record(chat_id, target.message_id)
     if (parsed := cards.parse_prompt_record(record)) is not None:
         kind, draft_id, version = parsed
-        return kind, version, await ch.decisions.draft(draft_id)
+        return kind, version, await ch.desk.draft(draft_id)
     named = cards.parse_card_header(target.text)
     if named is None:
         return None
-    draft = await ch.decisions.draft(named[0])
+    draft = await ch.desk.draft(named[0])
     if draft is None or card_ref(draft) != (chat_id, target.message_id):
         return None
     return cards.PROMPT_CARD, named[1], draft
@@ -346,13 +358,13 @@ async def _apply(update: Update, context: Context, kind: str, draft: Draft, text
         return
     try:
         if editing:
-            after = await ch.decisions.edit(draft.id, draft.version, text, who)
+            after = await ch.desk.edit(who, draft.id, draft.version, text)
             done = f"✏️ {cards.tag(after)} is on the card." if after else ""
         elif kind == cards.PROMPT_REGENERATE:
-            after = await ch.decisions.regenerate(draft.id, draft.version, who, instruction=text)
+            after = await ch.desk.regenerate(who, draft.id, draft.version, instruction=text)
             done = f"🔁 Regenerating as v{after.version}…" if after else ""
         else:
-            after = await ch.decisions.reject(draft.id, draft.version, who, reason=text)
+            after = await ch.desk.reject(who, draft.id, draft.version, reason=text)
             done = f"🗑 #{draft.id} rejected." if after else ""
     except (ConfigError, DrafterError, NotAllowed) as exc:  # pipeline gone; budget; not theirs
         text = str(exc)
@@ -360,7 +372,7 @@ async def _apply(update: Update, context: Context, kind: str, draft: Draft, text
             text if text.startswith("Not ") else f"Not applied: {text}"))
         return
     if after is None:
-        fresh = await ch.decisions.draft(draft.id) or draft
+        fresh = await ch.desk.draft(draft.id) or draft
         await msg.reply_text(do_quote=True, text=f"Not applied: {already(fresh)}")
         return
     await ch.update(after)

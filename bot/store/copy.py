@@ -8,7 +8,9 @@ helpers, so the store modules keep only what the running bot needs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import StoreError
 from .chain import ADOPT_HEAD_SQL
@@ -32,6 +34,7 @@ COPY_TABLES: dict[str, tuple[str, ...]] = {
     "examples": ("id",),
     "knowledge_files": ("pipeline", "path"),
     "knowledge_passages": ("id",),
+    "prompts": ("chat", "message_id"),
 }
 
 
@@ -159,3 +162,85 @@ class _PostgresCopier(_SqlCopier):
 
 # PostgreSQL array type of each column type, for unnest() of one array per column.
 _ARRAY_TYPE = {"double precision": "float8", "bigint": "int8", "integer": "int4", "text": "text"}
+
+
+#: Copy order. Drafts before audit so a reader of the target never sees an audit
+#: row for a draft that is not there yet.
+TABLES = tuple(COPY_TABLES)
+BATCH = 5000
+
+Progress = Callable[[str, int, int], None]
+
+
+def safe_url(url: str) -> str:
+    """``url`` with any password masked, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+async def migrate_store(src_url: str, dst_url: str, *, force: bool = False,
+                        progress: Progress | None = None, batch: int = BATCH) -> dict[str, int]:
+    """Copy every table of the store at ``src_url`` into ``dst_url``; returns rows
+    copied per table. Refuses a target that already holds data unless ``force``
+    (then rows already in the target, by key or id, are kept and the rest added)."""
+    if src_url == dst_url:
+        raise StoreError("--from and --to are the same store; give the new store as --to")
+    src = _create(src_url)
+    # Opening a SQLite URL creates the file: a mistyped --from would "copy" an empty
+    # store without a word.
+    path = getattr(src, "path", None)
+    if path and path != ":memory:" and not Path(path).exists():
+        raise StoreError(f"the source store {path} does not exist; check --from "
+                         "(sqlite:////absolute/path/to/state.db with four slashes; "
+                         "sqlite:///path is relative to the current directory)")
+    dst = _create(dst_url)
+    async with src, dst:
+        return await _copy_all(src, dst, src_url, dst_url, force, progress, batch)
+
+
+async def _copy_all(src, dst, src_url, dst_url, force, progress, batch) -> dict[str, int]:
+    s, d = copier(src), copier(dst)
+    existing = {t: await d.copy_count(t) for t in TABLES}
+    if any(existing.values()) and not force:
+        held = ", ".join(f"{n} {t}" for t, n in existing.items() if n)
+        raise StoreError(
+            f"the target store {safe_url(dst_url)} is not empty ({held}). migrate-store "
+            "copies into an empty store so nothing is mixed up by accident; point --to at "
+            "a new database (or schema), or re-run with --force to add the source's rows "
+            "to it (rows already there, by key or id, are kept as they are)")
+    totals = {t: await s.copy_count(t) for t in TABLES}
+    if not any(totals.values()):
+        raise StoreError(f"the source store {safe_url(src_url)} holds nothing to copy; check --from")
+    copied: dict[str, int] = {}
+    for table in TABLES:
+        total = totals[table]
+        done = 0
+        copied[table] = 0
+        if progress:
+            progress(table, 0, total)
+        after = None
+        key = COPY_TABLES[table]
+        while True:
+            rows = await s.export_rows(table, after, batch)
+            if not rows:
+                break
+            copied[table] += await d.import_rows(table, rows)
+            done += len(rows)
+            after = tuple(rows[-1][c] for c in key)
+            if progress:
+                progress(table, done, max(total, done))
+            if len(rows) < batch:
+                break
+    await d.finish_import()
+    return copied
+
+
+
+
+def _create(url: str) -> Any:
+    from . import create_store  # the package imports this module's neighbours first
+
+    return create_store(url)
