@@ -116,9 +116,10 @@ class Host:
     """One ``python -m bot run`` process (a "host"), its output in ``log``."""
 
     def __init__(self, name: str, cfg: Path, tg: FakeTelegram, *, receive: str,
-                 env: dict[str, str] | None = None):
-        """``env`` adds variables, e.g. DRAFTGATE_TEST_HOST (run as if on another
-        machine) or DRAFTGATE_TEST_CLOCK_OFFSET (a clock that is off)."""
+                 env: dict[str, str] | None = None, home: str | None = None,
+                 clock_offset: float = 0.0):
+        """``env`` adds variables; ``home`` runs it as if on another machine,
+        ``clock_offset`` with a clock that is off (tests/support/as_host.py)."""
         self.name = name
         self.log = cfg.parent / f"{name}.log"
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENAI")},
@@ -126,8 +127,10 @@ class Host:
         env[TOKEN_ENV] = tg.token
         with self.log.open("ab") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bot", "run", "-c", str(cfg),
-                 "--telegram-receive", receive],
+                [sys.executable, "-m", "tests.support.as_host",
+                 *(["--home", home] if home else []),
+                 *(["--clock-offset", str(clock_offset)] if clock_offset else []),
+                 "--", "run", "-c", str(cfg), "--telegram-receive", receive],
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT)
 

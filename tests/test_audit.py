@@ -17,6 +17,7 @@ import pytest
 from bot.__main__ import main
 from bot.store import chain, create_store
 from bot.store.schema import MIGRATIONS
+from tests.support.desk import started
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = "<CAF1234.order-question@mail.customer.example>"
@@ -34,7 +35,6 @@ def flowed(tmp_path: Path) -> Path:
     the template model, approved and sent through the outbox."""
     from bot.approvals.console import ConsoleChannel
     from bot.config.load import load_settings
-    from bot.engine.engine import Engine
 
     shutil.copytree(ROOT / "demo", tmp_path / "demo")
     (tmp_path / "pipelines").mkdir()
@@ -45,9 +45,8 @@ def flowed(tmp_path: Path) -> Path:
     async def flow():
         settings = load_settings(cfg)
         async with create_store(settings.store) as store:
-            engine = Engine(settings, store, {"console": ConsoleChannel(auto_approve=True,
-                                                                         out=io.StringIO())})
-            await engine.start()
+            engine = (await started(settings, store, {"console": ConsoleChannel(
+                auto_approve=True, out=io.StringIO())})).engine
             await engine.tick("demo")
             await engine.stop()
 
@@ -235,7 +234,7 @@ def test_migrate_store_keeps_verify_passing(flowed, capsys, tmp_path):
 async def world(tmp_path, monkeypatch):
     from bot.models import DraftResult
     from tests.fakes.telegram import FakeTelegram
-    from tests.test_telegram_channel import TOKEN_ENV, EchoDrafter, World, write_config
+    from tests.support.telegram_world import TOKEN_ENV, EchoDrafter, World, write_config
 
     class NamedModel(EchoDrafter):
         async def draft(self, request):
@@ -256,7 +255,7 @@ async def world(tmp_path, monkeypatch):
 async def test_audit_command_gives_the_history_of_an_item(world):
     """/audit support <id>: admitted, drafted v1 by the model with its tokens, edited by
     Anna, approved by Bo, sent as the sender's id, each with its time; verify passes."""
-    from tests.test_telegram_channel import ANNA, BO, SUPPORT_CHAT
+    from tests.support.telegram_world import ANNA, BO, SUPPORT_CHAT
 
     d = await world.deliver(1)
     fake = world.fake

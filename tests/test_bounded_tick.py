@@ -19,18 +19,20 @@ from pathlib import Path
 
 import pytest
 
+from bot.approvals.base import DeskChannel
 from bot.config.load import load_settings
 from bot.engine.engine import Engine
 from bot.errors import ConfigError
-from bot.stages import ApprovalChannelBase, PostedRef
+from bot.stages import PostedRef
 from bot.store import create_store
 from tests.fakes.gmail import GmailWorld, simple_message
 from tests.fakes.llm import FakeLLM
+from tests.support.desk import op, started
 
 T0 = 1_764_410_400.0  # 2025-11-29T10:00:00Z
 
 
-class Cards(ApprovalChannelBase):
+class Cards(DeskChannel):
     """Records each card: (draft id, version, drafts admitted so far, drafts still
     queued or drafting) at the moment it was posted or re-rendered; the two counts
     only for the first card and for new versions (-1 otherwise: counting is not free)."""
@@ -112,8 +114,8 @@ class World:
     async def open(self) -> "World":
         await self.store.open()
         self.cards = Cards(self.store)
-        self.engine = Engine(self.settings, self.store, {"console": self.cards})
-        await self.engine.start()
+        app = await started(self.settings, self.store, {"console": self.cards})
+        self.app, self.engine, self.desk = app, app.engine, app.desk
         return self
 
     async def close(self) -> None:
@@ -293,7 +295,7 @@ async def test_regenerate_is_answered_while_a_backlog_drafts_with_a_slow_model(
         add_mail(tmp_path, range(2, 14))
         tick = asyncio.create_task(w.engine.tick("support"))
         assert await asyncio.to_thread(llm.wait_requests, 2, 30)  # the backlog is drafting
-        assert await w.engine.regenerate(card, version, "anna", "shorter") is not None
+        assert await w.desk.regenerate(op("anna"), card, version, "shorter") is not None
         async with asyncio.timeout(60):
             while not any(p[:2] == (card, version + 1) for p in w.cards.posts):
                 w.cards.posted.clear()
@@ -325,7 +327,7 @@ async def test_the_loop_runs_the_next_tick_at_once_while_mail_waits_at_the_sourc
     and posted in three ticks back to back, not one tick per 5 minutes."""
     w = await make_world(deploy(tmp_path, emails=120, extra="max_per_tick: 50\n"))
     stop = asyncio.Event()
-    loop = asyncio.create_task(w.engine.run_forever(stop))
+    loop = asyncio.create_task(w.app.run_forever(stop))
     try:
         async with asyncio.timeout(100):
             while len(w.cards.posts) < 120:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,29 +9,11 @@ import pytest
 from bot.__main__ import main
 from bot.config.checker import parse_duration, parse_size
 from bot.config.load import load_settings
-from bot.errors import ConfigError
-
-GOOD = """\
-name: {name}
-schedule: 5m
-source: {{type: maildir, path: inbox}}
-sender: {{type: outbox, path: out, from: s@shop.example}}
-"""
-
-
-def write(tmp_path: Path, pipelines: dict[str, str], top: str = "") -> Path:
-    (tmp_path / "pipelines").mkdir(exist_ok=True)
-    for fname, text in pipelines.items():
-        (tmp_path / "pipelines" / fname).write_text(text)
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text(f"store: sqlite:///{tmp_path}/s.db\npipelines: pipelines/*.yaml\n" + top)
-    return cfg
-
-
-def errors_of(cfg: Path) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        load_settings(cfg)
-    return info.value.errors
+from tests.support.configs import (  # noqa: F401
+    GOOD,
+    errors_of,
+    write,
+)
 
 
 def test_a_good_config_loads_with_defaults(tmp_path):
@@ -496,8 +477,14 @@ def test_the_team_keys_load_typed_with_their_defaults(tmp_path):
     assert (a.approval.quorum, a.approval.operators, a.approval.remind_after) == (2, (1, 2), 14400.0)
     assert (b.approval.quorum, b.approval.operators, b.approval.remind_after) == (1, None, None)
     assert s.telegram.digest == "0 8 * * *"
-    assert a.approval.may_decide(1) and not dataclasses.replace(
-        a.approval, operators=(2,)).may_decide(1)
+    # The console decides only a pipeline one operator approves and that names nobody.
+    assert (a.approval.console, b.approval.console) == (False, True)
+    from bot.desk.operator import CONSOLE, refusal, telegram
+
+    assert refusal(s, telegram(1), "a") is None and refusal(s, telegram(3), "a") is not None
+    assert refusal(s, CONSOLE, "a") is None  # reading
+    assert refusal(s, CONSOLE, "a", deciding=True) is not None
+    assert refusal(s, CONSOLE, "b", deciding=True) is None
 
 
 def test_bad_team_keys_are_refused_naming_the_path_and_the_fix(tmp_path):

@@ -26,7 +26,8 @@ from bot.models import used_line
 from bot.store import create_store
 from tests.fakes.gmail import FakeGmail, write_token_file
 from tests.fakes.llm import FakeLLM, Request
-from tests.test_drafter_engine import Cards, Clock
+from tests.support.desk import op, started
+from tests.support.engine_world import Cards, Clock
 
 PROVIDERS = ["openai", "anthropic"]
 HOSTILE = sorted((Path(__file__).parent / "corpus_hostile").glob("*.eml"))
@@ -82,8 +83,8 @@ class Deployment:
         self.store = create_store(self.settings.store)
         await self.store.open()
         self.cards = Cards()
-        self.engine = Engine(self.settings, self.store, {"console": self.cards}, clock=Clock())
-        await self.engine.start()
+        app = await started(self.settings, self.store, {"console": self.cards}, clock=Clock())
+        self.app, self.engine, self.desk = app, app.engine, app.desk
         return self
 
     async def close(self) -> None:
@@ -218,13 +219,13 @@ async def test_an_edited_reply_becomes_an_example_for_the_same_question_in_its_p
     w = await deployments(fake, provider, store_url)
     d, _ = await w.draft("support", 1, eml(1, "Where is my order?",
                                            "Where is my order #1001? It was due Friday."))
-    edited = await w.engine.edit(d.id, d.version, "Your order ships from Leipzig, tracking "
-                                                  "ZX-EDITED follows today.", "tg:1 (Anna)")
-    await w.engine.approve(edited.id, edited.version, "tg:1 (Anna)")
+    edited = await w.desk.edit(op("anna"), d.id, d.version, "Your order ships from Leipzig, tracking "
+                                                  "ZX-EDITED follows today.")
+    await w.desk.approve(op("anna"), edited.id, edited.version)
     assert (await w.store.get_draft(d.id)).status == "sent"
     r, _ = await w.draft("support", 2, eml(2, "Order and invoice", "Where is my invoice for the "
                                            "order? Please send the REJECTED-ONLY copy."))
-    await w.engine.reject(r.id, r.version, "tg:1 (Anna)")
+    await w.desk.reject(op("anna"), r.id, r.version)
 
     mine, req = await w.draft("support", 3, eml(3, "Order late", "Where is my order #1003?"))
     examples = block(req, "PAST REPLIES")
@@ -330,8 +331,8 @@ async def test_hostile_text_in_a_past_reply_knowledge_and_thread_stays_data(
         + "\n\n".join(f"order refund {t}" for t in texts))
     w = await deployments(fake, "openai", store_url, drafter="knowledge: [kb/*.md]")
     d, _ = await w.draft("support", 1, eml(1, "order refund", "Where is my order refund?"))
-    edited = await w.engine.edit(d.id, d.version, "order refund\n" + "\n".join(texts), "tg:1 (A)")
-    await w.engine.approve(edited.id, edited.version, "tg:1 (A)")
+    edited = await w.desk.edit(op("anna"), d.id, d.version, "order refund\n" + "\n".join(texts))
+    await w.desk.approve(op("anna"), edited.id, edited.version)
     refs = " ".join(f"<h{i}@customer.example>" for i in range(len(HOSTILE)))
     for i, f in enumerate(HOSTILE):  # thread messages the new email answers
         raw = re.sub(rb"(?im)^Message-ID:.*$", f"Message-ID: <h{i}@customer.example>".encode(),
@@ -353,7 +354,7 @@ async def test_hostile_text_in_a_past_reply_knowledge_and_thread_stays_data(
     assert user.count("<<<") == len(lines) * 1
     card = render_card(new).text
     assert "<a href" not in card and "&lt;a href" in card and "<b>Approve" not in card
-    await w.engine.approve(new.id, new.version, "tg:1 (A)")
+    await w.desk.approve(op("anna"), new.id, new.version)
     [sent] = [p for p in (w.tmp / "out-support").iterdir()
               if b"<m9@customer.example>" in p.read_bytes()]
     msg = BytesParser(policy=default_policy).parsebytes(sent.read_bytes())

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from bot.config.load import load_settings
-from bot.engine.engine import Engine
 from bot.models import TERMINAL_STATUSES
 from bot.store import create_store
 from tests._proc import ORDER_EMAIL, reap, sqlite_rows, start_bot
 from tests.fakes.llm import FakeLLM
+from tests.support.desk import op, started
 
 pytestmark = pytest.mark.slow
 
@@ -99,12 +99,12 @@ async def test_sigkill_while_drafting_drafts_again_once_and_sends_once(tmp_path)
 
             from bot.approvals.console import ConsoleChannel
 
-            engine = Engine(settings, store, {"console": ConsoleChannel(out=io.StringIO(),
-                                                                         interactive=False)})
-            await engine.start()
+            app = await started(settings, store, {"console": ConsoleChannel(
+                out=io.StringIO(), interactive=False)})
+            engine, desk = app.engine, app.desk
             [d] = await store.pending("crash")
-            assert (await engine.approve(d.id, d.version, "anna")).status == "sent"
-            assert await engine.approve(d.id, d.version, "anna") is None
+            assert (await desk.approve(op("anna"), d.id, d.version)).status == "sent"
+            assert await desk.approve(op("anna"), d.id, d.version) is None
             # The abandoned call now answers; nothing may change because of it.
             held.release()
             assert held.finished.wait(10)

@@ -17,7 +17,7 @@ CHILD = r"""
 import asyncio, json, sys, time
 from pathlib import Path
 from tests.fakes.llm import FakeLLM
-from tests.test_drafter_engine import Clock, World, deploy
+from tests.support.engine_world import Clock, World, deploy
 
 provider, mode, tmp = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 sdk = provider  # the SDK package is named like the provider

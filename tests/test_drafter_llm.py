@@ -13,9 +13,12 @@ from bot.engine.build import build_drafter
 from bot.errors import ConfigError, DrafterError, DrafterRetryable, DrafterSetupError
 from bot.models import DraftRequest, Message
 from tests.fakes.llm import FakeLLM
+from tests.support.llm import (  # noqa: F401
+    KEY_ENV,
+    PROVIDERS,
+    write_config,
+)
 
-PROVIDERS = ["openai", "anthropic"]
-KEY_ENV = "DG_TEST_LLM_KEY"
 SECRET = "sk-test-secret-value-123"
 
 
@@ -25,25 +28,6 @@ def fake():
         yield f
 
 
-def write_config(tmp: Path, provider: str, base_url: str, *, model: str = "",
-                 drafter: str = "", lease: str = "10m") -> Path:
-    """A deployment with one pipeline whose drafter is ``models.llm``."""
-    (tmp / "pipelines").mkdir(exist_ok=True)
-    (tmp / "prompts").mkdir(exist_ok=True)
-    (tmp / "prompts" / "support.md").write_text("You are the support desk of Example Shop.\n")
-    model = model or (f"    timeout: 2s\n    retries: 2\n    backoff: 10ms\n"
-                      f"    api_key_env: {KEY_ENV}\n"
-                      + ("    temperature: 0.2\n" if provider == "openai" else ""))
-    (tmp / "draftgate.yaml").write_text(
-        f"store: sqlite:///{tmp}/state.db\n"
-        f"models:\n  llm:\n    provider: {provider}\n    base_url: {base_url}\n"
-        f"    model: test-model\n{model}")
-    drafter = drafter or ("  signature: \"-- Anna, Example Shop\"\n")
-    (tmp / "pipelines" / "support.yaml").write_text(
-        f"name: support\nschedule: 5m\nsource: {{type: maildir, path: inbox}}\n"
-        f"sender: {{type: outbox, path: out, from: s@shop.example}}\nlease: {lease}\n"
-        f"drafter:\n  model: llm\n  prompt: prompts/support.md\n{drafter}")
-    return tmp / "draftgate.yaml"
 
 
 def make(tmp: Path, provider: str, fake: FakeLLM, **kw):
@@ -328,7 +312,7 @@ async def test_a_missing_or_unreadable_prompt_file_is_a_setup_error_and_its_fix_
 async def test_a_wrong_key_keeps_the_queue_and_tells_the_operators_once(tmp_path, fake):
     """What the operator sees: no item is failed (no /replay for each), one notice that
     names the variable to fix."""
-    from tests.test_drafter_engine import deploy
+    from tests.support.engine_world import deploy
 
     fake.default = fake.error(401, "Incorrect API key provided")
     cfg = deploy(tmp_path, fake, emails=4, in_flight=2)
@@ -667,7 +651,7 @@ async def test_a_web_page_at_base_url_keeps_the_queue_and_tells_the_operators_on
     """What the operator sees: items wait, one notice naming base_url, no traceback."""
     import logging
 
-    from tests.test_drafter_engine import deploy
+    from tests.support.engine_world import deploy
 
     caplog.set_level(logging.INFO)
     fake.default = fake.raw(b"<!doctype html><html>Welcome to the portal</html>")
@@ -737,7 +721,7 @@ async def test_an_anthropic_error_event_in_a_200_answer_is_classified_by_its_typ
 async def _two_ticks(cfg):
     """Run the support pipeline of ``cfg`` for two ticks five minutes apart through the
     real engine; return its drafts by status and the recording channel."""
-    from tests.test_drafter_engine import Clock, World
+    from tests.support.engine_world import Clock, World
 
     w = World(cfg, Clock())
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.approvals.base import DeskChannel
 from bot.config.load import load_settings
 from bot.config.options import FilterOptions
 from bot.engine.engine import Engine
@@ -25,8 +26,10 @@ from bot.errors import (
     StoreError,
 )
 from bot.models import DraftResult, FetchResult, Item, Message, SendResult
-from bot.stages import ApprovalChannelBase, PostedRef
+from bot.stages import PostedRef
 from bot.store import create_store
+
+from .support.desk import op, started
 
 T0 = 1_764_410_400.0  # 2025-11-29T10:00:00Z
 
@@ -106,7 +109,7 @@ class RecordingSender:
         pass
 
 
-class RecordingChannel(ApprovalChannelBase):
+class RecordingChannel(DeskChannel):
     name = "console"
 
     def __init__(self, auto_approve: bool = False):
@@ -117,10 +120,6 @@ class RecordingChannel(ApprovalChannelBase):
         self.notes: list[str] = []
         self.retry_offered: list[int] = []
         self.down = False
-        self.decisions = None
-
-    async def start(self, decisions):
-        self.decisions = decisions
 
     async def post(self, draft):
         from bot.errors import ApprovalError
@@ -134,7 +133,7 @@ class RecordingChannel(ApprovalChannelBase):
 
     async def on_posted(self, draft):
         if self.auto_approve:
-            await self.decisions.approve(draft.id, draft.version, "tester")
+            await self.desk.approve(op("tester"), draft.id, draft.version)
         return self.auto_approve
 
     async def update(self, draft):
@@ -170,8 +169,8 @@ def config(tmp_path: Path) -> Path:
 
 
 class World:
-    def __init__(self, engine, store, sources, drafter, sender, channel, clock):
-        self.engine, self.store, self.sources = engine, store, sources
+    def __init__(self, app, store, sources, drafter, sender, channel, clock):
+        self.engine, self.desk, self.store, self.sources = app.engine, app.desk, store, sources
         self.drafter, self.sender, self.channel, self.clock = drafter, sender, channel, clock
 
 
@@ -183,12 +182,11 @@ async def world(config):
     clock = Clock()
     sources = {"alpha": ListSource(), "beta": ListSource()}
     drafter, sender, channel = ScriptDrafter(), RecordingSender(), RecordingChannel()
-    engine = Engine(settings, store, {"console": channel}, clock=clock,
-                    sources=sources, drafters={"alpha": drafter, "beta": drafter},
-                    senders={"alpha": sender, "beta": sender}, send_check_delay=0.01)
-    await engine.start()
-    yield World(engine, store, sources, drafter, sender, channel, clock)
-    await engine.stop()
+    app = await started(settings, store, {"console": channel}, clock=clock,
+                        sources=sources, drafters={"alpha": drafter, "beta": drafter},
+                        senders={"alpha": sender, "beta": sender}, send_check_delay=0.01)
+    yield World(app, store, sources, drafter, sender, channel, clock)
+    await app.close()
     await store.close()
 
 
@@ -208,11 +206,11 @@ async def test_approve_sends_once_and_a_second_approval_sends_nothing(world):
     world.sources["alpha"].messages = [msg(1)]
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
-    after = await world.engine.approve(d.id, d.version, "anna")
+    after = await world.desk.approve(op("anna"), d.id, d.version)
     assert after.status == "sent" and after.sent_id == f"sent-{d.id}"
-    assert await world.engine.approve(d.id, d.version, "bob") is None
-    both = await asyncio.gather(world.engine.approve(d.id, d.version, "x"),
-                                world.engine.approve(d.id, d.version, "y"))
+    assert await world.desk.approve(op("bob"), d.id, d.version) is None
+    both = await asyncio.gather(world.desk.approve(op("x"), d.id, d.version),
+                                world.desk.approve(op("y"), d.id, d.version))
     assert both == [None, None]
     assert len(world.sender.sent) == 1
     assert (d.id, "sent") in world.channel.updates
@@ -222,7 +220,7 @@ async def test_concurrent_approvals_of_one_card_send_once(world):
     world.sources["alpha"].messages = [msg(1)]
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
-    results = await asyncio.gather(*(world.engine.approve(d.id, d.version, f"op{i}") for i in range(5)))
+    results = await asyncio.gather(*(world.desk.approve(op(f"op{i}"), d.id, d.version) for i in range(5)))
     assert sum(r is not None for r in results) == 1
     assert len(world.sender.sent) == 1
 
@@ -231,12 +229,12 @@ async def test_edit_makes_a_new_version_on_the_same_card_and_the_old_button_is_d
     world.sources["alpha"].messages = [msg(1)]
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
-    edited = await world.engine.edit(d.id, d.version, "Shorter answer.", "anna")
+    edited = await world.desk.edit(op("anna"), d.id, d.version, "Shorter answer.")
     assert edited.version == d.version + 1 and edited.status == "awaiting"
     assert world.channel.new_cards == 1 and world.channel.posts[-1] == (d.id, d.version + 1)
-    assert await world.engine.approve(d.id, d.version, "anna") is None
+    assert await world.desk.approve(op("anna"), d.id, d.version) is None
     assert world.sender.sent == []
-    done = await world.engine.approve(d.id, edited.version, "anna")
+    done = await world.desk.approve(op("anna"), d.id, edited.version)
     assert done.status == "sent" and world.sender.sent == [(d.key, "Shorter answer.")]
 
 
@@ -244,7 +242,7 @@ async def test_regenerate_redrafts_with_the_instruction_as_version_plus_one(worl
     world.sources["alpha"].messages = [msg(1)]
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
-    again = await world.engine.regenerate(d.id, d.version, "anna", "mention the refund")
+    again = await world.desk.regenerate(op("anna"), d.id, d.version, "mention the refund")
     assert again.version == d.version + 1
     await world.engine.drain("alpha")
     now = await world.store.get_draft(d.id)
@@ -256,9 +254,9 @@ async def test_reject_is_final_and_sends_nothing(world):
     world.sources["alpha"].messages = [msg(1)]
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
-    rejected = await world.engine.reject(d.id, d.version, "anna", "spam")
+    rejected = await world.desk.reject(op("anna"), d.id, d.version, "spam")
     assert rejected.status == "rejected"
-    assert await world.engine.approve(d.id, d.version, "anna") is None
+    assert await world.desk.approve(op("anna"), d.id, d.version) is None
     assert world.sender.sent == []
 
 
@@ -446,19 +444,23 @@ async def test_a_tick_stopped_midway_closes_its_run_row(world):
     assert await world.store.count_by_status("alpha") == {"queued": 1}  # handed back
 
 
-async def test_a_sender_that_cannot_be_built_sends_nothing_and_is_not_called_unknown(world):
+async def test_a_sender_that_cannot_be_built_sends_nothing_and_is_not_called_unknown(
+        world, monkeypatch):
+    from bot.engine import engine as engine_module
     from bot.errors import ConfigError
 
     world.sources["alpha"].messages = [msg(1)]
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
 
-    def broken(p):
+    def broken(p, settings):
         raise ConfigError("pipelines/alpha.yaml: sender: WEBHOOK_SECRET is not set")
 
-    world.engine.sender = broken
+    # The sender is built on first use (as after a restart with the secret unset).
+    monkeypatch.setattr(engine_module, "build_sender", broken)
+    monkeypatch.delitem(world.engine._senders, "alpha")
     with pytest.raises(ConfigError):
-        await world.engine.approve(d.id, d.version, "anna")
+        await world.desk.approve(op("anna"), d.id, d.version)
     assert (await world.store.get_draft(d.id)).status == "approved"  # sent on a later tick
     assert world.channel.retry_offered == []
 
@@ -508,7 +510,7 @@ async def test_regenerate_is_refused_with_the_reason_when_nothing_would_draft_it
     [d] = await world.store.pending("alpha")
     await world.store.add_tokens("alpha", 100, now=world.clock())  # the budget is 100
     with pytest.raises(BudgetExhausted, match="Not regenerated: alpha's daily token budget"):
-        await world.engine.regenerate(d.id, d.version, "anna", "shorter")
+        await world.desk.regenerate(op("anna"), d.id, d.version, "shorter")
     assert (await world.store.get_draft(d.id)).status == "awaiting"
 
 
@@ -547,11 +549,11 @@ async def test_unknown_send_is_checked_not_resent(world):
     # d1: delivered but the answer was lost; d2: not delivered.
     world.sender.delivered_on_unknown = True
     world.sender.script = [SendUnknown("connection reset")]
-    after = await world.engine.approve(d1.id, d1.version, "anna")
+    after = await world.desk.approve(op("anna"), d1.id, d1.version)
     assert after.status == "send_unknown"
     world.sender.delivered_on_unknown = False
     world.sender.script = [SendUnknown("timed out")]
-    await world.engine.approve(d2.id, d2.version, "anna")
+    await world.desk.approve(op("anna"), d2.id, d2.version)
     # drain returns once the delayed checks asked about both (a tick may ask again
     # about one still unknown; asking never sends).
     await world.engine.drain("alpha")
@@ -560,7 +562,7 @@ async def test_unknown_send_is_checked_not_resent(world):
     assert (await world.store.get_draft(d2.id)).status == "send_unknown"
     assert d2.id in world.channel.retry_offered
     assert [k for k, _ in world.sender.sent] == [d1.key]  # one POST each, d2 never resent
-    retried = await world.engine.retry_send(d2.id, "anna")
+    retried = await world.desk.retry_send(op("anna"), d2.id)
     assert retried.status == "sent"
     assert [k for k, _ in world.sender.sent] == [d1.key, d2.key]
 
@@ -573,8 +575,8 @@ async def test_retry_tapped_before_the_check_does_not_send_a_reply_that_arrived(
     [d] = await world.store.pending("alpha")
     world.sender.delivered_on_unknown = True
     world.sender.script = [SendUnknown("connection reset")]
-    assert (await world.engine.approve(d.id, d.version, "anna")).status == "send_unknown"
-    retried = await world.engine.retry_send(d.id, "anna")
+    assert (await world.desk.approve(op("anna"), d.id, d.version)).status == "send_unknown"
+    retried = await world.desk.retry_send(op("anna"), d.id)
     assert (retried.status, retried.sent_id) == ("sent", f"found-{d.id}")
     assert world.sender.calls == 1
 
@@ -606,7 +608,7 @@ async def test_another_process_leaves_a_fresh_unknown_send_to_the_one_that_made_
                     drafters={"alpha": world.drafter}, senders={"alpha": host_b_sender})
     world.sender.delivered_on_unknown = True
     world.sender.script = [SendUnknown("connection reset")]
-    await world.engine.approve(d.id, d.version, "anna")
+    await world.desk.approve(op("anna"), d.id, d.version)
     await host_b.drain("alpha")
     assert host_b_sender.check_calls == 0
     await world.engine.wait_idle()  # A's own delayed check
@@ -619,7 +621,7 @@ async def test_a_definite_send_failure_offers_retry(world):
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
     world.sender.script = [SendFailed("400 invalid recipient")]
-    after = await world.engine.approve(d.id, d.version, "anna")
+    after = await world.desk.approve(op("anna"), d.id, d.version)
     assert after.status == "send_failed" and "400" in after.error
     assert (d.id, "send_failed") in world.channel.updates
 
@@ -686,7 +688,7 @@ async def test_an_unknown_send_is_announced_once_per_episode_even_across_restart
     await world.engine.tick("alpha")
     [d] = await world.store.pending("alpha")
     world.sender.script = [SendUnknown("timed out")]
-    await world.engine.approve(d.id, d.version, "anna")
+    await world.desk.approve(op("anna"), d.id, d.version)
     await world.engine.wait_idle()  # the delayed check (10 ms)
     await world.engine.drain("alpha")
     assert world.channel.retry_offered == [d.id]
@@ -698,7 +700,7 @@ async def test_an_unknown_send_is_announced_once_per_episode_even_across_restart
     assert world.channel.retry_offered == [d.id]
     # Retry ends unknown again: that is a new episode, and the operator hears of it.
     world.sender.script = [SendUnknown("reset")]
-    await world.engine.retry_send(d.id, "anna")
+    await world.desk.retry_send(op("anna"), d.id)
     await world.engine.wait_idle()
     await world.engine.drain("alpha")
     assert world.channel.retry_offered == [d.id, d.id]
@@ -747,8 +749,7 @@ async def test_a_tick_that_overran_its_interval_is_followed_at_once_by_one_catch
             stop.set()
         return None
 
-    loop = Loop(world.engine.settings, world.store, world.engine.operators, tick,
-                world.engine.sweep, clock)
+    loop = Loop(world.engine.settings, world.store, world.engine.channels, tick, clock)
     alpha = world.engine.pipeline("alpha")
     await asyncio.wait_for(loop.supervised(alpha, stop), 30)  # no real waiting: at once
     (s1, u1, t1), (s2, u2, t2) = calls

@@ -11,6 +11,7 @@ import pytest
 
 from bot.models import Status
 from tests.fakes.gmail import GmailWorld
+from tests.support.desk import op
 
 H = "From: Bob <bob@customer.example>\r\nTo: support@example.com\r\n"
 
@@ -111,7 +112,7 @@ async def test_reply_to_a_hostile_subject_adds_no_header(world):
     gid = world.fake.add_message(CORPUS["subject_crlf_encoded_word"])
     await world.tick()
     (d,) = await world.store.item_drafts("support", gid)
-    assert (await world.engine.approve(d.id, d.version, "op")).status == "sent"
+    assert (await world.desk.approve(op("op"), d.id, d.version)).status == "sent"
     (raw,) = world.fake.received_raw
     m = email.message_from_bytes(raw, policy=email.policy.default)
     assert m["Bcc"] is None and m["Cc"] is None

@@ -15,6 +15,7 @@ import pytest
 from bot.mail.reply import reply_message_id
 from bot.models import Status
 from tests.fakes.gmail import GmailWorld, simple_message
+from tests.support.desk import op
 
 
 async def _awaiting(w: GmailWorld, *raws: bytes, labels=("INBOX", "UNREAD")):
@@ -46,7 +47,7 @@ async def test_reply_mime_is_threaded_to_the_original_sender(world):
     recipient from From, Message-ID from the draft key, From the account."""
     original = simple_message(1, extra_headers="References: <a@x.example> <b@x.example>\r\n")
     (d,) = await _awaiting(world, original)
-    after = await world.engine.approve(d.id, d.version, "op")
+    after = await world.desk.approve(op("op"), d.id, d.version)
     assert after.status == Status.SENT
     (post,) = world.fake.calls_to("messages.send")
     assert post.body["threadId"] == d.message.thread_id
@@ -69,10 +70,10 @@ async def test_reply_goes_to_reply_to_and_never_to_addresses_in_the_draft(world)
     original = simple_message(2, extra_headers="Reply-To: Orders <orders@customer.example>\r\n",
                               subject="Re: RE: invoice")
     (d,) = await _awaiting(world, original)
-    d = await world.engine.edit(d.id, d.version, "Send it to attacker@evil.example\nBcc: x@y", "op")
+    d = await world.desk.edit(op("op"), d.id, d.version, "Send it to attacker@evil.example\nBcc: x@y")
     await world.engine.drain("support")
     d = await world.store.get_draft(d.id)
-    await world.engine.approve(d.id, d.version, "op")
+    await world.desk.approve(op("op"), d.id, d.version)
     m = _parsed(world.fake.received_raw[0])
     assert [a.addr_spec for a in m["To"].addresses] == ["orders@customer.example"]
     assert m["Cc"] is None and m["Bcc"] is None
@@ -109,7 +110,7 @@ async def test_ambiguous_send_is_posted_once_and_ends_sent_after_the_check(world
         world.fake.drop_after_accept("messages.send")
     else:
         world.fake.error_after_accept("messages.send", 500)
-    after = await world.engine.approve(d.id, d.version, "op")
+    after = await world.desk.approve(op("op"), d.id, d.version)
     assert after.status == "send_unknown"
     assert "may have been delivered" in after.error or "500" in after.error
     await world.engine.drain("support")
@@ -136,13 +137,13 @@ async def test_not_found_after_unknown_send_stays_unknown_and_never_resends(worl
     operator is told and offered Retry."""
     (d,) = await _awaiting(world, simple_message(4))
     world.fake.fail("messages.send", 503)
-    after = await world.engine.approve(d.id, d.version, "op")
+    after = await world.desk.approve(op("op"), d.id, d.version)
     assert after.status == "send_unknown"
     await world.engine.drain("support")
     assert (await world.store.get_draft(d.id)).status == "send_unknown"
     assert len(world.fake.calls_to("messages.send")) == 1 and world.fake.sent() == []
     assert "tap Retry" in world.out.getvalue()
-    retried = await world.engine.retry_send(d.id, "op")
+    retried = await world.desk.retry_send(op("op"), d.id)
     assert retried.status == Status.SENT and len(world.fake.sent()) == 1
 
 
@@ -158,18 +159,18 @@ async def test_a_planted_message_with_the_replys_message_id_does_not_mark_it_sen
         b"<order-99@customer.example>", reply_message_id(d.key).encode())
     world.fake.add_message(planted, labels=labels, thread_id=d.message.thread_id)
     world.fake.fail("messages.send", 503)
-    assert (await world.engine.approve(d.id, d.version, "op")).status == "send_unknown"
+    assert (await world.desk.approve(op("op"), d.id, d.version)).status == "send_unknown"
     await world.engine.drain("support")
     assert (await world.store.get_draft(d.id)).status == "send_unknown"
     assert world.fake.sent() == [] and "not in Sent" in world.out.getvalue()
-    assert (await world.engine.retry_send(d.id, "op")).status == Status.SENT
+    assert (await world.desk.retry_send(op("op"), d.id)).status == Status.SENT
     assert len(world.fake.sent()) == 1
 
 
 async def test_4xx_is_send_failed_with_the_reason(world):
     (d,) = await _awaiting(world, simple_message(5))
     world.fake.fail("messages.send", 400, message="Invalid To header")
-    after = await world.engine.approve(d.id, d.version, "op")
+    after = await world.desk.approve(op("op"), d.id, d.version)
     assert after.status == Status.SEND_FAILED
     assert "Gmail 400 on messages.send: Invalid To header" in after.error
     assert world.fake.sent() == []
@@ -182,7 +183,7 @@ async def test_unreachable_gmail_is_send_failed_not_unknown(world):
     client.service()  # built while the fake is up
     client.api_endpoint = "http://127.0.0.1:9/"
     client._service = None
-    after = await world.engine.approve(d.id, d.version, "op")
+    after = await world.desk.approve(op("op"), d.id, d.version)
     assert after.status == Status.SEND_FAILED and "unreachable" in after.error
 
 
@@ -195,11 +196,11 @@ async def test_mark_read_and_label_after_send(tmp_path):
     await w.open()
     try:
         d1, d2 = await _awaiting(w, simple_message(7), simple_message(8))
-        assert (await w.engine.approve(d1.id, d1.version, "op")).status == Status.SENT
+        assert (await w.desk.approve(op("op"), d1.id, d1.version)).status == Status.SENT
         original = w.fake.messages[d1.item_id]
         assert "UNREAD" not in original.labels and lid in original.labels
         w.fake.fail("messages.modify", 400, times=5)
-        assert (await w.engine.approve(d2.id, d2.version, "op")).status == Status.SENT
+        assert (await w.desk.approve(op("op"), d2.id, d2.version)).status == Status.SENT
         assert len(w.fake.sent()) == 2
     finally:
         await w.close()
@@ -212,12 +213,12 @@ async def test_gmail_draft_sender_creates_one_draft_in_the_thread(tmp_path):
     await w.open()
     try:
         d1, d2 = await _awaiting(w, simple_message(9), simple_message(10))
-        ok = await w.engine.approve(d1.id, d1.version, "op")
+        ok = await w.desk.approve(op("op"), d1.id, d1.version)
         assert ok.status == Status.SENT and ok.sent_id in w.fake.drafts
         (create,) = w.fake.calls_to("drafts.create")
         assert create.body["message"]["threadId"] == d1.message.thread_id
         w.fake.drop_after_accept("drafts.create")
-        assert (await w.engine.approve(d2.id, d2.version, "op")).status == "send_unknown"
+        assert (await w.desk.approve(op("op"), d2.id, d2.version)).status == "send_unknown"
         await w.engine.drain("support")
         final = await w.store.get_draft(d2.id)
         assert final.status == Status.SENT and final.sent_id in w.fake.drafts
@@ -236,7 +237,7 @@ async def test_check_finds_a_reply_gmail_stored_under_its_own_message_id(world):
     world.fake.rewrite_message_id = True
     (d,) = await _awaiting(world, simple_message(11))
     world.fake.drop_after_accept("messages.send")
-    assert (await world.engine.approve(d.id, d.version, "op")).status == "send_unknown"
+    assert (await world.desk.approve(op("op"), d.id, d.version)).status == "send_unknown"
     await world.engine.drain("support")
     final = await world.store.get_draft(d.id)
     assert final.status == Status.SENT and final.sent_id == world.fake.sent()[0].id
@@ -253,7 +254,7 @@ async def test_send_timeout_is_unknown_and_resolved_without_a_second_post(tmp_pa
     try:
         (d,) = await _awaiting(w, simple_message(12))
         release = w.fake.hold("messages.send")
-        after = await w.engine.approve(d.id, d.version, "op")
+        after = await w.desk.approve(op("op"), d.id, d.version)
         assert after.status == "send_unknown" and "timed out" in after.error
         w.fake.accepted.clear()
         release.set()
@@ -270,7 +271,7 @@ async def test_revoked_token_at_send_is_send_failed_with_the_command(world):
     """A 401 happens before Gmail accepts anything: send_failed, naming the command."""
     (d,) = await _awaiting(world, simple_message(13))
     world.fake.revoke()
-    after = await world.engine.approve(d.id, d.version, "op")
+    after = await world.desk.approve(op("op"), d.id, d.version)
     assert after.status == Status.SEND_FAILED
     assert "token expired or revoked; run `draftgate auth gmail --account support" in after.error
     assert world.fake.sent() == []
@@ -293,7 +294,7 @@ async def test_token_refresh_failing_before_the_send_is_send_failed(world, tmp_p
     else:
         world.fake.refresh_ok = False
     token.write_text(json.dumps(data))
-    after = await world.engine.approve(d.id, d.version, "op")
+    after = await world.desk.approve(op("op"), d.id, d.version)
     assert after.status == Status.SEND_FAILED, after.error
     if case == "token endpoint down":
         assert "cannot refresh the access token" in after.error
@@ -312,11 +313,11 @@ async def test_retry_after_reauthorising_sends_without_a_restart(world, tmp_path
 
     (d,) = await _awaiting(world, simple_message(15))
     world.fake.revoke()
-    after = await world.engine.approve(d.id, d.version, "op")
+    after = await world.desk.approve(op("op"), d.id, d.version)
     assert after.status == Status.SEND_FAILED and "draftgate auth gmail" in after.error
     access, refresh = world.fake.reauthorise()  # what `draftgate auth gmail` obtains
     write_token_file(tmp_path / "support-token.json", world.fake, token=access,
                      refresh_token=refresh)
-    assert (await world.engine.retry_send(d.id, "op")).status == Status.SENT
+    assert (await world.desk.retry_send(op("op"), d.id)).status == Status.SENT
     assert len(world.fake.calls_to("messages.send")) == 2  # the 401, then the reply
     assert len(world.fake.sent()) == 1

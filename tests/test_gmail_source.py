@@ -14,6 +14,7 @@ import pytest
 from bot.models import Status
 from tests._stores import set_cursor
 from tests.fakes.gmail import GmailWorld, simple_message
+from tests.support.desk import op
 
 
 @pytest.fixture
@@ -395,7 +396,7 @@ async def test_skip_own_false_drafts_mail_from_our_own_address(tmp_path, configu
         counts = await w.tick()
         (d,) = await w.store.item_drafts("support", gid)
         assert d.status == Status.AWAITING and counts.new == 1
-        after = await w.engine.approve(d.id, d.version, "op")
+        after = await w.desk.approve(op("op"), d.id, d.version)
         assert after.status == "sent"
         (reply,) = w.fake.sent()
         assert b"To: visitor@customer.example" in reply.raw

@@ -59,8 +59,8 @@ class World:
         return write_deployment(self.tmp, store=self.url, gmail=self.gmail, tg=self.tg,
                                 llm=self.llm, lease=lease, model_timeout=model_timeout)
 
-    def host(self, name: str, cfg: Path, receive: str, **env: str) -> Host:
-        h = Host(name, cfg, self.tg, receive=receive, env=env)
+    def host(self, name: str, cfg: Path, receive: str, **kw) -> Host:
+        h = Host(name, cfg, self.tg, receive=receive, **kw)
         self.hosts.append(h)
         return h
 
@@ -308,8 +308,8 @@ async def test_sigkill_of_the_sending_host_another_host_finishes_the_send_within
     grace): one messages.send, and the operator is never told to Retry."""
     w = world
     cfg = w.deploy(lease="30s", model_timeout="10s")
-    hosts = [w.host("a", cfg, "polling", DRAFTGATE_TEST_HOST="host-a"),
-             w.host("b", cfg, "off", DRAFTGATE_TEST_HOST="host-b")]
+    hosts = [w.host("a", cfg, "polling", home="host-a"),
+             w.host("b", cfg, "off", home="host-b")]
     await until(w.db.cursor_recorded, 40, "the first tick to record Gmail's cursor", hosts)
     w.gmail.add_message(ticket_email(5))
 
@@ -349,7 +349,7 @@ async def test_hosts_with_clocks_a_minute_apart_never_overlap_a_tick_nor_flip_a_
     and send recovery are timed by the database's clock, not by either host's."""
     w = world
     cfg = w.deploy(lease="60s", model_timeout="50s")
-    a = w.host("a", cfg, "polling", DRAFTGATE_TEST_HOST="host-a")
+    a = w.host("a", cfg, "polling", home="host-a")
     await until(w.db.cursor_recorded, 40, "the first tick to record Gmail's cursor", [a])
     held = w.llm.hold()
     w.llm.script(held)
@@ -357,8 +357,8 @@ async def test_hosts_with_clocks_a_minute_apart_never_overlap_a_tick_nor_flip_a_
     try:
         assert await asyncio.to_thread(held.arrived.wait, 30), logs([a])
         [open_run] = await w.db.fetch("SELECT id FROM pipeline_runs WHERE ended_at IS NULL")
-        b = w.host("b", cfg, "off", DRAFTGATE_TEST_HOST="host-b",
-                   DRAFTGATE_TEST_CLOCK_OFFSET="60")
+        b = w.host("b", cfg, "off", home="host-b",
+                   clock_offset=60)
 
         async def b_refused_three_ticks():
             return b.text().count("another process is running this pipeline") >= 3

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from bot.__main__ import main
+from bot.app import App
+from tests.support.desk import op, started
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +100,6 @@ def test_a_sent_item_cannot_be_replayed(deployment, capsys):
 
     from bot.approvals.console import ConsoleChannel
     from bot.config.load import load_settings
-    from bot.engine.engine import Engine
     from bot.store import create_store
 
     async def tick_and_approve_all():
@@ -106,9 +107,8 @@ def test_a_sent_item_cannot_be_replayed(deployment, capsys):
         store = create_store(settings.store)
         await store.open()
         try:
-            engine = Engine(settings, store, {"console": ConsoleChannel(auto_approve=True,
-                                                                         out=io.StringIO())})
-            await engine.start()
+            engine = (await started(settings, store, {"console": ConsoleChannel(
+                auto_approve=True, out=io.StringIO())})).engine
             await engine.tick("demo")
             await engine.stop()
             return [d for d in await store.item_drafts("demo", "<CAF1234.order-question@mail.customer.example>")]
@@ -129,7 +129,6 @@ def test_drafts_of_a_removed_pipeline_stay_visible_and_cannot_be_approved(deploy
 
     from bot.approvals.console import ConsoleChannel
     from bot.config.load import load_settings
-    from bot.engine.engine import Engine
     from bot.errors import ConfigError
     from bot.store import create_store
 
@@ -153,13 +152,13 @@ def test_drafts_of_a_removed_pipeline_stay_visible_and_cannot_be_approved(deploy
         store = create_store(settings.store)
         await store.open()
         try:
-            engine = Engine(settings, store, {"console": ConsoleChannel(out=io.StringIO())})
+            desk = App(settings, {"console": ConsoleChannel(out=io.StringIO())}, store=store).desk
             first, second = (await store.pending())[:2]
             with pytest.raises(ConfigError, match="'demo' is not configured any more"):
-                await engine.approve(first.id, first.version, "anna")
+                await desk.approve(op("anna"), first.id, first.version)
             with pytest.raises(ConfigError, match="not configured"):
-                await engine.edit(first.id, first.version, "new text", "anna")
-            rejected = await engine.reject(second.id, second.version, "anna", "obsolete")
+                await desk.edit(op("anna"), first.id, first.version, "new text")
+            rejected = await desk.reject(op("anna"), second.id, second.version, "obsolete")
             return (await store.get_draft(first.id)).status, rejected.status
         finally:
             await store.close()
@@ -227,7 +226,6 @@ def test_an_edit_at_the_terminal_prompt_is_followed_by_a_prompt_for_the_new_vers
     from bot.approvals import console
     from bot.approvals.console import ConsoleChannel
     from bot.config.load import load_settings
-    from bot.engine.engine import Engine
     from bot.store import create_store
 
     answers = iter(["e", "a"] + [""] * 20)  # edit the first card, approve its v2, skip the rest
@@ -239,9 +237,8 @@ def test_an_edit_at_the_terminal_prompt_is_followed_by_a_prompt_for_the_new_vers
         store = create_store(settings.store)
         await store.open()
         try:
-            engine = Engine(settings, store, {"console": ConsoleChannel(interactive=True,
-                                                                        out=io.StringIO())})
-            await engine.start()
+            engine = (await started(settings, store, {"console": ConsoleChannel(
+                interactive=True, out=io.StringIO())})).engine
             await asyncio.wait_for(engine.tick("demo"), timeout=30)
             await engine.stop()
             return await store.count_by_status("demo")

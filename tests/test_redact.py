@@ -355,7 +355,7 @@ def test_auth_gmail_vv_shows_neither_the_client_secret_nor_the_tokens(tmp_path):
     `-vv` neither the OAuth client secret nor the new access and refresh tokens show."""
     import json
 
-    from tests.test_gmail_auth import _run_flow
+    from tests.support.gmail_auth import _run_flow
 
     client_secret = "GOCSPX-SECRET-client-FFFF"
     with FakeGmail() as gmail:

@@ -298,7 +298,7 @@ def test_healthz_and_the_systemd_watchdog_follow_a_stuck_pipeline_loop(tmp_path)
 ])
 def test_a_bad_listen_address_says_what_is_expected(tmp_path, listen, expected):
     """observability.listen is refused with the file, the key and an example."""
-    from tests.test_config import GOOD, errors_of, write
+    from tests.support.configs import GOOD, errors_of, write
 
     cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")},
                 f"observability:\n  listen: {listen!r}\n")
@@ -307,7 +307,7 @@ def test_a_bad_listen_address_says_what_is_expected(tmp_path, listen, expected):
 
 def test_logging_format_accepts_text_or_json_only(tmp_path):
     from bot.config.load import load_settings
-    from tests.test_config import GOOD, errors_of, write
+    from tests.support.configs import GOOD, errors_of, write
 
     cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")}, "logging: {format: xml}\n")
     assert errors_of(cfg) == [f"{cfg}: logging.format: expected one of text, json, got 'xml'"]
@@ -349,7 +349,7 @@ async def test_the_listener_answers_404_and_readyz_503_when_the_store_fails(tmp_
 
     from bot.config.load import load_settings
     from bot.service.observe import Service
-    from tests.test_config import GOOD, write
+    from tests.support.configs import GOOD, write
 
     port = _free_port()
     cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")},

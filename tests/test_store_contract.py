@@ -13,24 +13,17 @@ import pytest
 from bot.models import Item, Message, draft_key, sha256_text
 from bot.store import create_store
 from bot.store.base import HEARTBEAT_PREFIX
+from tests.support.store_data import (  # noqa: F401
+    DAY,
+    T0,
+    P,
+    R,
+    S,
+    _items,
+    _msg,
+)
 
 from ._stores import get_draft_by_key, recover_sending, set_cursor
-
-T0 = 1_700_000_000.0  # a fixed "now" so TTL arithmetic is exact
-DAY = 86400.0
-P, S, R = "support", "inbox", "v1"
-
-
-def _msg(i: str) -> Message:
-    return Message(message_id=f"<{i}@mail.example>", from_addr=f"{i}@customer.example",
-                   reply_to=f"{i}@customer.example", to=["support@shop.example"],
-                   subject=f"Order {i}", body=f"Where is order {i}? Grüße ✓",
-                   references=["<x@y>"], headers={"List-Id": "none"}, thread_id=f"t-{i}")
-
-
-def _items(*ids: str, skip: dict[str, str] | None = None) -> list[Item]:
-    skip = skip or {}
-    return [Item(i, _msg(i), skip_reason=skip.get(i)) for i in ids]
 
 
 def _key(item_id: str, pipeline: str = P, recipe: str = R) -> str:

@@ -9,41 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import re
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.fakes.telegram import FakeTelegram
-from tests.test_telegram_channel import (
+from tests.support.team import (  # noqa: F401
+    CY,
+    team_config,
+)
+from tests.support.telegram_world import (
     ANNA,
     BO,
     OPS_CHAT,
     SUPPORT_CHAT,
     TOKEN_ENV,
     World,
-    write_config,
 )
 
-CY = 44  # a third operator
 WAIT = 30.0
 
 
-def team_config(tmp_path: Path, fake: FakeTelegram, approval: str, extra: str = "",
-                digest: str = "") -> Path:
-    """write_config's deployment with three operators, and support's approval: set."""
-    cfg = write_config(tmp_path, fake)
-    text = cfg.read_text().replace(f"operators: [{ANNA}, {BO}]", f"operators: [{ANNA}, {BO}, {CY}]")
-    cfg.write_text(text + (f'  digest: "{digest}"\n' if digest else ""))
-    (tmp_path / "pipelines" / "support.yaml").write_text(textwrap.dedent(f"""\
-        name: support
-        schedule: 1h
-        source: {{type: maildir, path: mail-support}}
-        approval: {{channel: telegram, chat: {SUPPORT_CHAT}, {approval}}}
-        sender: {{type: outbox, path: outbox, from: "Acme <support@acme.example>"}}
-        """) + extra)
-    return cfg
 
 
 class Clock:
@@ -244,23 +230,23 @@ async def test_reminders_one_per_interval_at_most_three_none_doubled_after_a_res
         tmp_path, fake, monkeypatch, stop_worlds):
     w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "remind_after: 2s")
     clock = Clock(time.time())
-    w.engine.clock = clock
+    w.now = clock
     d, decided = await w.deliver(1), await w.deliver(2)
-    assert await w.engine.desk.remind() == 0  # not old enough
+    assert await w.engine.reminders.remind() == 0  # not old enough
     clock.t += 2.1
-    assert await w.engine.desk.remind() == 2
-    assert await w.engine.desk.remind() == 0  # the same interval: once
+    assert await w.engine.reminders.remind() == 2
+    assert await w.engine.reminders.remind() == 0  # the same interval: once
     assert [m.text for m in _reminders(fake, d)] == [
         f"⏰ #{d.id} v1 has waited 2s for a decision: reminder 1 of 3."]
     assert await tap(w, decided, "ap", ANNA, "Anna") == "✅ Sent."
     clock.t += 2
-    assert await w.engine.desk.remind() == 1  # not the approved one
+    assert await w.engine.reminders.remind() == 1  # not the approved one
     await w.restart()
-    w.engine.clock = clock
-    assert await w.engine.desk.remind() == 0  # claimed before the restart
+    w.now = clock
+    assert await w.engine.reminders.remind() == 0  # claimed before the restart
     for _ in range(3):
         clock.t += 2
-        await w.engine.desk.remind()
+        await w.engine.reminders.remind()
     assert [re.search(r"reminder (\d) of 3", m.text)[1] for m in _reminders(fake, d)] == [
         "1", "2", "3"]
     assert _reminders(fake, d)[-1].text.endswith("reminder 3 of 3 (last reminder).")
@@ -275,16 +261,16 @@ async def test_the_digest_goes_to_the_ops_chat_once_per_slot(
                      digest="0 8 * * *")
     eight = (time.time() // 86400) * 86400 + 8 * 3600
     clock = Clock(eight - 3600)
-    w.engine.clock = clock
+    w.now = clock
     sent, waiting = await w.deliver(1), await w.deliver(2)
     assert await tap(w, sent, "ap", ANNA, "Anna") == "✅ Sent."
-    assert not await w.engine.desk.digest()  # 07:00: the last slot is a day old
+    assert not await w.engine.reminders.digest()  # 07:00: the last slot is a day old
     clock.t = eight + 30
-    assert await w.engine.desk.digest()
-    assert not await w.engine.desk.digest()
+    assert await w.engine.reminders.digest()
+    assert not await w.engine.reminders.digest()
     await w.restart()
-    w.engine.clock = clock
-    assert not await w.engine.desk.digest()
+    w.now = clock
+    assert not await w.engine.reminders.digest()
     [digest] = [m.text for m in fake.chat_messages(OPS_CHAT) if m.text.startswith("📊")]
     line = next(ln for ln in digest.splitlines() if ln.startswith("support:"))
     assert line == ("support: drafted 2 · sent 1 · rejected 0 · failed 0 · waiting 1 "
@@ -297,12 +283,12 @@ async def test_draftgate_run_sends_reminders_on_its_own(tmp_path, fake, monkeypa
     being asked: a card older than remind_after gets its reminder."""
     w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "remind_after: 1m")
     clock = Clock(time.time())
-    w.engine.clock = clock
+    w.now = clock
     d = await w.deliver(1)
-    assert w.engine.desk.every == 30.0
+    assert w.engine.reminders.every == 30.0
     clock.t += 61
     stop = asyncio.Event()
-    running = asyncio.create_task(w.engine.run_forever(stop))
+    running = asyncio.create_task(w.app.run_forever(stop))
     try:
         [note] = await fake.await_for(lambda: _reminders(fake, d), WAIT)
     finally:
@@ -325,7 +311,7 @@ async def test_the_emails_command_lists_the_newest_items_and_is_audited(
     assert code == 0
     assert re.findall(r"<order-(\d)@customer\.example>", out) == ["3", "2"]
     assert "skipped (subject matches" in out and "· Order 2" in out
-    assert any(e.action == "emails" and e.actor.startswith("cli:")
+    assert any(e.action == "emails" and e.actor == "console"
                for e in await w.store.audit_log())
     assert await asyncio.to_thread(main, ["emails", "-c", str(w.cfg), "support", "-n", "0"]) == 2
     assert "-n: expected a number of items from 1 to 50" in capsys.readouterr().err

@@ -11,181 +11,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import textwrap
+import time
 import warnings
-from pathlib import Path
 
 import pytest
 
-from bot.approvals.telegram.channel import TelegramChannel, create
+from bot.approvals.telegram.channel import create
 from bot.config.load import load_settings
-from bot.engine.engine import Engine
-from bot.errors import SendUnknown
-from bot.models import SendResult
-from bot.store import create_store
 from tests.fakes.telegram import FakeTelegram, parse_html
-
-ANNA, BO, EVE = 42, 43, 666
-NAMES = {ANNA: "Anna", BO: "Bo", EVE: "Eve"}
-SUPPORT_CHAT, SALES_CHAT, OPS_CHAT = 1001, 2002, 3003
-TOKEN_ENV = "DG_TEST_TELEGRAM_TOKEN"
-
-
-class EchoDrafter:
-    """Drafts "Hi <name>, re: <the whole email>", plus the operator's instruction."""
-
-    name = "echo"
-
-    def __init__(self) -> None:
-        self.requests = []
-        self.fail_next: Exception | None = None
-
-    async def draft(self, request):
-        from bot.models import DraftResult
-
-        self.requests.append(request)
-        if self.fail_next is not None:
-            exc, self.fail_next = self.fail_next, None
-            raise exc
-        body = f"Hi {request.message.from_name}, re: {request.message.body.strip()}"
-        if request.instruction:
-            body += f"\n[{request.instruction}]"
-        return DraftResult(body=body, tokens_in=10, tokens_out=20)
-
-    async def close(self):
-        pass
-
-
-class RecordingSender:
-    """Counts every send; can be told to answer SendUnknown once."""
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[int, int, str]] = []
-        self.unknown_once = False
-
-    async def send(self, draft):
-        self.sent.append((draft.id, draft.version, draft.body))
-        if self.unknown_once:
-            self.unknown_once = False
-            raise SendUnknown("connection reset while sending")
-        return SendResult(sent_id=f"msg-{draft.id}")
-
-    async def check(self, draft):
-        return None
-
-    async def close(self):
-        pass
-
-
-def eml(n: int, body: str = "Where is my order? It was due Friday.",
-        name: str = "Alice Buyer") -> bytes:
-    return (f"From: \"{name}\" <alice{n}@customer.example>\r\nTo: support@acme.example\r\n"
-            f"Subject: Order {n}\r\nMessage-ID: <order-{n}@customer.example>\r\n"
-            f"Date: Sun, 29 Nov 2026 10:02:00 +0000\r\n"
-            f"Content-Type: text/plain; charset=utf-8\r\n\r\n{body}\r\n").encode()
-
-
-def write_config(tmp_path: Path, fake: FakeTelegram, receive: str = "polling",
-                 webhook: str = "") -> Path:
-    for d in ("mail-support", "mail-sales", "pipelines"):
-        (tmp_path / d).mkdir(exist_ok=True)
-    (tmp_path / "draftgate.yaml").write_text(textwrap.dedent(f"""\
-        store: sqlite:///state.db
-        pipelines: pipelines/*.yaml
-        telegram:
-          token_env: {TOKEN_ENV}
-          base_url: {fake.base_url}
-          base_file_url: {fake.base_file_url}
-          operators: [{ANNA}, {BO}]
-          approvals_chat: {SUPPORT_CHAT}
-          ops_chat: {OPS_CHAT}
-          poll_timeout: 5s
-          receive: {receive}
-        """) + webhook)
-    for name, chat in (("support", SUPPORT_CHAT), ("sales", SALES_CHAT)):
-        (tmp_path / "pipelines" / f"{name}.yaml").write_text(textwrap.dedent(f"""\
-            name: {name}
-            schedule: 1h
-            source: {{type: maildir, path: mail-{name}}}
-            approval: {{channel: telegram, chat: {chat}}}
-            sender: {{type: outbox, path: outbox, from: "Acme <support@acme.example>"}}
-            """))
-    return tmp_path / "draftgate.yaml"
-
-
-class World:
-    """A running bot: engine + Telegram channel + store, restartable."""
-
-    def __init__(self, tmp_path: Path, fake: FakeTelegram, cfg: Path,
-                 reconnect_delay: float = 1.0) -> None:
-        self.tmp_path, self.fake, self.cfg = tmp_path, fake, cfg
-        self.reconnect_delay = reconnect_delay
-        self.answer_within = 10.0
-        self.settings = load_settings(cfg)
-        self.drafter = EchoDrafter()
-        self.sender = RecordingSender()
-        self.store = None
-        self.engine = None
-        self.channel = None
-
-    async def start(self) -> "World":
-        self.store = create_store(self.settings.store)
-        await self.store.open()
-        self.channel = TelegramChannel(self.settings.telegram, self.store, self.settings,
-                                       answer_within=self.answer_within,
-                                       reconnect_delay=self.reconnect_delay)
-        self.engine = Engine(self.settings, self.store, {"telegram": self.channel},
-                             drafters={"support": self.drafter, "sales": self.drafter},
-                             senders={"support": self.sender, "sales": self.sender},
-                             send_check_delay=0.05)
-        await self.engine.start()
-        await self.engine.post_unposted()
-        return self
-
-    async def stop(self) -> None:
-        if self.engine is not None:
-            await self.engine.stop()
-            await self.store.close()
-            self.engine = None
-
-    async def restart(self) -> None:
-        await self.stop()
-        await self.start()
-
-    async def deliver(self, n: int, pipeline: str = "support", **kw):
-        """An email arrives and a tick drafts it and posts its card; returns the draft."""
-        (self.tmp_path / f"mail-{pipeline}" / f"{n}.eml").write_bytes(eml(n, **kw))
-        await self.engine.tick(pipeline)
-        drafts = await self.store.item_drafts(pipeline, f"<order-{n}@customer.example>")
-        assert len(drafts) == 1, drafts
-        return drafts[0]
-
-    async def draft(self, d):
-        return await self.store.get_draft(d.id)
-
-    def card(self, d):
-        return self.fake.message(int(d.approval_chat), int(d.approval_message_id))
-
-    async def tap(self, d, action: str, user: int = ANNA, version: int | None = None,
-                  chat: int | None = None, first_name: str = "Anna"):
-        """Tap a button of ``d``'s card and wait for the answer; returns it."""
-        data = f"{action}:{d.id}:{d.version if version is None else version}"
-        u = self.fake.tap(user, chat or int(d.approval_chat), int(d.approval_message_id), data,
-                          first_name)
-        return (await self.fake.answered(u))["text"]
-
-    async def say(self, text: str, user: int = ANNA, chat: int = SUPPORT_CHAT,
-                  reply_to: int | None = None, answers: int = 1):
-        """Send a message and wait for the bot's ``answers`` replies in that chat;
-        returns the text of the last."""
-        before = len(self.fake.chat_messages(chat))
-        self.fake.say(user, chat, text, reply_to=reply_to, first_name=NAMES[user])
-        msgs = await self.fake.await_for(
-            lambda: len(self.fake.chat_messages(chat)[before:]) >= answers
-            and self.fake.chat_messages(chat)[before:], 10)
-        return msgs[-1].text
+from tests.support.desk import SYSTEM, op
+from tests.support.telegram_world import (  # noqa: F401
+    ANNA,
+    BO,
+    EVE,
+    NAMES,
+    OPS_CHAT,
+    SALES_CHAT,
+    SUPPORT_CHAT,
+    TOKEN_ENV,
+    EchoDrafter,
+    RecordingSender,
+    World,
+    _buttons,
+    eml,
+    write_config,
+)
 
 
 @pytest.fixture
@@ -215,8 +65,6 @@ async def until(check, timeout: float = 10.0):
     return value
 
 
-def _buttons(markup) -> list[str]:
-    return [b["callback_data"] for row in (markup or {}).get("inline_keyboard", []) for b in row]
 
 
 # -- approve ---------------------------------------------------------------------------------
@@ -312,7 +160,7 @@ async def test_a_slow_tap_that_then_fails_is_told_in_the_chat(world, fake, caplo
         await release.wait()
         raise RuntimeError("store went away")
 
-    world.engine.approve = broken_approve
+    world.desk.approve = broken_approve
     u = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
     assert (await fake.answered(u))["text"] == "Working on it; the card shows the outcome."
     before = len(fake.chat_messages(SUPPORT_CHAT))
@@ -643,10 +491,10 @@ async def test_a_card_says_so_when_its_regenerate_fails_or_its_approval_expires(
     d2 = await world.deliver(2)
     assert _buttons(world.card(d2).reply_markup)
     world.settings.approval_ttl_days = 1
-    await world.engine.sweep()  # nothing is a day old yet
+    await world.desk.sweep(SYSTEM)  # nothing is a day old yet
     assert (await world.draft(d2)).status == "awaiting"
-    world.engine.clock = lambda: d2.updated_at + 2 * 86400
-    await world.engine.sweep()
+    world.skew = d2.updated_at + 2 * 86400 - time.time()
+    await world.desk.sweep(SYSTEM)
     expired = await world.draft(d2)
     assert expired.status == "expired"
     card = world.card(expired)
@@ -701,7 +549,7 @@ async def test_a_second_card_after_a_lost_answer_goes_when_either_is_touched(wor
     d2 = await world.deliver(2)
     [orphan] = [m for m in fake.chat_messages(SUPPORT_CHAT) if m.message_id != left.message_id]
     assert await world.store.mark_posted(d2.id, 1, str(SUPPORT_CHAT), str(orphan.message_id))
-    after = await world.engine.operators.post_card(world.settings.pipeline("support"), d2)
+    after = await world.engine.channels.post_card(world.settings.pipeline("support"), d2)
     assert after.approval_message_id == str(orphan.message_id)
     assert {m.message_id for m in fake.chat_messages(SUPPORT_CHAT)} == {left.message_id,
                                                                         orphan.message_id}
@@ -716,7 +564,7 @@ async def test_a_new_versions_card_whose_answer_was_lost_is_adopted_not_deleted(
     with fake.cond:
         fake.messages.pop((SUPPORT_CHAT, int(d.approval_message_id)))
     fake.lose_reply("sendMessage")
-    await world.engine.edit(d.id, 1, "Second text.", "anna")
+    await world.desk.edit(op("anna"), d.id, 1, "Second text.")
     d2 = await world.draft(d)
     assert (d2.status, d2.version) == ("ready", 2)
     [card] = fake.chat_messages(SUPPORT_CHAT)
@@ -914,12 +762,12 @@ def test_create_says_what_to_fix(tmp_path, fake, monkeypatch):
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     settings = load_settings(write_config(tmp_path, fake))
     with pytest.raises(ConfigError, match=TOKEN_ENV):
-        create(settings, None)
+        create(settings)
     monkeypatch.setenv(TOKEN_ENV, fake.token)
-    assert create(settings, None).approvals_chat("sales") == SALES_CHAT
+    assert create(settings).approvals_chat("sales") == SALES_CHAT
     settings = load_settings(write_config(tmp_path, fake, receive="webhook"))
     with pytest.raises(ConfigError, match=r"telegram\.webhook\.url.*\n.*telegram\.webhook\.secret_env"):
-        create(settings, None)
+        create(settings)
 
 
 async def test_webhook_checks_the_secret_token_on_every_request(tmp_path, fake, monkeypatch):
@@ -1030,8 +878,7 @@ async def test_a_failing_handler_is_logged_first_then_the_operator_is_told(world
     """The one error handler logs with the traceback, then answers briefly; a tap whose
     handling fails is still answered."""
     d = await world.deliver(1)
-    world.channel.store = _BrokenStore(world.store)  # the commands' queries (bot.desk.reports)
-    world.engine.decisions.store = _BrokenStore(world.store)  # what the taps read
+    world.desk.store = _BrokenStore(world.store)  # what the commands and the taps read
     text = await world.say("/status support")
     assert text == "⚠️ That failed (database disk image is malformed); the details are in " \
                    "the bot's log."

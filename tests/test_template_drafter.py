@@ -147,7 +147,7 @@ async def test_a_template_whose_fields_are_empty_for_this_message_fails_only_thi
 async def test_a_blank_template_puts_no_empty_card_in_front_of_the_operator(tmp_path):
     """What the operator sees: no card to approve (an empty email could be sent), the
     item waits in the queue, and one notice names the template file."""
-    from tests.test_drafter_engine import Clock, World, email
+    from tests.support.engine_world import Clock, World, email
 
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "inbox").mkdir()

@@ -22,7 +22,7 @@ from bot.store.transitions import (
 )
 
 from ._stores import get_draft_by_key, recover_sending
-from .test_store_contract import DAY, T0, P, R, S, _items, _msg
+from .support.store_data import DAY, T0, P, R, S, _items, _msg
 
 ALLOWED = {(src, t.dst) for t in TRANSITIONS.values() for src in t.src}
 

@@ -19,7 +19,11 @@ from bot.errors import ConfigError
 from bot.store import create_store
 from tests._stores import get_draft_by_key
 from tests.fakes.llm import FakeLLM
-from tests.test_drafter_engine import Cards, Clock
+from tests.support.desk import started
+from tests.support.engine_world import Cards, Clock
+from tests.support.triage import (  # noqa: F401
+    is_triage,
+)
 
 RULES = ("Reply to customers asking about orders, returns, sizes and delivery.\n"
          "Only notify for invoices, legal letters and anything from a lawyer.\n"
@@ -54,9 +58,6 @@ def answer(action: str, reason: str = "It says so.") -> str:
     return json.dumps({"action": action, "reason": reason})
 
 
-def is_triage(req) -> bool:
-    """Was this request a triage call (asked for the decision's JSON schema)?"""
-    return "response_format" in req.body or "output_config" in req.body
 
 
 class World:
@@ -71,8 +72,8 @@ class World:
     async def start(self) -> "World":
         self.store = create_store(self.settings.store)
         await self.store.open()
-        self.engine = Engine(self.settings, self.store, {"console": self.cards}, clock=self.clock)
-        await self.engine.start()
+        app = await started(self.settings, self.store, {"console": self.cards}, clock=self.clock)
+        self.app, self.engine, self.desk = app, app.engine, app.desk
         return self
 
     async def deliver(self, n: int, **kw):
@@ -266,7 +267,7 @@ async def test_the_triage_decision_is_fenced_and_comes_with_its_audit_row_and_to
     """On every backend: a decision is stored with the draft, its audit row and its
     tokens in one transaction; a worker whose claim was taken over stores nothing."""
     from bot.clock import utc_day
-    from tests.test_store_contract import T0, P, R, S, _items
+    from tests.support.store_data import T0, P, R, S, _items
 
     result = await store.admit(P, S, R, _items("a", "b"), now=T0)
     [a, b] = [await get_draft_by_key(store, k) for k in result.new]
@@ -356,7 +357,7 @@ def test_every_hostile_email_stays_data_in_the_triage_request():
     from bot.drafters.triage import build_prompt
     from bot.mail.mime import parse_email
     from bot.models import Message
-    from tests.test_hostile_emails import CORPUS
+    from tests.support.hostile import CORPUS
 
     def system_of(p):
         return p.system.replace(p.nonce, "N")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.llm import FakeLLM
-from tests.test_drafter_crash import Bot, _config, await_drafts
+from tests.support.drafting_crash import Bot, _config, await_drafts
 
 pytestmark = pytest.mark.slow
 

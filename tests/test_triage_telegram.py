@@ -13,7 +13,7 @@ from bot.desk import reports as ops
 from bot.engine.build import build_drafter
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
-from tests.test_telegram_channel import (
+from tests.support.telegram_world import (
     ANNA,
     BO,
     SUPPORT_CHAT,
@@ -22,7 +22,7 @@ from tests.test_telegram_channel import (
     _buttons,
     write_config,
 )
-from tests.test_triage import is_triage
+from tests.support.triage import is_triage
 
 NOTIFY = json.dumps({"action": "notify", "reason": "An invoice <b>from</b> a supplier; "
                                                    "someone should look at it."})

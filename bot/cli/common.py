@@ -4,14 +4,10 @@ identity, checking text arguments."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-from pathlib import Path
 
-from .. import redact
+from .. import REPO, redact, version  # noqa: F401  (the commands' --version and demo)
 from ..config.load import Settings, load_settings
 from ..errors import ConfigError
-
-REPO = Path(__file__).resolve().parents[2]  # a checkout's root, when run from one
 
 
 def verbose_option(dest: str = "verbose_after") -> argparse.ArgumentParser:
@@ -48,20 +44,6 @@ def load(path) -> Settings:
     settings = load_settings(path)
     register_secrets(settings)  # before any stage, or library, can log one
     return settings
-
-
-def version() -> str:
-    """draftgate's version: the installed package's, else the checkout's pyproject.toml."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("draftgate")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        import tomllib
-
-        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
-            return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-        return "unknown"
 
 
 def text_argument(name: str, value: str) -> None:

@@ -430,7 +430,7 @@ def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
     team = _team(ck, raw, settings, channel)
     quorum, operators = team[0], team[1]
     console = ck.get(raw, "console", "approval", bool, default=quorum == 1 and operators is None)
-    if console is False and channel != "telegram":
+    if "console" in raw and console is False and channel != "telegram":
         ck.error("approval.console", "false needs approval.channel: telegram (a console "
                                      "approval is decided in the console)")
     return ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat), *team,

@@ -20,7 +20,7 @@ import json
 import logging
 from typing import Any
 
-from ..cli.common import version
+from .. import version
 from ..config.load import Settings
 from ..errors import describe_error
 from . import metrics
