@@ -104,6 +104,10 @@ class App:
         await self.engine.channels.resync_cards()
         return self
 
+    async def post_unposted(self) -> int:
+        """Post every card that waits to be posted (from before a restart)."""
+        return await self.engine.post_unposted()
+
     async def sweep(self) -> SweepResult:
         """The daily sweep, as draftgate itself."""
         return await self.desk.sweep(SYSTEM)

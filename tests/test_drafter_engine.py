@@ -12,7 +12,7 @@ import pytest
 
 from bot.desk import reports as ops
 from tests.fakes.llm import FakeLLM
-from tests.support.desk import op
+from tests.support.desk import SYSTEM, op
 from tests.support.engine_world import (  # noqa: F401
     T0,
     Cards,
@@ -166,7 +166,7 @@ async def test_an_answer_that_arrives_after_the_lease_was_lost_changes_nothing(w
     assert await asyncio.to_thread(late.arrived.wait, 10)
     w.clock.t += 400  # the 60 s lease (and the 300 s tick lock) have expired
     other, other_cards = await w.engine()
-    assert (await other.sweep()).leases_requeued == 1
+    assert (await w.desk.sweep(SYSTEM)).leases_requeued == 1  # the newest engine's desk
     counts = await other.tick("support")
     assert counts.drafted == 1
     late.release()

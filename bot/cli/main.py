@@ -158,9 +158,45 @@ def _add_run(subparsers) -> None:
 
 async def _run(args) -> int:
     from ..app import App
-    from ..engine.build import check_all, missing_env
     from ..service.observe import Service
     from .progress import Bar
+
+    settings, only = _run_settings(args)
+    app = App(settings, progress=Bar(_LogLines()) if _json_logs() else Bar())
+    await app.open()
+    service = None
+    started = False
+    try:
+        service = await Service(settings, app.store).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, _stopper.request, stop)
+        started = True
+        await app.start()
+        if posted := await app.post_unposted():
+            log.info("posted %d card(s) that were waiting from before", posted)
+        if args.once:
+            return await _run_once(settings, app, only)
+        await _serve(settings, app, service, stop)
+    finally:
+        if service is not None:
+            service.stopping()
+        if started:
+            await app.engine.stop()
+        if service is not None:
+            await service.close()
+        await app.store.close()
+    _stopper.code = 0
+    return 0
+
+
+def _run_settings(args) -> tuple[Settings, set[str] | None]:
+    """The settings `run` runs with (narrowed by --pipeline, --telegram-receive), once
+    every stage can be built and every secret it needs is set; and the pipelines
+    --pipeline named (None: all)."""
+    from ..engine.build import check_all, missing_env
 
     settings = load(args.config)
     if _handler is not None and not _log_format(args):
@@ -186,41 +222,19 @@ async def _run(args) -> int:
     if problems := missing_env(settings, [p for p in settings.pipelines if p.enabled]
                                + (narrowed if receiving else [])):
         raise ConfigError(problems)
-    app = App(settings, progress=Bar(_LogLines()) if _json_logs() else Bar())
-    await app.open()
-    service = None
-    started = False
-    try:
-        service = await Service(settings, app.store).start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, _stopper.request, stop)
-        started = True
-        await app.start()
-        if posted := await app.engine.post_unposted():
-            log.info("posted %d card(s) that were waiting from before", posted)
-        running = [p.name for p in settings.pipelines if p.enabled]
-        if args.once:
-            return await _run_once(settings, app, only)
-        _say(f"draftgate running {len(running)} pipeline(s) [{', '.join(running)}]; "
-             f"Ctrl-C or SIGTERM stops")
-        service.ready()
-        await app.run_forever(stop)
-        service.stopping()
-        _say("draftgate stopping: ticks in progress are interrupted; a draft being written "
-             "goes back to the queue and an interrupted send is checked at the next start")
-    finally:
-        if service is not None:
-            service.stopping()
-        if started:
-            await app.engine.stop()
-        if service is not None:
-            await service.close()
-        await app.store.close()
-    _stopper.code = 0
-    return 0
+    return settings, only
+
+
+async def _serve(settings: Settings, app, service, stop: asyncio.Event) -> None:
+    """Every pipeline on its schedule until ``stop`` (SIGINT, SIGTERM)."""
+    running = [p.name for p in settings.pipelines if p.enabled]
+    _say(f"draftgate running {len(running)} pipeline(s) [{', '.join(running)}]; "
+         f"Ctrl-C or SIGTERM stops")
+    service.ready()
+    await app.run_forever(stop)
+    service.stopping()
+    _say("draftgate stopping: ticks in progress are interrupted; a draft being written "
+         "goes back to the queue and an interrupted send is checked at the next start")
 
 
 async def _run_once(settings: Settings, app, only: set[str] | None) -> int:
