@@ -186,13 +186,13 @@ class GmailSource:
             if resource is None:
                 log.info("gmail %s: message %s vanished before it was fetched", self.account, gid)
                 continue
-            item = self._item(resource)
+            item = self._item(gid, resource)  # the id asked for, never one from the answer
             resource.pop("raw", None)  # only ids, labels and dates are needed from here on
+            resource["id"] = gid  # (get_many matched it by id; read by id below)
             out.append((resource, item))
         return out
 
-    def _item(self, resource: dict) -> Item | None:
-        gid = str(resource.get("id"))
+    def _item(self, gid: str, resource: dict) -> Item | None:
         labels = list(resource.get("labelIds") or [])
         if set(labels) & _NEVER:
             return None  # our own sent mail and drafts, spam, trash: not work
@@ -547,7 +547,7 @@ def _thread_resources(client: GmailClient, thread_id: str, before: str, limit: i
     found = sorted((m for m in listing.get("messages") or []
                     if not set(m.get("labelIds") or ()) & {"DRAFT", "SPAM", "TRASH"}),
                    key=lambda m: int(m.get("internalDate") or 0))
-    ids = [str(m.get("id")) for m in found]
+    ids = [str(m["id"]) for m in found if m.get("id")]  # one without an id is not a message
     if before in ids:
         ids = ids[:ids.index(before)]
     ids = ids[-limit:] if limit > 0 else []

@@ -595,6 +595,18 @@ class FakeGmail:
             self._part_faults.setdefault(item_id, []).append(
                 _Fault(status, times, dict(headers or {}), body))
 
+    def answer_part(self, item_id: str, payload: Any, *, times: int = 1) -> None:
+        """The next ``times`` batch parts that ask for ``item_id`` answer 200 with
+        ``payload``: a resource that is not the one asked for (no ``id``, another id),
+        as a misbehaving server or proxy might."""
+        with self.lock:
+            self._part_faults.setdefault(item_id, []).append(_Fault(200, times, {}, payload))
+
+    def resource_of(self, item_id: str, fmt: str = "raw") -> dict:
+        """The resource ``messages.get`` answers for ``item_id`` (to build a wrong one)."""
+        with self.lock:
+            return self._resource(self.messages[item_id], fmt)
+
     def truncate_batch(self, part: int) -> None:
         """The next batch answer is cut off in the middle of the body of its part number
         ``part`` (0-based; the parts before it are whole), then the connection closes."""
