@@ -40,8 +40,15 @@ from .. import redact
 from ..errors import AuthError, SourceError
 from ..service import metrics
 from . import auth
-from .batch import (MAX_PARTS, WrongResource, as_asked, batch_uri, build_requests, run_batch,
-                    status_of)
+from .batch import (
+    MAX_PARTS,
+    WrongResource,
+    as_asked,
+    batch_uri,
+    build_requests,
+    run_batch,
+    status_of,
+)
 from .transport import ConnectFailed, SingleShotHttp
 
 log = logging.getLogger("draftgate.gmail")
