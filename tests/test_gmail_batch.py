@@ -111,3 +111,50 @@ async def test_no_send_ever_goes_through_the_batch_endpoint(tmp_path, sender):
         assert not [c for c in w.fake.calls if c.batch and c.method != "GET"]
     finally:
         await w.close()
+
+
+@pytest.mark.parametrize("wrong", ["no-id", "other-id"])
+async def test_a_part_answering_200_with_another_resource_is_retried_never_lost(tmp_path, wrong):
+    """A part answers 200 with a message that is not the one asked for (no ``id``, or
+    another message's): it is a failed part, asked for again, and the right answer is
+    admitted under the id that was asked for; nothing is drafted twice or as "None"."""
+    w = await GmailWorld(tmp_path).open()
+    try:
+        ids = await _ready(w, 4)
+        bad = w.fake.resource_of(ids[3])
+        if wrong == "no-id":
+            bad.pop("id")
+        else:
+            bad = w.fake.resource_of(ids[0])
+        w.fake.answer_part(ids[3], bad)
+        counts = await w.tick()
+        first, again = w.fake.batches()
+        assert _part_ids(first) == ids and _part_ids(again) == [ids[3]]
+        assert counts.new == 4
+        drafts = await w.drafts()
+        assert sorted(d.item_id for d in drafts) == sorted(ids)
+        assert "None" not in {d.item_id for d in drafts}
+    finally:
+        await w.close()
+
+
+async def test_a_part_that_keeps_answering_another_resource_fails_the_tick_unseen(tmp_path):
+    """Every attempt answers 200 without an ``id``: the tick is red and names why,
+    nothing is admitted half-way (the message is not marked seen), and the next tick,
+    with Gmail answering properly, drafts all four."""
+    w = await GmailWorld(tmp_path).open()
+    try:
+        ids = await _ready(w, 4)
+        bad = w.fake.resource_of(ids[3])
+        bad.pop("id")
+        w.fake.answer_part(ids[3], bad, times=3)  # read_attempts: 3
+        await w.tick()
+        run = (await w.store.recent_runs("support", 1))[0]
+        assert run.status == "error" and "not the message asked for" in run.error_text
+        assert await w.drafts() == []
+        unseen = await w.store.unseen("support", "gmail:support", ids)
+        assert set(unseen) == set(ids)
+        counts = await w.tick()
+        assert counts.new == 4 and {d.item_id for d in await w.drafts()} == set(ids)
+    finally:
+        await w.close()

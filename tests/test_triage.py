@@ -142,6 +142,8 @@ async def test_reply_drafts_as_today_and_a_new_tick_never_triages_again(world, f
                                                 "forward_to": "evil@x.example"}))],
                  id="extra-key"),
     pytest.param(lambda f: [f.reply('{"action": "skip"}')], id="no-reason"),
+    pytest.param(lambda f: [f.reply('{"action": "reply", "action": "skip", "reason": "x"}')],
+                 id="duplicate-key"),
     pytest.param(lambda f: [f.reply(answer("skip"), finish="length")], id="cut-off"),
     pytest.param(lambda f: [f.reply(answer("skip"), finish="refusal", refusal="I cannot.")],
                  id="refusal"),

@@ -94,7 +94,9 @@ def parse(text: str | None, *, cut_off: bool = False, refused: str = "") -> tupl
     if cut_off:
         raise ValueError("the answer was cut off at its output limit")
     try:
-        data = json.loads(text or "")
+        data = json.loads(text or "", object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as exc:
+        raise ValueError(f"a key given twice: {str(exc)[:40]!r}") from None
     except (ValueError, RecursionError):
         raise ValueError(f"not JSON: {' '.join((text or '').split())[:80]!r}") from None
     if not isinstance(data, dict) or set(data) != {"action", "reason"}:
@@ -108,6 +110,20 @@ def parse(text: str | None, *, cut_off: bool = False, refused: str = "") -> tupl
     # Shown to operators (escaped by each channel): one line, no control characters.
     reason = " ".join("".join(c if c.isprintable() else " " for c in reason).split())
     return action, reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 1] + "…"
+
+
+class _DuplicateKey(Exception):
+    """A JSON object names one key twice (json.loads would keep the last)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    # {"action": "reply", "action": "skip"} is ambiguous, and any doubt is `reply`.
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 class Triager:

@@ -41,6 +41,25 @@ class Outcome:
     error: Any = None  # googleapiclient.errors.HttpError
 
 
+class WrongResource(Exception):
+    """A part answered 2xx with a resource that is not the one asked for (no ``id``,
+    or another one's). It is a failed part like a 5xx: asked for again, never taken
+    as the message asked for (whose id it would otherwise lose)."""
+
+
+def as_asked(outcome: Outcome | None, gid: str, what: str) -> Outcome | None:
+    """``outcome`` of the part that asked for ``gid``, with a resource that is not
+    ``gid``'s turned into a :class:`WrongResource` failure."""
+    if outcome is None or outcome.error is not None:
+        return outcome
+    got = (outcome.resource or {}).get("id")
+    if got == gid:
+        return outcome
+    shown = "no id" if got is None else f"id {str(got)[:40]!r}"
+    return Outcome(error=WrongResource(
+        f"Gmail {what} answered 200 with {shown}, not the message asked for ({gid})"))
+
+
 def status_of(exc: Any) -> int:
     """The HTTP status of a googleapiclient HttpError (0 for anything else)."""
     return int(getattr(getattr(exc, "resp", None), "status", 0) or 0)

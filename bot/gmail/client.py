@@ -40,7 +40,15 @@ from .. import redact
 from ..errors import AuthError, SourceError
 from ..service import metrics
 from . import auth
-from .batch import MAX_PARTS, batch_uri, build_requests, run_batch, status_of
+from .batch import (
+    MAX_PARTS,
+    WrongResource,
+    as_asked,
+    batch_uri,
+    build_requests,
+    run_batch,
+    status_of,
+)
 from .transport import ConnectFailed, SingleShotHttp
 
 log = logging.getLogger("draftgate.gmail")
@@ -427,7 +435,7 @@ class GmailClient:
                 done, failure = run_batch(self.batch_endpoint, requests, self._thread_http())
             finally:
                 self._save_if_refreshed()
-            outcomes = {gid: done.get(str(n)) for n, gid in enumerate(ids)}
+            outcomes = {gid: as_asked(done.get(str(n)), gid, what) for n, gid in enumerate(ids)}
             found.update({gid: o.resource or {} for gid, o in outcomes.items()
                           if o and not o.error})
             failed = [o.error for o in outcomes.values() if o and o.error] + [failure]
@@ -456,6 +464,8 @@ class GmailClient:
 
         if isinstance(exc, RefreshError):
             raise self._auth_error() from None
+        if isinstance(exc, WrongResource):  # answered, but not with what was asked for
+            return 0.0, str(exc)
         if not isinstance(exc, HttpError):  # transport, or an answer cut off mid-body
             self._drop_thread_http()  # its connection may be broken
             return 0.0, f"Gmail batch {what} cut short: {_reason(exc)}"

@@ -22,6 +22,14 @@ at install time (deliberately not drafted) is not drafted by a later fallback. A
 cursor stored as a bare historyId (before this format) still works; its fallback is
 bounded by ``resync_window`` alone until a tick has recorded ``synced``.
 
+Mail can also enter the pipeline after it arrived: marked "not spam" into the inbox,
+or given the pipeline's label later by a filter or a colleague. History records that
+as ``labelsAdded``, so history is read for ``labelAdded`` too, and a message given the
+pipeline's label (or a label the query asks for, INBOX for ``in:inbox``) is a
+candidate like a new one; the seen marks make a second label change harmless. (Mail
+that was in the box at install time and is moved in later is drafted then: a person
+moved it.)
+
 History reports every added message, so candidates are re-checked: sent mail, drafts,
 spam and trash are dropped (not work), mail from one of our own addresses is kept as an
 item that ``filters.skip_own`` (on by default) records as skipped with the reason, and
@@ -74,10 +82,11 @@ from ..models import FetchResult, Item, Message, ThreadMessage
 from ..stages import FetchContext
 from . import filters as _filters
 from .gmail_cursor import Cursor, join_queues
+from .gmail_labels import NEVER as _NEVER
+from .gmail_labels import entering_labels, history_ids, label_terms
 
 log = logging.getLogger("draftgate.sources.gmail")
 
-_NEVER = {"SENT", "DRAFT", "SPAM", "TRASH", "CHAT"}
 _PAGE = 500  # Gmail's maximum page size for list and history
 # How far before the last successful sync the history-expired fallback still lists:
 # clock differences between this host and Gmail, and mail stamped before it arrived.
@@ -186,13 +195,13 @@ class GmailSource:
             if resource is None:
                 log.info("gmail %s: message %s vanished before it was fetched", self.account, gid)
                 continue
-            item = self._item(resource)
+            item = self._item(gid, resource)  # the id asked for, never one from the answer
             resource.pop("raw", None)  # only ids, labels and dates are needed from here on
+            resource["id"] = gid  # (get_many matched it by id; read by id below)
             out.append((resource, item))
         return out
 
-    def _item(self, resource: dict) -> Item | None:
-        gid = str(resource.get("id"))
+    def _item(self, gid: str, resource: dict) -> Item | None:
         labels = list(resource.get("labelIds") or [])
         if set(labels) & _NEVER:
             return None  # our own sent mail and drafts, spam, trash: not work
@@ -296,17 +305,16 @@ class GmailSource:
         candidates: dict[str, None] = {}  # insertion-ordered set: O(1) per history entry
         started = time.time()  # every record after the cursor below is newer than this
         token, history_id = None, stored.history_id
+        entering = entering_labels(self.query, label_id)
         while True:
             def make(s, token=token):
                 return s.users().history().list(
-                    userId="me", startHistoryId=stored.history_id, historyTypes=["messageAdded"],
+                    userId="me", startHistoryId=stored.history_id,
+                    historyTypes=["messageAdded", "labelAdded"] if entering else ["messageAdded"],
                     labelId=label_id, maxResults=self.page_size, pageToken=token)
             resp = await self._read(make, "history.list")
-            for h in resp.get("history", []) or []:
-                for added in h.get("messagesAdded", []) or []:
-                    m = added.get("message") or {}
-                    if m.get("id") and not set(m.get("labelIds") or []) & _NEVER:
-                        candidates.setdefault(m["id"])
+            for gid in history_ids(resp, entering):
+                candidates.setdefault(gid)
             if token is None:
                 # The FIRST page's historyId: it is the mailbox's current record when
                 # that page is served, and Gmail does not promise that records added
@@ -370,7 +378,7 @@ class GmailSource:
         new = await ctx.unseen(candidates + list(pending))
         ids = [i for i in candidates if i in new]
         pending = {i: d for i, d in pending.items() if i in new}
-        terms = _label_terms(self.query)
+        terms = label_terms(self.query)
         if terms is not None:
             ids += list(pending)  # kept under an earlier query: labels decide now
             pending = {}
@@ -499,26 +507,6 @@ class GmailSource:
         await self.client.aclose()
 
 
-_LABEL_TERMS = {"in:inbox": "INBOX", "is:unread": "UNREAD", "is:starred": "STARRED",
-                "is:important": "IMPORTANT", "category:primary": "CATEGORY_PERSONAL",
-                "category:social": "CATEGORY_SOCIAL", "category:promotions": "CATEGORY_PROMOTIONS",
-                "category:updates": "CATEGORY_UPDATES", "category:forums": "CATEGORY_FORUMS"}
-
-
-def _label_terms(query: str) -> tuple[set[str], set[str]] | None:
-    """(labels required, labels forbidden) when ``query`` is only an AND of label terms
-    such as ``in:inbox -category:promotions``; None when it needs Gmail's search."""
-    need: set[str] = set()
-    forbid: set[str] = set()
-    for term in query.lower().split():
-        neg = term.startswith("-")
-        label = _LABEL_TERMS.get(term[1:] if neg else term)
-        if label is None:
-            return None
-        (forbid if neg else need).add(label)
-    return need, forbid
-
-
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g}s"
 
@@ -547,7 +535,7 @@ def _thread_resources(client: GmailClient, thread_id: str, before: str, limit: i
     found = sorted((m for m in listing.get("messages") or []
                     if not set(m.get("labelIds") or ()) & {"DRAFT", "SPAM", "TRASH"}),
                    key=lambda m: int(m.get("internalDate") or 0))
-    ids = [str(m.get("id")) for m in found]
+    ids = [str(m["id"]) for m in found if m.get("id")]  # one without an id is not a message
     if before in ids:
         ids = ids[:ids.index(before)]
     ids = ids[-limit:] if limit > 0 else []

@@ -15,7 +15,9 @@ the reason, and the tick goes on. File I/O runs off the event loop.
 ``max_age`` (optional) keeps a first run on an old mailbox from drafting years of
 mail: a message whose Date (or, without one, file time) is older than that, measured
 from the tick's scheduled time, is recorded as skipped with the reason. ``max_body``
-cuts the parsed body (the filter of the same name skips big mail instead).
+cuts the parsed body (the filter of the same name skips big mail instead); a file is
+read only as far as such a body needs (:func:`raw_limit`), so an 80 MB attachment
+costs neither its size nor the parser's multiple of it in memory.
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ log = logging.getLogger("draftgate.sources.maildir")
 
 _HEAD_BYTES = 65536  # enough for the header block of nearly every message
 _CHUNK = 1 << 20  # files are hashed in pieces, never held whole for an id
+_THREAD_MAX_BODY = 20_000  # characters of an earlier message read for context
+# Parsing holds about 8 times the bytes it reads. A message is read up to this many
+# bytes: enough for any body of max_body characters that comes before the message's
+# attachments (text parts come first in what mail clients write), never the whole of
+# an 80 MB attachment.
+_RAW_FLOOR = 2 << 20
+
+
+def raw_limit(max_body: int) -> int:
+    """How many bytes of a message file are read to parse a body of ``max_body``."""
+    return max(_RAW_FLOOR, 8 * max_body + _HEAD_BYTES)
 
 
 @dataclass(frozen=True)
@@ -120,7 +133,8 @@ class MaildirSource:
             if f is None:
                 continue
             try:
-                m = mime.parse_email(f.path.read_bytes(), max_body=20_000, source_id=f.name)
+                m = mime.parse_email(_read_head(f.path, raw_limit(_THREAD_MAX_BODY)),
+                                     max_body=_THREAD_MAX_BODY, source_id=f.name)
             except (OSError, mime.UnparseableMessage):
                 continue
             out.append(thread_message(m, ours=False))
@@ -219,11 +233,13 @@ class MaildirSource:
         if self.skip_above is not None and f.stamp[1] > self.skip_above:
             return self._too_big(item_id, f, self.skip_above)
         try:
-            raw = f.path.read_bytes()
+            raw = _read_head(f.path, raw_limit(self.max_body))
         except OSError as exc:
             return _skipped(item_id, f, f"cannot read {f.name}: {exc.strerror or exc}")
         try:
             message = mime.parse_email(raw, max_body=self.max_body, source_id=f.name)
+            if len(raw) < f.stamp[1]:  # only the first bytes were read (see raw_limit)
+                message.size, message.body_truncated = f.stamp[1], True
         except mime.UnparseableMessage as exc:  # no sender, or too slow to parse
             return _skipped(item_id, f, f"unparseable: {exc}", size=len(raw))
         except Exception as exc:  # never let one message stop the tick
@@ -274,6 +290,12 @@ def _item_id(f: _File) -> str:
             return "sha256:" + h.hexdigest()[:32]
     except OSError:
         return f"unreadable:{f.name}"
+
+
+def _read_head(path: Path, limit: int) -> bytes:
+    """The first ``limit`` bytes of ``path`` (all of a smaller file)."""
+    with open(path, "rb") as fh:
+        return fh.read(limit)
 
 
 def _body_digest(path: Path) -> str:

@@ -105,7 +105,9 @@ class FakeGmail:
         self.lock = threading.Lock()
         self.messages: dict[str, StoredMessage] = {}
         self.drafts: dict[str, str] = {}  # draft id -> message id
-        self.history: list[tuple[int, str]] = []  # (history id, message id added)
+        # (history id, type, message id, label ids): "messageAdded" (labels empty),
+        # "labelAdded" / "labelRemoved" with the labels added or removed.
+        self.history: list[tuple[int, str, str, tuple[str, ...]]] = []
         self.history_id = 1000
         self.history_floor = 0  # startHistoryId below this answers 404
         self.user_labels: dict[str, str] = {}  # id -> name
@@ -199,8 +201,26 @@ class FakeGmail:
             msgid = ""
         self.messages[mid] = StoredMessage(mid, thread_id or mid, raw, labels, date,
                                            self.history_id, msgid)
-        self.history.append((self.history_id, mid))
+        self.history.append((self.history_id, "messageAdded", mid, ()))
         return mid
+
+    def relabel(self, item_id: str, add: tuple[str, ...] | list[str] = (),
+                remove: tuple[str, ...] | list[str] = ()) -> None:
+        """Labels change as a user, a filter or a colleague changes them ("not spam":
+        add INBOX, remove SPAM), recorded in history as Gmail does."""
+        with self.lock:
+            self._relabel(self.messages[item_id], list(add), list(remove))
+
+    def _relabel(self, m: StoredMessage, add: list[str], remove: list[str]) -> None:
+        removed = [lbl for lbl in remove if lbl in m.labels]
+        added = [lbl for lbl in add if lbl not in m.labels and lbl not in removed]
+        for lbl in removed:
+            m.labels.remove(lbl)
+        m.labels.extend(added)
+        for kind, labels in (("labelRemoved", removed), ("labelAdded", added)):
+            if labels:
+                self.history_id += 1
+                self.history.append((self.history_id, kind, m.id, tuple(labels)))
 
     def expire_history(self) -> None:
         """Every historyId handed out so far now answers 404 (Gmail keeps about a week)."""
@@ -528,12 +548,8 @@ class FakeGmail:
             m = self.messages.get(p["id"])
             if m is None:
                 return 404, {"error": {"code": 404, "message": "Requested entity was not found."}}
-            for lbl in body.get("removeLabelIds", []):
-                if lbl in m.labels:
-                    m.labels.remove(lbl)
-            for lbl in body.get("addLabelIds", []):
-                if lbl not in m.labels:
-                    m.labels.append(lbl)
+            self._relabel(m, list(body.get("addLabelIds", [])),
+                          list(body.get("removeLabelIds", [])))
             return 200, {"id": m.id, "threadId": m.thread_id, "labelIds": list(m.labels)}
 
     def _r_labels_list(self, q, body, p):
@@ -543,8 +559,16 @@ class FakeGmail:
         return 200, {"labels": labels}
 
     def _r_history_list(self, q, body, p):
+        """As documented for users.history.list: records after ``startHistoryId`` of
+        the ``historyTypes`` asked for (all four when none is given), for messages that
+        have ``labelId``; each lists the message (id, threadId, its labels now) under
+        ``messagesAdded``, or under ``labelsAdded``/``labelsRemoved`` with the label ids
+        that changed."""
         start = int(q["startHistoryId"][0])
         label = q.get("labelId", [None])[0]
+        types = set(q.get("historyTypes", [])) or set(_HISTORY_FIELDS)
+        if types - set(_HISTORY_FIELDS):
+            raise ValueError(f"Invalid value for historyTypes: {sorted(types - set(_HISTORY_FIELDS))}")
         # With history_snapshot_pages, later pages list only records up to the history
         # id current at the first page (page tokens are opaque; Gmail does not say
         # whether records added while paging show up on later pages).
@@ -555,13 +579,16 @@ class FakeGmail:
                 return 404, {"error": {"code": 404, "message": "Requested entity was not found."}}
             snapshot = int(upto) if upto else self.history_id
             entries = []
-            for hid, mid in self.history:
+            for hid, kind, mid, changed in self.history:
                 m = self.messages[mid]
-                if hid > start and (label is None or label in m.labels) and \
+                if hid > start and kind in types and (label is None or label in m.labels) and \
                         (not self.history_snapshot_pages or hid <= snapshot):
-                    ref = {"id": m.id, "threadId": m.thread_id, "labelIds": list(m.labels)}
+                    ref: dict[str, Any] = {"message": {"id": m.id, "threadId": m.thread_id,
+                                                       "labelIds": list(m.labels)}}
+                    if changed:
+                        ref["labelIds"] = list(changed)
                     entries.append({"id": str(hid), "messages": [{"id": m.id, "threadId": m.thread_id}],
-                                    "messagesAdded": [{"message": ref}]})
+                                    _HISTORY_FIELDS[kind]: [ref]})
             current = str(self.history_id)
         out = _page(entries, {**q, "pageToken": [offset or "0"]}, "history", lambda e: e)
         if self.history_snapshot_pages and "nextPageToken" in out:
@@ -594,6 +621,18 @@ class FakeGmail:
         with self.lock:
             self._part_faults.setdefault(item_id, []).append(
                 _Fault(status, times, dict(headers or {}), body))
+
+    def answer_part(self, item_id: str, payload: Any, *, times: int = 1) -> None:
+        """The next ``times`` batch parts that ask for ``item_id`` answer 200 with
+        ``payload``: a resource that is not the one asked for (no ``id``, another id),
+        as a misbehaving server or proxy might."""
+        with self.lock:
+            self._part_faults.setdefault(item_id, []).append(_Fault(200, times, {}, payload))
+
+    def resource_of(self, item_id: str, fmt: str = "raw") -> dict:
+        """The resource ``messages.get`` answers for ``item_id`` (to build a wrong one)."""
+        with self.lock:
+            return self._resource(self.messages[item_id], fmt)
 
     def truncate_batch(self, part: int) -> None:
         """The next batch answer is cut off in the middle of the body of its part number
@@ -705,6 +744,11 @@ class FakeGmail:
             extra = {}
         call.status = status
         return status, payload, extra
+
+
+# users.history.list: each historyTypes value and the History field that carries it.
+_HISTORY_FIELDS = {"messageAdded": "messagesAdded", "messageDeleted": "messagesDeleted",
+                   "labelAdded": "labelsAdded", "labelRemoved": "labelsRemoved"}
 
 
 def _page(items: list, q: dict, key: str, render) -> dict:
