@@ -20,6 +20,8 @@ shown on the card rather than passed over.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import re
 from dataclasses import dataclass
 from typing import Iterable
@@ -52,7 +54,7 @@ _MONTHS = {
     "november": 11, "nov": 11, "december": 12, "dec": 12, "dezember": 12, "dez": 12}
 _MONTH = "(?:" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _DATE = re.compile(
-    r"\b(?P<iso>\d{4})-(?P<im>\d{1,2})-(?P<id>\d{1,2})\b"
+    r"\b(?P<iso>\d{4})-(?P<im>\d{1,2})-(?P<id>\d{1,2})(?!\d)"
     r"|\b(?P<dd>\d{1,2})\.(?P<dm>\d{1,2})\.(?P<dy>\d{4}|\d{2}(?!\d))?"
     r"|\b(?P<sa>\d{1,2})/(?P<sb>\d{1,2})(?:/(?P<sy>\d{4}|\d{2}))?\b"
     rf"|\b(?P<nd>\d{{1,2}})(?:st|nd|rd|th|\.)?\s+(?:of\s+)?(?P<nm>{_MONTH})(?:,?\s+(?P<ny>\d{{4}}))?"
@@ -274,6 +276,8 @@ def source_keys(texts: Iterable[str]) -> set[str]:
                     break
     for k in [k for k in keys if k.startswith("date:") and k.count("-") == 2]:
         keys.add("date:" + k[10:])  # "12 March" is supported by "12 March 2026"
+        with contextlib.suppress(ValueError):  # and "Thursday" by the date it falls on
+            keys.add(f"wd:{datetime.date.fromisoformat(k[5:]).weekday()}")
     return keys
 
 
@@ -284,7 +288,11 @@ def _day(name: str) -> int:
 
 def unsupported(draft: str, sources: Iterable[str]) -> list[str]:
     """The claims of ``draft`` that none of ``sources`` supports, as written."""
-    keys = source_keys(sources)
+    return unsupported_by(draft, source_keys(sources))
+
+
+def unsupported_by(draft: str, keys: set[str]) -> list[str]:
+    """The claims of ``draft`` without a key in ``keys`` (:func:`source_keys`)."""
     return [c.text for c in claims(draft)
             if not all(part & keys or _dated_without_year(part, keys) for part in c.parts)]
 
