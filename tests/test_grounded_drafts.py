@@ -12,10 +12,31 @@ import json
 import pytest
 
 from bot.approvals.cards import render_card
-from tests.test_context import PROVIDERS, KNOWLEDGE, cli, deployments, eml, fake  # noqa: F401
+from tests.fakes.llm import FakeLLM
+from tests.test_context import KNOWLEDGE, PROVIDERS, Deployment, cli, eml
 
 DRAFT = ("Hi Alice, your refund reaches you within 5 business days. As a thank-you we "
          "take €25 off your next order, and refunds are paid within 14 days.")
+
+
+
+@pytest.fixture
+def fake():
+    with FakeLLM() as f:
+        yield f
+
+
+@pytest.fixture
+async def deployments(tmp_path):
+    made: list[Deployment] = []
+
+    async def make(*args, **kw) -> Deployment:
+        made.append(await Deployment(tmp_path, *args, **kw).open())
+        return made[-1]
+
+    yield make
+    for d in made:
+        await d.close()
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
