@@ -52,7 +52,7 @@ class Drafting:
         # SDKs there, off the event loop).
         self._prepare = prepare
         # What a draft is based on besides the email (thread, examples, knowledge).
-        self.context = ContextBuilder(store, source or (lambda p: None))
+        self.context = ContextBuilder(store, source or (lambda p: None), settings)
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._model_trouble: set[str] = set()
         self._not_before: dict[str, float] = {}

@@ -15,7 +15,7 @@ from .chain import GENESIS, seal
 #: Every table the migrations below create (``doctor`` reads each one).
 TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
           "pipeline_flags", "locks", "schema_migrations", "approvals", "sent_notices",
-          "examples", "knowledge_files", "knowledge_passages", "audit_head")
+          "examples", "knowledge_files", "knowledge_passages", "audit_head", "embeddings")
 
 #: (version, name, SQL); the SQL may be a list of statements and async Python steps
 #: (called with the connection, inside the migration's transaction).
@@ -320,6 +320,18 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
             EXECUTE FUNCTION draft_counts_change();
         CREATE INDEX drafts_pending ON drafts (id) WHERE status IN
             ('ready', 'awaiting', 'approved', 'sending', 'send_failed', 'send_unknown', 'notified');
+        """,
+    ),
+    (
+        8,
+        "embedding vectors (issue 24): see schema.py _V_VECTORS",
+        """
+        CREATE TABLE embeddings (
+            model TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            vector BYTEA NOT NULL,
+            PRIMARY KEY (model, sha256)
+        );
         """,
     ),
 ]

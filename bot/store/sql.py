@@ -61,6 +61,7 @@ from .transitions import (
     VOTES_SQL,
     Step,
 )
+from .vectors_sql import VectorSql
 
 #: The predicate of the drafts_pending partial index (its schema migration), word for word.
 PENDING_SQL = "status IN ({})".format(", ".join(f"'{s}'" for s in PENDING_STATUSES))
@@ -69,7 +70,7 @@ def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(SqlOps, ContextSql):
+class SqlStore(SqlOps, ContextSql, VectorSql):
     """Durable state of draftgate (``bot.store.Store``): the shared half of
     :class:`SQLiteStore` and :class:`PostgresStore`. Open once at start, close at shutdown."""
 
