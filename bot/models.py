@@ -236,6 +236,24 @@ class Context:
                 "knowledge": [p.name for p in self.passages]}
 
 
+def unsupported_of(used: dict[str, Any] | None) -> list[str]:
+    """A version's claims that its sources do not support (bot/context/grounding.py),
+    as the draft wrote them; [] when none or not checked."""
+    return [str(c) for c in (used or {}).get("unsupported") or []]
+
+
+def unsupported_line(used: dict[str, Any] | None) -> str:
+    """``⚠️ Not in the sources: 14 days · €25`` (the grounding check); "" when none."""
+    claims = unsupported_of(used)
+    return "⚠️ Not in the sources: " + " · ".join(claims) if claims else ""
+
+
+def public_used(used: dict[str, Any] | None) -> dict[str, Any]:
+    """``used`` as shown to people (``pending --json``): without the sources' keys
+    that an edited version is checked against."""
+    return {k: v for k, v in (used or {}).items() if k != "source_keys"}
+
+
 def used_line(used: dict[str, Any] | None) -> str:
     """``📎 thread 3 · 2 past replies · returns.md › Refunds``; "" when nothing was used."""
     used = used or {}

@@ -275,7 +275,8 @@ async def test_audit_command_gives_the_history_of_an_item(world):
     assert [line[20:] for line in lines[2:]] == [
         "admitted: queued",
         "drafted: v1 by echo-1, 30 tokens (in 10, out 20)",
-        f"edited by tg:{ANNA} (Anna): v1 -> v2",
+        # Anna's edit promises a day no source gave (the grounding check, issue 24).
+        f"edited by tg:{ANNA} (Anna): v1 -> v2; not in the sources: Monday",
         f"approved by tg:{BO} (Bo): v2",
         f"sent by tg:{BO} (Bo): v2, message id msg-{d.id}"]
     assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line) for line in lines[2:])

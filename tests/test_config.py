@@ -525,3 +525,23 @@ def test_timezone_is_an_iana_name_and_a_typo_gets_the_closest_one(tmp_path):
         "an IANA name such as Europe/Berlin, America/New_York or UTC",
         "pipelines/a.yaml: timezone: unknown time zone 'Europe/Berln'; did you mean "
         "'Europe/Berlin'? Use an IANA name such as Europe/Berlin, America/New_York or UTC"]
+
+
+def test_grounded_draft_keys_default_and_refuse_what_they_cannot_do(tmp_path):
+    """retrieval / embeddings / grounding (issue 24): defaults, a bare YAML off, and
+    errors that say what is expected."""
+    models = ("models:\n  llm: {provider: openai, base_url: 'http://127.0.0.1:9/v1', model: m}\n"
+              "  claude: {provider: anthropic, model: c}\n")
+    ok = GOOD.format(name="a") + "drafter: {model: llm}\n"
+    [p] = load_settings(write(tmp_path, {"a.yaml": ok}, models)).pipelines
+    assert (p.drafter.retrieval, p.drafter.embeddings, p.drafter.grounding) == \
+        ("hybrid", "local", "flag")
+    off = GOOD.format(name="a") + "drafter: {model: llm, grounding: off, embeddings: llm}\n"
+    [p] = load_settings(write(tmp_path, {"a.yaml": off}, models)).pipelines
+    assert (p.drafter.grounding, p.drafter.embeddings) == ("off", "llm")
+    bad = GOOD.format(name="a") + ("drafter: {model: llm, retrieval: vector, grounding: block, "
+                                   "embeddings: claude}\n")
+    errors = errors_of(write(tmp_path, {"a.yaml": bad}, models))
+    assert any("drafter.retrieval: expected one of hybrid, lexical" in e for e in errors)
+    assert any("drafter.grounding: expected one of flag, confirm, off" in e for e in errors)
+    assert any("drafter.embeddings: expected local" in e and "'claude'" in e for e in errors)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..clock import hhmm
-from ..models import REPLAYABLE_STATUSES, Draft, Status, used_line
+from ..models import REPLAYABLE_STATUSES, Draft, Status, unsupported_line, used_line
 from ..redact import scrub
 
 MAX_TEXT = 4096  # Telegram's limit for one message
@@ -169,8 +169,8 @@ def _header(draft: Draft) -> list[str]:
 
 def _used(draft: Draft) -> list[str]:
     """What the draft used, one line (file names and headings are outside text: escaped)."""
-    used = used_line(draft.used)
-    return [clip(_one_line(used), _FIELD["used"])[0]] if used else []
+    lines = [line for line in (used_line(draft.used), unsupported_line(draft.used)) if line]
+    return [clip(_one_line(line), _FIELD["used"])[0] for line in lines]
 
 
 def _with_body(top: list[str], draft: Draft, label: str = "Draft:") -> tuple[str, bool]:

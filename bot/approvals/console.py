@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from ..desk.operator import CONSOLE, DEMO, Operator
 from ..errors import DraftgateError
-from ..models import REPLAYABLE_STATUSES, Draft, Status, used_line
+from ..models import REPLAYABLE_STATUSES, Draft, Status, unsupported_line, used_line
 from ..redact import escape_controls, scrub
 from ..stages import PostedRef
 from .base import DeskChannel
@@ -47,8 +47,7 @@ def render(draft: Draft, *, width: int = 76, excerpt: int = 400) -> str:
         if original:
             cut = original[:excerpt] + ("…" if len(original) > excerpt else "")
             lines.append("» " + "\n  ".join(textwrap.wrap(cut, width - 2)))
-    if used_line(draft.used):
-        lines.append(used_line(draft.used))
+    lines += [line for line in (used_line(draft.used), unsupported_line(draft.used)) if line]
     if draft.status == Status.NOTIFIED:  # triage said notify: an FYI, no draft
         lines.append(f"🔔 FYI, no reply drafted. Triage: {draft.triage_reason or 'no reason given'}")
         return "\n".join(lines)

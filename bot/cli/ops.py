@@ -12,7 +12,7 @@ from ..config.load import Settings
 from ..desk import reports as ops
 from ..desk.operator import CONSOLE
 from ..errors import ConfigError, DraftgateError
-from ..models import used_line
+from ..models import public_used, unsupported_of, used_line
 from ..redact import redact_url
 from .common import load, options, say, text_argument
 
@@ -211,7 +211,8 @@ async def _pending(args) -> int:
                                "card": [d.approval_chat, d.approval_message_id],
                                "created_at": d.created_at,
                                "triage": d.triage, "triage_reason": d.triage_reason,
-                               "used": d.used, "used_line": used_line(d.used),
+                               "used": public_used(d.used), "used_line": used_line(d.used),
+                               "unsupported": unsupported_of(d.used),
                                "configured": settings.has_pipeline(d.pipeline),
                                "held": holds.get(d.pipeline) if d.status == "queued" else None}
                               for d in drafts], indent=2))

@@ -397,6 +397,13 @@ def _drafter(ck: Checker, data: dict, settings: Settings, base: Path) -> Drafter
             ck.error(f"drafter.knowledge[{i}]", f"no file matches {pattern} (looked in "
                                                 f"{_resolve(base, pattern).parent}); fix the "
                                                 f"path or remove the entry")
+    if drafter.embeddings != "local" and drafter.retrieval == "hybrid":
+        model = settings.models.get(drafter.embeddings)
+        if model is None or model.provider != "openai":
+            ck.error("drafter.embeddings", f"expected local (the bundled model) or a models: "
+                                           f"entry of provider openai serving /v1/embeddings "
+                                           f"(known: {', '.join(sorted(settings.models))}), "
+                                           f"got {drafter.embeddings!r}")
     return drafter
 
 

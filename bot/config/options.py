@@ -61,6 +61,10 @@ class DrafterOptions:
     thread: int = 6  # earlier messages of the thread; 0 = off
     examples: int = 3  # past sent replies of this pipeline; 0 = off
     knowledge: tuple[str, ...] = ()  # globs of files searched for passages; none by default
+    # Grounded drafts (issue 24; bot/context/retrieval.py, bot/context/grounding.py):
+    retrieval: str = "hybrid"  # hybrid: words and meaning | lexical: words only
+    embeddings: str = "local"  # local: the bundled model | a models: entry serving embeddings
+    grounding: str = "flag"  # flag | confirm (Approve asks once more) | off
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,10 @@ def parse_filters(ck: Checker, raw: dict, path: str = "filters") -> FilterOption
                          **{k: v for k, v in switches.items() if v is not None})
 
 
+RETRIEVALS = ("hybrid", "lexical")
+GROUNDINGS = ("flag", "confirm", "off")
+
+
 def parse_drafter(ck: Checker, raw: dict) -> DrafterOptions:
     """``drafter:``; whether the model and the prompt file exist is the loader's check,
     what a model makes of them its drafter's."""
@@ -217,7 +225,14 @@ def parse_drafter(ck: Checker, raw: dict) -> DrafterOptions:
         if not pattern:
             ck.error(f"drafter.knowledge[{i}]", "empty; expected a file or a glob such as "
                                                 "knowledge/*.md")
+    if raw.get("grounding") is False:  # YAML 1.1 reads a bare off as false
+        raw = {**raw, "grounding": "off"}
+    retrieval = ck.get(raw, "retrieval", "drafter", str, default=d.retrieval, choices=RETRIEVALS)
+    grounding = ck.get(raw, "grounding", "drafter", str, default=d.grounding, choices=GROUNDINGS)
+    embeddings = ck.get(raw, "embeddings", "drafter", str, default=d.embeddings)
     return DrafterOptions(
+        embeddings=(embeddings or "").strip() or d.embeddings,
+        retrieval=retrieval or d.retrieval, grounding=grounding or d.grounding,
         model=ck.get(raw, "model", "drafter", str, default=d.model),
         prompt=ck.get(raw, "prompt", "drafter", str, default=None),
         max_input=ck.get(raw, "max_input", "drafter", int, default=d.max_input),

@@ -23,12 +23,13 @@ import asyncio
 import logging
 from typing import Callable
 
-from ..config.load import PipelineConfig
+from ..config.load import PipelineConfig, Settings
 from ..drafters.prompt import email_size, split_quoted
 from ..errors import describe_error
 from ..models import Context, Draft, Example, Message, Passage, ThreadMessage
 from ..stages import Source
 from .knowledge import Knowledge
+from .retrieval import Retrieval
 
 log = logging.getLogger("draftgate.context")
 
@@ -54,9 +55,11 @@ def query_text(m: Message) -> str:
 class ContextBuilder:
     """Assembles a draft's :class:`Context` (one per engine; knowledge per pipeline)."""
 
-    def __init__(self, store, source: Callable[[PipelineConfig], Source | None]):
+    def __init__(self, store, source: Callable[[PipelineConfig], Source | None],
+                 settings: Settings | None = None, retrieval: Retrieval | None = None):
         self.store, self._source = store, source
         self._knowledge: dict[str, Knowledge] = {}
+        self.retrieval = retrieval or Retrieval(store, settings)
 
     async def build(self, p: PipelineConfig, d: Draft) -> Context:
         """The context of ``d``'s request, cut to fit; empty parts where off or unreadable."""
@@ -75,7 +78,7 @@ class ContextBuilder:
         o, query = p.drafter, query_text(m)
         thread, examples, passages = await asyncio.gather(
             self.thread(p, m) if o.thread and m.kind == "email" and m.references else _none(),
-            self.store.examples_for(p.name, query, o.examples)
+            self.retrieval.examples(p, query, o.examples)
             if o.examples and m.kind == "email" else _none(),
             self._passages(p, query) if o.knowledge else _none())
         return Context(thread, examples, passages)
@@ -84,8 +87,12 @@ class ContextBuilder:
         knowledge = self._knowledge.get(p.name)
         if knowledge is None or knowledge.pipeline is not p:
             knowledge = self._knowledge[p.name] = Knowledge(self.store, p)
-        await knowledge.sync()
-        return await self.store.passages_for(p.name, query, PASSAGES)
+        changed = await knowledge.sync()
+        return await self.retrieval.passages(p, query, PASSAGES, reread=changed > 0)
+
+    async def close(self) -> None:
+        """Stop the background embedding (at shutdown)."""
+        await self.retrieval.close()
 
     async def thread(self, p: PipelineConfig, m: Message) -> list[ThreadMessage]:
         """The earlier messages of ``m``'s thread from the pipeline's source (a source

@@ -15,6 +15,7 @@ import logging
 from typing import Callable
 
 from ..config.load import PipelineConfig, Settings
+from ..context import grounded
 from ..engine.channels import Channels
 from ..engine.drafting import Drafting
 from ..engine.sending import Sends
@@ -112,8 +113,9 @@ class Decisions:
         body = body.strip()
         if not body:
             return None
-        await self._decidable(draft_id)
-        d = await self.store.edit(draft_id, version, body, actor, now=self.clock())
+        before = await self._decidable(draft_id)
+        d = await self.store.edit(draft_id, version, body, actor, now=self.clock(),
+                                  used=grounded.for_edit(self.settings, before, body))
         if d is not None:
             await self.operators.post_card(self.settings.pipeline(d.pipeline), d)
             d = await self.store.get_draft(d.id)

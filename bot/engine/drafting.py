@@ -16,6 +16,7 @@ from typing import Awaitable, Callable
 
 from ..clock import utc_day
 from ..config.load import PipelineConfig, Settings
+from ..context import grounded
 from ..context.builder import ContextBuilder
 from ..errors import (
     BudgetExhausted,
@@ -51,7 +52,7 @@ class Drafting:
         # SDKs there, off the event loop).
         self._prepare = prepare
         # What a draft is based on besides the email (thread, examples, knowledge).
-        self.context = ContextBuilder(store, source or (lambda p: None))
+        self.context = ContextBuilder(store, source or (lambda p: None), settings)
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
         self._model_trouble: set[str] = set()
         self._not_before: dict[str, float] = {}
@@ -228,8 +229,9 @@ class Drafting:
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
                                                tokens_out=result.tokens_out,
                                                model=result.model, now=self.clock(),
-                                               used=result.used if result.used is not None
-                                               else context.used())
+                                               used=grounded.check(p, request, body, (
+                                                   result.used if result.used is not None
+                                                   else context.used())))
         counts.tokens += result.tokens_in + result.tokens_out
         if stored is None:
             # The lease was lost (swept and re-claimed): this answer is stale.

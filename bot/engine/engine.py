@@ -136,6 +136,7 @@ class Engine:
                 await stage.close()
             except Exception:
                 log.exception("closing %r", stage)
+        await self.drafting.context.close()  # the background embedding (issue 24)
         # Last: until here a send may still be in flight, and without the heartbeat
         # another host would take it for abandoned.
         await self.leases.heartbeat.stop()

@@ -15,7 +15,8 @@ from .chain import GENESIS, seal
 #: Every table the migrations below create (``doctor`` reads each one).
 TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
           "pipeline_flags", "locks", "schema_migrations", "approvals", "sent_notices",
-          "examples", "knowledge_files", "knowledge_passages", "audit_head", "prompts")
+          "examples", "knowledge_files", "knowledge_passages", "audit_head", "prompts",
+          "embeddings")
 
 #: (version, name, SQL); the SQL may be a list of statements and async Python steps
 #: (called with the connection, inside the migration's transaction).
@@ -337,6 +338,18 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
                 COALESCE(detail, ''), actor, at
             FROM audit WHERE action = 'prompt' AND draft_key LIKE 'prompt|%|%'
             ORDER BY split_part(draft_key, '|', 2), split_part(draft_key, '|', 3), id DESC;
+        """,
+    ),
+    (
+        9,
+        "embedding vectors (issue 24): see schema.py _V_VECTORS",
+        """
+        CREATE TABLE embeddings (
+            model TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            vector BYTEA NOT NULL,
+            PRIMARY KEY (model, sha256)
+        );
         """,
     ),
 ]

@@ -63,10 +63,18 @@ def admit_record(t: float, key: str, skip_reason: str | None,
     return Record(float(t), SYSTEM, "admit", key, None, "queued")
 
 
-def draft_detail(version: int, model: str, tokens_in: int, tokens_out: int) -> str:
-    """The audit detail of a stored draft: which version, by which model, how many tokens."""
+def draft_detail(version: int, model: str, tokens_in: int, tokens_out: int,
+                 used: dict[str, Any] | None = None) -> str:
+    """The audit detail of a stored draft: which version, by which model, how many
+    tokens, and the claims its sources do not support (the grounding check)."""
     return (f"v{version} by {model or 'the drafter'}, {tokens_in + tokens_out} tokens "
-            f"(in {tokens_in}, out {tokens_out})")
+            f"(in {tokens_in}, out {tokens_out})" + unsupported_note(used))
+
+
+def unsupported_note(used: dict[str, Any] | None) -> str:
+    """``; not in the sources: 14 days · €25`` for an audit detail; "" when none."""
+    claims = [str(c) for c in (used or {}).get("unsupported") or []]
+    return "; not in the sources: " + " · ".join(claims) if claims else ""
 
 
 #: Characters of the original email kept with an example (its start says what it asks).

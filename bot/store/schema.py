@@ -301,11 +301,22 @@ _V_PROMPTS = [
     "WHERE action = 'prompt' AND draft_key LIKE 'prompt|%|%' ORDER BY id",
 ]
 
+# Hybrid retrieval (issue 24): embedding vectors of passages and examples, keyed by the
+# sha256 of the embedded text and the embedding model (the same text in two pipelines
+# is embedded once; a change of model embeds again, beside the old vectors).
+_V_VECTORS = [
+    """CREATE TABLE embeddings (
+        model TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        vector BLOB NOT NULL,
+        PRIMARY KEY (model, sha256))""",
+]
+
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).
 MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
-                        _V_PROMPTS]
+                        _V_PROMPTS, _V_VECTORS]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -30,6 +30,7 @@ from .rows import (
     example_row,
     run_from_row,
     status_where,
+    unsupported_note,
 )
 from .sql_ops import SqlOps
 from .transitions import (
@@ -60,6 +61,7 @@ from .transitions import (
     VOTES_SQL,
     Step,
 )
+from .vectors_sql import VectorSql
 
 #: The predicate of the drafts_pending partial index (its schema migration), word for word.
 PENDING_SQL = "status IN ({})".format(", ".join(f"'{s}'" for s in PENDING_STATUSES))
@@ -68,7 +70,7 @@ def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(SqlOps, ContextSql):
+class SqlStore(SqlOps, ContextSql, VectorSql):
     """Durable state of draftgate (``bot.store.Store``): the shared half of
     :class:`SQLiteStore` and :class:`PostgresStore`. Open once at start, close at shutdown."""
 
@@ -122,7 +124,7 @@ class SqlStore(SqlOps, ContextSql):
              self._clean(json.dumps(used)) if used else None),
             "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out,
             action="draft", actor=SYSTEM, detail=lambda d, _: draft_detail(
-                d.version, model, int(tokens_in), int(tokens_out))))
+                d.version, model, int(tokens_in), int(tokens_out), used)))
 
     async def fail_draft(self, draft_id: int, fence: int, error: str, *, retryable: bool,
                          max_attempts: int, now: float | None = None) -> Draft | None:
@@ -276,14 +278,19 @@ class SqlStore(SqlOps, ContextSql):
             (key, self._now(now), draft_id, draft_id, version, Status.AWAITING)) == 1
 
     async def edit(self, draft_id: int, version: int, body: str, actor: str,
-                   now: float | None = None) -> Draft | None:
+                   now: float | None = None, used: dict[str, Any] | None = None
+                   ) -> Draft | None:
         """CAS on ``awaiting`` and ``version``: new body, version + 1, status ``ready``
-        so the card is re-rendered (the approval message id is kept). Audited."""
+        so the card is re-rendered (the approval message id is kept). Audited.
+        ``used``: the new version's (its grounding re-checked); None keeps it."""
         t = self._now(now)
-        return await self._decide(Step(
-            EDIT, "body = ?, version = version + 1, updated_at = ?", (self._clean(body), t),
-            "id = ? AND version = ?", (draft_id, version)),
-            "edit", actor, t, lambda d, _: f"v{version} -> v{d.version}")
+        sets, args = "body = ?, version = version + 1, updated_at = ?", [self._clean(body), t]
+        if used is not None:
+            sets, args = sets + ", used = ?", [*args, self._clean(json.dumps(used))]
+        return await self._decide(Step(EDIT, sets, tuple(args), "id = ? AND version = ?",
+                                       (draft_id, version)),
+                                  "edit", actor, t, lambda d, _: f"v{version} -> v{d.version}"
+                                  + unsupported_note(used))
 
     async def regenerate(self, draft_id: int, version: int, actor: str,
                          instruction: str = "", now: float | None = None) -> Draft | None:

@@ -1,0 +1,93 @@
+"""Embedding models for hybrid retrieval (issue 24): the bundled local one and an
+OpenAI-compatible ``/v1/embeddings`` endpoint (a ``models:`` entry).
+
+The local model is wordllama's ``l2_supercat`` at 256 dimensions: a static embedding
+(a token table averaged, no network), whose weights and tokenizer ship inside the
+wheel. Its loader looks for the tokenizer in a ``tokenizer/`` folder beside the code
+while the wheel has ``tokenizers/``; given the package's own folder as its cache it
+finds both, and with downloads disabled it never reaches for the network. Nothing
+is imported or loaded until the first embedding is asked for, so CLI reports
+(``status``, ``pending``) never load it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Protocol
+
+LOCAL_MODEL = "wordllama:l2_supercat:256"
+
+
+class Embedder(Protocol):
+    """Texts to unit vectors (numpy float32, one row per text)."""
+
+    model: str  # the key vectors are stored under, with the text's sha256
+
+    async def embed(self, texts: list[str]) -> Any: ...
+
+
+class LocalEmbedder:
+    """The bundled model, loaded in a worker thread at first use."""
+
+    model = LOCAL_MODEL
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    async def embed(self, texts: list[str]) -> Any:
+        return await asyncio.to_thread(self._embed, texts)
+
+    def _embed(self, texts: list[str]) -> Any:
+        import numpy as np
+
+        with self._lock:
+            if self._model is None:
+                self._model = _load_local()
+            out = self._model.embed(texts, norm=True, batch_size=64)
+        return np.asarray(out, dtype=np.float32)
+
+
+def _load_local() -> Any:
+    from pathlib import Path
+
+    import wordllama  # type: ignore[import-untyped]
+    from wordllama import WordLlama
+
+    return WordLlama.load(config="l2_supercat", dim=256, disable_download=True,
+                          cache_dir=Path(wordllama.__file__).parent)
+
+
+class RemoteEmbedder:
+    """``POST /v1/embeddings`` of a ``models:`` entry, through the openai SDK."""
+
+    loaded = True
+
+    def __init__(self, name: str, base_url: str | None, model: str, api_key: str,
+                 timeout: float) -> None:
+        self.model = f"api:{name}:{model}"
+        self._name, self._base_url, self._api_model = name, base_url, model
+        self._key, self._timeout = api_key, timeout
+        self._client: Any = None
+
+    async def embed(self, texts: list[str]) -> Any:
+        import numpy as np
+        import openai
+
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(api_key=self._key, base_url=self._base_url,
+                                              timeout=self._timeout, max_retries=1)
+        answer = await self._client.embeddings.create(model=self._api_model, input=texts)
+        rows = sorted(answer.data, key=lambda d: d.index)
+        m = np.asarray([r.embedding for r in rows], dtype=np.float32)
+        norms = np.linalg.norm(m, axis=1, keepdims=True)
+        return m / np.where(norms == 0, 1, norms)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()

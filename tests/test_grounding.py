@@ -1,0 +1,59 @@
+"""The grounding check (issue 24): a draft's checkable claims that its sources do not
+support are found, however either side writes them; the draft is never changed."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.context.grounding import claims, unsupported
+from tests.grounding_corpus import evaluate, load_cases
+
+CASES = load_cases()
+
+
+def test_the_corpus_has_60_cases_in_english_and_german():
+    """The corpus is large enough to say something, in both languages."""
+    assert len(CASES) >= 60
+    assert {c["lang"] for c in CASES} == {"en", "de"}
+
+
+def test_at_most_5_percent_wrong_flags_and_5_percent_missed():
+    """Across the corpus: few supported claims flagged, few unsupported ones missed."""
+    f = evaluate(CASES)
+    assert f.wrongly_flagged_share <= 0.05, f.differences
+    assert f.missed_share <= 0.05, f.differences
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["draft"][:50])
+def test_case(case):
+    """Each case flags exactly the claims its sources do not support."""
+    got = [g.lower() for g in unsupported(case["draft"], case["sources"])]
+    assert got == [w.lower() for w in case["unsupported"]]
+
+
+@pytest.mark.parametrize("draft, source", [
+    ("within 14 days", "within fourteen days"),
+    ("in 2 working days", "in two business days"),
+    ("€25 off", "25 EUR off"),
+    ("€25 off", "25,00 € off"),
+    ("on 12.03.2026", "on 12 March 2026"),
+    ("at 5 pm", "at 17:00"),
+    ("in vierzehn Tagen", "in 14 days"),
+    ("fünfundzwanzig Euro", "€25"),
+])
+def test_the_same_claim_written_differently_is_supported(draft, source):
+    """What people write differently is one claim."""
+    assert claims(draft), draft
+    assert unsupported(draft, [source]) == []
+
+
+def test_a_claim_found_nowhere_is_named_as_the_draft_wrote_it():
+    """The card shows the draft's own words, in the draft's order."""
+    draft = "Refunds take 14 days and we give you €25 off."
+    assert unsupported(draft, ["Refunds take 30 days."]) == ["14 days", "€25"]
+    assert unsupported(draft, []) == ["14 days", "€25"]
+
+
+def test_text_without_claims_has_nothing_to_flag():
+    """Plain words and single digits are no claims."""
+    assert unsupported("Thanks, I have passed this on to our 2 colleagues.", []) == []
