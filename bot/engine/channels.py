@@ -12,7 +12,7 @@ import logging
 from typing import Callable
 
 from ..config.load import PipelineConfig, Settings
-from ..errors import ApprovalError, describe_error
+from ..errors import ApprovalError, StoreUnavailable, describe_error
 from ..models import Draft, RunCounts
 from ..redact import scrub
 from ..stages import ApprovalChannel
@@ -102,8 +102,9 @@ class Operators:
         for ch in self.running():
             try:
                 await ch.resync_cards()
-            except Exception as exc:
-                log.warning("re-rendering stale cards failed: %s", describe_error(exc))
+            except Exception as exc:  # an unreachable store is reported once, by the loop
+                log.log(logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING,
+                        "re-rendering stale cards failed: %s", describe_error(exc))
 
     async def remind(self, p: PipelineConfig, d: Draft, text: str) -> None:
         """A reminder of ``d``'s undecided card, where the card is (best effort)."""

@@ -1,0 +1,168 @@
+"""A store that goes away, as a running service meets it: the real `draftgate run` on a
+private PostgreSQL server that the test kills and starts again, and on a SQLite store
+whose disk fills up. One WARNING when the store becomes unreachable and one INFO when
+it is back, `/healthz` and `/status` saying held, `/readyz` 503, one notice past
+``outage.notify_after`` and one at the end, and nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests._pgcluster import pg_cluster  # noqa: F401 (a fixture)
+from tests._proc import ORDER_EMAIL, ROOT, reap
+from tests.fakes.telegram import FakeTelegram
+from tests.test_service import _email, _free_port, _get
+
+pytestmark = pytest.mark.slow
+ANNA, CHAT = 42, 1001
+
+
+def _config(tmp_path: Path, fake: FakeTelegram, port: int, store: str) -> Path:
+    (tmp_path / "inbox").mkdir(exist_ok=True)
+    (tmp_path / "reply.txt").write_text("Hi {first_name},\n\nthanks for writing about {subject}.\n")
+    (tmp_path / "pipelines").mkdir(exist_ok=True)
+    (tmp_path / "pipelines" / "support.yaml").write_text(textwrap.dedent("""\
+        name: support
+        schedule: 1s
+        lease: 30s
+        source: {type: maildir, path: inbox}
+        drafter: {model: template, prompt: reply.txt}
+        approval: {channel: telegram}
+        sender: {type: outbox, path: outbox, from: "Acme <support@acme.example>"}
+        """))
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text(textwrap.dedent(f"""\
+        store: {store}
+        pipelines: pipelines/*.yaml
+        outage: {{notify_after: 2s}}
+        observability:
+          listen: 127.0.0.1:{port}
+        logging: {{format: json}}
+        telegram:
+          token_env: DG_OUT_TELEGRAM_TOKEN
+          base_url: {fake.base_url}
+          base_file_url: {fake.base_file_url}
+          operators: [{ANNA}]
+          approvals_chat: {CHAT}
+          poll_timeout: 1s
+        """))
+    return cfg
+
+
+class _Run:
+    """`python -m bot run` with its JSON log lines read as they come."""
+
+    def __init__(self, cfg: Path, fake: FakeTelegram, tmp_path: Path):
+        self.log = tmp_path / "stderr.log"
+        with self.log.open("ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bot", "run", "-c", str(cfg)], cwd=ROOT,
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                env=dict(os.environ, DG_OUT_TELEGRAM_TOKEN=fake.token))
+
+    def lines(self) -> list[dict]:
+        out = []
+        for raw in self.log.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                out.append({"level": "RAW", "message": raw})
+        return out
+
+    def until(self, predicate, timeout: float = 60.0) -> dict:
+        """The first log line matching ``predicate``, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [line for line in self.lines() if predicate(line)]
+            if found:
+                return found[0]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError("no such log line; the log:\n" + self.log.read_text()[-6000:])
+
+
+def _health(port: int, path: str) -> tuple[int, dict]:
+    status, body = _get(port, path)
+    return status, json.loads(body)
+
+
+def _wait_health(port: int, path: str, check) -> dict:
+    deadline = time.monotonic() + 60
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = _health(port, path)
+            if check(*last):
+                return last[1]
+        except OSError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never answered as expected; last: {last}")
+
+
+def _noisy(lines: list[dict]) -> list[dict]:
+    """WARNING and worse lines, tracebacks and lines that are not draftgate's JSON."""
+    return [line for line in lines if line.get("level") in ("WARNING", "ERROR", "CRITICAL", "RAW")
+            or "exception" in line]
+
+
+def _notices(fake: FakeTelegram) -> list[str]:
+    return [m.text for m in fake.chat_messages(CHAT) if "store" in m.text.lower()]
+
+
+def _outage_cycle(run: _Run, fake: FakeTelegram, port: int, tmp_path: Path,
+                  go_away, come_back, n_before: int) -> None:
+    """Take the store away, check what the service says, bring it back, check again."""
+    go_away()
+    warning = run.until(lambda line: "store unreachable" in line.get("message", "")
+                        and line["level"] == "WARNING")
+    body = _wait_health(port, "/healthz", lambda status, b: b.get("status") == "held")
+    assert body["held"].startswith("store unreachable since "), body
+    status, ready = _health(port, "/readyz")
+    assert status == 503, ready
+    # Past notify_after (2 s), the ops chat is told once.
+    fake.wait_for(lambda: any("unreachable" in t for t in _notices(fake)), 30)
+    (tmp_path / "inbox" / "late.eml").write_bytes(_email(99, "Carol <carol@customer.example>"))
+    come_back()
+    back = run.until(lambda line: "store is back" in line.get("message", ""))
+    assert back["level"] == "INFO", back
+    assert " after " in back["message"], back
+    fake.wait_for(lambda: any("back" in t for t in _notices(fake)), 30)
+    _wait_health(port, "/healthz", lambda status, b: status == 200 and b["status"] == "ok")
+    _wait_health(port, "/readyz", lambda status, b: status == 200)
+    # Mail that came during the outage still gets its card, once.
+    fake.wait_for(lambda: [m for m in fake.chat_messages(CHAT) if "Carol" in m.text], 60)
+    noisy = _noisy(run.lines())
+    assert noisy == [warning], "\n".join(json.dumps(line) for line in noisy)
+    notices = _notices(fake)
+    assert len([t for t in notices if "unreachable" in t]) == 1, notices
+    assert len([t for t in notices if "back" in t]) == 1, notices
+    cards = [m for m in fake.chat_messages(CHAT) if "Where is my order" in m.text]
+    assert len(cards) == n_before + 1, [m.text for m in cards]
+
+
+def test_a_postgresql_outage_is_one_warning_held_health_two_notices_and_no_loss(
+        tmp_path, pg_cluster):  # noqa: F811
+    """The server is killed under a running service: one WARNING, /healthz held,
+    /readyz 503, a notice after notify_after; restarted: one INFO with the outage's
+    length, a notice, and mail that came meanwhile gets its card."""
+    port = _free_port()
+    with FakeTelegram() as fake:
+        cfg = _config(tmp_path, fake, port, pg_cluster.dsn + "?schema=outage")
+        (tmp_path / "inbox" / "1.eml").write_bytes(ORDER_EMAIL)
+        run = _Run(cfg, fake, tmp_path)
+        try:
+            fake.wait_for(lambda: fake.chat_messages(CHAT), 60)
+            _wait_health(port, "/healthz", lambda status, b: status == 200)
+            _outage_cycle(run, fake, port, tmp_path, pg_cluster.kill, pg_cluster.start, 1)
+        finally:
+            reap(run.proc)
