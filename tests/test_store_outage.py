@@ -6,6 +6,8 @@ it is back, `/healthz` and `/status` saying held, `/readyz` 503, one notice past
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -164,5 +166,67 @@ def test_a_postgresql_outage_is_one_warning_held_health_two_notices_and_no_loss(
             fake.wait_for(lambda: fake.chat_messages(CHAT), 60)
             _wait_health(port, "/healthz", lambda status, b: status == 200)
             _outage_cycle(run, fake, port, tmp_path, pg_cluster.kill, pg_cluster.start, 1)
+        finally:
+            reap(run.proc)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MB tmpfs for the store alone (root only: mount)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs",
+                           str(where)], capture_output=True, text=True)
+    if done.returncode != 0:
+        why = f"cannot mount a small tmpfs for a full disk: {done.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true: " + why)
+        pytest.skip(why)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _fill(disk: Path) -> None:
+    """Write a file until the disk is full."""
+    chunk = b"\0" * 65536
+    with (disk / "filler").open("wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(chunk)
+        with contextlib.suppress(OSError):  # the last few pages
+            while True:
+                f.write(b"\0" * 512)
+    with pytest.raises(OSError) as full:
+        (disk / "probe").write_bytes(chunk)
+    assert full.value.errno == errno.ENOSPC
+
+
+def test_a_full_sqlite_disk_is_one_warning_held_health_two_notices_and_no_loss(
+        tmp_path, small_disk):
+    """The store's disk fills up under a running service (a 2 MB mail cannot be
+    stored): one WARNING, /healthz held, /readyz 503, a notice after notify_after;
+    space freed: one INFO with the length, a notice, and both the big mail and one
+    that came meanwhile get their cards."""
+    port = _free_port()
+    big = ORDER_EMAIL.replace(b"Where is my order #1234?", b"Big attachment") \
+        .replace(b"<order-1234@", b"<big-1@") + b"x" * 2_000_000 + b"\n"
+
+    def go_away() -> None:
+        _fill(small_disk)
+        (tmp_path / "inbox" / "big.eml").write_bytes(big)
+
+    with FakeTelegram() as fake:
+        cfg = _config(tmp_path, fake, port, f"sqlite:///{small_disk}/state.db")
+        (tmp_path / "inbox" / "1.eml").write_bytes(ORDER_EMAIL)
+        run = _Run(cfg, fake, tmp_path)
+        try:
+            fake.wait_for(lambda: fake.chat_messages(CHAT), 60)
+            _wait_health(port, "/healthz", lambda status, b: status == 200)
+            _outage_cycle(run, fake, port, tmp_path, go_away,
+                          lambda: (small_disk / "filler").unlink(), 1)
+            fake.wait_for(lambda: [m for m in fake.chat_messages(CHAT)
+                                   if "Big attachment" in m.text], 60)
         finally:
             reap(run.proc)
