@@ -27,18 +27,19 @@ pytestmark = pytest.mark.slow
 ANNA, CHAT = 42, 1001
 
 
-def _config(tmp_path: Path, fake: FakeTelegram, port: int, store: str) -> Path:
+def _config(tmp_path: Path, fake: FakeTelegram, port: int, store: str,
+            max_body: str = "200kB") -> Path:
     (tmp_path / "inbox").mkdir(exist_ok=True)
     (tmp_path / "reply.txt").write_text("Hi {first_name},\n\nthanks for writing about {subject}.\n")
     (tmp_path / "pipelines").mkdir(exist_ok=True)
-    (tmp_path / "pipelines" / "support.yaml").write_text(textwrap.dedent("""\
+    (tmp_path / "pipelines" / "support.yaml").write_text(textwrap.dedent(f"""\
         name: support
         schedule: 1s
         lease: 30s
-        source: {type: maildir, path: inbox}
-        drafter: {model: template, prompt: reply.txt}
-        approval: {channel: telegram}
-        sender: {type: outbox, path: outbox, from: "Acme <support@acme.example>"}
+        source: {{type: maildir, path: inbox, max_body: {max_body}}}
+        drafter: {{model: template, prompt: reply.txt}}
+        approval: {{channel: telegram}}
+        sender: {{type: outbox, path: outbox, from: "Acme <support@acme.example>"}}
         """))
     cfg = tmp_path / "draftgate.yaml"
     cfg.write_text(textwrap.dedent(f"""\
@@ -63,7 +64,7 @@ class _Run:
     """`python -m bot run` with its JSON log lines read as they come."""
 
     def __init__(self, cfg: Path, fake: FakeTelegram, tmp_path: Path):
-        self.log = tmp_path / "stderr.log"
+        self.cfg, self.log = cfg, tmp_path / "stderr.log"
         with self.log.open("ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "bot", "run", "-c", str(cfg)], cwd=ROOT,
@@ -118,7 +119,8 @@ def _noisy(lines: list[dict]) -> list[dict]:
 
 
 def _notices(fake: FakeTelegram) -> list[str]:
-    return [m.text for m in fake.chat_messages(CHAT) if "store" in m.text.lower()]
+    return [m.text for m in fake.chat_messages(CHAT)
+            if m.text.startswith(("⚠️ The store", "✅ The store"))]
 
 
 def _outage_cycle(run: _Run, fake: FakeTelegram, port: int, tmp_path: Path,
@@ -131,6 +133,15 @@ def _outage_cycle(run: _Run, fake: FakeTelegram, port: int, tmp_path: Path,
     assert body["held"].startswith("store unreachable since "), body
     status, ready = _health(port, "/readyz")
     assert status == 503, ready
+    # `draftgate status` asks the running service; /status in Telegram says it too.
+    shown = subprocess.run([sys.executable, "-m", "bot", "status", "-c", str(run.cfg)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "held: store unreachable since " in shown.stdout, (shown.stdout, shown.stderr)
+    asked = fake.say(ANNA, CHAT, "/status")
+    asked_id = asked["message"]["message_id"]
+    reply = fake.wait_for(lambda: [m for m in fake.chat_messages(CHAT)
+                                   if m.message_id > asked_id and "held:" in m.text], 30)
+    assert "held: store unreachable since " in reply[0].text, reply[0].text
     # Past notify_after (2 s), the ops chat is told once.
     fake.wait_for(lambda: any("unreachable" in t for t in _notices(fake)), 30)
     (tmp_path / "inbox" / "late.eml").write_bytes(_email(99, "Carol <carol@customer.example>"))
@@ -143,13 +154,16 @@ def _outage_cycle(run: _Run, fake: FakeTelegram, port: int, tmp_path: Path,
     _wait_health(port, "/readyz", lambda status, b: status == 200)
     # Mail that came during the outage still gets its card, once.
     fake.wait_for(lambda: [m for m in fake.chat_messages(CHAT) if "Carol" in m.text], 60)
+    # And mail that comes after it.
+    (tmp_path / "inbox" / "after.eml").write_bytes(_email(100, "Dan <dan@customer.example>"))
+    fake.wait_for(lambda: [m for m in fake.chat_messages(CHAT) if "Dan" in m.text], 60)
     noisy = _noisy(run.lines())
     assert noisy == [warning], "\n".join(json.dumps(line) for line in noisy)
     notices = _notices(fake)
     assert len([t for t in notices if "unreachable" in t]) == 1, notices
     assert len([t for t in notices if "back" in t]) == 1, notices
     cards = [m for m in fake.chat_messages(CHAT) if "Where is my order" in m.text]
-    assert len(cards) == n_before + 1, [m.text for m in cards]
+    assert len(cards) == n_before + 2, [m.text for m in cards]
 
 
 def test_a_postgresql_outage_is_one_warning_held_health_two_notices_and_no_loss(
@@ -172,10 +186,10 @@ def test_a_postgresql_outage_is_one_warning_held_health_two_notices_and_no_loss(
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 16 MB tmpfs for the store alone (root only: mount)."""
+    """A 32 MB tmpfs for the store alone (root only: mount)."""
     where = tmp_path / "disk"
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs",
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0755", "tmpfs",
                            str(where)], capture_output=True, text=True)
     if done.returncode != 0:
         why = f"cannot mount a small tmpfs for a full disk: {done.stderr.strip()}"
@@ -205,20 +219,20 @@ def _fill(disk: Path) -> None:
 
 def test_a_full_sqlite_disk_is_one_warning_held_health_two_notices_and_no_loss(
         tmp_path, small_disk):
-    """The store's disk fills up under a running service (a 2 MB mail cannot be
-    stored): one WARNING, /healthz held, /readyz 503, a notice after notify_after;
+    """The store's disk fills up under a running service (an 8 MB mail cannot be
+    stored: more than SQLite's write-ahead log can take without growing): one WARNING, /healthz held, /readyz 503, a notice after notify_after;
     space freed: one INFO with the length, a notice, and both the big mail and one
     that came meanwhile get their cards."""
     port = _free_port()
     big = ORDER_EMAIL.replace(b"Where is my order #1234?", b"Big attachment") \
-        .replace(b"<order-1234@", b"<big-1@") + b"x" * 2_000_000 + b"\n"
+        .replace(b"<order-1234@", b"<big-1@") + b"x" * 8_000_000 + b"\n"
 
     def go_away() -> None:
         _fill(small_disk)
         (tmp_path / "inbox" / "big.eml").write_bytes(big)
 
     with FakeTelegram() as fake:
-        cfg = _config(tmp_path, fake, port, f"sqlite:///{small_disk}/state.db")
+        cfg = _config(tmp_path, fake, port, f"sqlite:///{small_disk}/state.db", "20MB")
         (tmp_path / "inbox" / "1.eml").write_bytes(ORDER_EMAIL)
         run = _Run(cfg, fake, tmp_path)
         try:

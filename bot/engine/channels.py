@@ -15,7 +15,7 @@ from ..config.load import PipelineConfig, Settings
 from ..errors import ApprovalError, StoreUnavailable, describe_error
 from ..models import Draft, RunCounts
 from ..redact import scrub
-from ..stages import ApprovalChannel
+from ..stages import ApprovalChannel, PostedRef
 from ..store import Store
 
 log = logging.getLogger("draftgate.engine")
@@ -26,6 +26,9 @@ class Operators:
                  clock: Callable[[], float]):
         self.settings, self.store, self.channels, self.clock = settings, store, channels, clock
         self._posting: set[tuple[int, int]] = set()  # (draft, version) being posted now
+        # Cards posted whose message id the store could not take (it went away between
+        # the post and the record): recorded at the next try instead of posted twice.
+        self._unrecorded: dict[tuple[int, int], PostedRef] = {}
         self._notice_lock = asyncio.Lock()
 
     def channel(self, p: PipelineConfig) -> ApprovalChannel:
@@ -53,9 +56,13 @@ class Operators:
         self._posting.add((d.id, d.version))
         try:
             channel = self.channel(p)
-            ref = await channel.post(d)
-            posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id,
-                                                  now=self.clock())
+            ref = self._unrecorded.pop((d.id, d.version), None) or await channel.post(d)
+            try:
+                posted = await self.store.mark_posted(d.id, d.version, ref.chat,
+                                                      ref.message_id, now=self.clock())
+            except StoreUnavailable:
+                self._unrecorded[(d.id, d.version)] = ref
+                raise
         except ApprovalError as exc:
             log.warning("%s: cannot post #%d yet (%s); it waits in ready", p.name, d.id, exc)
             return None

@@ -98,6 +98,7 @@ class Engine:
         self.may_act = d.may_act
         self.pending_for, self.reply, self.emails = d.pending_for, d.reply, d.emails
         self.notify, self.run_forever = self.operators.notify, self.loop.run_forever
+        self.held = self.loop.outage.held  # "store unreachable since …", or None
 
     # -- stages (each built once, on first use) ------------------------------------------
     def source(self, p: PipelineConfig) -> Source:

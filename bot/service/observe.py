@@ -153,5 +153,28 @@ class Service:
         return 200, CONTENT_TYPE_PLAIN_0_0_4, self.observer.exposition()
 
 
+async def held_by_service(settings: Settings, timeout: float = 2.0) -> str | None:
+    """What the running service's ``/healthz`` says it is held by (``store unreachable
+    since …``), for ``draftgate status``; None when it is not held, not listening, or
+    not running."""
+    if settings.listen is None:
+        return None
+    host, port = settings.listen
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        try:
+            writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+                         f"\r\n".encode())
+            answer = await asyncio.wait_for(reader.read(65536), timeout)
+        finally:
+            writer.close()
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    except (OSError, asyncio.TimeoutError, ValueError, IndexError):
+        return None
+    held = body.get("held") if isinstance(body, dict) else None
+    return held if isinstance(held, str) else None
+
+
 def _json(status: int, payload: dict) -> tuple[int, str, bytes]:
     return status, "application/json", json.dumps(payload).encode() + b"\n"

@@ -254,8 +254,17 @@ class PostgresStore(SqlStore):
         if self._pool is None:
             raise StoreError("the PostgreSQL store is not open; call open() first")
         try:
-            async with self._pool.acquire() as con:
+            con = await self._pool.acquire()
+            try:
                 yield con
+            except asyncpg.InterfaceError as e:
+                if not _closed(con):
+                    raise
+                # The server went away mid-transaction ("cannot call
+                # Transaction.__aexit__(): the underlying connection is closed").
+                raise StoreUnavailable(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
+            finally:
+                await _release(self._pool, con)
         except _UNREACHABLE as e:
             raise StoreUnavailable(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
         except _DB_ERRORS as e:
@@ -396,6 +405,35 @@ class _PgDb:
     async def many(self, sql: str, rows: list[tuple]) -> int:
         await self.con.executemany(_dollars(sql), rows)
         return -1  # asyncpg's executemany does not say
+
+
+async def _release(pool: asyncpg.Pool, con: asyncpg.Connection) -> None:
+    """Give ``con`` back to ``pool``, also when the caller is cancelled meanwhile (a tick
+    cut off by an outage): asyncpg shields the release, and one that then fails, the
+    server gone, was logged by asyncio as "Task exception was never retrieved"."""
+    task = asyncio.ensure_future(pool.release(con))
+    task.add_done_callback(_retrieve)
+    try:
+        await asyncio.shield(task)
+    except asyncpg.InternalClientError:
+        # "called on a free connection holder": a connection that lost its server is
+        # taken back by the pool as it closes, so there was nothing left to release.
+        if not _closed(con):
+            raise
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _closed(con: asyncpg.Connection) -> bool:
+    """Whether ``con`` lost its server (a proxy the pool already took back after the
+    loss cannot even be asked)."""
+    try:
+        return con.is_closed()
+    except asyncpg.InterfaceError:
+        return True
 
 
 def _count(status: str) -> int:

@@ -30,7 +30,7 @@ from telegram.ext import (
 from telegram.warnings import PTBDeprecationWarning
 
 from ...config.load import Settings, TelegramConfig, env_secret
-from ...errors import ApprovalError, ConfigError, DraftgateError
+from ...errors import ApprovalError, ConfigError, DraftgateError, StoreUnavailable
 from ...models import TERMINAL_STATUSES, Draft
 from ...service import health, metrics
 from ...stages import ApprovalChannelBase, Decisions, PostedRef
@@ -480,6 +480,8 @@ class TelegramChannel(ApprovalChannelBase):
     # -- errors --------------------------------------------------------------------------------
     async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         """Log first, then tell the operator briefly (never the details)."""
+        if isinstance(context.error, StoreUnavailable):
+            return await self._held(update, context.error)
         log.error("handling %s failed", kind(update) if isinstance(update, Update)
                   else "no update", exc_info=context.error)
         if not isinstance(update, Update) or update.callback_query is not None:
@@ -494,6 +496,31 @@ class TelegramChannel(ApprovalChannelBase):
                                                           f"details are in the bot's log."))
         except TelegramError:
             log.warning("could not tell the operator about the error")
+
+
+    def held_line(self) -> str:
+        """``⏸ held: store unreachable since …`` and a newline while the engine holds its
+        ticks (bot.engine.outage), else empty: the first line of /status."""
+        held = getattr(self.decisions, "held", lambda: None)()
+        return f"⏸ held: {held}\n" if held else ""
+
+    async def _held(self, update: object, error: StoreUnavailable) -> None:
+        """A command met an unreachable store (/status among them): one line in the log,
+        and the operator is told it is held, since when (bot.engine.outage)."""
+        held = getattr(self.decisions, "held", lambda: None)() or f"store unreachable: {error}"
+        log.info("handling %s: held: %s", kind(update) if isinstance(update, Update)
+                 else "no update", held)
+        if not isinstance(update, Update) or update.callback_query is not None:
+            return  # taps were already answered
+        chat, user = update.effective_chat, update.effective_user
+        if chat is None or user is None or user.id not in self._operators:
+            return
+        try:
+            await self.bot.send_message(chat.id, plain(
+                f"⏸ held: {held}. draftgate retries by itself and nothing is lost; try "
+                f"again when the store is back."))
+        except TelegramError:
+            log.warning("could not tell the operator that the store is unreachable")
 
 
 async def doctor(settings: Settings) -> list[tuple[str, bool, str]]:
