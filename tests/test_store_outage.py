@@ -23,7 +23,6 @@ from tests._proc import ORDER_EMAIL, ROOT, reap
 from tests.fakes.telegram import FakeTelegram
 from tests.test_service import _email, _free_port, _get
 
-pytestmark = pytest.mark.slow
 ANNA, CHAT = 42, 1001
 
 
@@ -166,6 +165,7 @@ def _outage_cycle(run: _Run, fake: FakeTelegram, port: int, tmp_path: Path,
     assert len(cards) == n_before + 2, [m.text for m in cards]
 
 
+@pytest.mark.slow
 def test_a_postgresql_outage_is_one_warning_held_health_two_notices_and_no_loss(
         tmp_path, pg_cluster):  # noqa: F811
     """The server is killed under a running service: one WARNING, /healthz held,
@@ -217,6 +217,7 @@ def _fill(disk: Path) -> None:
     assert full.value.errno == errno.ENOSPC
 
 
+@pytest.mark.slow
 def test_a_full_sqlite_disk_is_one_warning_held_health_two_notices_and_no_loss(
         tmp_path, small_disk):
     """The store's disk fills up under a running service (an 8 MB mail cannot be
@@ -244,3 +245,36 @@ def test_a_full_sqlite_disk_is_one_warning_held_health_two_notices_and_no_loss(
                                    if "Big attachment" in m.text], 60)
         finally:
             reap(run.proc)
+
+
+# -- outage.notify_after ------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, expected", [
+    (None, 120.0), ("30s", 30.0), ("0s", 0.0), ("5m", 300.0)])
+def test_notify_after_is_a_duration_with_a_two_minute_default(tmp_path, value, expected):
+    """outage.notify_after: left out, 2 minutes; else the duration given (0: at once)."""
+    from bot.config.load import load_settings
+    from tests.test_config import GOOD, write
+
+    top = "" if value is None else f"outage: {{notify_after: {value}}}\n"
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")}, top)
+    assert load_settings(cfg).outage.notify_after == expected
+
+
+@pytest.mark.parametrize("outage, expected", [
+    ("{notify_after: -5}", "draftgate.yaml: outage.notify_after: expected a duration of 0 "
+                           "or more like 2m, got -5"),
+    ("{notify_after: soon}", "draftgate.yaml: outage.notify_after: expected a duration like "
+                             "30s, 5m, 1h or 2d, got 'soon'"),
+    ("{notify_afer: 2m}", "draftgate.yaml: outage.notify_afer: unknown key; did you mean "
+                          "'notify_after'?"),
+    ("5m", "draftgate.yaml: outage: expected a mapping"),
+])
+def test_a_bad_notify_after_is_refused_naming_the_key(tmp_path, outage, expected):
+    """A negative, unreadable or misspelt outage option is a configuration error that
+    names the file, the key and what is expected."""
+    from tests.test_config import GOOD, errors_of, write
+
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")}, f"outage: {outage}\n")
+    found = errors_of(cfg)
+    assert any(expected in e for e in found), found

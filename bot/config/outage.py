@@ -25,6 +25,6 @@ def parse_outage(ck: Checker, data: dict) -> OutageOptions:
     after = ck.convert(outage, "notify_after", "outage", parse_duration, default=NOTIFY_AFTER)
     if after is not None and after < 0:
         ck.error("outage.notify_after", f"expected a duration of 0 or more like 2m, got "
-                                        f"{outage['notify_after']!r}")
+                                        f"{outage['notify_after']!r}; 0s tells at once")
         after = NOTIFY_AFTER
     return OutageOptions(NOTIFY_AFTER if after is None else after)
