@@ -5,6 +5,8 @@
     DraftgateError
     ├── ConfigError            bad YAML or settings; message names file, path, expectation
     ├── StoreError             the store cannot be read or written (tick fails, is recorded)
+    │   └── StoreUnavailable   it cannot be reached at all (server down, disk full, I/O
+    │                          error): ticks are held until it answers (bot.engine.outage)
     ├── SourceError            fetching failed (the tick fails; nothing admitted is lost)
     │   └── AuthError          credentials missing, expired or revoked: says which command fixes it
     ├── DrafterError           the model call failed
@@ -40,6 +42,13 @@ class ConfigError(DraftgateError):
 
 class StoreError(DraftgateError):
     pass
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or written at all: the server is down or refuses
+    connections, the disk is full, an I/O error. Every call would fail alike, so the
+    schedule holds its ticks until the store answers again (:mod:`bot.engine.outage`);
+    what was not admitted is fetched again then."""
 
 
 class SourceError(DraftgateError):

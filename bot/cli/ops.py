@@ -4,6 +4,7 @@ doctor."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict
 
@@ -11,7 +12,7 @@ from ..app import open_desk
 from ..config.load import Settings
 from ..desk import reports as ops
 from ..desk.operator import CONSOLE
-from ..errors import ConfigError, DraftgateError
+from ..errors import ConfigError, DraftgateError, StoreError
 from ..models import public_used, unsupported_of, used_line
 from ..redact import redact_url
 from .common import load, options, say, text_argument
@@ -187,6 +188,21 @@ def _not_folders(settings: Settings, *, missing: bool = False) -> list[str]:
 
 async def _status(args) -> int:
     settings = load(args.config)
+    from ..service.observe import held_by_service
+
+    # The running service knows whether the store is unreachable (its /healthz); a
+    # store that still answers reads (a full SQLite disk) would not tell.
+    if held := await held_by_service(settings):
+        print(f"⏸ held: {held}", file=sys.stderr if args.json else sys.stdout, flush=True)
+    try:
+        return await _print_status(args, settings)
+    except StoreError:
+        if held:
+            return 1  # said above, with the time it began
+        raise
+
+
+async def _print_status(args, settings: Settings) -> int:
     async with open_desk(settings) as desk:
         if args.pipeline:
             detail = await desk.status_of(CONSOLE, args.pipeline)

@@ -27,6 +27,7 @@ from .options import (
     SourceOptions,
     TriageOptions,
 )
+from .outage import OutageOptions, parse_outage
 from .telegram import TelegramConfig, parse_telegram
 from .telegram import chat_id as _chat_id
 
@@ -95,6 +96,7 @@ class Settings:
     demo: bool = False  # console approvals auto-approve (clearly labelled)
     listen: tuple[str, int] | None = None  # observability.listen: /metrics, /healthz, /readyz
     log_format: str = "text"  # logging.format: text | json
+    outage: OutageOptions = field(default_factory=OutageOptions)  # outage.notify_after
 
     def has_pipeline(self, name: str) -> bool:
         return any(p.name == name for p in self.pipelines)
@@ -121,7 +123,7 @@ def _resolve(base: Path, value: str) -> Path:
 DEFAULT_MAX_PER_TICK = 200
 
 _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep",
-             "observability", "logging"}
+             "observability", "logging", "outage"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
                   "daily_token_budget", "enabled", "max_per_tick", "triage", "timezone"}
@@ -158,6 +160,7 @@ def collect_settings(config_file: str | os.PathLike, *,
         ck.error("max_in_flight", "expected a whole number of at least 1")
     _sweep(ck, ck.mapping(data.get("sweep"), "sweep"), settings)
     _service(ck, data, settings)
+    settings.outage = parse_outage(ck, data)
     if "telegram" in data and data["telegram"] is not None:
         settings.telegram = parse_telegram(ck, ck.mapping(data["telegram"], "telegram"))
     gmail = ck.mapping(data.get("gmail"), "gmail")

@@ -251,6 +251,11 @@ class OperatorDesk:
     async def stale_cards(self, limit: int = 50) -> list[Draft]:
         return await self.store.stale_cards(limit=limit)
 
+    def held(self) -> str | None:
+        """``store unreachable since …`` while the engine holds its ticks (an outage of
+        the store, bot.engine.outage), else None."""
+        return self.engine.held() if self.engine is not None else None
+
     async def wait_idle(self) -> None:
         """Wait for the background work decisions started (a regenerate's drafting)."""
         if self.engine is not None:

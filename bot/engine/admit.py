@@ -13,7 +13,7 @@ import logging
 from typing import Callable
 
 from ..config.load import PipelineConfig
-from ..errors import describe_error
+from ..errors import StoreUnavailable, describe_error
 from ..models import FetchResult, Item, RunCounts, draft_key
 from ..store import AdmitResult, Store
 
@@ -41,6 +41,8 @@ async def admit_fetched(store: Store, p: PipelineConfig, scope: str, result: Fet
         cursor = result.cursor if n == len(batches) - 1 and not refused else None
         try:
             results = [await _admit(store, p, scope, batch, cursor, clock)]
+        except StoreUnavailable:
+            raise  # the store is down, not this batch: left unseen, fetched again
         except Exception as exc:
             if not batch:
                 raise  # only the cursor: nothing to narrow down
@@ -85,6 +87,8 @@ async def _one_by_one(store: Store, p: PipelineConfig, scope: str, batch: list[I
         try:
             results.append(await _admit(store, p, scope, [item], None, clock))
             failures = 0
+        except StoreUnavailable:
+            raise
         except Exception as exc:
             failures += 1
             if failures >= 3 and not results:

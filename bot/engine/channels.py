@@ -12,10 +12,10 @@ import logging
 from typing import Callable
 
 from ..config.load import PipelineConfig, Settings
-from ..errors import ApprovalError, describe_error
+from ..errors import ApprovalError, StoreUnavailable, describe_error
 from ..models import Draft, RunCounts
 from ..redact import scrub
-from ..stages import ApprovalChannel
+from ..stages import ApprovalChannel, PostedRef
 from ..store import Store
 
 log = logging.getLogger("draftgate.engine")
@@ -26,6 +26,9 @@ class Channels:
                  clock: Callable[[], float]):
         self.settings, self.store, self.channels, self.clock = settings, store, channels, clock
         self._posting: set[tuple[int, int]] = set()  # (draft, version) being posted now
+        # Cards posted whose message id the store could not take (it went away between
+        # the post and the record): recorded at the next try instead of posted twice.
+        self._unrecorded: dict[tuple[int, int], PostedRef] = {}
         self._notice_lock = asyncio.Lock()
 
     def channel(self, p: PipelineConfig) -> ApprovalChannel:
@@ -53,9 +56,13 @@ class Channels:
         self._posting.add((d.id, d.version))
         try:
             channel = self.channel(p)
-            ref = await channel.post(d)
-            posted = await self.store.mark_posted(d.id, d.version, ref.chat, ref.message_id,
-                                                  now=self.clock())
+            ref = self._unrecorded.pop((d.id, d.version), None) or await channel.post(d)
+            try:
+                posted = await self.store.mark_posted(d.id, d.version, ref.chat,
+                                                      ref.message_id, now=self.clock())
+            except StoreUnavailable:
+                self._unrecorded[(d.id, d.version)] = ref
+                raise
         except ApprovalError as exc:
             log.warning("%s: cannot post #%d yet (%s); it waits in ready", p.name, d.id, exc)
             return None
@@ -102,8 +109,9 @@ class Channels:
         for ch in self.running():
             try:
                 await ch.resync_cards()
-            except Exception as exc:
-                log.warning("re-rendering stale cards failed: %s", describe_error(exc))
+            except Exception as exc:  # an unreachable store is reported once, by the loop
+                log.log(logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING,
+                        "re-rendering stale cards failed: %s", describe_error(exc))
 
     async def remind(self, p: PipelineConfig, d: Draft, text: str) -> None:
         """A reminder of ``d``'s undecided card, where the card is (best effort)."""

@@ -26,7 +26,7 @@ from typing import Awaitable, Callable
 from .. import scheduler
 from ..clock import wall
 from ..config.load import PipelineConfig, Settings
-from ..errors import DraftgateError, StoreError, describe_error
+from ..errors import DraftgateError, StoreError, StoreUnavailable, describe_error
 from ..models import RunCounts
 from ..service import logfmt, metrics
 from ..sources import filters as _filters
@@ -83,6 +83,7 @@ class Engine:
         self.reminders = Reminders(settings, store, self.channels, self.clock)
         self.loop = Loop(settings, store, self.channels, self.tick, self.clock, self.reminders)
         self.notify = self.channels.notify
+        self.held = self.loop.outage.held  # "store unreachable since …", or None
 
     # -- stages (each built once, on first use) ------------------------------------------
     def source(self, p: PipelineConfig) -> Source:
@@ -191,6 +192,8 @@ class Engine:
         started = self.clock()
         try:
             run_id = await self.store.start_run(p.name, scheduled_for, now=started)
+        except StoreUnavailable:
+            raise  # the loop holds the ticks (bot.engine.outage)
         except Exception as exc:
             log.error("%s: store unavailable, tick not run: %s", p.name, describe_error(exc))
             return
@@ -203,6 +206,8 @@ class Engine:
         try:
             try:
                 await self._fetch_and_admit(p, scheduled_for, counts)
+            except StoreUnavailable:
+                raise
             except Exception as exc:
                 error = describe_error(exc)
                 log.warning("%s: fetch failed: %s", p.name, error,
@@ -210,9 +215,14 @@ class Engine:
             try:
                 # A post that failed early is the one try of this tick (see _drain).
                 await self._drain(p, counts, until, draft=early is None or await early)
+            except StoreUnavailable:
+                raise
             except Exception as exc:
                 error = error or describe_error(exc)
                 log.warning("%s: %s", p.name, error, exc_info=not isinstance(exc, DraftgateError))
+        except StoreUnavailable as exc:
+            await self._cut_by_outage(p, run_id, counts, early, exc, started)
+            raise
         except asyncio.CancelledError:
             if early is not None:
                 early.cancel()
@@ -232,6 +242,11 @@ class Engine:
             # The colour before this run: stopped runs in between change nothing.
             previous = next((r for r in recent[1:] if r.status in ("ok", "error")), None)
             await self.store.end_run(run_id, status, counts.to_dict(), error, now=self.clock())
+        except StoreUnavailable:
+            ended = self.clock()
+            self.loop.outage.after_outage(functools.partial(
+                self.store.end_run, run_id, status, counts.to_dict(), error, now=ended))
+            raise
         except Exception as exc:
             log.error("%s: could not record the run: %s", p.name, describe_error(exc))
             return
@@ -242,6 +257,21 @@ class Engine:
                 await self.channels.notify(f"✅ {p.name} is green again")
         elif previous is None and status == "error":
             await self.channels.notify(f"❌ {p.name} failed: {error}")
+
+    async def _cut_by_outage(self, p: PipelineConfig, run_id: int, counts: RunCounts,
+                             early: asyncio.Task | None, exc: StoreUnavailable,
+                             started: float) -> None:
+        """The store went away mid-tick: stop the drafting begun beside the fetch, and
+        record the run as failed once the store is back (nothing else to do now: what
+        was not admitted is fetched again, a claim not finished goes back to the queue)."""
+        if early is not None:
+            early.cancel()
+            await asyncio.gather(early, return_exceptions=True)
+        metrics.tick_done(p.name, "error", counts, self.clock() - started)
+        ended = self.clock()
+        self.loop.outage.after_outage(functools.partial(
+            self.store.end_run, run_id, "error", counts.to_dict(),
+            f"the store became unreachable: {describe_error(exc)}", now=ended))
 
     async def _fetch_and_admit(self, p: PipelineConfig, scheduled_for: float,
                                counts: RunCounts) -> None:
@@ -346,5 +376,8 @@ def _own_addresses(p: PipelineConfig, settings: Settings) -> list[str]:
 
 
 def _log_task_error(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("background task failed", exc_info=task.exception())
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        if isinstance(exc, StoreUnavailable):  # the outage is reported once, by the loop
+            log.info("background task stopped: %s", describe_error(exc))
+        else:
+            log.error("background task failed", exc_info=exc)

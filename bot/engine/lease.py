@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from ..errors import StoreError, describe_error
+from ..errors import StoreError, StoreUnavailable, describe_error
 from ..store import Store
 from ..store.base import HEARTBEAT_PREFIX
 
@@ -104,7 +104,9 @@ async def renew_once(store: Store, name: str, holder: str, ttl: float,
     try:
         return await asyncio.wait_for(store.try_lock(name, holder, ttl, now=now()), timeout=ttl / 3)
     except Exception as exc:
-        log.warning("%s: %s", failed, describe_error(exc))
+        # An unreachable store is reported once, by the loop (bot.engine.outage).
+        log.log(logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING,
+                "%s: %s", failed, describe_error(exc))
         return None
 
 
@@ -144,6 +146,8 @@ class Leases:
                 if held:
                     try:
                         await self.store.unlock(name, self.holder)
+                    except StoreUnavailable as exc:  # it runs out by itself (ttl)
+                        log.debug("%s: releasing the pipeline lock: %s", pipeline, exc)
                     except Exception:
                         log.exception("%s: releasing the pipeline lock", pipeline)
 

@@ -9,11 +9,12 @@ from typing import Awaitable, Callable
 from .. import scheduler
 from ..clock import utc_day
 from ..config.load import PipelineConfig, Settings
-from ..errors import describe_error
+from ..errors import StoreUnavailable, describe_error
 from ..models import RunCounts
 from ..service import metrics
 from ..store import Store, SweepResult
 from .channels import Channels
+from .outage import Outage
 from .reminders import Reminders
 
 log = logging.getLogger("draftgate.engine")
@@ -31,9 +32,12 @@ async def _stopped(stop: asyncio.Event, within: float) -> bool:
 class Loop:
     def __init__(self, settings: Settings, store: Store, operators: Channels,
                  tick: Callable[..., Awaitable[RunCounts]], clock: Callable[[], float],
-                 reminders: Reminders | None = None):
+                 reminders: Reminders | None = None, outage: Outage | None = None):
         self.settings, self.store, self.operators = settings, store, operators
         self._tick, self.clock, self.reminders = tick, clock, reminders
+        # The store unreachable: every loop holds its ticks until it answers again.
+        self.outage = outage or Outage(store.ping, operators.notify, clock,
+                                       notify_after=settings.outage.notify_after)
         # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
         # once instead of waiting for the next slot, in bounded steps.
         self.backlog: set[str] = set()
@@ -52,6 +56,7 @@ class Loop:
         for t in loops:
             t.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+        await self.outage.close()
 
     async def supervised(self, p: PipelineConfig, stop: asyncio.Event,
                          restart_after: float = 60.0) -> None:
@@ -82,6 +87,8 @@ class Loop:
             metrics.loop_waiting(p, wait)
             if wait > 0 and await _stopped(stop, wait):
                 return
+            if not await self.outage.wait(p, stop):  # held while the store is unreachable
+                return
             metrics.loop_busy(p.name)
             slot = scheduler.last_due(p, self.clock())
             try:
@@ -94,8 +101,15 @@ class Loop:
                     # and posted, so the channel never waits on a fetch.
                     step = scheduler.next_due(p, slot) - slot
                     await self._tick(p.name, slot, until=self.clock() + step)
+                self.outage.up()  # the store answered
             except asyncio.CancelledError:
                 raise
+            except StoreUnavailable as exc:
+                # Said once, by the outage; the next tick runs as soon as the store is back.
+                self.outage.down(exc)
+                self.backlog.discard(p.name)
+                due = self.clock()
+                continue
             except Exception:
                 log.exception("%s: tick crashed", p.name)
                 self.backlog.discard(p.name)
@@ -111,8 +125,13 @@ class Loop:
         while not stop.is_set():
             if await _stopped(stop, self.settings.sweep_every):
                 return
+            if self.outage.held():
+                log.info("sweep skipped: %s", self.outage.held())
+                continue
             try:
                 result = await sweep()
                 log.info("daily sweep: %s", result.to_dict())
+            except StoreUnavailable as exc:
+                log.warning("sweep failed: %s", describe_error(exc))
             except Exception:
                 log.exception("sweep failed")

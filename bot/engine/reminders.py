@@ -15,7 +15,7 @@ from typing import Callable
 
 from .. import scheduler
 from ..config.load import PipelineConfig, Settings
-from ..errors import describe_error
+from ..errors import StoreUnavailable, describe_error
 from ..models import Draft, Status
 from ..store import Store
 from .channels import Channels
@@ -62,8 +62,9 @@ class Reminders:
             try:
                 await self.remind()
                 await self.digest()
-            except Exception as exc:
-                log.warning("reminders and digest: %s", describe_error(exc))
+            except Exception as exc:  # an unreachable store is reported once, by the loop
+                log.log(logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING,
+                        "reminders and digest: %s", describe_error(exc))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=every)
 

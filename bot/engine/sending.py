@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from functools import partial
+from typing import Awaitable, Callable
 
 from ..config.load import PipelineConfig, Settings
-from ..errors import SendFailed, SendUnknown, describe_error
+from ..errors import SendFailed, SendUnknown, StoreUnavailable, describe_error
 from ..models import Draft, RunCounts, Status
 from ..service import logfmt, metrics
 from ..stages import Sender
@@ -36,13 +37,30 @@ class Sends:
         self._sender, self.clock, self._spawn, self.check_delay = sender, clock, spawn, check_delay
         # Unknown sends this process's _check_later tasks will check: id -> (pipeline, task).
         self._checking: dict[int, tuple[str, asyncio.Task]] = {}
+        # Send outcomes the store could not take (it was unreachable): id -> the write.
+        self._unrecorded: dict[int, Callable[[], Awaitable[Draft | None]]] = {}
         # Only for `sending` rows with no send_holder (begun by a version that did not
         # record one): longer than any one send call can last, since such a row may be
         # another host's send in flight. Rows with a holder are recovered as soon as
         # that process is seen gone (see recover).
         self.grace = 300.0
 
+    async def _recorded(self, draft_id: int,
+                        write: Callable[[], Awaitable[Draft | None]]) -> Draft | None:
+        """A send's outcome written to the store. If the store is unreachable the write
+        is kept, and made first at the next tick: the row stays ``sending`` meanwhile
+        (this process's, so no other takes it while its heartbeat lives), and is never
+        sent again for it."""
+        try:
+            return await write()
+        except StoreUnavailable:
+            self._unrecorded[draft_id] = write
+            raise
+
     async def send_approved(self, p: PipelineConfig, counts: RunCounts) -> None:
+        for draft_id, write in list(self._unrecorded.items()):  # outcomes an outage held
+            await self.operators.update_card(await write())
+            del self._unrecorded[draft_id]
         # Approved but never begun: the process stopped between approve and send. A
         # human approved exactly this version, so sending it now keeps the promise.
         for d in await self.store.approved(p.name):
@@ -62,7 +80,8 @@ class Sends:
         try:
             result = await sender.send(sending)
         except SendFailed as exc:
-            after = await self.store.mark_send_failed(d.id, describe_error(exc))
+            after = await self._recorded(d.id, partial(self.store.mark_send_failed, d.id,
+                                                       describe_error(exc)))
             log.warning("%s #%d: send failed: %s", p.name, d.id, exc)
         except asyncio.CancelledError:
             await asyncio.shield(self.store.mark_send_unknown(d.id, "interrupted during send"))
@@ -72,11 +91,12 @@ class Sends:
             reason = describe_error(exc)
             if not isinstance(exc, SendUnknown):
                 log.exception("%s #%d: unexpected error while sending", p.name, d.id)
-            after = await self.store.mark_send_unknown(d.id, reason)
+            after = await self._recorded(d.id, partial(self.store.mark_send_unknown, d.id, reason))
             # Registered before the task runs: this tick's check_unknown must leave it.
             self._checking[d.id] = (p.name, self._spawn(self._check_later(d.id)))
         else:
-            after = await self.store.mark_sent(d.id, result.sent_id, now=self.clock())
+            after = await self._recorded(d.id, partial(self.store.mark_sent, d.id, result.sent_id,
+                                                       now=self.clock()))
             log.info("%s #%d sent (%s)", p.name, d.id, result.sent_id)
         metrics.sent(after)
         return await self.operators.update_card(after)

@@ -7,7 +7,8 @@ item drafted, a send, a Telegram call answered). A loop is stuck when it has wor
 without progress for longer than its bound, or has overslept its wake-up by as much:
 the event loop is blocked, or a call that never answers holds it. A loop that is
 failing but still trying (Gmail down, Telegram unreachable) is alive: restarting the
-process would not help it.
+process would not help it. So is one *held* by a store that cannot be reached
+(:mod:`bot.engine.outage`): it waits for the store, and the health says so.
 
 Nothing here calls the model, Gmail, Telegram or the store.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Callable
 
 from .. import scheduler
@@ -50,6 +52,22 @@ def webhook_bound() -> float:
     return WEBHOOK_PROBE_EVERY + _TELEGRAM_SLACK
 
 
+def length(seconds: float) -> str:
+    """``7s``, ``2 min 5s``, ``3 h 12 min``: an outage's length, for people."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60} min" + (f" {s % 60}s" if s % 60 else "")
+    return f"{s // 3600} h" + (f" {s % 3600 // 60} min" if s % 3600 // 60 else "")
+
+
+def held_text(since: float, now: float, error: str) -> str:
+    """``store unreachable since 2026-12-03 16:53:29 UTC (12s): <error>``."""
+    when = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"store unreachable since {when} ({length(now - since)}): {error}"
+
+
 @dataclass
 class _Beat:
     bound: float
@@ -63,6 +81,18 @@ class Health:
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.clock = clock
         self._beats: dict[str, _Beat] = {}
+        self._held: tuple[float, str] | None = None  # (since, error) of a store outage
+
+    def hold(self, since: float | None, error: str = "") -> None:
+        """The store is unreachable since ``since`` (wall clock), or again reachable (None)."""
+        self._held = None if since is None else (since, error)
+
+    def held(self) -> str | None:
+        """Why this process is held (``store unreachable since …``), or None."""
+        if self._held is None:
+            return None
+        since, error = self._held
+        return held_text(since, time.time(), error)
 
     def expect(self, name: str, bound: float) -> None:
         """Watch loop ``name``: it must show a sign of life within ``bound`` seconds."""

@@ -167,6 +167,12 @@ def progress(name: str) -> None:
         o.health.progress(name)
 
 
+def store_held(since: float | None, error: str = "") -> None:
+    """The store is unreachable since ``since`` (None: reachable again)."""
+    if (o := _active) is not None:
+        o.health.hold(since, error)
+
+
 # -- what the engine, drafting, sending and the channels call -------------------------------
 
 def tick_done(pipeline: str, status: str, counts: Any, seconds: float) -> None:

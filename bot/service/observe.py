@@ -6,7 +6,12 @@
 * ``/healthz``: 200 while every pipeline loop and the Telegram receiver (polling, or
   the webhook server) make progress (:mod:`bot.service.health`), else 503 with a JSON body
   naming what is stuck;
-* ``/readyz``: 200 when the store answers a trivial query, else 503.
+* ``/readyz``: 200 when the store answers a trivial query, else 503 (and 503 while
+  the store is held unreachable, :mod:`bot.engine.outage`).
+
+While the store is unreachable ``/healthz`` stays 200 with ``"status": "held"`` and
+``"held": "store unreachable since …"``: the process is alive and waiting, and a
+restart would not bring the store back.
 
 None of them calls the model, Gmail or Telegram. Under systemd (``$NOTIFY_SOCKET``)
 the same health decides the watchdog's pings (:mod:`bot.service.sdnotify`).
@@ -122,12 +127,17 @@ class Service:
             return _json(404, {"error": "not found; try /metrics, /healthz or /readyz"})
         if method not in ("GET", "HEAD"):
             return _json(405, {"error": "only GET and HEAD"})
+        assert self.observer is not None
+        held = self.observer.health.held()  # the store is unreachable: see bot.engine.outage
         if path == "/healthz":
-            assert self.observer is not None
+            # Held is alive (a restart would not bring the store back): 200, saying so.
             stuck = self.observer.health.stuck()
             return _json(503 if stuck else 200,
-                         {"status": "stuck" if stuck else "ok", "stuck": stuck})
+                         {"status": "stuck" if stuck else "held" if held else "ok",
+                          "stuck": stuck, **({"held": held} if held else {})})
         if path == "/readyz":
+            if held:  # a full SQLite disk still answers the ping
+                return _json(503, {"status": "store unavailable", "error": held})
             try:
                 await asyncio.wait_for(self.store.ping(), READY_TIMEOUT)
             except Exception as exc:
@@ -135,12 +145,35 @@ class Service:
             return _json(200, {"status": "ok"})
         from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
-        assert self.observer is not None
         try:
-            await self.observer.refresh_store(self.store)
+            if not held:  # else the gauges keep their last values, read before the outage
+                await self.observer.refresh_store(self.store)
         except Exception as exc:  # the counters are still worth serving
             log.warning("metrics: could not read the store's gauges: %s", describe_error(exc))
         return 200, CONTENT_TYPE_PLAIN_0_0_4, self.observer.exposition()
+
+
+async def held_by_service(settings: Settings, timeout: float = 2.0) -> str | None:
+    """What the running service's ``/healthz`` says it is held by (``store unreachable
+    since …``), for ``draftgate status``; None when it is not held, not listening, or
+    not running."""
+    if settings.listen is None:
+        return None
+    host, port = settings.listen
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        try:
+            writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+                         f"\r\n".encode())
+            answer = await asyncio.wait_for(reader.read(65536), timeout)
+        finally:
+            writer.close()
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    except (OSError, asyncio.TimeoutError, ValueError, IndexError):
+        return None
+    held = body.get("held") if isinstance(body, dict) else None
+    return held if isinstance(held, str) else None
 
 
 def _json(status: int, payload: dict) -> tuple[int, str, bytes]:

@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 
 from ..clock import wall
-from ..errors import StoreError
+from ..errors import StoreError, StoreUnavailable
 from ..models import Draft, Item, Status, draft_key
 from ..redact import redact_url
 from . import chain
@@ -46,6 +46,12 @@ T = TypeVar("T")
 # connection sits idle in the pool: the next statement finds the protocol mid-error.
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError,
               OSError, TimeoutError)
+#: Errors that say the server, not the statement, is the trouble: it is down, shutting
+#: down, unreachable, out of disk or of connections. Raised as StoreUnavailable, which
+#: holds the schedule until the server answers (bot.engine.outage).
+_UNREACHABLE = (OSError, TimeoutError, asyncpg.PostgresConnectionError,
+                asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError,
+                asyncpg.CrashShutdownError, asyncpg.InsufficientResourcesError)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 # One primary-key probe per id, whatever the planner's statistics say. The plain
@@ -173,8 +179,11 @@ class PostgresStore(SqlStore):
         finally:
             await con.close()
         try:
+            # No floor (min_size 0, one connection to start with): asyncpg restores a
+            # floor in the background and warns on each failed try while the server is
+            # down; an outage is reported once, by bot.engine.outage.
             self._pool = await asyncpg.create_pool(
-                self._dsn, min_size=1, max_size=self._max_size, timeout=10,
+                self._dsn, min_size=0, init_size=1, max_size=self._max_size, timeout=10,
                 # Quoted, as the migration created it: unquoted, PostgreSQL would fold
                 # a schema such as "TeamA" to teama (another deployment's, perhaps).
                 server_settings={"search_path": '"' + self._schema + '"'},
@@ -245,8 +254,19 @@ class PostgresStore(SqlStore):
         if self._pool is None:
             raise StoreError("the PostgreSQL store is not open; call open() first")
         try:
-            async with self._pool.acquire() as con:
+            con = await self._pool.acquire()
+            try:
                 yield con
+            except asyncpg.InterfaceError as e:
+                if not _closed(con):
+                    raise
+                # The server went away mid-transaction ("cannot call
+                # Transaction.__aexit__(): the underlying connection is closed").
+                raise StoreUnavailable(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
+            finally:
+                await _release(self._pool, con)
+        except _UNREACHABLE as e:
+            raise StoreUnavailable(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
         except _DB_ERRORS as e:
             raise StoreError(f"PostgreSQL store {redact_url(self.url)}: {e}") from e
 
@@ -385,6 +405,35 @@ class _PgDb:
     async def many(self, sql: str, rows: list[tuple]) -> int:
         await self.con.executemany(_dollars(sql), rows)
         return -1  # asyncpg's executemany does not say
+
+
+async def _release(pool: asyncpg.Pool, con: asyncpg.Connection) -> None:
+    """Give ``con`` back to ``pool``, also when the caller is cancelled meanwhile (a tick
+    cut off by an outage): asyncpg shields the release, and one that then fails, the
+    server gone, was logged by asyncio as "Task exception was never retrieved"."""
+    task = asyncio.ensure_future(pool.release(con))
+    task.add_done_callback(_retrieve)
+    try:
+        await asyncio.shield(task)
+    except asyncpg.InternalClientError:
+        # "called on a free connection holder": a connection that lost its server is
+        # taken back by the pool as it closes, so there was nothing left to release.
+        if not _closed(con):
+            raise
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _closed(con: asyncpg.Connection) -> bool:
+    """Whether ``con`` lost its server (a proxy the pool already took back after the
+    loss cannot even be asked)."""
+    try:
+        return con.is_closed()
+    except asyncpg.InterfaceError:
+        return True
 
 
 def _count(status: str) -> int:

@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import aiosqlite
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreUnavailable
 from ..models import Draft, Item, Status, draft_key
 from . import chain
 from .base import AdmitResult, StoreMissing
@@ -68,6 +68,17 @@ def _is_busy(exc: BaseException) -> bool:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     text = str(exc)
     return "locked" in text or "busy" in text
+
+
+#: Result codes that say the disk, not the statement, is the trouble: full, failing,
+#: gone or made read-only. Raised as StoreUnavailable (see bot.engine.outage).
+_UNAVAILABLE_CODES = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN,
+                      sqlite3.SQLITE_READONLY)
+
+
+def _unavailable(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _UNAVAILABLE_CODES
 
 
 def _chunks(seq: list, size: int = _CHUNK) -> Iterable[list]:
@@ -195,7 +206,8 @@ class SQLiteStore(SqlStore):
                             f"{self._retry_for:g}s: another process keeps a write "
                             "transaction open (a hung process or a tool holding the file)"
                         ) from exc
-                    raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+                    kind = StoreUnavailable if _unavailable(exc) else StoreError
+                    raise kind(f"SQLite store {self.path}: {exc}") from exc
 
     # -- lifecycle -----------------------------------------------------------------------
 

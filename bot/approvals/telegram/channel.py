@@ -31,7 +31,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from ...config.load import Settings, TelegramConfig, env_secret
 from ...desk.desk import OperatorDesk
-from ...errors import ApprovalError, ConfigError, DraftgateError
+from ...errors import ApprovalError, ConfigError, DraftgateError, StoreUnavailable
 from ...models import TERMINAL_STATUSES, Draft
 from ...service import health, metrics
 from ...stages import PostedRef
@@ -474,6 +474,8 @@ class TelegramChannel(DeskChannel):
     # -- errors --------------------------------------------------------------------------------
     async def _on_error(self, update: object, context: Context) -> None:
         """Log first, then tell the operator briefly (never the details)."""
+        if isinstance(context.error, StoreUnavailable):
+            return await self._held(update, context.error)
         log.error("handling %s failed", kind(update) if isinstance(update, Update)
                   else "no update", exc_info=context.error)
         if not isinstance(update, Update) or update.callback_query is not None:
@@ -488,6 +490,31 @@ class TelegramChannel(DeskChannel):
                                                           f"details are in the bot's log."))
         except TelegramError:
             log.warning("could not tell the operator about the error")
+
+
+    def held_line(self) -> str:
+        """``⏸ held: store unreachable since …`` and a newline while the engine holds its
+        ticks (bot.engine.outage), else empty: the first line of /status."""
+        held = self.desk.held() if self._desk is not None else None
+        return f"⏸ held: {held}\n" if held else ""
+
+    async def _held(self, update: object, error: StoreUnavailable) -> None:
+        """A command met an unreachable store (/status among them): one line in the log,
+        and the operator is told it is held, since when (bot.engine.outage)."""
+        held = self.desk.held() if self._desk is not None else None or f"store unreachable: {error}"
+        log.info("handling %s: held: %s", kind(update) if isinstance(update, Update)
+                 else "no update", held)
+        if not isinstance(update, Update) or update.callback_query is not None:
+            return  # taps were already answered
+        chat, user = update.effective_chat, update.effective_user
+        if chat is None or user is None or user.id not in self._operators:
+            return
+        try:
+            await self.bot.send_message(chat.id, plain(
+                f"⏸ held: {held}. draftgate retries by itself and nothing is lost; try "
+                f"again when the store is back."))
+        except TelegramError:
+            log.warning("could not tell the operator that the store is unreachable")
 
 
 async def doctor(settings: Settings) -> list[tuple[str, bool, str]]:

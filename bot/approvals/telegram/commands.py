@@ -53,9 +53,9 @@ async def status(update: Update, context: Context) -> None:
         if (problem := _unknown(context, args[0])) is not None:
             return await reply(update, problem)
         detail = await ch.desk.status_of(operator(update), args[0])
-        return await reply(update, ops.format_status_one(detail), pre=True)
+        return await reply(update, ch.held_line() + ops.format_status_one(detail), pre=True)
     items = await ch.desk.status(operator(update))
-    await reply(update, ops.format_status_all(items), pre=True)
+    await reply(update, ch.held_line() + ops.format_status_all(items), pre=True)
 
 
 async def pending(update: Update, context: Context) -> None:
