@@ -14,8 +14,6 @@ import sys
 import textwrap
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -23,23 +21,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.cli.common import version
-from tests._proc import ORDER_EMAIL, ROOT, reap, sqlite_rows
+from tests._proc import ROOT, reap, sqlite_rows
 from tests.fakes.telegram import FakeTelegram
+from tests.support.service import (  # noqa: F401
+    _email,
+    _free_port,
+    _get,
+)
 
 pytestmark = pytest.mark.slow
 ANNA, CHAT = 42, 1001
 OPENAI_KEY = "sk-svc-test-key-0123456789"  # registered (an unused model names it), never logged
 
 
-def _email(n: int, sender: str = "Alice Buyer <alice@customer.example>") -> bytes:
-    return ORDER_EMAIL.replace(b"Alice Buyer <alice@customer.example>", sender.encode()) \
-        .replace(b"<order-1234@customer.example>", f"<order-{n}@customer.example>".encode())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(tmp_path: Path, fake: FakeTelegram, port: int, *, schedule: str = "1h",
@@ -89,12 +85,6 @@ def _start(cfg: Path, fake: FakeTelegram, tmp_path: Path, *args: str,
                      **(env or {})))
 
 
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def _wait_get(port: int, path: str, want: int) -> dict:

@@ -21,7 +21,7 @@ import pytest
 from tests._pgcluster import pg_cluster  # noqa: F401 (a fixture)
 from tests._proc import ORDER_EMAIL, ROOT, reap
 from tests.fakes.telegram import FakeTelegram
-from tests.test_service import _email, _free_port, _get
+from tests.support.service import _email, _free_port, _get
 
 ANNA, CHAT = 42, 1001
 
@@ -254,7 +254,7 @@ def test_a_full_sqlite_disk_is_one_warning_held_health_two_notices_and_no_loss(
 def test_notify_after_is_a_duration_with_a_two_minute_default(tmp_path, value, expected):
     """outage.notify_after: left out, 2 minutes; else the duration given (0: at once)."""
     from bot.config.load import load_settings
-    from tests.test_config import GOOD, write
+    from tests.support.configs import GOOD, write
 
     top = "" if value is None else f"outage: {{notify_after: {value}}}\n"
     cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")}, top)
@@ -273,7 +273,7 @@ def test_notify_after_is_a_duration_with_a_two_minute_default(tmp_path, value, e
 def test_a_bad_notify_after_is_refused_naming_the_key(tmp_path, outage, expected):
     """A negative, unreadable or misspelt outage option is a configuration error that
     names the file, the key and what is expected."""
-    from tests.test_config import GOOD, errors_of, write
+    from tests.support.configs import GOOD, errors_of, write
 
     cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a")}, f"outage: {outage}\n")
     found = errors_of(cfg)
