@@ -13,7 +13,7 @@ import pytest
 
 from bot.approvals.cards import render_card
 from tests.fakes.llm import FakeLLM
-from tests.test_context import KNOWLEDGE, PROVIDERS, Deployment, cli, eml
+from tests.support.context_world import KNOWLEDGE, PROVIDERS, Deployment, cli, eml
 
 DRAFT = ("Hi Alice, your refund reaches you within 5 business days. As a thank-you we "
          "take €25 off your next order, and refunds are paid within 14 days.")
