@@ -14,6 +14,7 @@ import pytest
 from bot.approvals.cards import render_card
 from tests.fakes.llm import FakeLLM
 from tests.support.context_world import KNOWLEDGE, PROVIDERS, Deployment, cli, eml
+from tests.support.desk import op
 
 DRAFT = ("Hi Alice, your refund reaches you within 5 business days. As a thank-you we "
          "take €25 off your next order, and refunds are paid within 14 days.")
@@ -68,8 +69,8 @@ async def test_an_edited_version_is_checked_against_the_same_sources(
     w = await deployments(fake, "openai", store_url, drafter="knowledge: [knowledge/*.md]")
     fake.script(fake.reply(DRAFT))
     d, _ = await w.draft("support", 1, eml(1, "Refund?", "When do I get my refund?"))
-    edited = await w.engine.edit(d.id, d.version, "Hi Alice, your refund reaches you "
-                                 "within 5 business days, or 7 business days by card.", "anna")
+    edited = await w.desk.edit(op("anna"), d.id, d.version, "Hi Alice, your refund reaches you "
+                                 "within 5 business days, or 7 business days by card.")
     assert edited is not None and edited.version == 2
     assert "Not in the sources: 7 business days" in render_card(edited).text
     [entry] = [a for a in await w.store.audit_log(d.key) if a.action == "edit"]
