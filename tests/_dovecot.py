@@ -183,8 +183,10 @@ namespace inbox {{
         c.login(user, PASSWORD)
         return c
 
-    def messages(self, user: str, folder: str = "INBOX") -> list[bytes]:
-        """Every message in ``user``'s ``folder``, oldest first."""
+    def messages(self, user: str, folder: str = "INBOX", dates: list | None = None
+                 ) -> list[bytes]:
+        """Every message in ``user``'s ``folder``, oldest first (their INTERNALDATEs
+        appended to ``dates`` if given)."""
         c = self.imap(user)
         try:
             typ, _ = c.select(f'"{folder}"', readonly=True)
@@ -193,18 +195,25 @@ namespace inbox {{
             _, data = c.uid("SEARCH", None, "ALL")
             out = []
             for uid in (data[0] or b"").split():
-                _, parts = c.uid("FETCH", uid, "(BODY.PEEK[])")
-                out.append(next(p[1] for p in parts if isinstance(p, tuple)))
+                _, parts = c.uid("FETCH", uid, "(INTERNALDATE BODY.PEEK[])")
+                head, raw = next(p for p in parts if isinstance(p, tuple))
+                out.append(raw)
+                if dates is not None:
+                    dates.append(head.split(b'INTERNALDATE ')[1].split(b'"')[1].decode())
             return out
         finally:
             c.logout()
 
-    def append(self, raw: bytes, folder: str, user: str = USERS[0]) -> None:
-        """Put ``raw`` into ``folder`` (created if missing) with IMAP APPEND."""
+    def append(self, raw: bytes, folder: str, user: str = USERS[0], ago: float = 0) -> None:
+        """Put ``raw`` into ``folder`` (created if missing) with IMAP APPEND, arrived
+        ``ago`` seconds ago."""
+        import imaplib
+
         c = self.imap(user)
         try:
             c.create(f'"{folder}"')  # NO when it exists: fine
-            c.append(f'"{folder}"', None, None, raw)
+            c.append(f'"{folder}"', None, imaplib.Time2Internaldate(time.time() - ago)
+                     if ago else None, raw)
         finally:
             c.logout()
 
@@ -212,13 +221,14 @@ namespace inbox {{
         """Delete ``folder`` and make it again with the same messages: a new
         UIDVALIDITY, as a server rebuild or a restore from backup gives. (Not INBOX:
         Dovecot cannot delete that one.)"""
-        msgs = self.messages(user, folder)
+        dates: list[str] = []
+        msgs = self.messages(user, folder, dates)
         c = self.imap(user)
         try:
             assert c.delete(f'"{folder}"')[0] == "OK"
             assert c.create(f'"{folder}"')[0] == "OK"
-            for raw in msgs:
-                c.append(f'"{folder}"', None, None, raw)
+            for raw, when in zip(msgs, dates, strict=True):  # arrival times kept
+                c.append(f'"{folder}"', None, f'"{when}"', raw)
         finally:
             c.logout()
 
@@ -257,6 +267,8 @@ class SmtpRelay:
         self.accepted: list[bytes] = []  # what reached DATA (whatever became of it)
         self.delivered: list[bytes] = []
         self.logins: list[str] = []
+        # Like Gmail's or Fastmail's SMTP: file each accepted message in the sender's Sent.
+        self.files_sent = False
         self.got_data = asyncio.Event()
         self._controller = None
 
@@ -277,7 +289,7 @@ class SmtpRelay:
                     return "550 5.7.1 Relaying denied for this sender (test fault)"
                 await asyncio.to_thread(relay._deliver, envelope.rcpt_tos, raw)
                 if relay.fail == "drop":
-                    session.transport.abort()  # delivered, but the client never hears 250
+                    server.transport.abort()  # delivered, but the client never hears 250
                     return "250 OK (never seen)"
                 return "250 2.0.0 OK queued"
 
@@ -298,6 +310,8 @@ class SmtpRelay:
         if local:
             with smtplib.LMTP("127.0.0.1", self.dovecot.lmtp_port, timeout=10) as lmtp:
                 lmtp.sendmail("support@shop.test", local, raw)
+        if self.files_sent:
+            self.dovecot.append(raw, "Sent")
         self.delivered.append(raw)
 
     def stop(self) -> None:

@@ -21,9 +21,10 @@ from ..service import metrics
 from ..stages import Drafter, Sender, Source, Triager
 
 _SOURCES = {"maildir": "bot.sources.maildir", "schedule": "bot.sources.schedule",
-            "gmail": "bot.sources.gmail"}
+            "gmail": "bot.sources.gmail", "imap": "bot.sources.imap"}
 _SENDERS = {"outbox": "bot.senders.outbox", "webhook": "bot.senders.webhook",
-            "gmail_reply": "bot.senders.gmail", "gmail_draft": "bot.senders.gmail"}
+            "gmail_reply": "bot.senders.gmail", "gmail_draft": "bot.senders.gmail",
+            "smtp_reply": "bot.senders.smtp", "imap_draft": "bot.senders.smtp"}
 _DRAFTERS = {"template": "bot.drafters.template", "openai": "bot.drafters.openai",
              "anthropic": "bot.drafters.anthropic"}
 
