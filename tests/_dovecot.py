@@ -23,6 +23,7 @@ import smtplib
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -269,6 +270,9 @@ class SmtpRelay:
         self.logins: list[str] = []
         # Like Gmail's or Fastmail's SMTP: file each accepted message in the sender's Sent.
         self.files_sent = False
+        # Set ``hold`` to a threading.Event: DATA waits for it (``holding`` says it does).
+        self.hold = None
+        self.holding = threading.Event()
         self.got_data = asyncio.Event()
         self._controller = None
 
@@ -283,6 +287,9 @@ class SmtpRelay:
                 raw = envelope.original_content or envelope.content
                 relay.accepted.append(raw)
                 relay._loop.call_soon_threadsafe(relay.got_data.set)
+                if relay.hold is not None:
+                    relay.holding.set()
+                    await asyncio.to_thread(relay.hold.wait, 30)
                 if relay.fail == "451":
                     return "451 4.3.0 Try again later (test fault)"
                 if relay.fail == "550":

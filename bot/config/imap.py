@@ -62,28 +62,37 @@ class ImapAccount:
     address: str = ""  # the From of replies; default the username when it is an address
 
 
+class Accounts(dict):
+    """The valid accounts by name, and ``names``: every account written (valid or not)."""
+
+    names: set[str] = set()
+
+
 _ACCOUNT_KEYS = tuple(f.name for f in fields(ImapAccount) if f.name != "name")
 _SMTP_KEYS = tuple(f.name for f in fields(SmtpServer))
 
 
-def parse_accounts(ck: Checker, raw: Any, path: str = "imap") -> dict[str, ImapAccount]:
-    """``imap:`` -> account name -> :class:`ImapAccount`; each problem recorded in ``ck``."""
+def parse_accounts(ck: Checker, raw: Any, path: str = "imap"
+                   ) -> tuple[dict[str, ImapAccount], set[str]]:
+    """``imap:`` -> (account name -> :class:`ImapAccount` for the valid ones, every
+    name written); each problem recorded in ``ck``."""
     section = ck.mapping(raw, path)
     ck.unknown(section, {"accounts"}, path)
     out: dict[str, ImapAccount] = {}
-    for name, acc in ck.mapping(section.get("accounts"), f"{path}.accounts").items():
+    accounts = ck.mapping(section.get("accounts"), f"{path}.accounts")
+    for name, acc in accounts.items():
         parsed = _account(ck, str(name), ck.mapping(acc, f"{path}.accounts.{name}"),
                           f"{path}.accounts.{name}")
         if parsed is not None:
             out[str(name)] = parsed
-    return out
+    return out, {str(n) for n in accounts}
 
 
 def _unknown(ck: Checker, data: dict, known: tuple[str, ...], path: str) -> None:
     for key in data:
         if key in ("password", "pass"):
-            ck.error(f"{path}.{key}", "never put a password in YAML; set password_env to the "
-                                      "name of an environment variable that holds it")
+            ck.error(f"{path}.{key}", "a password does not belong in YAML; set password_env to "
+                                      "the name of an environment variable that holds it")
         elif key not in known:
             hint = _close(str(key), known)
             ck.error(f"{path}.{key}", "unknown key" + (f"; did you mean {hint!r}?" if hint else "")
@@ -178,9 +187,13 @@ SENDER_KEYS = {f.name for f in fields(SmtpSenderOptions)}
 
 
 def _known(ck: Checker, account: Any, path: str, accounts: Any, settings_file: str) -> None:
-    if account is not None and account not in accounts:
+    names = getattr(accounts, "names", accounts)
+    if account is not None and account not in names:
         ck.error(path, f"unknown IMAP account {account!r}; add it under imap.accounts in "
                        f"{settings_file}")
+    elif account is not None and account not in accounts:  # written, with errors
+        ck.error(path, f"IMAP account {account!r} cannot be used until the errors of "
+                       f"imap.accounts.{account} in {settings_file} are fixed")
 
 
 def parse_source(ck: Checker, raw: dict, imap_accounts: Any, settings_file: str

@@ -19,7 +19,7 @@ from ..redact import register as redact_register
 from . import options as _options
 from .checker import _CLOCK, _DURATION, Checker, _close, _kind, parse_duration
 from .files import load_yaml, pipeline_files
-from .imap import ImapAccount, parse_accounts
+from .imap import Accounts, ImapAccount, parse_accounts
 from .options import (
     ApprovalOptions,
     DrafterOptions,
@@ -166,13 +166,15 @@ def collect_settings(config_file: str | os.PathLike, *,
     ck.unknown(gmail, {"accounts"}, "gmail")
     for name, acc in ck.mapping(gmail.get("accounts"), "gmail.accounts").items():
         settings.gmail_accounts[str(name)] = _gmail_account(ck, acc, f"gmail.accounts.{name}")
-    settings.imap_accounts = parse_accounts(ck, data.get("imap"))
+    settings.imap_accounts, imap_names = parse_accounts(ck, data.get("imap"))
     _models(ck, ck.mapping(data.get("models"), "models"), settings)
     seen_names: dict[str, str] = {}
+    imap_accounts = Accounts(settings.imap_accounts)
+    imap_accounts.names = imap_names
     for f in pipeline_files(ck, data, base):
         rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
         pck = Checker(rel, errors)
-        p = _pipeline(pck, load_yaml(f, pck), settings, base)
+        p = _pipeline(pck, load_yaml(f, pck), settings, base, imap_accounts)
         if p is None or (only_pipelines is not None and p.name not in only_pipelines):
             continue
         if p.name in seen_names:
@@ -300,7 +302,8 @@ def _gmail_account(ck: Checker, raw: Any, path: str) -> dict[str, Any]:
     return out
 
 
-def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> PipelineConfig | None:
+def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
+              imap_accounts: Any = ()) -> PipelineConfig | None:
     if raw is None and ck.errors:
         return None
     data = ck.mapping(raw, "")
@@ -316,7 +319,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     raw_source = data.get("source")  # its account is the default of sender.account
     ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
                            raw_source.get("account") if isinstance(raw_source, dict) else None, tz,
-                           imap_accounts=settings.imap_accounts)
+                           imap_accounts=imap_accounts)
     source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
     filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
     drafter = _drafter(ck, data, settings, base)
