@@ -140,6 +140,10 @@ async def test_connection_dropped_after_accept_delivers_once_and_says_so(
             assert "connection lost" in (d.error or "")
             assert "cannot tell whether the reply was sent" in w.out.getvalue()
             assert dovecot.messages(USERS[0], "Sent") == []
+            # The operator's Check again asks the mailbox and says it cannot tell.
+            after, note = await w.engine.check_send(d.id, "console")
+            assert note.startswith("❓ Still unknown") and after.status == Status.SEND_UNKNOWN
+            assert len(relay.accepted) == 1
     finally:
         await w.close()
 

@@ -187,13 +187,29 @@ class ConsoleChannel(ApprovalChannelBase):
                         "Retry asks again, then sends only if it is not found.")
         else:
             self._print(f"   ❌ send failed: {draft.error}. Nothing was sent.")
-        answer = (await _terminal(_ask, "   [t] retry the send, Enter = later: ")).strip().lower()
-        if answer in ("t", "retry"):
+        unknown = draft.status == "send_unknown"
+        answer = (await _terminal(_ask, "   [c] check again, [m] mark as sent, [t] send again "
+                                  "(may duplicate), Enter = later: " if unknown else
+                                  "   [t] retry the send, Enter = later: ")).strip().lower()
+        if unknown and answer in ("c", "m"):
+            await self._unknown_send(draft, answer)
+        elif answer in ("t", "retry"):
             after = await self._decisions.retry_send(draft.id, self.actor)
             if after is not None:
                 await self.update(after)
         else:
             self._print("   left as it is")
+
+    async def _unknown_send(self, draft: Draft, answer: str) -> None:
+        """Check again (asks the mailbox, never sends) or Mark as sent."""
+        assert self._decisions is not None
+        if answer == "m":
+            after = await self._decisions.mark_sent(draft.id, self.actor)
+        else:
+            after, note = await self._decisions.check_send(draft.id, self.actor)
+            self._print(f"   {note}")
+        if after is not None:
+            await self.update(after)
 
     async def update(self, draft: Draft) -> None:
         who = draft.decided_by or "?"

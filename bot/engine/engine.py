@@ -91,6 +91,7 @@ class Engine:
         d = self.decisions
         self.approve, self.edit, self.regenerate = d.approve, d.edit, d.regenerate
         self.reject, self.retry_send = d.reject, d.retry_send
+        self.check_send, self.mark_sent = d.check_send, d.mark_sent  # an unknown send's card
         self.draft_reply, self.dismiss = d.draft_reply, d.dismiss
         self.draft, self.record_prompt, self.prompt_record = d.draft, d.record_prompt, d.prompt_record
         self.adopt_card, self.card_stale, self.stale_cards = d.adopt_card, d.card_stale, d.stale_cards

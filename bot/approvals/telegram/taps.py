@@ -217,6 +217,18 @@ async def _retry(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id:
                                                                   f"Retried: {after.status}.")
 
 
+async def _unknown_send(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int
+                        ) -> str:
+    """Check again / Mark as sent on a card whose send's outcome is unknown."""
+    if draft.status != Status.SEND_UNKNOWN:
+        return already(draft)
+    if cb.action == cards.MARK_SENT:
+        after = await ch.decisions.mark_sent(draft.id, actor(query.from_user))
+        return "✅ Marked as sent." if after is not None else already(draft)
+    after, note = await ch.decisions.check_send(draft.id, actor(query.from_user))
+    return note or already(after or draft)
+
+
 async def _replay(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     if draft.status not in REPLAYABLE_STATUSES:
         return already(draft)
@@ -265,7 +277,7 @@ async def _full_text(ch: Any, query: Any, cb: cards.Callback, draft: Draft, chat
 _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
     ((cards.APPROVE,), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
     ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
-    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi)]
+    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send)]
 
 
 # -- replies to prompts and cards ---------------------------------------------------------------
