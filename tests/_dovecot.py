@@ -324,3 +324,11 @@ class SmtpRelay:
     def stop(self) -> None:
         if self._controller is not None:
             self._controller.stop()
+
+
+def kick(dovecot: Dovecot, user: str = USERS[0]) -> str:
+    """Disconnect every IMAP session of ``user`` (as a server restart or a proxy does)."""
+    doveadm = shutil.which("doveadm") or "/usr/bin/doveadm"
+    r = subprocess.run([doveadm, "-c", str(dovecot.root / "dovecot.conf"), "kick", user],
+                       capture_output=True, text=True, timeout=20)
+    return r.stdout + r.stderr

@@ -206,3 +206,58 @@ async def test_thread_context_holds_only_messages_the_sender_took_part_in(tmp_pa
         assert "4111" not in mallory.body and "ALICE-EARLIER" not in mallory.body
     finally:
         await w.close()
+
+
+async def _until(predicate, timeout: float = 30.0):
+    """Wait for ``predicate()`` (a coroutine function) to be truthy; its value."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (value := await predicate()):
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.05)
+    return value
+
+
+async def test_idle_gives_new_mail_a_card_between_slots_and_survives_a_kick(tmp_path, dovecot,
+                                                                           caplog):
+    """A schedule of 5 minutes, and mail still gets its card at once: IDLE starts the
+    tick. The server kills the IDLE connection; the watcher reconnects and the next
+    mail gets its card too."""
+    import asyncio
+
+    from tests._dovecot import kick
+
+    w = await world(tmp_path, dovecot, auto_approve=False,
+                    sender="{type: imap_draft, account: shop}")
+    stop = asyncio.Event()
+    try:
+        await w.tick()  # the first run's cursor
+        loop = asyncio.create_task(w.engine.run_forever(stop))
+        assert len(await _until(_idle_tasks)) == 1  # one IDLE for the account's folder
+        dovecot.deliver(order_mail(30))
+        (d,) = await _until(lambda: w.drafts("<order-30@customer.test>"))
+        await _until(lambda: _awaiting(w, "<order-30@customer.test>"))
+        kick(dovecot)
+        await _until(lambda: _logged(caplog, "IDLE on INBOX broke"))
+        dovecot.deliver(order_mail(31))
+        await _until(lambda: _awaiting(w, "<order-31@customer.test>"))
+        assert "Where is my order #31?" in w.out.getvalue()
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 20)
+        await w.close()
+
+
+async def _idle_tasks():
+    import asyncio
+
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("idle:")]
+
+
+async def _logged(caplog, text: str) -> bool:
+    return any(text in r.getMessage() for r in caplog.records)
+
+
+async def _awaiting(w, item_id: str) -> bool:
+    return any(d.status == Status.AWAITING for d in await w.drafts(item_id))

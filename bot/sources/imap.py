@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from ..config.load import PipelineConfig, Settings
 from ..config.options import FilterOptions, ImapSourceOptions, expect
-from ..imap import pool
+from ..imap import idle, pool
 from ..imap.client import ImapClient
 from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message, ThreadMessage
@@ -103,6 +103,9 @@ class ImapSource:
     async def fetch(self, ctx: FetchContext) -> FetchResult:
         started = self.clock()
         stored = Cursor.load(ctx.cursor)
+        if stored is not None and idle.quiet(self.account, self.folder):
+            # IDLE watches the folder and saw nothing since the last fetch: no command.
+            return FetchResult([], cursor=ctx.cursor)
         sel = await self.client.select(self.folder)
         if stored is None:
             return await self._first_run(ctx, sel.uidvalidity, sel.uidnext, started)
