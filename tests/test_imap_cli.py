@@ -134,3 +134,22 @@ async def test_sigkill_during_the_send_delivers_at_most_once(tmp_path, dovecot):
         assert len(relay.accepted) == 1
     finally:
         relay.stop()
+
+
+async def test_doctor_checks_login_folders_idle_and_smtp_without_sending(tmp_path, dovecot):
+    relay = SmtpRelay(dovecot).start()
+    try:
+        cfg = write_deployment(tmp_path, dovecot, relay)
+        cli("run", "--once", "-c", str(cfg))  # the store doctor checks exists
+        r = cli("doctor", "-c", str(cfg))
+        out = r.stdout
+        assert "✅ imap:shop login" in out and "✅ imap:shop sent folder" in out
+        assert "✅ imap:shop drafts folder" in out and "IDLE: new mail starts a tick" in out
+        assert "✅ smtp:shop login" in out and "nothing sent" in out
+        assert relay.logins == [USERS[0]] and relay.accepted == []
+        assert PASSWORD not in out + r.stderr
+        bad = cli("doctor", "-c", str(cfg), environ={**env(), "DG_TEST_IMAP_PASSWORD": "wrong"})
+        assert bad.returncode == 1 and "❌ imap:shop login" in bad.stdout
+        assert "login as support@shop.test refused" in bad.stdout
+    finally:
+        relay.stop()
