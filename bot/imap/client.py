@@ -74,6 +74,7 @@ class ImapClient:
         self.account = account
         self._imap: aioimaplib.IMAP4 | None = None
         self._selected: str | None = None
+        self._selection: Selected | None = None
         self.lock = asyncio.Lock()
         self.capabilities: set[str] = set()
         self._special: dict[str, str] = {}
@@ -165,13 +166,18 @@ class ImapClient:
 
     # -- commands --------------------------------------------------------------------------
 
-    async def _select(self, imap: aioimaplib.IMAP4, folder: str) -> Selected:
+    async def _select(self, imap: aioimaplib.IMAP4, folder: str, fresh: bool = False
+                      ) -> Selected:
+        """SELECT ``folder``, unless this connection has it selected already (the server
+        keeps a selected folder current: new mail shows in the next SEARCH)."""
+        if not fresh and self._selected == folder and self._selection is not None:
+            return self._selection
+        self.commands += 1
         resp = await imap.select(quote(folder))
         if resp.result != "OK":
             self._selected = None
             raise SourceError(f"imap {self.account.name}: cannot open folder {folder!r}: "
                               f"{_text(resp)}")
-        self._selected = folder
         v = n = e = 0
         for line in resp.lines:
             line = bytes(line)
@@ -181,10 +187,14 @@ class ImapClient:
                 n = int(m.group(1))
             if m := _EXISTS.match(line):
                 e = int(m.group(1))
-        return Selected(folder, v, n, e)
+        self._selected, self._selection = folder, Selected(folder, v, n, e)
+        return self._selection
 
     async def select(self, folder: str) -> Selected:
-        return await self._run(f"SELECT {folder}", lambda imap: self._select(imap, folder))
+        """A fresh SELECT: the folder's UIDVALIDITY, UIDNEXT and size now."""
+        self.commands -= 1  # _run counts the command, _select counts the SELECT
+        return await self._run(f"SELECT {folder}",
+                               lambda imap: self._select(imap, folder, fresh=True))
 
     async def search(self, folder: str, *criteria: str) -> list[int]:
         """UIDs in ``folder`` matching ``criteria``, ascending."""
