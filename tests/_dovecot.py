@@ -55,13 +55,15 @@ def require_dovecot() -> str:
 class Dovecot:
     """See the module docstring."""
 
-    def __init__(self):
+    def __init__(self, tls: bool = False):
         self.binary = require_dovecot()
+        self.tls = tls  # a CA of its own (ca.pem) and an imaps port beside STARTTLS
         # Not in pytest's tmp_path: that is 0700 root's, and as root the mail processes
         # run as an unprivileged user that must reach its maildir.
         self.root = Path(tempfile.mkdtemp(prefix="draftgate-dovecot-"))
         self.root.chmod(0o755)
         self.imap_port, self.lmtp_port = free_port(), free_port()
+        self.imaps_port = free_port() if tls else 0
         self.proc: subprocess.Popen | None = None
 
     def _identity(self) -> tuple[str, str, int, int]:
@@ -83,7 +85,7 @@ listen = 127.0.0.1
 base_dir = {r}/run
 state_dir = {r}/state
 log_path = {r}/dovecot.log
-ssl = no
+{self._ssl()}
 disable_plaintext_auth = no
 auth_mechanisms = plain login
 default_internal_user = {internal}
@@ -106,7 +108,8 @@ service imap-login {{
     port = {self.imap_port}
   }}
   inet_listener imaps {{
-    port = 0
+    address = 127.0.0.1
+    port = {self.imaps_port}
   }}
 }}
 service lmtp {{
@@ -131,6 +134,17 @@ namespace inbox {{
   }}
 }}
 """
+
+    def _ssl(self) -> str:
+        if not self.tls:
+            return "ssl = no"
+        _certificates(self.root)
+        return (f"ssl = yes\nssl_cert = <{self.root}/server.pem\n"
+                f"ssl_key = <{self.root}/server.key")
+
+    @property
+    def ca_file(self) -> Path:
+        return self.root / "ca.pem"
 
     def start(self) -> "Dovecot":
         _, _, uid, gid = self._identity()
@@ -240,6 +254,41 @@ namespace inbox {{
             return int(data[0].split(b"UIDVALIDITY ")[1].rstrip(b")"))
         finally:
             c.logout()
+
+
+def _certificates(folder: Path) -> None:
+    """ca.pem (a test CA) and server.pem/server.key for 127.0.0.1, signed by it."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "draftgate test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(1)
+          .not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    (folder / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (folder / "server.pem").write_bytes(cert.public_bytes(pem))
+    (folder / "server.key").write_bytes(key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (folder / "server.key").chmod(0o600)
 
 
 def _has_user(name: str) -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from bot.mail.reply import reply_message_id
 from bot.models import Status
-from tests._dovecot import USERS, Dovecot, SmtpRelay
+from tests._dovecot import PASSWORD, USERS, Dovecot, SmtpRelay
 from tests._imap_world import ImapWorld, order_mail
 
 ALICE = USERS[1]
@@ -261,3 +261,36 @@ async def _logged(caplog, text: str) -> bool:
 
 async def _awaiting(w, item_id: str) -> bool:
     return any(d.status == Status.AWAITING for d in await w.drafts(item_id))
+
+
+@pytest.mark.parametrize("security", ["tls", "starttls"])
+async def test_tls_is_verified_and_a_private_ca_can_be_named(tmp_path, security):
+    """TLS on 993 or STARTTLS on 143 against Dovecot with a certificate of a private
+    CA: refused without ca_file (verification is on), read with it."""
+    import os
+
+    from bot.config.imap import ImapAccount
+    from bot.errors import SourceError
+    from bot.imap.client import ImapClient
+    from tests._imap_world import PASSWORD_ENV
+
+    d = Dovecot(tls=True).start()
+    os.environ[PASSWORD_ENV] = PASSWORD
+    try:
+        d.deliver(order_mail(40))
+        port = d.imaps_port if security == "tls" else d.imap_port
+        base = dict(name="shop", host="127.0.0.1", port=port, username=USERS[0],
+                    security=security, password_env=PASSWORD_ENV)
+        client = ImapClient(ImapAccount(**base))
+        with pytest.raises(SourceError, match="CERTIFICATE_VERIFY_FAILED|certificate verify"):
+            await client.select("INBOX")
+        await client.close()
+        client = ImapClient(ImapAccount(**base, ca_file=str(d.ca_file)))
+        try:
+            assert (await client.select("INBOX")).exists == 1
+            assert len(await client.fetch("INBOX", await client.search("INBOX", "ALL"))) == 1
+        finally:
+            await client.close()
+    finally:
+        os.environ.pop(PASSWORD_ENV, None)
+        d.stop()

@@ -59,6 +59,13 @@ def quiet(account: ImapAccount, folder: str) -> bool:
     return not was_dirty
 
 
+def unfinished(account: ImapAccount, folder: str) -> None:
+    """The last fetch left mail behind (``max_per_tick``): the next one must look."""
+    state = _STATES.get(_key(account, folder))
+    if state is not None:
+        state.dirty = True
+
+
 class IdleWatcher:
     """See the module docstring. ``wake()`` is called when mail arrives."""
 

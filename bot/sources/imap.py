@@ -118,6 +118,8 @@ class ImapSource:
         items = await self._download(uids, sel.uidvalidity, ctx)
         last = max(uids, default=stored.uid)
         cursor = Cursor(sel.uidvalidity, last, started, stored.first or started)
+        if more:
+            idle.unfinished(self.account, self.folder)
         return FetchResult(items, cursor=cursor.dump(), more=more)
 
     async def _first_run(self, ctx: FetchContext, uidvalidity: int, uidnext: int,
@@ -166,6 +168,8 @@ class ImapSource:
                     "since %s, %d new", self.account.name, self.folder, stored.uidvalidity,
                     uidvalidity, len(ids), day, len(items))
         cursor = Cursor(uidvalidity, last, started, stored.first)
+        if more:
+            idle.unfinished(self.account, self.folder)
         return FetchResult(items, cursor=cursor.dump(), more=more,
                            note=f"UIDVALIDITY changed: rescanned since {day}, "
                                 f"{len(items)} new")
