@@ -28,7 +28,7 @@ def test_missing_field_names_file_and_path(tmp_path):
     cfg = write(tmp_path, {"a.yaml": "name: a\nschedule: 5m\nsource: {type: maildir, path: x}\n"})
     assert errors_of(cfg) == [
         "pipelines/a.yaml: sender: missing; expected a mapping with type: "
-        "outbox | webhook | gmail_reply | gmail_draft"]
+        "outbox | webhook | gmail_reply | gmail_draft | smtp_reply | imap_draft"]
 
 
 def test_wrong_type_names_file_path_and_expectation(tmp_path):
@@ -38,10 +38,10 @@ def test_wrong_type_names_file_path_and_expectation(tmp_path):
 
 
 def test_unknown_source_type_lists_the_known_ones(tmp_path):
-    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("maildir", "imap")})
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("maildir", "pop3")})
     [err] = errors_of(cfg)
     assert err == ("pipelines/a.yaml: source.type: expected one of maildir, schedule, gmail, "
-                   "got 'imap'")
+                   "imap, got 'pop3'")
 
 
 def test_duplicate_pipeline_name_names_both_files(tmp_path):
@@ -52,7 +52,7 @@ def test_duplicate_pipeline_name_names_both_files(tmp_path):
 
 
 def test_every_error_is_reported_at_once(tmp_path):
-    cfg = write(tmp_path, {"a.yaml": "name: a\nschedule: every tuesday\nsource: {type: imap}\n"
+    cfg = write(tmp_path, {"a.yaml": "name: a\nschedule: every tuesday\nsource: {type: pop3}\n"
                                      "sender: {type: outbox}\nlease: soon\nbogus: 1\n"},
                 top="max_in_flight: -1\n")
     errs = errors_of(cfg)
@@ -114,7 +114,7 @@ def test_sizes(text, size):
 
 
 def test_validate_command_exits_2_with_every_error(tmp_path, capsys):
-    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("maildir", "imap"),
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("maildir", "pop3"),
                            "b.yaml": GOOD.format(name="a")})
     assert main(["validate", "-c", str(cfg)]) == 2
     err = capsys.readouterr().err

@@ -18,6 +18,7 @@ import pytest
 
 from bot.approvals.telegram.channel import create
 from bot.config.load import load_settings
+from bot.errors import SendUnknown
 from tests.fakes.telegram import FakeTelegram, parse_html
 from tests.support.desk import SYSTEM, op
 from tests.support.telegram_world import (  # noqa: F401
@@ -615,7 +616,7 @@ async def test_an_unknown_send_is_told_to_ops_with_a_retry_button_that_sends(wor
     assert await world.tap(d, "ap") == "❓ Send outcome unknown; see the card."
     card = world.card(d)
     assert card.text.startswith("❓ Send outcome unknown (approved by Anna")
-    assert _buttons(card.reply_markup) == [f"rt:{d.id}:1"]
+    assert _buttons(card.reply_markup) == [f"ck:{d.id}:1", f"ms:{d.id}:1", f"rt:{d.id}:1"]
     note = await fake.await_for(lambda: fake.chat_messages(OPS_CHAT))
     assert f"#{d.id}" in note[0].text and _buttons(note[0].reply_markup) == [f"rt:{d.id}:1"]
     u = fake.tap(BO, OPS_CHAT, note[0].message_id, f"rt:{d.id}:1", "Bo")
@@ -623,6 +624,24 @@ async def test_an_unknown_send_is_told_to_ops_with_a_retry_button_that_sends(wor
     assert len(world.sender.sent) == 2  # the unknown one and the operator's retry
     assert world.card(d).text.startswith("✅ Sent by ")
     assert world.card(d).reply_markup is None
+
+
+async def test_an_unknown_sends_card_checks_again_and_marks_sent_without_sending(world, fake):
+    """Check again asks the mailbox and says what it found (nothing is sent); Mark as
+    sent records the operator's word: sent, audited, no second send."""
+    d = await world.deliver(1)
+    world.sender.unknown_once = True
+    await world.tap(d, "ap")
+    world.sender.check_answer = SendUnknown("the provider does not file SMTP mail")
+    assert (await world.tap(await world.draft(d), "ck")).startswith(
+        "❓ Still unknown: the provider does not file SMTP mail")
+    assert (await world.draft(d)).status == "send_unknown"
+    assert await world.tap(await world.draft(d), "ms") == "✅ Marked as sent."
+    after = await world.draft(d)
+    assert after.status == "sent" and len(world.sender.sent) == 1
+    assert world.card(d).text.startswith("✅ Sent by ") and world.card(d).reply_markup is None
+    rows = await world.store.audit_log(after.key)
+    assert any(r.action == "sent" and r.actor and "Anna" in r.actor for r in rows)
 
 
 @pytest.mark.parametrize("failure", ["flood wait", "500"])

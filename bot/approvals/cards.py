@@ -29,7 +29,9 @@ CUT_MARKER = "\n\n✂️ … (cut; tap 📄 Full text for the whole draft as a f
 APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT = "ap", "ed", "rg", "rj", "rt", "ft"
 REPLAY = "rp"  # on a failure notice: the same operation as /replay
 DRAFT_REPLY, DISMISS = "dr", "dm"  # on an FYI card (triage said notify)
-ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS)
+CHECK_SEND, MARK_SENT = "ck", "ms"  # on a card whose send's outcome is unknown
+ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS,
+           CHECK_SEND, MARK_SENT)
 # Canonical numbers only (no leading zeros): data we did not make byte for byte is refused.
 _CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[1-9][0-9]{0,17}):"
                        r"(?P<version>[1-9][0-9]{0,8})")
@@ -257,7 +259,8 @@ def status_line(draft: Draft) -> str | None:
                 f"\nNothing was sent. Retry sends this version.")
     if s == Status.SEND_UNKNOWN:
         return (f"❓ Send outcome unknown (approved by {who} at {at}) · {t}\n"
-                f"{error or 'interrupted'}\nCheck the mailbox before you tap Retry.")
+                f"{error or 'interrupted'}\nCheck again asks the mailbox; Mark as sent if it "
+                f"arrived; Send again may send it a second time.")
     if s in (Status.QUEUED, Status.DRAFTING):  # no body yet: a first draft an operator asked for
         return f"🔁 Regenerating · {t} …" if draft.body else f"✍️ Drafting a reply · {t} …"
     if s == Status.DISMISSED:
@@ -284,9 +287,18 @@ def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum:
         return Card(line + "\n\n" + "\n".join(_header(draft)), [])
     text, cut = _with_body([line, ""] + _header(draft), draft)
     buttons: list[list[Button]] = []
-    if draft.status in (Status.SEND_FAILED, Status.SEND_UNKNOWN):
+    if draft.status == Status.SEND_FAILED:
         buttons = [[("🔁 Retry send", callback_data(RETRY, draft.id, draft.version))]]
+    elif draft.status == Status.SEND_UNKNOWN:
+        buttons = unknown_send_buttons(draft)
     return Card(text, buttons, cut)
+
+
+def unknown_send_buttons(draft: Draft) -> list[list[Button]]:
+    """Check again, Mark as sent, and Send again (which says it may duplicate)."""
+    return [[("🔎 Check again", callback_data(CHECK_SEND, draft.id, draft.version)),
+             ("✅ Mark as sent", callback_data(MARK_SENT, draft.id, draft.version))],
+            [("⚠️ Send again (may duplicate)", callback_data(RETRY, draft.id, draft.version))]]
 
 
 def notice_button(draft: Draft) -> Button | None:

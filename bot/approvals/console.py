@@ -187,8 +187,13 @@ class ConsoleChannel(DeskChannel):
                         "Retry asks again, then sends only if it is not found.")
         else:
             self._print(f"   ❌ send failed: {draft.error}. Nothing was sent.")
-        answer = (await _terminal(_ask, "   [t] retry the send, Enter = later: ")).strip().lower()
-        if answer in ("t", "retry"):
+        unknown = draft.status == "send_unknown"
+        answer = (await _terminal(_ask, "   [c] check again, [m] mark as sent, [t] send again "
+                                  "(may duplicate), Enter = later: " if unknown else
+                                  "   [t] retry the send, Enter = later: ")).strip().lower()
+        if unknown and answer in ("c", "m"):
+            await self._unknown_send(draft, answer)
+        elif answer in ("t", "retry"):
             try:
                 after = await self.desk.retry_send(self.op, draft.id)
             except DraftgateError as exc:
@@ -198,6 +203,20 @@ class ConsoleChannel(DeskChannel):
                 await self.update(after)
         else:
             self._print("   left as it is")
+
+    async def _unknown_send(self, draft: Draft, answer: str) -> None:
+        """Check again (asks the mailbox, never sends) or Mark as sent."""
+        try:
+            if answer == "m":
+                after = await self.desk.mark_sent(self.op, draft.id)
+            else:
+                after, note = await self.desk.check_send(self.op, draft.id)
+                self._print(f"   {note}")
+        except DraftgateError as exc:
+            self._print(f"   {exc}")
+            return
+        if after is not None:
+            await self.update(after)
 
     async def update(self, draft: Draft) -> None:
         who = draft.decided_by or "?"

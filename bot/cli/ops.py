@@ -332,8 +332,9 @@ async def _doctor(args) -> int:
         results.append(("store", False, str(exc)))
     from ..approvals.telegram import channel as telegram
     from ..gmail import doctor as gmail
+    from ..imap import doctor as imap
 
-    for module, check in (("bot.gmail.doctor", gmail.check),
+    for module, check in (("bot.gmail.doctor", gmail.check), ("bot.imap.doctor", imap.check),
                           ("bot.approvals.telegram.channel", telegram.doctor)):
         try:
             results.extend(await check(settings))

@@ -19,6 +19,7 @@ from ..redact import register as redact_register
 from . import options as _options
 from .checker import _CLOCK, _DURATION, Checker, _close, _kind, parse_duration
 from .files import load_yaml, pipeline_files
+from .imap import Accounts, ImapAccount, parse_accounts
 from .options import (
     ApprovalOptions,
     DrafterOptions,
@@ -31,8 +32,8 @@ from .outage import OutageOptions, parse_outage
 from .telegram import TelegramConfig, parse_telegram
 from .telegram import chat_id as _chat_id
 
-SOURCE_TYPES = ("maildir", "schedule", "gmail")
-SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft")
+SOURCE_TYPES = ("maildir", "schedule", "gmail", "imap")
+SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft", "smtp_reply", "imap_draft")
 PROVIDERS = ("template", "openai", "anthropic")
 CHANNELS = ("console", "telegram")
 CATCHUP_POLICIES = ("latest", "all", "none")
@@ -87,6 +88,7 @@ class Settings:
     pipelines: list[PipelineConfig]
     telegram: TelegramConfig | None = None
     gmail_accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    imap_accounts: dict[str, ImapAccount] = field(default_factory=dict)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     max_in_flight: int = 8
     seen_ttl_days: float = 90.0
@@ -122,8 +124,8 @@ def _resolve(base: Path, value: str) -> Path:
 #: backfill is fetched, stored and drafted in bounded steps (memory, time to first card).
 DEFAULT_MAX_PER_TICK = 200
 
-_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "models", "max_in_flight", "sweep",
-             "observability", "logging", "outage"}
+_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "imap", "models", "max_in_flight",
+             "sweep", "observability", "logging", "outage"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
                   "daily_token_budget", "enabled", "max_per_tick", "triage", "timezone"}
@@ -167,12 +169,15 @@ def collect_settings(config_file: str | os.PathLike, *,
     ck.unknown(gmail, {"accounts"}, "gmail")
     for name, acc in ck.mapping(gmail.get("accounts"), "gmail.accounts").items():
         settings.gmail_accounts[str(name)] = _gmail_account(ck, acc, f"gmail.accounts.{name}")
+    settings.imap_accounts, imap_names = parse_accounts(ck, data.get("imap"))
     _models(ck, ck.mapping(data.get("models"), "models"), settings)
     seen_names: dict[str, str] = {}
+    imap_accounts = Accounts(settings.imap_accounts)
+    imap_accounts.names = imap_names
     for f in pipeline_files(ck, data, base):
         rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
         pck = Checker(rel, errors)
-        p = _pipeline(pck, load_yaml(f, pck), settings, base)
+        p = _pipeline(pck, load_yaml(f, pck), settings, base, imap_accounts)
         if p is None or (only_pipelines is not None and p.name not in only_pipelines):
             continue
         if p.name in seen_names:
@@ -300,7 +305,8 @@ def _gmail_account(ck: Checker, raw: Any, path: str) -> dict[str, Any]:
     return out
 
 
-def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> PipelineConfig | None:
+def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
+              imap_accounts: Any = ()) -> PipelineConfig | None:
     if raw is None and ck.errors:
         return None
     data = ck.mapping(raw, "")
@@ -315,7 +321,8 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path) -> Pipeline
     tz = ck.timezone(data, "timezone", "")
     raw_source = data.get("source")  # its account is the default of sender.account
     ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
-                           raw_source.get("account") if isinstance(raw_source, dict) else None, tz)
+                           raw_source.get("account") if isinstance(raw_source, dict) else None, tz,
+                           imap_accounts=imap_accounts)
     source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
     filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
     drafter = _drafter(ck, data, settings, base)

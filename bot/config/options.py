@@ -15,7 +15,9 @@ from urllib.parse import urlsplit
 from .. import scheduler
 from ..mail.mime import DEFAULT_MAX_BODY
 from ..mail.reply import parse_from
+from . import imap as _imap
 from .checker import Checker, parse_duration, parse_size, url_problem
+from .imap import ImapSourceOptions, SmtpSenderOptions
 
 DEFAULT_SLOT_FORMAT = "%Y-%m-%dT%H:%M"
 # A fixed reference (Monday 2026-01-05 00:00 UTC) for checking slot_format without I/O.
@@ -157,8 +159,10 @@ class GmailSenderOptions:
     type: str = "gmail_reply"  # or gmail_draft
 
 
-SourceOptions = Union[MaildirSourceOptions, ScheduleSourceOptions, GmailSourceOptions]
-SenderOptions = Union[OutboxSenderOptions, WebhookSenderOptions, GmailSenderOptions]
+SourceOptions = Union[MaildirSourceOptions, ScheduleSourceOptions, GmailSourceOptions,
+                      ImapSourceOptions]
+SenderOptions = Union[OutboxSenderOptions, WebhookSenderOptions, GmailSenderOptions,
+                      SmtpSenderOptions]
 
 _O = TypeVar("_O")
 
@@ -180,6 +184,7 @@ class Context:  # what a stage's options are checked against besides themselves
     cron: str | None = None
     source_account: Any = None  # the default of sender.account
     timezone: str = "UTC"  # the pipeline's, for cron and slot ids
+    imap_accounts: Any = ()  # imap.accounts: name -> ImapAccount
 
 
 def parse_filters(ck: Checker, raw: dict, path: str = "filters") -> FilterOptions:
@@ -378,6 +383,12 @@ _PARSERS: dict[str, tuple[set[str], Callable[[Checker, dict, Context], Any]]] = 
     "webhook": (_keys(WebhookSenderOptions, "secret"), _webhook),  # secret: its own message
     "gmail_reply": (_keys(GmailSenderOptions), _gmail_sender),
     "gmail_draft": (_keys(GmailSenderOptions), _gmail_sender),
+    "imap": (_imap.SOURCE_KEYS, lambda ck, raw, ctx: _imap.parse_source(
+        ck, raw, ctx.imap_accounts, ctx.settings_file)),
+    "smtp_reply": (_imap.SENDER_KEYS, lambda ck, raw, ctx: _imap.parse_sender(
+        ck, raw, ctx.imap_accounts, ctx.settings_file, ctx.source_account)),
+    "imap_draft": (_imap.SENDER_KEYS, lambda ck, raw, ctx: _imap.parse_sender(
+        ck, raw, ctx.imap_accounts, ctx.settings_file, ctx.source_account)),
 }
 
 

@@ -183,6 +183,21 @@ class Decisions:
         d = await self.store.retry_send(draft_id, actor, now=self.clock())
         return None if d is None else await self.sends.send(d)
 
+    async def check_send(self, draft_id: int, actor: str) -> tuple[Draft | None, str]:
+        """Check again, on an unknown send's card: ask the mailbox; never sends."""
+        d = await self._decidable(draft_id)
+        if d is None or d.status != Status.SEND_UNKNOWN:
+            return d, ""
+        return await self.sends.check_again(d)
+
+    async def mark_sent(self, draft_id: int, actor: str) -> Draft | None:
+        """Mark as sent, on an unknown send's card: the operator saw it arrive."""
+        d = await self._decidable(draft_id)
+        if d is None or d.status != Status.SEND_UNKNOWN:
+            return None
+        return await self.operators.update_card(await self.store.mark_sent(
+            draft_id, f"marked sent by {actor}", now=self.clock(), actor=actor))
+
     async def sweep(self, days: float | None, lease_now: Callable[[], float | None]) -> SweepResult:
         now = self.clock()
         ttl = self.settings.approval_ttl_days

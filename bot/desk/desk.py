@@ -90,6 +90,16 @@ class OperatorDesk:
         await self._decidable(op, draft_id, "retry send")
         return await self.decisions.retry_send(draft_id, op.actor)
 
+    async def check_send(self, op: Operator, draft_id: int) -> tuple[Draft | None, str]:
+        """Check again, on an unknown send's card: ask the mailbox; never sends."""
+        await self._decidable(op, draft_id, "check send")
+        return await self.decisions.check_send(draft_id, op.actor)
+
+    async def mark_sent(self, op: Operator, draft_id: int) -> Draft | None:
+        """Mark as sent, on an unknown send's card: the operator saw it arrive."""
+        await self._decidable(op, draft_id, "mark sent")
+        return await self.decisions.mark_sent(draft_id, op.actor)
+
     async def draft_reply(self, op: Operator, draft_id: int, version: int) -> Draft | None:
         await self._decidable(op, draft_id, "draft a reply")
         return await self.decisions.draft_reply(draft_id, version, op.actor)

@@ -21,9 +21,10 @@ from ..service import metrics
 from ..stages import Drafter, Sender, Source, Triager
 
 _SOURCES = {"maildir": "bot.sources.maildir", "schedule": "bot.sources.schedule",
-            "gmail": "bot.sources.gmail"}
+            "gmail": "bot.sources.gmail", "imap": "bot.sources.imap"}
 _SENDERS = {"outbox": "bot.senders.outbox", "webhook": "bot.senders.webhook",
-            "gmail_reply": "bot.senders.gmail", "gmail_draft": "bot.senders.gmail"}
+            "gmail_reply": "bot.senders.gmail", "gmail_draft": "bot.senders.gmail",
+            "smtp_reply": "bot.senders.smtp", "imap_draft": "bot.senders.smtp"}
 _DRAFTERS = {"template": "bot.drafters.template", "openai": "bot.drafters.openai",
              "anthropic": "bot.drafters.anthropic"}
 
@@ -148,6 +149,7 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
         if secret_env and not os.environ.get(secret_env, "").strip():
             out.append(f"{p.file}: sender.secret_env: environment variable "
                        f"{secret_env} is not set; export it with the webhook's token")
+    out += _missing_imap_env(settings, pipelines)
     for name, users in by_model.items():
         p = next(q for q in pipelines if q.name == users[0])
         try:  # the drafter's model or the triage's: built the same way
@@ -169,6 +171,23 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
             if var and not os.environ.get(str(var), ""):
                 out.append(f"{settings.file}: telegram.{key}: environment variable {var} is "
                            f"not set; export it with {what}")
+    return out
+
+
+def _missing_imap_env(settings: Settings, pipelines: list[PipelineConfig]) -> list[str]:
+    """The IMAP/SMTP password variables of the accounts ``pipelines`` use, not set here."""
+    import os
+
+    used = {getattr(stage, "account", None) for p in pipelines for stage in (p.source, p.sender)
+            if stage is not None and stage.type in ("imap", "smtp_reply", "imap_draft")}
+    out = []
+    for name in sorted(n for n in used if n in settings.imap_accounts):
+        a = settings.imap_accounts[name]
+        for key, var in (("password_env", a.password_env),
+                         ("smtp.password_env", a.smtp.password_env if a.smtp else "")):
+            if var and not os.environ.get(var, ""):
+                out.append(f"{settings.file}: imap.accounts.{name}.{key}: environment variable "
+                           f"{var} is not set; export it with the account's (app) password")
     return out
 
 
@@ -206,6 +225,9 @@ def register_secrets(settings: Settings) -> None:
     for p in settings.pipelines:
         if isinstance(p.sender, WebhookSenderOptions):
             env(p.sender.secret_env)
+    for imap in settings.imap_accounts.values():
+        env(imap.password_env)
+        env(imap.smtp.password_env if imap.smtp else None)
     # The store URL's password is not registered: it shows only inside that URL, which
     # scrub() hides anyway, and a weak one ("postgres") would garble every line.
     for name, account in settings.gmail_accounts.items():

@@ -41,6 +41,8 @@ class Loop:
         # Pipelines whose last fetch stopped at max_per_tick: their loop ticks again at
         # once instead of waiting for the next slot, in bounded steps.
         self.backlog: set[str] = set()
+        # Set by an IMAP IDLE watcher when mail arrives: the pipeline ticks now.
+        self.wake: dict[str, asyncio.Event] = {}
 
     async def run_forever(self, stop: asyncio.Event,
                           sweep: Callable[[], Awaitable[SweepResult]]) -> None:
@@ -52,11 +54,35 @@ class Loop:
         loops.append(asyncio.create_task(self._sweep_loop(stop, sweep), name="sweep"))
         if self.reminders is not None:  # reminders and the digest
             loops.append(asyncio.create_task(self.reminders.run(stop), name="reminders"))
+        loops += [asyncio.create_task(w.run(stop), name=f"idle:{w.lease}")
+                  for w in self._idle_watchers()]
         await stop.wait()
         for t in loops:
             t.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         await self.outage.close()
+
+    def _idle_watchers(self) -> list:
+        """IMAP IDLE watchers of the enabled imap sources (none without any)."""
+        if not self.settings.imap_accounts:
+            return []
+        from ..imap.idle import watchers
+
+        return watchers(self.settings, self.store,
+                        lambda name: self.wake.setdefault(name, asyncio.Event()).set())
+
+    async def _woken(self, p: PipelineConfig, stop: asyncio.Event, within: float) -> bool:
+        """Wait up to ``within`` seconds for the next slot or an IDLE wake-up; True if
+        ``stop`` was set meanwhile."""
+        wake = self.wake.setdefault(p.name, asyncio.Event())
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+        try:
+            await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        wake.clear()
+        return stop.is_set()
 
     async def supervised(self, p: PipelineConfig, stop: asyncio.Event,
                          restart_after: float = 60.0) -> None:
@@ -85,7 +111,7 @@ class Loop:
         while not stop.is_set():
             wait = due - self.clock()
             metrics.loop_waiting(p, wait)
-            if wait > 0 and await _stopped(stop, wait):
+            if wait > 0 and await self._woken(p, stop, wait):
                 return
             if not await self.outage.wait(p, stop):  # held while the store is unreachable
                 return

@@ -106,6 +106,19 @@ class Sends:
         return await self.operators.update_card(
             await self.store.mark_sent(d.id, sent_id, now=self.clock()))
 
+    async def check_again(self, d: Draft) -> tuple[Draft | None, str]:
+        """An operator's Check again on an unknown send: ask the other side once more
+        (never sends). The draft after it, and what to tell the operator."""
+        try:
+            found = await self._sender(self.settings.pipeline(d.pipeline)).check(d)
+        except SendUnknown as exc:
+            return d, f"❓ Still unknown: {exc}"[:190]
+        except Exception as exc:
+            return d, f"❓ Could not check: {describe_error(exc)}"[:190]
+        if found:
+            return await self.found_sent(d, found), "✅ Found it in the mailbox: marked sent."
+        return d, "Not in the mailbox: it was not sent. Send again sends it."
+
     async def _check_later(self, draft_id: int) -> None:
         try:
             await asyncio.sleep(self.check_delay)

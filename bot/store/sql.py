@@ -326,13 +326,14 @@ class SqlStore(SqlOps, ContextSql, VectorSql):
             "id = ?", (draft_id,))))
 
     async def mark_sent(self, draft_id: int, sent_id: str,
-                        now: float | None = None) -> Draft | None:
-        """CAS ``sending|send_unknown -> sent``; audit row with the sent text's hash;
-        the reply and its original kept as an example of the pipeline (same transaction)."""
+                        now: float | None = None, actor: str | None = None) -> Draft | None:
+        """CAS ``sending|send_unknown -> sent``; audit row with the sent text's hash
+        (``actor``: the operator who said so, for an unknown send); the reply and its
+        original kept as an example of the pipeline (same transaction)."""
         t = self._now(now)
         return await self._change(_one(Step(
             MARK_SENT, "sent_id = ?, error = NULL, updated_at = ?", (str(sent_id), t),
-            "id = ?", (draft_id,)), action="sent", at=t,
+            "id = ?", (draft_id,)), action="sent", at=t, actor=actor,
             detail=lambda d, _: f"v{d.version}, message id {sent_id}",
             then=lambda d: example_row(d, t, self._clean)))
 

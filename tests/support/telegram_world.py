@@ -59,6 +59,7 @@ class RecordingSender:
     def __init__(self) -> None:
         self.sent: list[tuple[int, int, str]] = []
         self.unknown_once = False
+        self.check_answer: str | Exception | None = None  # what check() says
 
     async def send(self, draft):
         self.sent.append((draft.id, draft.version, draft.body))
@@ -68,7 +69,9 @@ class RecordingSender:
         return SendResult(sent_id=f"msg-{draft.id}")
 
     async def check(self, draft):
-        return None
+        if isinstance(self.check_answer, Exception):
+            raise self.check_answer
+        return self.check_answer
 
     async def close(self):
         pass

@@ -230,6 +230,18 @@ async def _retry(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, 
     return "✅ Sent." if after.status == Status.SENT else f"Retried: {after.status}."
 
 
+async def _unknown_send(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft,
+                        chat_id: int) -> str:
+    """Check again / Mark as sent on a card whose send's outcome is unknown."""
+    if draft.status != Status.SEND_UNKNOWN:
+        return already(draft)
+    if cb.action == cards.MARK_SENT:
+        after = await ch.desk.mark_sent(actor(query.from_user), draft.id)
+        return "✅ Marked as sent." if after is not None else already(draft)
+    found, note = await ch.desk.check_send(actor(query.from_user), draft.id)
+    return note or already(found or draft)
+
+
 async def _replay(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     if draft.status not in REPLAYABLE_STATUSES:
         return already(draft)
@@ -277,7 +289,7 @@ async def _full_text(ch: ChannelView, query: Any, cb: cards.Callback, draft: Dra
 _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
     ((cards.APPROVE,), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
     ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
-    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi)]
+    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send)]
 
 
 # -- replies to prompts and cards ---------------------------------------------------------------

@@ -1,0 +1,72 @@
+"""Thread context for an IMAP message: the messages its References / In-Reply-To name,
+found by ``UID SEARCH HEADER Message-ID`` in the source folder and in the Sent folder.
+
+Only messages the new mail's sender took part in are given (they sent it, or it was
+sent or copied to them): anyone can write ``References: <someone else's id>``, and
+that must not pull another customer's mail into this draft.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..config.imap import ImapAccount
+from ..context.builder import thread_message
+from ..errors import SourceError
+from ..mail.mime import UnparseableMessage, parse_email
+from ..models import Message, ThreadMessage
+from .client import ImapClient
+
+log = logging.getLogger("draftgate.imap")
+
+THREAD_MAX_BODY = 20_000
+_MAX_REFS = 20  # the newest references looked up; older ones rarely add anything
+
+
+def took_part(earlier: Message, sender: str) -> bool:
+    """Whether ``sender`` wrote ``earlier`` or was among its recipients."""
+    who = {a.strip().lower() for a in (earlier.from_addr, earlier.reply_to, *earlier.to,
+                                       *earlier.cc) if a}
+    return bool(sender) and sender.strip().lower() in who
+
+
+async def thread(client: ImapClient, account: ImapAccount, folder: str, message: Message,
+                 limit: int) -> list[ThreadMessage]:
+    """The earlier messages of ``message``'s thread the sender took part in, the newest
+    ``limit``, oldest first (in References order)."""
+    refs = [r for r in message.references if r and r != message.message_id][-_MAX_REFS:]
+    if not refs or limit < 1:
+        return []
+    try:
+        sent = await client.special_folder("\\Sent", account.sent_folder)
+    except SourceError:
+        sent = None
+    folders = [folder] + ([sent] if sent and sent != folder else [])
+    own = {a.lower() for a in (account.address, account.username) if a and "@" in a}
+    found: dict[str, Message] = {}
+    for ref in reversed(refs):  # newest first, so the limit keeps the latest
+        if len(found) >= limit:
+            break
+        for f in folders:
+            uid = await client.find_message_id(f, ref)
+            if uid is None:
+                continue
+            raw = (await client.fetch(f, [uid])).get(uid)
+            if raw is None:
+                continue
+            try:
+                m = await asyncio.to_thread(parse_email, raw, max_body=THREAD_MAX_BODY,
+                                            source_id=f"{f}:{uid}")
+            except UnparseableMessage:
+                break
+            found[ref] = m
+            break
+    kept = [(ref, m) for ref, m in found.items() if took_part(m, message.from_addr)]
+    if len(kept) < len(found):
+        log.info("imap %s: %d message(s) named in References left out of the thread "
+                 "context: the sender took no part in them", account.name,
+                 len(found) - len(kept))
+    order = {r: i for i, r in enumerate(refs)}
+    kept.sort(key=lambda rm: order[rm[0]])
+    return [thread_message(m, ours=m.from_addr.lower() in own) for _, m in kept]
