@@ -202,11 +202,6 @@ class Db:
         return await self.fetch("SELECT id, version, status, send_holder, approval_message_id"
                                 " FROM drafts ORDER BY id")
 
-    async def lock_holder_pid(self) -> int | None:
-        """The pid in the pipeline lock row (holder is ``host:pid:nonce``)."""
-        rows = await self.fetch("SELECT holder FROM locks WHERE name='pipeline:support'")
-        return int(rows[0]["holder"].split(":")[-2]) if rows else None
-
     async def finished_runs(self) -> int:
         rows = await self.fetch("SELECT count(*) AS n FROM pipeline_runs"
                                 " WHERE pipeline='support' AND ended_at IS NOT NULL")

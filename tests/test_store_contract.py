@@ -341,6 +341,24 @@ class TestStoreContract:
         assert await store.mark_posted(a.id, a.version, "-100", "6") is None
         assert [d.id for d in await store.unposted()] == [b.id]
 
+    async def test_a_draft_its_drafter_posts_is_left_out_of_the_outbox_for_its_post_lease(
+            self, store):
+        """A host drafting beside another's tick posts its own cards: the tick's outbox
+        leaves such a draft (or FYI card) alone for its post lease, so no card is posted
+        twice, and takes it once the lease ran out (the helper's post failed or it died)."""
+        await store.admit(P, "s", "v1", [Item(m, Message(subject=m)) for m in ("m1", "m2")],
+                          now=T0)
+        a, b = await store.claim(P, 60, limit=2, now=T0)
+        a = await store.finish_draft(a.id, a.fence, "Hi", now=T0, post_lease=60, lease_now=T0)
+        b = await store.record_triage(b.id, b.fence, "notify", "FYI", lease_seconds=60, now=T0,
+                                      post_lease=60, lease_now=T0)
+        assert (a.status, b.status) == ("ready", "notified")
+        assert await store.unposted(P, now=T0 + 59) == []
+        assert [d.id for d in await store.unposted(P, now=T0 + 61)] == [a.id, b.id]
+        posted = await store.mark_posted(a.id, a.version, "-100", "5", now=T0 + 1)
+        assert posted.lease_until is None  # the post lease ends with the post
+        assert [d.id for d in await store.unposted(P, now=T0 + 61)] == [b.id]
+
     async def test_approve_once_for_exactly_the_version_shown(self, store):
         d = await _awaiting(store, body="Exact text")
         assert await store.approve(d.id, d.version + 1, "anna", now=T0) is None
