@@ -249,13 +249,28 @@ _PG_APPEND = (
     " UPDATE audit_head SET seq = $10, hash = $11 WHERE one = 1")
 
 
-async def append_postgres(con: Any, records: Sequence[Record]) -> None:
-    """Append ``records`` inside the caller's PostgreSQL transaction. The head row is
-    locked FOR UPDATE until commit, so appends from every host are ordered: one waiting
-    for it then reads the head its predecessor committed (READ COMMITTED re-reads a
-    locked row)."""
+_PG_TOKENS = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES ({}, {}, {})"
+              " ON CONFLICT (pipeline, day) DO UPDATE SET tokens = token_usage.tokens + excluded.tokens")
+#: ``_PG_APPEND`` that also adds tokens to a pipeline's usage of a day ($12-$14).
+_PG_APPEND_TOKENS = _PG_APPEND.replace(
+    " UPDATE audit_head", f", tok AS ({_PG_TOKENS.format('$12', '$13', '$14')}) UPDATE audit_head")
+
+
+async def append_postgres(con: Any, records: Sequence[Record],
+                          tokens: tuple[str, str, int] | None = None) -> None:
+    """Append ``records`` inside the caller's PostgreSQL transaction, and add
+    ``tokens`` (pipeline, day, count) to that day's usage in the same statement. The
+    head row is locked FOR UPDATE until commit, so appends from every host are
+    ordered: one waiting for it then reads the head its predecessor committed (READ
+    COMMITTED re-reads a locked row)."""
     if not records:
+        if tokens is not None:
+            await con.execute(_PG_TOKENS.format("$1", "$2", "$3"), *tokens)
         return
     head = head_of(await con.fetch(HEAD_SQL + " FOR UPDATE"))
     rows, (seq, h) = link(head, records)
-    await con.execute(_PG_APPEND, *[list(col) for col in zip(*rows, strict=True)], seq, h)
+    cols = [list(col) for col in zip(*rows, strict=True)]
+    if tokens is None:
+        await con.execute(_PG_APPEND, *cols, seq, h)
+    else:
+        await con.execute(_PG_APPEND_TOKENS, *cols, seq, h, *tokens)

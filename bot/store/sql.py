@@ -88,10 +88,10 @@ class SqlStore(SqlOps, ContextSql):
                 await self._append(db, change.missed(pre, self._clean) if change.missed else [])
                 return None
             draft = draft_from_row(rows[0])
-            statements, records = change.followups(draft, old, self._clean)
+            statements, records, tokens = change.followups(draft, old, self._clean)
             for sql, args in statements:
                 await db.run(sql, args)
-            await self._append(db, records)
+            await self._append(db, records, tokens)
             return draft
 
         return await self._run(run, tx=not change.single)
