@@ -775,6 +775,17 @@ class TestStoreContract:
         report = await store.verify_audit()
         assert report.ok and report.checked == 7 and report.head == (7, rows[-1]["hash"])
 
+    async def test_rows_of_any_text_and_time_verify(self, store):
+        """What a backend hashes itself (PostgreSQL hashes a single row in SQL) is
+        exactly what verify recomputes: quotes, backslashes, control characters,
+        non-ASCII text, no key, odd times."""
+        texts = ['a "quoted" \\ line\nnext\t\x01\x1f', "Zoë 🦊 日本語 \u2028", None, "\ud7ff\ue000"]
+        for i, text in enumerate(texts):
+            await store.audit("Zoë" if i % 2 else "anna", "note", None if i == 2 else f'k|<"{i}">',
+                              text=text, detail=text, now=T0 + i * 0.1 + 1e-7 * (i == 3))
+        report = await store.verify_audit()
+        assert report.ok and report.checked == len(texts), report
+
     async def test_audit_log_is_newest_first_with_text_hashes(self, store):
         await store.audit("anna", "note", "k1", text="hello", detail="d1", now=T0)
         await store.audit("bob", "note", "k2", now=T0 + 1)
