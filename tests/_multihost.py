@@ -66,9 +66,11 @@ def card_posts(tg: FakeTelegram) -> dict[int, int]:
 
 
 def write_deployment(tmp: Path, *, store: str, gmail: FakeGmail, tg: FakeTelegram,
-                     llm: FakeLLM, lease: str, model_timeout: str) -> Path:
+                     llm: FakeLLM, lease: str, model_timeout: str,
+                     max_in_flight: int | None = None) -> Path:
     """draftgate.yaml and pipelines/support.yaml: Gmail in, openai-compatible model,
-    Telegram approvals, Gmail reply out, ticking every second."""
+    Telegram approvals, Gmail reply out, ticking every second. ``max_in_flight``:
+    drafts in flight per process (default: draftgate's)."""
     (tmp / "pipelines").mkdir()
     write_token_file(tmp / "support-token.json", gmail)
     (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
@@ -109,6 +111,8 @@ def write_deployment(tmp: Path, *, store: str, gmail: FakeGmail, tg: FakeTelegra
             timeout: {model_timeout}
             retries: 0
         """))
+    if max_in_flight is not None:
+        cfg.write_text(cfg.read_text() + f"max_in_flight: {max_in_flight}\n")
     return cfg
 
 
@@ -200,11 +204,6 @@ class Db:
     async def draft_rows(self) -> list[asyncpg.Record]:
         return await self.fetch("SELECT id, version, status, send_holder, approval_message_id"
                                 " FROM drafts ORDER BY id")
-
-    async def lock_holder_pid(self) -> int | None:
-        """The pid in the pipeline lock row (holder is ``host:pid:nonce``)."""
-        rows = await self.fetch("SELECT holder FROM locks WHERE name='pipeline:support'")
-        return int(rows[0]["holder"].split(":")[-2]) if rows else None
 
     async def finished_runs(self) -> int:
         rows = await self.fetch("SELECT count(*) AS n FROM pipeline_runs"

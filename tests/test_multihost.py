@@ -23,6 +23,7 @@ from tests.fakes.gmail import FakeGmail
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
 
+from ._chaos_parts import _pid_of_client
 from ._multihost import (
     ANNA,
     CHAT,
@@ -55,9 +56,10 @@ class World:
         self.db = Db(url)
         self.hosts: list[Host] = []
 
-    def deploy(self, *, lease: str, model_timeout: str) -> Path:
+    def deploy(self, *, lease: str, model_timeout: str, max_in_flight: int | None = None) -> Path:
         return write_deployment(self.tmp, store=self.url, gmail=self.gmail, tg=self.tg,
-                                llm=self.llm, lease=lease, model_timeout=model_timeout)
+                                llm=self.llm, lease=lease, model_timeout=model_timeout,
+                                max_in_flight=max_in_flight)
 
     def host(self, name: str, cfg: Path, receive: str, **kw) -> Host:
         h = Host(name, cfg, self.tg, receive=receive, **kw)
@@ -199,6 +201,44 @@ async def test_three_hosts_draft_post_and_send_each_of_200_messages_exactly_once
 
 @pytest.mark.slow
 @pytest.mark.postgres
+async def test_two_hosts_draft_one_pipelines_queue_side_by_side_each_email_once(world):
+    """With one draft in flight per process, two hosts have two emails of one pipeline
+    at the model at the same time: the host that does not run the tick drafts beside
+    the one that does (a second host used to wait, doubling nothing). Each email is
+    still drafted once and gets one card, and the ticks never overlap."""
+    w = world
+    cfg = w.deploy(lease="60s", model_timeout="50s", max_in_flight=1)
+    hosts = [w.host("a", cfg, "polling"), w.host("b", cfg, "off")]
+    await until(w.db.cursor_recorded, 40, "the first tick to record Gmail's cursor", hosts)
+    first, second = w.llm.hold(), w.llm.hold()
+    w.llm.script(first, second)
+    for n in (1, 2):
+        w.gmail.add_message(ticket_email(n))
+    try:
+        for held in (first, second):
+            assert await asyncio.to_thread(held.arrived.wait, 30), (
+                f"{len(w.llm.requests)} model call(s) in flight, not 2\n{logs(hosts)}")
+        askers = {_pid_of_client(r.client_port, [h.pid for h in hosts]) for r in w.llm.requests}
+        assert askers == {h.pid for h in hosts}
+    finally:
+        first.release()
+        second.release()
+
+    async def both_waiting():
+        rows = await w.db.draft_rows()
+        return rows if [r["status"] for r in rows] == ["awaiting", "awaiting"] else None
+    rows = await until(both_waiting, 30, "both cards", hosts)
+    await _stop_all(hosts)
+    assert sorted(tickets_of(w.llm)) == [1, 2]
+    assert card_posts(w.tg) == {r["id"]: 1 for r in rows}
+    assert len(w.tg.chat_messages(CHAT)) == 2
+    runs = await w.db.fetch("SELECT started_at, ended_at FROM pipeline_runs"
+                            " WHERE ended_at IS NOT NULL ORDER BY started_at")
+    assert not [(a, b) for a, b in pairwise(runs) if b["started_at"] < a["ended_at"]]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
 async def test_sigkill_of_the_host_holding_a_draft_another_host_finishes_it_once(world):
     """The host drafting an email is SIGKILLed mid model call: after the lease another
     host drafts it again, and the operator sees one card and sends one reply."""
@@ -216,10 +256,11 @@ async def test_sigkill_of_the_host_holding_a_draft_another_host_finishes_it_once
     gid = w.gmail.add_message(ticket_email(7))
     assert await asyncio.to_thread(held.arrived.wait, 30), logs(workers)
 
-    # The draft is claimed, and the pipeline lock names the host drafting it.
+    # The draft is claimed; the host drafting it is the one whose call the model holds
+    # (the tick's host or one drafting beside it).
     [row] = await w.db.fetch("SELECT id, status FROM drafts")
     assert row["status"] == "drafting"
-    pid = await w.db.lock_holder_pid()
+    pid = _pid_of_client(w.llm.requests[-1].client_port, [h.pid for h in workers])
     [victim] = [h for h in workers if h.pid == pid]
     [survivor] = [h for h in workers if h is not victim]
     assert victim.kill() == -signal.SIGKILL

@@ -334,6 +334,24 @@ class TestStoreContract:
         assert await store.mark_posted(a.id, a.version, "-100", "6") is None
         assert [d.id for d in await store.unposted()] == [b.id]
 
+    async def test_a_draft_its_drafter_posts_is_left_out_of_the_outbox_for_its_post_lease(
+            self, store):
+        """A host drafting beside another's tick posts its own cards: the tick's outbox
+        leaves such a draft (or FYI card) alone for its post lease, so no card is posted
+        twice, and takes it once the lease ran out (the helper's post failed or it died)."""
+        await store.admit(P, "s", "v1", [Item(m, Message(subject=m)) for m in ("m1", "m2")],
+                          now=T0)
+        a, b = await store.claim(P, 60, limit=2, now=T0)
+        a = await store.finish_draft(a.id, a.fence, "Hi", now=T0, post_lease=60, lease_now=T0)
+        b = await store.record_triage(b.id, b.fence, "notify", "FYI", lease_seconds=60, now=T0,
+                                      post_lease=60, lease_now=T0)
+        assert (a.status, b.status) == ("ready", "notified")
+        assert await store.unposted(P, now=T0 + 59) == []
+        assert [d.id for d in await store.unposted(P, now=T0 + 61)] == [a.id, b.id]
+        posted = await store.mark_posted(a.id, a.version, "-100", "5", now=T0 + 1)
+        assert posted.lease_until is None  # the post lease ends with the post
+        assert [d.id for d in await store.unposted(P, now=T0 + 61)] == [b.id]
+
     async def test_approve_once_for_exactly_the_version_shown(self, store):
         d = await _awaiting(store, body="Exact text")
         assert await store.approve(d.id, d.version + 1, "anna", now=T0) is None
@@ -749,6 +767,17 @@ class TestStoreContract:
         assert all(a["hash"] == b["prev_hash"] for a, b in zip(rows, rows[1:], strict=False))
         report = await store.verify_audit()
         assert report.ok and report.checked == 7 and report.head == (7, rows[-1]["hash"])
+
+    async def test_rows_of_any_text_and_time_verify(self, store):
+        """What a backend hashes itself (PostgreSQL hashes a single row in SQL) is
+        exactly what verify recomputes: quotes, backslashes, control characters,
+        non-ASCII text, no key, odd times."""
+        texts = ['a "quoted" \\ line\nnext\t\x01\x1f', "Zoë 🦊 日本語 \u2028", None, "\ud7ff\ue000"]
+        for i, text in enumerate(texts):
+            await store.audit("Zoë" if i % 2 else "anna", "note", None if i == 2 else f'k|<"{i}">',
+                              text=text, detail=text, now=T0 + i * 0.1 + 1e-7 * (i == 3))
+        report = await store.verify_audit()
+        assert report.ok and report.checked == len(texts), report
 
     async def test_audit_log_is_newest_first_with_text_hashes(self, store):
         await store.audit("anna", "note", "k1", text="hello", detail="d1", now=T0)

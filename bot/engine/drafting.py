@@ -39,6 +39,11 @@ log = logging.getLogger("draftgate.engine")
 #: is cut to this, so drafting is never stopped for good by one answer).
 MAX_MODEL_HOLD = 3600.0
 
+#: A process helping with another's tick (see ``draft_queued``) posts the cards of its
+#: drafts itself; the tick's outbox leaves them to it for this long (a post that
+#: failed, or a helper that died, is posted by a tick after it).
+HELPER_POST_LEASE = 60.0
+
 
 class Drafting:
     def __init__(self, settings: Settings, store: Store, leases: Leases, operators: Channels,
@@ -113,19 +118,14 @@ class Drafting:
 
     # -- drafting ---------------------------------------------------------------------
     async def draft_queued(self, p: PipelineConfig, counts: RunCounts,
-                           until: float | None = None) -> bool:
+                           until: float | None = None, *, helping: bool = False) -> bool:
         """Draft what is queued, posting each card as its draft is stored; no claim
         starts at or after ``until`` (the rest stay queued for the next tick). False if
-        the approval channel was unreachable for one of them (the rest wait in ready)."""
-        # A lease left by a crashed or hung worker goes back to the queue here, on
-        # every tick, rather than waiting for the daily sweep.
-        _requeued, failed = await self.store.requeue_expired(
-            p.name, max_attempts=p.max_attempts, now=self.leases.now())
-        if failed:
-            counts.failed += failed
-            await self.operators.notify(f"⚠️ {p.name}: {failed} draft(s) failed: their drafting lease "
-                                    f"expired on the last attempt. /pending and /status show them; "
-                                    f"/replay retries one.")
+        the approval channel was unreachable for one of them (the rest wait in ready).
+        ``helping``: another process runs the pipeline's tick and this one only drafts
+        beside it (each item under its own claim) and posts what it drafted."""
+        if not helping:  # (the tick does that)
+            await self._requeue_expired(p, counts)
         wait = self._not_before.get(p.name, 0.0) - self.clock()
         if wait > 0:
             log.info("%s: the model asked to wait; drafting resumes in %.0fs", p.name, wait)
@@ -134,6 +134,7 @@ class Drafting:
         stop = asyncio.Event()
         channel_down = asyncio.Event()
         lost = lambda: self.leases.is_lost(p.name)  # noqa: E731
+        post_lease = HELPER_POST_LEASE if helping else None
 
         async def worker() -> None:
             while not stop.is_set():
@@ -153,7 +154,8 @@ class Drafting:
                     if not claimed:
                         stop.set()
                         return
-                    if not await self.draft_one(p, claimed[0], counts, drafted.append):
+                    if not await self.draft_one(p, claimed[0], counts, drafted.append,
+                                                post_lease=post_lease):
                         stop.set()
                 # Its card goes out now, not after the whole queue is drafted. Through
                 # the outbox all the same: the row is `ready` until posted, so a crash
@@ -176,15 +178,29 @@ class Drafting:
         self.leases.still_held(p.name)
         return not channel_down.is_set()
 
+    async def _requeue_expired(self, p: PipelineConfig, counts: RunCounts) -> None:
+        """A lease left by a crashed or hung worker goes back to the queue here, on
+        every tick, rather than waiting for the daily sweep."""
+        _requeued, failed = await self.store.requeue_expired(
+            p.name, max_attempts=p.max_attempts, now=self.leases.now())
+        if failed:
+            counts.failed += failed
+            await self.operators.notify(f"⚠️ {p.name}: {failed} draft(s) failed: their drafting lease "
+                                    f"expired on the last attempt. /pending and /status show them; "
+                                    f"/replay retries one.")
+
     @logfmt.about_draft
     async def draft_one(self, p: PipelineConfig, d: Draft, counts: RunCounts,
-                        ready: Callable[[Draft], None] | None = None) -> bool:
+                        ready: Callable[[Draft], None] | None = None, *,
+                        post_lease: float | None = None) -> bool:
         """Draft one claimed item; False when the model is in trouble (stop claiming).
         ``ready`` gets the stored draft (status ``ready``) when one was made, or the
-        ``notified`` one whose FYI card is to be posted when triage said notify."""
+        ``notified`` one whose FYI card is to be posted when triage said notify.
+        ``post_lease``: the caller posts that card, and no outbox does for so long
+        (``Store.finish_draft``)."""
         if self._prepare is not None:
             await self._prepare(p)
-        triaged = await self._triaged(p, d, counts, ready)
+        triaged = await self._triaged(p, d, counts, ready, post_lease)
         if triaged is None:
             return True
         d = triaged
@@ -231,7 +247,9 @@ class Drafting:
                                                model=result.model, now=self.clock(),
                                                used=grounded.check(p, request, body, (
                                                    result.used if result.used is not None
-                                                   else context.used())))
+                                                   else context.used())),
+                                               post_lease=post_lease,
+                                               lease_now=self.leases.now())
         counts.tokens += result.tokens_in + result.tokens_out
         if stored is None:
             # The lease was lost (swept and re-claimed): this answer is stale.
@@ -247,7 +265,8 @@ class Drafting:
         return True
 
     async def _triaged(self, p: PipelineConfig, d: Draft, counts: RunCounts,
-                       ready: Callable[[Draft], None] | None) -> Draft | None:
+                       ready: Callable[[Draft], None] | None,
+                       post_lease: float | None = None) -> Draft | None:
         """Triage a claimed draft before drafting it: the draft to draft now, or None
         when there is nothing to draft (notified, skipped, or its lease was lost).
         Only version 1 is triaged, once: the decision is stored with the draft (a
@@ -265,7 +284,8 @@ class Drafting:
         counts.tokens += decision.tokens
         after = await self.store.record_triage(
             d.id, d.fence, decision.action, decision.reason, tokens=decision.tokens,
-            lease_seconds=p.lease, now=self.clock())
+            lease_seconds=p.lease, now=self.clock(), post_lease=post_lease,
+            lease_now=self.leases.now())
         if decision.failed:
             counts.triage_failed += 1
             await self.operators.notify_once(

@@ -185,7 +185,24 @@ class Engine:
                 await self._tick_locked(p, scheduled_for, counts, until)
             else:
                 log.info("%s: another process is running this pipeline; tick skipped", name)
+        if not held and until is not None:
+            await self._help(p, until)
         return counts
+
+    async def _help(self, p: PipelineConfig, until: float) -> None:
+        """Another process runs ``p``'s tick (fetch, admit, outbox, sends): this one
+        drafts beside it until ``until``, each item under its own claim and fence, and
+        posts the cards of what it drafted. So several hosts share one pipeline's
+        drafting, the slow part, while its ticks still never overlap."""
+        counts = RunCounts()
+        try:
+            await self.drafting.draft_queued(p, counts, until, helping=True)
+        except Exception as exc:
+            log.warning("%s: drafting beside another process's tick failed: %s", p.name,
+                        describe_error(exc), exc_info=not isinstance(exc, DraftgateError))
+        if counts.drafted:
+            log.info("%s: drafted %d beside another process's tick (posted %d)", p.name,
+                     counts.drafted, counts.posted)
 
     async def _tick_locked(self, p: PipelineConfig, scheduled_for: float, counts: RunCounts,
                            until: float | None) -> None:
@@ -330,7 +347,7 @@ class Engine:
     async def _post_ready(self, p: PipelineConfig, counts: RunCounts) -> None:
         batch = 100
         while True:
-            waiting = await self.store.unposted(p.name, limit=batch)
+            waiting = await self.store.unposted(p.name, limit=batch, now=self.leases.now())
             for d in waiting:
                 self.leases.still_held(p.name)
                 if not await self.channels.post_counted(p, d, counts):

@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Self, Sequence, TypeVar
 from ..errors import StoreError
 from ..models import Draft, Item
 from .chain import Record, Report
-from .rows import Db, audit_row, select_drafts
+from .rows import Db, Tokens, audit_row, select_drafts
 
 T = TypeVar("T")
 
@@ -179,9 +179,11 @@ class Backend(abc.ABC):
         await self._run(tx)
 
     @abc.abstractmethod
-    async def _append(self, db: Db, records: Sequence[Record]) -> None:
+    async def _append(self, db: Db, records: Sequence[Record], tokens: Tokens | None = None) -> None:
         """Append ``records`` to the audit chain inside ``db``'s transaction (each
-        backend in as few round trips as it can)."""
+        backend in as few round trips as it can), and add ``tokens`` to the day's usage
+        after them: a pipeline's usage is one row that every draft updates, so it is
+        locked last, under the chain's head, where no other writer waits on it."""
 
     async def _select_drafts(self, where: str, args: tuple, tail: str = "ORDER BY id"
                              ) -> list[Draft]:

@@ -249,13 +249,51 @@ _PG_APPEND = (
     " UPDATE audit_head SET seq = $10, hash = $11 WHERE one = 1")
 
 
-async def append_postgres(con: Any, records: Sequence[Record]) -> None:
-    """Append ``records`` inside the caller's PostgreSQL transaction. The head row is
-    locked FOR UPDATE until commit, so appends from every host are ordered: one waiting
-    for it then reads the head its predecessor committed (READ COMMITTED re-reads a
-    locked row)."""
-    if not records:
+#: PostgreSQL: ONE row chained and appended in one statement, hashed by the server
+#: (``sha256``, PostgreSQL 11+; claim's MATERIALIZED needs 12) over the head it locks: ``prev_hash || '[' || seq ||
+#: $7``, where $7 is the rest of the canonical row (``canonical_tail``), so the text
+#: hashed is the one ``row_hash`` hashes. The head is then locked for this statement
+#: and the COMMIT only, not for the round trips of reading it first: every host's
+#: audited changes queue on it. No head row: nothing is written ("UPDATE 0"). The
+#: main UPDATE reads ``n``, so ``h`` locks the head first; the INSERTs (and the tokens'
+#: upsert), which it does not read, run after it: head before usage row, always.
+_PG_APPEND_ONE = (
+    "WITH h AS (SELECT seq, hash FROM audit_head WHERE one = 1 FOR UPDATE),"
+    " n AS (SELECT seq + 1 AS seq, hash AS prev, encode(sha256(convert_to("
+    "hash || '[' || (seq + 1)::text || $7, 'UTF8')), 'hex') AS hash FROM h),"
+    " ins AS (INSERT INTO audit (at, actor, action, draft_key, text_sha256, detail, seq,"
+    " prev_hash, hash) SELECT $1::float8, $2, $3, $4, $5, $6, seq, prev, hash FROM n)"
+    " UPDATE audit_head SET seq = n.seq, hash = n.hash FROM n WHERE audit_head.one = 1")
+_PG_TOKENS = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES ({}, {}, {})"
+              " ON CONFLICT (pipeline, day) DO UPDATE SET tokens = token_usage.tokens + excluded.tokens")
+#: ``_PG_APPEND_ONE`` that also adds tokens to a pipeline's usage of a day ($8-$10).
+_PG_APPEND_ONE_TOKENS = _PG_APPEND_ONE.replace(
+    " UPDATE audit_head", f", tok AS ({_PG_TOKENS.format('$8', '$9', '$10')}) UPDATE audit_head")
+
+
+def canonical_tail(r: Record) -> str:
+    """``canonical(seq, r)`` without its first characters ``[<seq>``."""
+    return canonical(0, r)[2:]
+
+
+async def append_postgres(con: Any, records: Sequence[Record],
+                          tokens: tuple[str, str, int] | None = None) -> None:
+    """Append ``records`` inside the caller's PostgreSQL transaction, and add
+    ``tokens`` (pipeline, day, count) to that day's usage in the same statement. The
+    head row is locked FOR UPDATE until commit, so appends from every host are
+    ordered: one waiting for it then reads the head its predecessor committed (READ
+    COMMITTED re-reads a locked row)."""
+    if len(records) == 1:  # a decision, a draft: hashed by the server under the lock
+        [r] = records
+        args = (float(r.at), *r[1:], canonical_tail(r))
+        status = await (con.execute(_PG_APPEND_ONE, *args) if tokens is None else
+                        con.execute(_PG_APPEND_ONE_TOKENS, *args, *tokens))
+        if status != "UPDATE 1":
+            raise StoreError(NO_HEAD)
         return
-    head = head_of(await con.fetch(HEAD_SQL + " FOR UPDATE"))
-    rows, (seq, h) = link(head, records)
-    await con.execute(_PG_APPEND, *[list(col) for col in zip(*rows, strict=True)], seq, h)
+    if records:
+        head = head_of(await con.fetch(HEAD_SQL + " FOR UPDATE"))
+        rows, (seq, h) = link(head, records)
+        await con.execute(_PG_APPEND, *[list(col) for col in zip(*rows, strict=True)], seq, h)
+    if tokens is not None:  # after the head: the two are always locked in that order
+        await con.execute(_PG_TOKENS.format("$1", "$2", "$3"), *tokens)

@@ -35,7 +35,7 @@ from ..redact import redact_url
 from . import chain
 from .base import AdmitResult, StoreMissing
 from .pg_schema import MIGRATIONS, TABLES
-from .rows import CURSOR_SQL, DRAFT_COLS, Db, admit_record, draft_from_row
+from .rows import CURSOR_SQL, DRAFT_COLS, Db, Tokens, admit_record, draft_from_row
 from .sql import SqlStore
 from .transitions import CLAIM, cas
 
@@ -286,10 +286,12 @@ class PostgresStore(SqlStore):
         async with (self._tx() if tx else self._conn()) as con:
             return await fn(_PgDb(con))
 
-    async def _append(self, db: Db, records: Sequence[chain.Record]) -> None:
-        # The rows and the new head in one statement, under the head's row lock.
+    async def _append(self, db: Db, records: Sequence[chain.Record],
+                      tokens: Tokens | None = None) -> None:
+        # The rows, the new head and the tokens in one statement, under the head's row
+        # lock: the usage row is then held for no round trip of its own.
         assert isinstance(db, _PgDb)
-        await chain.append_postgres(db.con, records)
+        await chain.append_postgres(db.con, records, tokens)
 
     async def verify_audit(self) -> chain.Report:
         async with self._conn() as con:

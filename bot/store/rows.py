@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 from ..clock import utc_day
 from ..models import Draft, Message, Run, sha256_text
@@ -28,6 +28,14 @@ TOKENS_SQL = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES (?, ?, ?) 
               "ON CONFLICT (pipeline, day) DO UPDATE SET "
               "tokens = token_usage.tokens + excluded.tokens")
 BEFORE_SQL = "SELECT status, error FROM drafts WHERE id = ?"
+
+
+class Tokens(NamedTuple):
+    """Tokens to add to a pipeline's usage of a UTC day (TOKENS_SQL's arguments)."""
+
+    pipeline: str
+    day: str
+    tokens: int
 CURSOR_SQL = ("INSERT INTO cursors (pipeline, scope, value, updated_at) VALUES (?, ?, ?, ?) "
               "ON CONFLICT (pipeline, scope) DO UPDATE SET value = excluded.value, "
               "updated_at = excluded.updated_at")
@@ -139,18 +147,18 @@ class Change:
                 and not self.prelude and self.then is None and self.missed is None)
 
     def followups(self, d: Draft, old: Any, clean: Callable
-                  ) -> tuple[list[tuple[str, tuple]], list[Record]]:
-        """The statements and the audit rows that go with the change."""
+                  ) -> tuple[list[tuple[str, tuple]], list[Record], Tokens | None]:
+        """The statements, the audit rows and the token count that go with the change
+        (the count is added with the audit rows: see ``Backend._append``)."""
         out: list[tuple[str, tuple]] = []
         records = []
         if self.action is not None and self.detail is not None:
             records.append(audit_row(self.at, self.actor or d.decided_by or SYSTEM,
                                      self.action, d.key, d.body, self.detail(d, old), clean))
-        if self.tokens:
-            out.append((TOKENS_SQL, (d.pipeline, utc_day(self.at), int(self.tokens))))
+        tokens = Tokens(d.pipeline, utc_day(self.at), int(self.tokens)) if self.tokens else None
         if self.then is not None:
             out += self.then(d)
-        return out, records
+        return out, records, tokens
 
 
 class Db(Protocol):

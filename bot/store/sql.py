@@ -90,10 +90,10 @@ class SqlStore(SqlOps, ContextSql, VectorSql):
                 await self._append(db, change.missed(pre, self._clean) if change.missed else [])
                 return None
             draft = draft_from_row(rows[0])
-            statements, records = change.followups(draft, old, self._clean)
+            statements, records, tokens = change.followups(draft, old, self._clean)
             for sql, args in statements:
                 await db.run(sql, args)
-            await self._append(db, records)
+            await self._append(db, records, tokens)
             return draft
 
         return await self._run(run, tx=not change.single)
@@ -110,17 +110,24 @@ class SqlStore(SqlOps, ContextSql, VectorSql):
     async def finish_draft(self, draft_id: int, fence: int, body: str, *,
                            tokens_in: int = 0, tokens_out: int = 0, model: str = "",
                            now: float | None = None,
-                           used: dict[str, Any] | None = None) -> Draft | None:
+                           used: dict[str, Any] | None = None,
+                           post_lease: float | None = None,
+                           lease_now: float | None = None) -> Draft | None:
         """Fenced ``drafting -> ready`` storing the body and what its request ``used``
         (:meth:`Context.used`). ``None`` when the fence no
         longer matches (the lease was lost): a stale worker changes nothing. Token use
         is added to the draft and to the pipeline's usage for the UTC day of ``now``.
-        Audited as ``draft`` (version, ``model``, tokens)."""
+        Audited as ``draft`` (version, ``model``, tokens). ``post_lease`` (seconds):
+        the caller posts the card itself, and :meth:`unposted` leaves the draft out
+        for that long (from ``lease_now``, the lease clock), so no other process
+        posts it meanwhile."""
         t = self._now(now)
+        lease_sql, lease_args = self._post_lease(post_lease, lease_now)
         return await self._change(_one(Step(
-            FINISH, "body = ?, lease_until = NULL, error = NULL, tokens_in = tokens_in + ?, "
-                    "tokens_out = tokens_out + ?, updated_at = ?, used = ?",
-            (self._clean(body), int(tokens_in), int(tokens_out), t,
+            FINISH, f"body = ?, lease_until = {lease_sql}, error = NULL, "
+                    "tokens_in = tokens_in + ?, tokens_out = tokens_out + ?, updated_at = ?, "
+                    "used = ?",
+            (self._clean(body), *lease_args, int(tokens_in), int(tokens_out), t,
              self._clean(json.dumps(used)) if used else None),
             "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out,
             action="draft", actor=SYSTEM, detail=lambda d, _: draft_detail(
@@ -145,9 +152,18 @@ class SqlStore(SqlOps, ContextSql, VectorSql):
             RELEASE, "lease_until = NULL, updated_at = ?", (time.time(),),
             "id = ? AND fence = ?", (draft_id, fence)))) is not None
 
+    def _post_lease(self, seconds: float | None, now: float | None) -> tuple[str, tuple]:
+        """SQL and arguments for ``lease_until`` of a draft entering ``ready`` (or
+        ``notified``): NULL, or the lease clock + ``seconds`` (see ``finish_draft``)."""
+        if seconds is None:
+            return "NULL", ()
+        clock, arg = self._db_clock(now)
+        return f"{clock} + ?", (arg, float(seconds))
+
     async def record_triage(self, draft_id: int, fence: int, action: str, reason: str, *,
                             tokens: int = 0, lease_seconds: float,
-                            now: float | None = None) -> Draft | None:
+                            now: float | None = None, post_lease: float | None = None,
+                            lease_now: float | None = None) -> Draft | None:
         """Fenced, one transaction: store the triage decision (``reply | notify | skip``)
         and its reason with the draft, add ``tokens`` to the day's usage and append an
         audit row. ``reply``: stays ``drafting`` with its lease renewed for
@@ -161,9 +177,10 @@ class SqlStore(SqlOps, ContextSql, VectorSql):
             step = Step(TRIAGE_REPLY, assign + f", lease_until = {clock} + ?",
                         (*args, arg, float(lease_seconds)), "id = ? AND fence = ?",
                         (draft_id, fence))
-        elif action == "notify":
-            step = Step(TRIAGE_NOTIFY, assign + ", lease_until = NULL", args,
-                        "id = ? AND fence = ?", (draft_id, fence))
+        elif action == "notify":  # its FYI card: posted by the caller, as finish_draft's
+            lease_sql, lease_args = self._post_lease(post_lease, lease_now)
+            step = Step(TRIAGE_NOTIFY, assign + f", lease_until = {lease_sql}",
+                        (*args, *lease_args), "id = ? AND fence = ?", (draft_id, fence))
         elif action == "skip":  # the reason is what `status <pipeline>` lists
             step = Step(TRIAGE_SKIP, assign + ", lease_until = NULL, error = ?",
                         (*args, self._clean(scrub(f"triage: {reason}"))),
@@ -179,8 +196,9 @@ class SqlStore(SqlOps, ContextSql, VectorSql):
         """CAS ``ready -> awaiting`` for that version, keeping the card's chat and
         message id; for a ``notified`` draft (an FYI card) the status stays;
         ``updated_at`` becomes ``now`` (reminders count from it)."""
-        # updated_at is when the card went up: reminders count from it.
-        assign = "approval_chat = ?, approval_message_id = ?, updated_at = ?"
+        # updated_at is when the card went up: reminders count from it. lease_until: a
+        # post lease (finish_draft's post_lease) ends with the post.
+        assign = "approval_chat = ?, approval_message_id = ?, lease_until = NULL, updated_at = ?"
         args = (str(chat), str(message_id), self._now(now))
         where = "id = ? AND version = ?", (draft_id, version)
         # A draft's card (ready -> awaiting), or an FYI card (stays notified).
@@ -380,11 +398,15 @@ class SqlStore(SqlOps, ContextSql, VectorSql):
         # predicate in it and reads that index in id order.
         return await self._select_drafts(PENDING_SQL, (), tail)
 
-    async def unposted(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
+    async def unposted(self, pipeline: str | None = None, limit: int = 100,
+                       now: float | None = None) -> list[Draft]:
         """Drafts in ``ready`` (never posted, or re-drafted) and ``notified`` ones whose
-        FYI card was never posted, oldest first."""
-        where = "(status = ? OR (status = ? AND approval_message_id IS NULL))"
-        args: tuple = (Status.READY, Status.NOTIFIED)
+        FYI card was never posted, oldest first; not those whose post lease (see
+        ``finish_draft``) runs at ``now`` (the lease clock): their drafter posts them."""
+        clock, arg = self._db_clock(now)
+        where = ("(status = ? OR (status = ? AND approval_message_id IS NULL))"
+                 f" AND (lease_until IS NULL OR lease_until <= {clock})")
+        args: tuple = (Status.READY, Status.NOTIFIED, arg)
         if pipeline is not None:
             where, args = "pipeline = ? AND " + where, (pipeline, *args)
         return await self._select_drafts(where, args, f"ORDER BY id LIMIT {int(limit)}")

@@ -33,7 +33,7 @@ from ..errors import StoreError, StoreUnavailable
 from ..models import Draft, Item, Status, draft_key
 from . import chain
 from .base import AdmitResult, StoreMissing
-from .rows import CURSOR_SQL, DRAFT_COLS, Db, admit_record, draft_from_row
+from .rows import CURSOR_SQL, DRAFT_COLS, TOKENS_SQL, Db, Tokens, admit_record, draft_from_row
 from .schema import LATEST, MIGRATIONS
 from .sql import SqlStore
 from .transitions import CLAIM, cas
@@ -318,9 +318,12 @@ class SQLiteStore(SqlStore):
 
         return await self._run(tx)
 
-    async def _append(self, db: Db, records: Sequence[chain.Record]) -> None:
+    async def _append(self, db: Db, records: Sequence[chain.Record],
+                      tokens: Tokens | None = None) -> None:
         if records and await db.many(chain.SQLITE_APPEND_SQL, list(records)) != len(records):
             raise StoreError(chain.NO_HEAD)
+        if tokens is not None:
+            await db.run(TOKENS_SQL, tokens)
 
     async def mark_seen(self, pipeline: str, scope: str, item_ids: list[str],
                         now: float | None = None) -> None:

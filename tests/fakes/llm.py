@@ -90,6 +90,7 @@ class Request:
     headers: dict[str, str]
     body: dict[str, Any]
     at: float
+    client_port: int = 0  # the caller's TCP port (to find the process that asked)
 
     @property
     def api(self) -> str:
@@ -282,7 +283,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in ("/v1/chat/completions", "/v1/messages"):
             self._send(404, {"error": {"message": f"no route {path}"}})
             return
-        req = Request(path, {k.lower(): v for k, v in self.headers.items()}, body, time.time())
+        req = Request(path, {k.lower(): v for k, v in self.headers.items()}, body, time.time(),
+                      self.client_address[1])
         step = fake._next(req)
         hold: Hold | None = None
         if isinstance(step, Hold):
