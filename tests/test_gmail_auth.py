@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.config.gmail import GmailAccount
 from bot.config.load import load_settings
 from bot.errors import AuthError
 from bot.gmail import auth, doctor
@@ -48,7 +49,7 @@ async def test_expired_token_is_refreshed_and_saved_in_place_0600(tmp_path, fake
     """An expired access token is refreshed at token_uri before the call; the file is
     rewritten with the new token and stays 0600."""
     token = write_token_file(tmp_path / "tok.json", fake, expired=True)
-    client = GmailClient("support", {"token_file": token, "api_endpoint": fake.url})
+    client = GmailClient("support", GmailAccount(token_file=str(token), api_endpoint=fake.url))
     try:
         profile = await client.aread(lambda s: s.users().getProfile(userId="me"), "getProfile")
     finally:
@@ -65,7 +66,7 @@ async def test_revoked_token_raises_one_clear_auth_error(tmp_path, fake):
     """Refresh answers invalid_grant: AuthError naming the account and the command."""
     token = write_token_file(tmp_path / "tok.json", fake, expired=True)
     fake.revoke()
-    client = GmailClient("support", {"token_file": "tok.json", "api_endpoint": fake.url},
+    client = GmailClient("support", GmailAccount(token_file="tok.json", api_endpoint=fake.url),
                          base_dir=tmp_path, config_file=tmp_path / "draftgate.yaml")
     try:
         with pytest.raises(AuthError) as err:
@@ -81,7 +82,7 @@ async def test_revoked_token_raises_one_clear_auth_error(tmp_path, fake):
 
 
 async def test_missing_token_file_says_which_command_creates_it(tmp_path):
-    client = GmailClient("sales", {"token_file": "secrets/sales.json"}, base_dir=tmp_path)
+    client = GmailClient("sales", GmailAccount(token_file="secrets/sales.json"), base_dir=tmp_path)
     try:
         with pytest.raises(AuthError, match=r"token file .*sales.json not found; run "
                                             r"`draftgate auth gmail --account sales"):

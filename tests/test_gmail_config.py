@@ -54,7 +54,7 @@ def test_durations_take_the_usual_forms_and_reach_the_client(tmp_path):
                           "max_wait: 1m\nread_attempts: 5")
     settings = load_settings(cfg)
     acc = settings.gmail_accounts["support"]
-    assert (acc["timeout"], acc["backoff"], acc["max_wait"], acc["read_attempts"]) == \
+    assert (acc.timeout, acc.backoff, acc.max_wait, acc.read_attempts) == \
         (30.0, 0.5, 60.0, 5)
     assert check_all(settings) == []
     client = GmailClient("support", acc, base_dir=settings.base_dir)

@@ -949,7 +949,7 @@ async def test_a_rejected_token_stops_start_with_the_variable_to_fix(tmp_path, f
 
 
 async def test_doctor_reports_the_bot_or_what_is_wrong(tmp_path, fake, monkeypatch):
-    from bot.approvals.telegram.channel import doctor
+    from bot.approvals.telegram.doctor import doctor
 
     settings = load_settings(write_config(tmp_path, fake))
     monkeypatch.delenv(TOKEN_ENV, raising=False)
@@ -981,7 +981,7 @@ async def test_flood_waits_are_read_in_either_ptb_mode_without_a_warning(monkeyp
     reading it adds no deprecation warning to the log."""
     from telegram.error import RetryAfter
 
-    from bot.approvals.telegram.channel import FloodWait, _Limiter
+    from bot.approvals.telegram.limits import FloodWait, _Limiter
 
     monkeypatch.setenv("PTB_TIMEDELTA", ptb_timedelta)
     def raising(exc: RetryAfter):

@@ -330,12 +330,12 @@ async def _doctor(args) -> int:
         results.append(("store", not problems, detail))
     except DraftgateError as exc:
         results.append(("store", False, str(exc)))
-    from ..approvals.telegram import channel as telegram
+    from ..approvals.telegram import doctor as telegram
     from ..gmail import doctor as gmail
     from ..imap import doctor as imap
 
     for module, check in (("bot.gmail.doctor", gmail.check), ("bot.imap.doctor", imap.check),
-                          ("bot.approvals.telegram.channel", telegram.doctor)):
+                          ("bot.approvals.telegram.doctor", telegram.doctor)):
         try:
             results.extend(await check(settings))
         except Exception as exc:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_CLOCK = re.compile(r"^\s*\d{1,2}:\d{2}(:\d{2})?\s*$")  # 9:00, 09:30:00
+DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+CLOCK_RE = re.compile(r"^\s*\d{1,2}:\d{2}(:\d{2})?\s*$")  # 9:00, 09:30:00
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb)?\s*$", re.I)
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _SIZES = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, None: 1}
@@ -19,8 +19,8 @@ def parse_duration(value: Any) -> float:
         raise ValueError("expected a duration like 30s, 5m, 1h or 2d")
     if isinstance(value, (int, float)):
         return float(value)
-    m = _DURATION.match(str(value))
-    if not m and _CLOCK.match(str(value)):
+    m = DURATION_RE.match(str(value))
+    if not m and CLOCK_RE.match(str(value)):
         raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {value!r}: a "
                          f"value with ':' is not a duration (write 90s or 1.5m; for a time "
                          f"of day use a cron schedule such as '0 9 * * *')")
@@ -66,7 +66,7 @@ class Checker:
             return name
         except (ZoneInfoNotFoundError, ValueError, OSError):
             known = {z.lower(): z for z in available_timezones() | {"UTC"}}
-            hint = known.get(_close(name.lower(), sorted(known)) or "")
+            hint = known.get(closest(name.lower(), sorted(known)) or "")
             self.error(f"{path}.{key}" if path else key,
                        f"unknown time zone {name!r}" + (f"; did you mean {hint!r}?" if hint else
                                                         "") + " Use an IANA name such as "
@@ -77,7 +77,7 @@ class Checker:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            self.error(path, f"expected a mapping (key: value lines), got {_kind(value)}")
+            self.error(path, f"expected a mapping (key: value lines), got {kind_of(value)}")
             return {}
         return value
 
@@ -104,7 +104,7 @@ class Checker:
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             ok = True
         if not ok:
-            self.error(full, f"expected {_describe(kind, choices)}, got {_kind(value)} {value!r}"[:300])
+            self.error(full, f"expected {_describe(kind, choices)}, got {kind_of(value)} {value!r}"[:300])
             return default if default is not self._MISSING else None
         if choices is not None and value not in choices:
             self.error(full, f"expected one of {', '.join(map(str, choices))}, got {value!r}")
@@ -129,7 +129,7 @@ class Checker:
         for key in data:
             if key not in known:
                 full = f"{path}.{key}" if path else str(key)
-                hint = _close(str(key), known)
+                hint = closest(str(key), known)
                 self.error(full, "unknown key" + (f"; did you mean {hint!r}?" if hint else
                                                    f"; expected one of {', '.join(sorted(known))}"))
 
@@ -161,7 +161,7 @@ class Checker:
         out = []
         for i, v in enumerate(value or []):
             if not isinstance(v, (str, int)) or isinstance(v, bool):
-                self.error(f"{path}.{key}[{i}]", f"expected a string, got {_kind(v)}")
+                self.error(f"{path}.{key}[{i}]", f"expected a string, got {kind_of(v)}")
             else:
                 out.append(str(v))
         return out
@@ -197,7 +197,7 @@ def url_problem(value: str, *, credentials_ok: bool = False) -> str | None:
     return None
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false",
             int: "a number", float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
 
@@ -211,7 +211,7 @@ def _describe(kind: type | tuple, choices: tuple | None) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-def _close(word: str, options) -> str | None:
+def closest(word: str, options) -> str | None:
     import difflib
     match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.7)
     return match[0] if match else None

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .checker import Checker, _kind
+from .checker import Checker, kind_of
 
 
 class _Loader(yaml.SafeLoader):
@@ -119,7 +119,7 @@ def pipeline_files(ck: Checker, data: dict, base: Path) -> list[Path]:
             patterns.append((where, pat))
         else:
             ck.error(where, f"expected a file name or a glob like pipelines/*.yaml, got "
-                            f"{_kind(pat)} {pat!r}")
+                            f"{kind_of(pat)} {pat!r}")
     files: dict[Path, Path] = {}  # resolved: as matched; one matched twice is loaded once
     for where, pat in patterns:
         full = os.path.expanduser(pat)

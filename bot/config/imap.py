@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .checker import Checker, _close, parse_duration, parse_size
+from .checker import Checker, closest, parse_duration, parse_size
 
 SECURITY = ("tls", "starttls", "plain")
 _IMAP_PORTS = {"tls": 993, "starttls": 143, "plain": 143}
@@ -94,7 +94,7 @@ def _unknown(ck: Checker, data: dict, known: tuple[str, ...], path: str) -> None
             ck.error(f"{path}.{key}", "a password does not belong in YAML; set password_env to "
                                       "the name of an environment variable that holds it")
         elif key not in known:
-            hint = _close(str(key), known)
+            hint = closest(str(key), known)
             ck.error(f"{path}.{key}", "unknown key" + (f"; did you mean {hint!r}?" if hint else "")
                      + f" Known keys: {', '.join(known)}")
 

@@ -17,8 +17,9 @@ from typing import Any
 from ..errors import ConfigError
 from ..redact import register as redact_register
 from . import options as _options
-from .checker import _CLOCK, _DURATION, Checker, _close, _kind, parse_duration
+from .checker import CLOCK_RE, DURATION_RE, Checker, kind_of, parse_duration
 from .files import load_yaml, pipeline_files
+from .gmail import GmailAccount, parse_account
 from .imap import Accounts, ImapAccount, parse_accounts
 from .options import (
     ApprovalOptions,
@@ -87,7 +88,7 @@ class Settings:
     store: str
     pipelines: list[PipelineConfig]
     telegram: TelegramConfig | None = None
-    gmail_accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gmail_accounts: dict[str, GmailAccount] = field(default_factory=dict)
     imap_accounts: dict[str, ImapAccount] = field(default_factory=dict)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     max_in_flight: int = 8
@@ -168,7 +169,7 @@ def collect_settings(config_file: str | os.PathLike, *,
     gmail = ck.mapping(data.get("gmail"), "gmail")
     ck.unknown(gmail, {"accounts"}, "gmail")
     for name, acc in ck.mapping(gmail.get("accounts"), "gmail.accounts").items():
-        settings.gmail_accounts[str(name)] = _gmail_account(ck, acc, f"gmail.accounts.{name}")
+        settings.gmail_accounts[str(name)] = parse_account(ck, acc, f"gmail.accounts.{name}")
     settings.imap_accounts, imap_names = parse_accounts(ck, data.get("imap"))
     _models(ck, ck.mapping(data.get("models"), "models"), settings)
     seen_names: dict[str, str] = {}
@@ -266,45 +267,6 @@ def _models(ck: Checker, models: dict, settings: Settings) -> None:
         settings.models["template"] = ModelConfig("template", "template", {"provider": "template"})
 
 
-_GMAIL_ACCOUNT_KEYS = ("token_file", "address", "api_endpoint", "batch_endpoint", "timeout",
-                       "backoff", "read_attempts", "max_wait")
-
-
-def _gmail_account(ck: Checker, raw: Any, path: str) -> dict[str, Any]:
-    """One ``gmail.accounts.NAME`` entry, checked; durations come back as seconds."""
-    acc = ck.mapping(raw, path)
-    for key in acc:
-        if key not in _GMAIL_ACCOUNT_KEYS:
-            hint = _close(str(key), _GMAIL_ACCOUNT_KEYS)
-            known = f"known keys: {', '.join(_GMAIL_ACCOUNT_KEYS)}"
-            ck.error(f"{path}.{key}", f"unknown key; did you mean {hint!r}? {known.capitalize()}"
-                     if hint else f"unknown key; {known}")
-    out = dict(acc)
-    ck.get(acc, "token_file", path, str)
-    address = ck.get(acc, "address", path, str, default=None)
-    if address is not None and "@" not in address:
-        ck.error(f"{path}.address", f"expected an email address like support@example.com, "
-                                    f"got {address!r}")
-    for key, like in (("api_endpoint", "https://gmail.googleapis.com/"),
-                      ("batch_endpoint", "https://gmail.googleapis.com/batch/gmail/v1")):
-        endpoint = ck.get(acc, key, path, str, default=None)
-        if endpoint is not None and not re.match(r"^https?://[^/\s]+", endpoint):
-            ck.error(f"{path}.{key}", f"expected an http(s) URL like {like}, got {endpoint!r}")
-    for key, zero_ok in (("timeout", False), ("backoff", True), ("max_wait", True)):
-        seconds = ck.convert(acc, key, path, parse_duration, default=None)
-        if seconds is None:
-            out.pop(key, None)  # absent or reported: the client's default
-        elif seconds < 0 or (seconds == 0 and not zero_ok):
-            least = "of 0 or more" if zero_ok else "above 0"
-            ck.error(f"{path}.{key}", f"expected a duration {least} like 30s, got {acc[key]!r}")
-        else:
-            out[key] = seconds
-    attempts = ck.get(acc, "read_attempts", path, int, default=None)
-    if attempts is not None and attempts < 1:
-        ck.error(f"{path}.read_attempts", f"expected a whole number of at least 1, got {attempts}")
-    return out
-
-
 def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
               imap_accounts: Any = ()) -> PipelineConfig | None:
     if raw is None and ck.errors:
@@ -361,17 +323,17 @@ def _schedule(ck: Checker, data: dict) -> tuple[Any, float | None, str | None]:
     """``schedule:`` as written, and its interval in seconds or its cron expression."""
     schedule = ck.get(data, "schedule", "", (str, int, float), default="5m")
     interval = cron = None
-    bare = _DURATION.match(str(schedule))
+    bare = DURATION_RE.match(str(schedule))
     if bare and not bare.group(2):
         # `schedule: 5` meant five minutes as often as five seconds: make it explicit.
         ck.error("schedule", f"{bare.group(1)} has no unit; write {bare.group(1)}m for every "
                              f"{bare.group(1)} minutes or {bare.group(1)}s for seconds")
         schedule = "5m"
-    if isinstance(schedule, str) and _DURATION.match(schedule):
+    if isinstance(schedule, str) and DURATION_RE.match(schedule):
         interval = parse_duration(schedule)
         if interval < 1:
             ck.error("schedule", "expected an interval of at least 1s")
-    elif isinstance(schedule, str) and _CLOCK.match(schedule):
+    elif isinstance(schedule, str) and CLOCK_RE.match(schedule):
         ck.error("schedule", f"{schedule!r} looks like a time of day, which a schedule is "
                              f"not; for a time of day use a quoted cron expression (in the "
                              f"pipeline's timezone, default UTC), e.g. schedule: "
@@ -437,7 +399,7 @@ def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
     chat = raw.get("chat")
     if chat is not None and _chat_id(chat) is None:
         ck.error("approval.chat", f"expected a numeric Telegram chat id (like 123456789, or "
-                                  f"-1001234567890 for a group), got {_kind(chat)} {chat!r}")
+                                  f"-1001234567890 for a group), got {kind_of(chat)} {chat!r}")
     if channel == "telegram":
         if settings.telegram is None:
             ck.error("approval.channel", f"telegram needs a telegram: section in {settings.file}")

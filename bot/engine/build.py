@@ -232,7 +232,7 @@ def register_secrets(settings: Settings) -> None:
     # scrub() hides anyway, and a weak one ("postgres") would garble every line.
     for name, account in settings.gmail_accounts.items():
         try:
-            path = settings.resolve(os.path.expanduser(str(account.get("token_file") or "")))
+            path = settings.resolve(os.path.expanduser(account.token_file))
             info = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, TypeError):
             continue

@@ -383,7 +383,7 @@ def _own_addresses(p: PipelineConfig, settings: Settings) -> list[str]:
     own = list(p.filters.own_addresses)
     account = getattr(p.source, "account", None)  # a Gmail source's
     if account and account in settings.gmail_accounts:
-        addr = settings.gmail_accounts[account].get("address")
+        addr = settings.gmail_accounts[account].address
         if addr:
             own.append(str(addr))
     sender_from = getattr(p.sender, "from_addr", None)  # an outbox sender's

@@ -254,7 +254,7 @@ def _scopes_for(args, out) -> tuple[list[str], str | None]:
             raise ConfigError(f"{config}: gmail.accounts: no account {args.account!r}; "
                               f"known: {', '.join(sorted(settings.gmail_accounts)) or 'none'}")
         if token is None:
-            token = str(settings.resolve(acc["token_file"]))
+            token = str(settings.resolve(acc.token_file))
         scopes = required_scopes(settings, args.account)
         if scopes:
             return scopes, token

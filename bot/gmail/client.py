@@ -37,6 +37,7 @@ from typing import Any, Callable
 import httplib2
 
 from .. import redact
+from ..config.gmail import GmailAccount
 from ..errors import AuthError, SourceError
 from ..service import metrics
 from . import auth
@@ -158,29 +159,33 @@ def _error_info(exc) -> tuple[int, str, set[str], float | None]:
     return status, (message or getattr(exc, "reason", "") or "")[:300], reasons, retry_after
 
 
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 class GmailClient:
     """Credentials and service for one configured account (``gmail.accounts.NAME``)."""
 
-    def __init__(self, name: str, account: dict[str, Any], *, base_dir: Path | str = ".",
+    def __init__(self, name: str, account: GmailAccount, *, base_dir: Path | str = ".",
                  timeout: float = 30.0, workers: int = 8, read_attempts: int = 3,
                  backoff: float = 0.5, max_wait: float = 20.0,
                  config_file: str | Path | None = None):
         self.name = name
-        token_file = Path(os.path.expanduser(str(account.get("token_file") or "")))
+        token_file = Path(os.path.expanduser(account.token_file))
         self.token_file = (Path(base_dir) / token_file).absolute()
         self.config_file = config_file  # named in the re-authorise command
-        self.api_endpoint = str(account.get("api_endpoint") or DEFAULT_ENDPOINT)
+        self.api_endpoint = account.api_endpoint or DEFAULT_ENDPOINT
         # Reads go through Gmail's batch endpoint, which belongs to the API endpoint
         # (googleapiclient would take Google's from the discovery document).
-        self.batch_endpoint = str(account.get("batch_endpoint") or batch_uri(self.api_endpoint))
-        self.address = str(account.get("address") or "")
+        self.batch_endpoint = account.batch_endpoint or batch_uri(self.api_endpoint)
+        self.address = account.address
         # Optional per-account knobs (tests shorten them; the defaults suit Gmail).
-        self.timeout = float(account.get("timeout", timeout))
-        self.read_attempts = max(1, int(account.get("read_attempts", read_attempts)))
-        self.backoff = float(account.get("backoff", backoff))
+        self.timeout = float(_or(account.timeout, timeout))
+        self.read_attempts = max(1, int(_or(account.read_attempts, read_attempts)))
+        self.backoff = float(_or(account.backoff, backoff))
         # Longest Retry-After slept through inside one call; a longer one fails the
         # run with the reason and the source waits it out across ticks.
-        self.max_wait = float(account.get("max_wait", max_wait))
+        self.max_wait = float(_or(account.max_wait, max_wait))
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"gmail-{name}")
         self._creds = None
         self._saved_token: str | None = None

@@ -120,7 +120,7 @@ class _PostgresCopier(_SqlCopier):
     async def import_rows(self, table: str, rows: list[dict]) -> int:
         """Insert copied rows as they are (ids included); a row whose key or id is
         already present is left alone. Returns how many were inserted."""
-        from .postgres import _count  # (the postgres module imports this one)
+        from .postgres import rows_affected  # (the postgres module imports this one)
 
         key_columns(table)
         if not rows:
@@ -145,7 +145,7 @@ class _PostgresCopier(_SqlCopier):
                 f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays})"
                 " ON CONFLICT DO NOTHING",
                 *[[v[i] for v in values] for i in range(len(cols))])
-        return _count(status)
+        return rows_affected(status)
 
     async def finish_import(self) -> None:
         """Move id and fence sequences past every copied row, so the next draft,

@@ -402,7 +402,7 @@ class _PgDb:
         return await self.con.fetch(_dollars(sql), *args)
 
     async def run(self, sql: str, args: Iterable[Any] = ()) -> int:
-        return _count(await self.con.execute(_dollars(sql), *args))
+        return rows_affected(await self.con.execute(_dollars(sql), *args))
 
     async def many(self, sql: str, rows: list[tuple]) -> int:
         await self.con.executemany(_dollars(sql), rows)
@@ -438,7 +438,7 @@ def _closed(con: asyncpg.Connection) -> bool:
         return True
 
 
-def _count(status: str) -> int:
+def rows_affected(status: str) -> int:
     """Row count from an asyncpg command tag such as ``UPDATE 3``."""
     try:
         return int(status.rsplit(" ", 1)[-1])

@@ -876,8 +876,8 @@ class GmailWorld:
 
         from bot.approvals.console import ConsoleChannel
         from bot.config.load import load_settings
-        from bot.engine.engine import Engine
         from bot.store import create_store
+        from tests.support.desk import started
 
         self.settings = load_settings(self.config)
         self.store = create_store(self.settings.store)
@@ -885,9 +885,9 @@ class GmailWorld:
         self.out = io.StringIO()
         self.channel = ConsoleChannel(auto_approve=self.auto_approve, interactive=False,
                                       out=self.out)
-        self.engine = Engine(self.settings, self.store, {"console": self.channel},
-                             send_check_delay=0.0)
-        await self.engine.start()
+        self.app = await started(self.settings, self.store, {"console": self.channel},
+                                 send_check_delay=0.0)
+        self.engine, self.desk = self.app.engine, self.app.desk
         return self
 
     async def close(self) -> None:

@@ -10,24 +10,20 @@ the operator desk (``self.desk``), never the store.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import hashlib
 import json
 import logging
-import warnings
 from typing import Any
 
 from telegram import BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
 from telegram.ext import (
-    AIORateLimiter,
     Application,
     ApplicationBuilder,
     ApplicationHandlerStop,
     TypeHandler,
 )
-from telegram.warnings import PTBDeprecationWarning
 
 from ...config.load import Settings, TelegramConfig, env_secret
 from ...desk.desk import OperatorDesk
@@ -42,43 +38,7 @@ from . import request as tg_request
 from . import taps as tg_taps
 from .commands import COMMANDS
 from .common import CONTEXT_TYPES, NO_PREVIEW, Context, answer, card_ref, chat_id, kind, log, plain
-
-# Telegram's flood limits: ~30 messages/s per bot, 20/min per group. One message per
-# 1/29 s with no burst keeps every one-second window at or under 30.
-_OVERALL_RATE = 29.0
-_MAX_RETRIES = 3  # RetryAfter only: by Telegram's contract a 429 delivered nothing
-_MAX_RETRY_WAIT = 60.0  # longer flood waits are not slept through: the card waits in ready
-
-
-class FloodWait(TelegramError):
-    """Telegram asked for a pause longer than :data:`_MAX_RETRY_WAIT`."""
-
-
-class _Limiter(AIORateLimiter):
-    """PTB's limiter, except that a long RetryAfter (a flood ban) fails at once instead
-    of holding every request, and the engine's tick, for minutes or hours."""
-
-    async def process_request(self, callback, args, kwargs, endpoint, data, rate_limit_args):
-        async def capped(*a: Any, **kw: Any) -> Any:
-            try:
-                return await callback(*a, **kw)
-            except RetryAfter as exc:
-                seconds = _retry_seconds(exc)
-                if seconds > _MAX_RETRY_WAIT:
-                    raise FloodWait(f"Telegram flood control: retry in {seconds:.0f} s") from exc
-                raise
-
-        return await super().process_request(capped, args, kwargs, endpoint, data, rate_limit_args)
-
-
-def _retry_seconds(exc: RetryAfter) -> float:
-    """The wait Telegram asked for, in seconds. ``retry_after`` is an int, or a timedelta
-    under ``PTB_TIMEDELTA=true``; in PTB 22.x reading it warns that it will become a
-    timedelta, which the next line handles, so the warning is not repeated in the log."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PTBDeprecationWarning)
-        wait = exc.retry_after
-    return wait.total_seconds() if isinstance(wait, dt.timedelta) else float(wait)
+from .limits import _MAX_RETRIES, _OVERALL_RATE, FloodWait, _Limiter
 
 
 def create(settings: Settings) -> "TelegramChannel":
@@ -515,29 +475,3 @@ class TelegramChannel(DeskChannel):
                 f"again when the store is back."))
         except TelegramError:
             log.warning("could not tell the operator that the store is unreachable")
-
-
-async def doctor(settings: Settings) -> list[tuple[str, bool, str]]:
-    """For ``draftgate doctor``: the token is set and the bot answers getMe."""
-    if settings.telegram is None:
-        return []
-    from telegram import Bot
-
-    cfg = settings.telegram
-    try:
-        token = env_secret(cfg.token_env, "telegram.token_env")
-    except ConfigError as exc:
-        return [("telegram", False, str(exc))]
-    bot = Bot(token, base_url=cfg.base_url, base_file_url=cfg.base_file_url)
-    try:
-        await bot.initialize()
-        me = bot.bot
-    except InvalidToken:  # its message quotes the token: never shown
-        return [("telegram", False, f"Telegram rejected the token in ${cfg.token_env}; check "
-                                    f"it with @BotFather")]
-    except TelegramError as exc:
-        return [("telegram", False, f"getMe failed: {exc} (check telegram.base_url and the "
-                                    f"network)")]
-    finally:
-        await bot.shutdown()
-    return [("telegram", True, f"@{me.username}, operators {len(cfg.operators)}")]
