@@ -188,12 +188,8 @@ def _email_data(msg: Message, max_input: int, *, with_quoted: bool = True) -> st
     return defuse("\n".join(parts))
 
 
-def build(request: DraftRequest, settings: DrafterOptions, prompt_text: str, *,
-          nonce: str | None = None) -> Prompt:
-    """The request for one draft: instructions first, then the message as data."""
-    nonce = nonce or secrets.token_hex(8)
-    msg = request.message
-    begin, end = f"<<<EMAIL {nonce}>>>", f"<<<END EMAIL {nonce}>>>"
+def _rules(msg: Message, begin: str, end: str, settings: DrafterOptions) -> list[str]:
+    """The rules that always apply, after the team's own prompt."""
     slot = msg.kind == "slot"
     rules: list[str] = []
     if slot:
@@ -223,6 +219,17 @@ def build(request: DraftRequest, settings: DrafterOptions, prompt_text: str, *,
         rules.append(f"Write in {settings.language}.")
     if settings.signature:
         rules.append("End with exactly this signature:\n" + settings.signature)
+    return rules
+
+
+def build(request: DraftRequest, settings: DrafterOptions, prompt_text: str, *,
+          nonce: str | None = None) -> Prompt:
+    """The request for one draft: instructions first, then the message as data."""
+    nonce = nonce or secrets.token_hex(8)
+    msg = request.message
+    begin, end = f"<<<EMAIL {nonce}>>>", f"<<<END EMAIL {nonce}>>>"
+    slot = msg.kind == "slot"
+    rules = _rules(msg, begin, end, settings)
     system = (prompt_text.strip() or (_SLOT_DEFAULT_PROMPT if slot else _DEFAULT_PROMPT))
     system += "\n\nRules that always apply:\n" + "\n".join(f"- {r}" for r in rules)
     if request.instruction.strip() or request.previous_body.strip():

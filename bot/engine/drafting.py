@@ -211,25 +211,8 @@ class Drafting:
             # The drafter times out on its own; this bound keeps a misbehaving one
             # inside its lease so a stale answer can never race a newer claim.
             result = await asyncio.wait_for(self._drafter(p).draft(request), timeout=p.lease * 0.9)
-        except BudgetExhausted as exc:
-            await self.store.release(d.id, d.fence)
-            await self._hold(p, describe_error(exc))
-            await self.operators.notify(f"⏸ {p.name}: {exc}")
-            return False
-        except DrafterSetupError as exc:
-            # The model cannot be used at all (key, model name, base_url, prompt file):
-            # every item would fail alike. The item waits, uncounted; later ticks probe
-            # with one item; the operators hear of it once a day.
-            await self.store.release(d.id, d.fence)
-            self._model_trouble.add(p.name)
-            await self._hold(p, f"setup error: {describe_error(exc)}; fix it (then restart "
-                                f"draftgate if you changed the configuration or an "
-                                f"environment variable)")
-            await self.operators.notify_once(
-                f"setup|{p.name}|{utc_day(self.clock())}",
-                f"⚠️ {p.name}: drafting is stopped: {describe_error(exc)}. Items wait in the "
-                f"queue; fix it (then restart draftgate if you changed the configuration "
-                f"or an environment variable).")
+        except (BudgetExhausted, DrafterSetupError) as exc:
+            await self._stopped(p, d, exc)
             return False
         except asyncio.CancelledError:
             # Shutting down mid-call: hand the item straight back to the queue (fenced)
@@ -263,6 +246,26 @@ class Drafting:
         if ready is not None:
             ready(stored)
         return True
+
+    async def _stopped(self, p: PipelineConfig, d: Draft,
+                       exc: BudgetExhausted | DrafterSetupError) -> None:
+        """Drafting must stop for ``p``: the budget is spent, or the model cannot be used
+        at all (key, model name, base_url, prompt file), so every item would fail alike.
+        The item goes back to the queue, uncounted; later ticks probe with one item."""
+        await self.store.release(d.id, d.fence)
+        if isinstance(exc, BudgetExhausted):
+            await self._hold(p, describe_error(exc))
+            await self.operators.notify(f"⏸ {p.name}: {exc}")
+            return
+        self._model_trouble.add(p.name)
+        await self._hold(p, f"setup error: {describe_error(exc)}; fix it (then restart "
+                            f"draftgate if you changed the configuration or an "
+                            f"environment variable)")
+        await self.operators.notify_once(
+            f"setup|{p.name}|{utc_day(self.clock())}",
+            f"⚠️ {p.name}: drafting is stopped: {describe_error(exc)}. Items wait in the "
+            f"queue; fix it (then restart draftgate if you changed the configuration "
+            f"or an environment variable).")
 
     async def _triaged(self, p: PipelineConfig, d: Draft, counts: RunCounts,
                        ready: Callable[[Draft], None] | None,

@@ -252,6 +252,11 @@ class Engine:
                     run_id, STOPPED, counts.to_dict(), STOPPED_TEXT, now=self.clock()))
             metrics.tick_done(p.name, STOPPED, counts, self.clock() - started)
             raise
+        await self._record_run(p, run_id, counts, error, started)
+
+    async def _record_run(self, p: PipelineConfig, run_id: int, counts: RunCounts,
+                          error: str | None, started: float) -> None:
+        """Close the run row; tell the operators when the pipeline changes colour."""
         status = "error" if error else "ok"
         metrics.tick_done(p.name, status, counts, self.clock() - started)
         try:
