@@ -31,8 +31,32 @@ for _i, _t in enumerate(_DE_TENS):
     for _u, _w in enumerate(("ein zwei drei vier fünf sechs sieben acht neun").split(), 1):
         WORDS[f"{_w}und{_t}"] = 20 + 10 * _i + _u
 
-#: One number word (longest first, so "twenty-five" wins over "twenty").
-WORD = "(?:" + "|".join(re.escape(w) for w in sorted(WORDS, key=len, reverse=True)) + ")"
+
+
+def _trie(words: list[str]) -> str:
+    """One pattern matching any of ``words``, written as a trie: a flat alternation of
+    300 words is tried word by word at every position (the grounding check spent most
+    of its time there); a trie tries one branch per character. The optional tail is
+    greedy, so the longest word wins ("twenty-five" over "twenty")."""
+    root: dict = {}
+    for w in words:
+        node = root
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict) -> str:
+        alts = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return "(?:" + build(root) + ")"
+
+
+#: One number word (the longest that fits, so "twenty-five" wins over "twenty").
+WORD = _trie(list(WORDS))
 #: A number in digits: "25", "25,00", "1.234,50", "1,234.50", "1 234" (thin groups).
 DIGITS = r"\d{1,3}(?:[.,\u202f\u00a0 ]\d{3})+(?:[.,]\d{1,2})?(?!\d)|\d+(?:[.,]\d{1,2}(?!\d))?"
 #: Either form.

@@ -225,13 +225,14 @@ class Drafting:
         self._model_trouble.discard(p.name)
         await self._hold(p, None)  # drafting works (again)
         body = (result.body or "").strip()
+        # The check is CPU work on up to max_input characters per source: off the loop,
+        # so taps and other drafts are not held up by it.
+        used = await asyncio.to_thread(grounded.check, p, request, body, (
+            result.used if result.used is not None else context.used()))
         stored = await self.store.finish_draft(d.id, d.fence, body, tokens_in=result.tokens_in,
                                                tokens_out=result.tokens_out,
                                                model=result.model, now=self.clock(),
-                                               used=grounded.check(p, request, body, (
-                                                   result.used if result.used is not None
-                                                   else context.used())),
-                                               post_lease=post_lease,
+                                               used=used, post_lease=post_lease,
                                                lease_now=self.leases.now())
         counts.tokens += result.tokens_in + result.tokens_out
         if stored is None:
