@@ -144,6 +144,10 @@ class Retrieval:
     async def _fuse(self, emb: Any, index: _Index, query: str, lexical: list, limit: int,
                     key: Callable[[Any], Any]) -> list:
         """Both rankings fused, each text at most once, floors applied."""
+        if not index.items:
+            # Nothing to rank by meaning (no knowledge, no team memory yet): the model
+            # is not loaded for it (tens of MB a pipeline without context never needs).
+            return lexical[:limit]
         sims = await self._similarities(emb, index, query)
         if sims is None:
             return lexical[:limit]
@@ -211,7 +215,8 @@ class Retrieval:
         for s, t in zip(index.shas, texts, strict=True):
             if (model, s) not in self._vectors:
                 queue[s] = t
-        self._start()
+        if queue:  # nothing to embed: the model is not loaded for nothing
+            self._start()
 
     def _build(self, model: str, index: _Index) -> None:
         import numpy as np
