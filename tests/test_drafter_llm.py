@@ -104,7 +104,7 @@ async def test_a_retry_after_beyond_the_cap_returns_the_item_to_the_queue_at_onc
     ("1e308", 3600), ("31536000", 3600), ("Fri, 01 Jan 2100 00:00:00 GMT", 3600), ("90", 90),
 ])
 def test_retry_after_is_finite_and_at_most_an_hour(value, seconds):
-    from bot.drafters.llm import MAX_HOLD, retry_after_seconds
+    from bot.drafters.failures import MAX_HOLD, retry_after_seconds
 
     assert MAX_HOLD == 3600
     assert retry_after_seconds({"retry-after": value}) == seconds
@@ -229,7 +229,7 @@ async def test_a_403_for_flagged_input_fails_only_that_email(tmp_path, fake, pro
     "model not allowed: violates terms of your organization's guardrail policy",
 ])
 def test_a_403_about_access_stays_a_setup_error_even_with_policy_words(message):
-    from bot.drafters.llm import _about_the_content
+    from bot.drafters.failures import _about_the_content
 
     assert not _about_the_content(message)
     assert _about_the_content("Your chosen model requires moderation and your input was flagged")

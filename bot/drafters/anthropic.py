@@ -20,12 +20,10 @@ from typing import Any
 import anthropic
 
 from ..config.load import ModelConfig, PipelineConfig, Settings
-from .llm import (
-    DEFAULT_KEY_ENV,
+from .failures import (
     Answer,
     AnswerFailed,
     Failure,
-    LLMDrafter,
     error_in_body,
     json_object,
     mapping,
@@ -34,6 +32,7 @@ from .llm import (
     text_field,
     token_count,
 )
+from .llm import DEFAULT_KEY_ENV, LLMDrafter
 from .prompt import Prompt
 
 __all__ = ["create", "AnthropicDrafter"]
