@@ -21,9 +21,7 @@ starves other pipelines or the default executor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
-import json
 import logging
 import os
 import random
@@ -38,7 +36,7 @@ import httplib2
 
 from .. import redact
 from ..config.gmail import GmailAccount
-from ..errors import AuthError, SourceError
+from ..errors import AuthError
 from ..service import metrics
 from . import auth
 from .batch import (
@@ -50,115 +48,24 @@ from .batch import (
     run_batch,
     status_of,
 )
+from .errors import (
+    BACKOFF_REASONS,
+    QUOTA_REASONS,
+    Cancelled,
+    GmailError,
+    MaybeSent,
+    NotFound,
+    NotSent,
+    RateLimited,
+    error_info,
+    reason,
+)
+from .resource import CachedResource, unused_http
 from .transport import ConnectFailed, SingleShotHttp
 
 log = logging.getLogger("draftgate.gmail")
 
 DEFAULT_ENDPOINT = "https://gmail.googleapis.com/"
-_QUOTA_REASONS = {"rateLimitExceeded", "userRateLimitExceeded", "quotaExceeded",
-                  "dailyLimitExceeded", "RATE_LIMIT_EXCEEDED"}
-# Short-term limits that clear after a pause (a daily quota does not).
-_BACKOFF_REASONS = {"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"}
-
-
-class GmailError(SourceError):
-    """A Gmail call failed; ``status`` is the HTTP status (0: no answer)."""
-
-    def __init__(self, message: str, status: int = 0):
-        super().__init__(message)
-        self.status = status
-
-
-class NotFound(GmailError):
-    pass
-
-
-class RateLimited(GmailError):
-    """429 or a quota 403. ``retry_after``: seconds Gmail asked us to wait."""
-
-    def __init__(self, message: str, status: int, retry_after: float | None):
-        super().__init__(message, status)
-        self.retry_after = retry_after
-
-
-class Cancelled(GmailError):
-    """A read was not (re)tried because its caller no longer wants the result."""
-
-
-class NotSent(GmailError):
-    """A write that certainly did not reach Gmail (refused connection, 4xx)."""
-
-
-class MaybeSent(GmailError):
-    """A write whose outcome is unknown (timeout, reset, 5xx)."""
-
-
-class _CachedResource:
-    """A googleapiclient Resource whose sub-resources (``users()``, ``messages()``...)
-    are built once: building one parses the discovery methods again, about 4 ms of
-    CPU per call, which under the GIL is what limits concurrent fetches."""
-
-    _SUBS = {"users", "messages", "history", "drafts", "labels", "threads"}
-
-    def __init__(self, resource: Any) -> None:  # a googleapiclient Resource (untyped)
-        self._resource = resource
-        self._subs: dict[str, _CachedResource] = {}
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._resource, name)
-        if name not in self._SUBS:
-            return attr
-
-        def sub():
-            with self._lock:
-                if name not in self._subs:
-                    self._subs[name] = _CachedResource(attr())
-                return self._subs[name]
-
-        return sub
-
-
-def _unused_http() -> httplib2.Http:
-    # build() wants an http; every request gets its own through requestBuilder, so
-    # this one never opens a connection.
-    return httplib2.Http()
-
-
-def _reason(exc: BaseException) -> str:
-    """A one-line reason for an exception, without secrets (GmailErrors are ours)."""
-    if isinstance(exc, GmailError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"[:300]
-
-
-def _error_info(exc) -> tuple[int, str, set[str], float | None]:
-    """(status, message, reasons, retry_after) of a googleapiclient HttpError."""
-    status = int(getattr(exc.resp, "status", 0) or 0)
-    reasons: set[str] = set()
-    message = ""
-    with contextlib.suppress(ValueError, AttributeError):
-        data = json.loads(exc.content.decode("utf-8", "replace"))
-        err = data.get("error", {}) if isinstance(data, dict) else {}
-        if isinstance(err, dict):
-            message = str(err.get("message", ""))
-            for e in err.get("errors", []) or []:
-                if isinstance(e, dict) and e.get("reason"):
-                    reasons.add(str(e["reason"]))
-            if err.get("status"):
-                reasons.add(str(err["status"]))
-        elif isinstance(err, str):
-            message = err
-    retry_after = None
-    value = exc.resp.get("retry-after") if hasattr(exc.resp, "get") else None
-    if value:
-        try:
-            retry_after = max(0.0, float(value))
-        except ValueError:
-            retry_after = None
-    return status, (message or getattr(exc, "reason", "") or "")[:300], reasons, retry_after
-
-
 def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
@@ -322,10 +229,10 @@ class GmailClient:
                 import google_auth_httplib2
                 from googleapiclient.discovery import build
 
-                self._service = _CachedResource(build(
+                self._service = CachedResource(build(
                     "gmail", "v1", static_discovery=True,
                     client_options={"api_endpoint": self.api_endpoint},
-                    http=google_auth_httplib2.AuthorizedHttp(creds, http=_unused_http()),
+                    http=google_auth_httplib2.AuthorizedHttp(creds, http=unused_http()),
                     requestBuilder=self._request_builder))
             return self._service
 
@@ -361,41 +268,8 @@ class GmailClient:
             try:
                 return request.execute(num_retries=0)
             except HttpError as exc:
-                status, message, reasons, retry_after = _error_info(exc)
-                if status == 401:
-                    raise self._auth_error() from None
-                if status == 429 or (status == 403 and reasons & _QUOTA_REASONS):
-                    kind = "rate limit" if status == 429 else "quota exceeded"
-                    last = f"Gmail {status} ({kind}) on {what}"
-                    if retry_after is not None and retry_after <= self.max_wait \
-                            and attempt < self.read_attempts:
-                        log.warning("gmail %s: %s %d on %s; waiting %.1fs (Retry-After)",
-                                    self.name, kind, status, what, retry_after)
-                        pause(retry_after)
-                        continue
-                    if retry_after is None and attempt < self.read_attempts and \
-                            (status == 429 or reasons & _BACKOFF_REASONS):
-                        # No Retry-After: back off exponentially, as Gmail asks.
-                        delay = min(wait, self.max_wait)
-                        log.warning("gmail %s: %s %d on %s; backing off %.2fs, retry %d of %d",
-                                    self.name, kind, status, what, delay, attempt,
-                                    self.read_attempts - 1)
-                        pause(delay)
-                        continue
-                    after = f"; Gmail asks to retry after {retry_after:g}s" \
-                        if retry_after is not None else ""
-                    raise RateLimited(f"Gmail {status} ({kind}) on {what}{after}: {message}",
-                                      status, retry_after) from None
-                if status == 404:
-                    raise NotFound(f"Gmail 404 on {what}: {message}", 404) from None
-                if status >= 500:
-                    last = f"Gmail {status} on {what}: {message}"
-                    if attempt < self.read_attempts:
-                        log.warning("%s; retry %d of %d", last, attempt, self.read_attempts - 1)
-                        pause(wait)
-                        continue
-                    raise GmailError(f"{last} (after {attempt} attempts)", status) from None
-                raise GmailError(f"Gmail {status} on {what}: {message}", status) from None
+                last = self._http_error(exc, what, attempt, wait, pause)
+                continue
             except RefreshError:
                 raise self._auth_error() from None
             except (OSError, http.client.HTTPException, httplib2.HttpLib2Error) as exc:
@@ -409,6 +283,46 @@ class GmailClient:
             finally:
                 self._save_if_refreshed()
         raise GmailError(last or f"Gmail {what} failed")  # not reached
+
+    def _http_error(self, exc: Any, what: str, attempt: int, wait: float,
+                    pause: Callable[[float], None]) -> str:
+        """Act on an HTTP error answer to a read: raise, or wait and return the reason
+        (the caller tries again)."""
+        status, message, reasons, retry_after = error_info(exc)
+        if status == 401:
+            raise self._auth_error() from None
+        if status == 429 or (status == 403 and reasons & QUOTA_REASONS):
+            kind = "rate limit" if status == 429 else "quota exceeded"
+            last = f"Gmail {status} ({kind}) on {what}"
+            if retry_after is not None and retry_after <= self.max_wait \
+                    and attempt < self.read_attempts:
+                log.warning("gmail %s: %s %d on %s; waiting %.1fs (Retry-After)",
+                            self.name, kind, status, what, retry_after)
+                pause(retry_after)
+                return last
+            if retry_after is None and attempt < self.read_attempts and \
+                    (status == 429 or reasons & BACKOFF_REASONS):
+                # No Retry-After: back off exponentially, as Gmail asks.
+                delay = min(wait, self.max_wait)
+                log.warning("gmail %s: %s %d on %s; backing off %.2fs, retry %d of %d",
+                            self.name, kind, status, what, delay, attempt,
+                            self.read_attempts - 1)
+                pause(delay)
+                return last
+            after = f"; Gmail asks to retry after {retry_after:g}s" \
+                if retry_after is not None else ""
+            raise RateLimited(f"Gmail {status} ({kind}) on {what}{after}: {message}",
+                              status, retry_after) from None
+        if status == 404:
+            raise NotFound(f"Gmail 404 on {what}: {message}", 404) from None
+        if status >= 500:
+            last = f"Gmail {status} on {what}: {message}"
+            if attempt < self.read_attempts:
+                log.warning("%s; retry %d of %d", last, attempt, self.read_attempts - 1)
+                pause(wait)
+                return last
+            raise GmailError(f"{last} (after {attempt} attempts)", status) from None
+        raise GmailError(f"Gmail {status} on {what}: {message}", status) from None
 
     def get_many(self, kind: str, ids: list[str], cancel: threading.Event | None = None,
                  **params: Any) -> dict[str, dict]:
@@ -473,15 +387,15 @@ class GmailClient:
             return 0.0, str(exc)
         if not isinstance(exc, HttpError):  # transport, or an answer cut off mid-body
             self._drop_thread_http()  # its connection may be broken
-            return 0.0, f"Gmail batch {what} cut short: {_reason(exc)}"
-        status, message, reasons, retry_after = _error_info(exc)
+            return 0.0, f"Gmail batch {what} cut short: {reason(exc)}"
+        status, message, reasons, retry_after = error_info(exc)
         if status == 401:
             raise self._auth_error() from None
-        if status == 429 or (status == 403 and reasons & _QUOTA_REASONS):
+        if status == 429 or (status == 403 and reasons & QUOTA_REASONS):
             kind = "rate limit" if status == 429 else "quota exceeded"
             short = retry_after is not None and retry_after <= self.max_wait
             if not final and (short or retry_after is None and (
-                    status == 429 or reasons & _BACKOFF_REASONS)):
+                    status == 429 or reasons & BACKOFF_REASONS)):
                 return min(retry_after or 0.0, self.max_wait), f"Gmail {status} ({kind}) on {what}"
             after = f"; Gmail asks to retry after {retry_after:g}s" if retry_after else ""
             raise RateLimited(f"Gmail {status} ({kind}) on {what}{after}: {message}",
@@ -523,17 +437,17 @@ class GmailClient:
         except RefreshError:
             raise self._auth_error() from None
         except Exception as exc:
-            raise NotSent(f"{_reason(exc)}; nothing was sent") from None
+            raise NotSent(f"{reason(exc)}; nothing was sent") from None
         self._count()
         try:
             return request.execute(num_retries=0)
         except HttpError as exc:
-            status, message, reasons, retry_after = _error_info(exc)
+            status, message, reasons, retry_after = error_info(exc)
             if status == 401:
                 raise self._auth_error() from None
             if status >= 500:
                 raise MaybeSent(f"Gmail {status} on {what}: {message}", status) from None
-            if status == 429 or (status == 403 and reasons & _QUOTA_REASONS):
+            if status == 429 or (status == 403 and reasons & QUOTA_REASONS):
                 after = f"; retry after {retry_after:g}s" if retry_after is not None else ""
                 raise NotSent(f"Gmail {status} (rate limit) on {what}{after}: {message}",
                               status) from None
@@ -553,7 +467,7 @@ class GmailClient:
             raise NotSent(f"Gmail unreachable on {what}: {exc}") from None
         except Exception as exc:
             if not single.issued:
-                raise NotSent(f"{_reason(exc)} before {what} was issued; nothing was "
+                raise NotSent(f"{reason(exc)} before {what} was issued; nothing was "
                               f"sent") from None
             if isinstance(exc, (OSError, http.client.HTTPException, httplib2.HttpLib2Error)):
                 kind = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else \

@@ -23,7 +23,8 @@ from typing import Any, Callable
 from ..config.load import PipelineConfig, Settings
 from ..config.options import GmailSenderOptions, expect
 from ..errors import AuthError, SendFailed, SendUnknown, SourceError
-from ..gmail.client import GmailClient, MaybeSent, NotSent
+from ..gmail.client import GmailClient
+from ..gmail.errors import MaybeSent, NotSent
 from ..mail.reply import build_reply, reply_message_id
 from ..models import Draft, SendResult
 

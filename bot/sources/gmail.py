@@ -76,7 +76,8 @@ from ..config.options import FilterOptions, GmailSourceOptions, expect
 from ..context.builder import thread_message
 from ..errors import SourceError
 from ..gmail.batch import MAX_PARTS
-from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
+from ..gmail.client import GmailClient
+from ..gmail.errors import Cancelled, NotFound, RateLimited
 from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message, ThreadMessage
 from ..stages import FetchContext
