@@ -387,16 +387,7 @@ class GmailSource:
             return [], []
         items, resources = await self._fetch_items(ids, ctx) if ids else ([], [])
         if terms is not None:
-            need, forbid = terms
-            found = {str(r.get("id")) for r in resources
-                     if need <= set(r.get("labelIds") or []) and
-                     not forbid & set(r.get("labelIds") or [])}
-            missed = [it.item_id for it in items if it.item_id not in found]
-            if missed:
-                log.info("gmail %s: %d of %d new message(s) do not match the query %r: %s",
-                         self.account, len(missed), len(items), self.query,
-                         ", ".join(missed))
-            return [it for it in items if it.item_id in found], []
+            return self._by_labels(items, resources, terms), []
         if not items and not pending:
             return [], []  # nothing that is work (sent, drafts, spam): no search
         # An arrival "in the future" (imported mail dated by its header, a clock ahead)
@@ -427,13 +418,30 @@ class GmailSource:
                      "arrival, so not a match", self.account, ", ".join(expired), self.query,
                      _minutes(self.recheck_window))
         keep += [(gid, d) for gid, d in pending.items() if gid not in found and d >= cutoff]
+        return items, self._bounded(keep)
+
+    def _by_labels(self, items: list[Item], resources: list[dict],
+                   terms: tuple[set[str], set[str]]) -> list[Item]:
+        """The items whose labels match a query of label terms only."""
+        need, forbid = terms
+        found = {str(r.get("id")) for r in resources
+                 if need <= set(r.get("labelIds") or []) and
+                 not forbid & set(r.get("labelIds") or [])}
+        missed = [it.item_id for it in items if it.item_id not in found]
+        if missed:
+            log.info("gmail %s: %d of %d new message(s) do not match the query %r: %s",
+                     self.account, len(missed), len(items), self.query, ", ".join(missed))
+        return [it for it in items if it.item_id in found]
+
+    def _bounded(self, keep: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The ids to search for again, oldest first, at most :data:`RECHECK_MAX`."""
         keep.sort(key=lambda e: e[1])
         if len(keep) > RECHECK_MAX:
             over, keep = keep[:-RECHECK_MAX], keep[-RECHECK_MAX:]
             log.warning("gmail %s: more than %d messages to search for again; dropped the "
                         "oldest, not returned by the query %r: %s", self.account,
                         RECHECK_MAX, self.query, ", ".join(gid for gid, _ in over))
-        return items, keep
+        return keep
 
     async def _first_run(self, ctx: FetchContext) -> FetchResult:
         label_id = await self._label()
