@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CORPUS = sorted((Path(__file__).parent / "corpus_hostile").glob("*.eml"))
+CORPUS = sorted((Path(__file__).parents[1] / "corpus_hostile").glob("*.eml"))
 
 

@@ -13,7 +13,7 @@ from bot.models import DraftRequest, Message
 from bot.stages import Drafter
 from tests._stage import pipeline
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODEL = ModelConfig("template", "template", {"provider": "template"})
 
 

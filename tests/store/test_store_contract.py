@@ -13,6 +13,7 @@ import pytest
 from bot.models import Item, Message, draft_key, sha256_text
 from bot.store import create_store
 from bot.store.base import HEARTBEAT_PREFIX
+from tests._stores import get_draft_by_key, recover_sending, set_cursor
 from tests.support.store_data import (  # noqa: F401
     DAY,
     T0,
@@ -22,8 +23,6 @@ from tests.support.store_data import (  # noqa: F401
     _items,
     _msg,
 )
-
-from ._stores import get_draft_by_key, recover_sending, set_cursor
 
 
 def _key(item_id: str, pipeline: str = P, recipe: str = R) -> str:

@@ -19,12 +19,8 @@ from pathlib import Path
 import pytest
 
 from bot.models import Item, Message
-from tests.fakes.gmail import FakeGmail
-from tests.fakes.llm import FakeLLM
-from tests.fakes.telegram import FakeTelegram
-
-from ._chaos_parts import _pid_of_client
-from ._multihost import (
+from tests._chaos_parts import _pid_of_client
+from tests._multihost import (
     ANNA,
     CHAT,
     OPS_CHAT,
@@ -37,8 +33,11 @@ from ._multihost import (
     until,
     write_deployment,
 )
-from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
-from ._stores import recover_sending
+from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+from tests._stores import recover_sending
+from tests.fakes.gmail import FakeGmail
+from tests.fakes.llm import FakeLLM
+from tests.fakes.telegram import FakeTelegram
 
 MESSAGES = 200
 BATCHES = 5

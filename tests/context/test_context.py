@@ -31,7 +31,7 @@ from tests.support.context_world import (  # noqa: F401
 )
 from tests.support.desk import op
 
-HOSTILE = sorted((Path(__file__).parent / "corpus_hostile").glob("*.eml"))
+HOSTILE = sorted((Path(__file__).parents[1] / "corpus_hostile").glob("*.eml"))
 
 
 

@@ -14,9 +14,8 @@ from bot.cli.migrate import _Bar, add_cli, migrate_store, run_cli
 from bot.errors import StoreError
 from bot.models import Item, Message
 from bot.store import create_store
-
-from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
-from ._stores import get_draft_by_key
+from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+from tests._stores import get_draft_by_key
 
 SEEN = 10_000
 

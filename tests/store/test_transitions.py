@@ -20,9 +20,8 @@ from bot.store.transitions import (
     Transition,
     cas,
 )
-
-from ._stores import get_draft_by_key, recover_sending
-from .support.store_data import DAY, T0, P, R, S, _items, _msg
+from tests._stores import get_draft_by_key, recover_sending
+from tests.support.store_data import DAY, T0, P, R, S, _items, _msg
 
 ALLOWED = {(src, t.dst) for t in TRANSITIONS.values() for src in t.src}
 

@@ -94,7 +94,7 @@ async def test_a_fake_end_boundary_in_the_body_does_not_end_the_block(tmp_path, 
     settings = load_settings(write_config(tmp_path, "openai", fake.openai_url,
                                           model="    timeout: 5s\n"))
     drafter = build_drafter(settings.pipelines[0], settings)
-    m = parse_email((Path(__file__).parent / "corpus_hostile" / "04_fake_end_delimiter.eml").read_bytes())
+    m = parse_email((Path(__file__).parents[1] / "corpus_hostile" / "04_fake_end_delimiter.eml").read_bytes())
     try:
         await drafter.draft(DraftRequest("support", m))
     finally:

@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 
 from tests._chaos import ChaosOptions, run_chaos
-
-from ._pg import new_schema_name, require_pg_dsn, with_schema
+from tests._pg import new_schema_name, require_pg_dsn, with_schema
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

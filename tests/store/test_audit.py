@@ -19,7 +19,7 @@ from bot.store import chain, create_store
 from bot.store.schema import MIGRATIONS
 from tests.support.desk import started
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ORDER = "<CAF1234.order-question@mail.customer.example>"
 
 

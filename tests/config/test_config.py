@@ -122,7 +122,7 @@ def test_validate_command_exits_2_with_every_error(tmp_path, capsys):
 
 
 def test_validate_command_accepts_the_demo_and_the_examples(capsys):
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     assert main(["validate", "-c", str(root / "draftgate.demo.yaml")]) == 0
     assert main(["validate", "-c", str(root / "draftgate.example.yaml")]) == 0
     out = capsys.readouterr().out

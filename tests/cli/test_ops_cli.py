@@ -18,7 +18,7 @@ from bot.__main__ import main
 from bot.app import App
 from tests.support.desk import op, started
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

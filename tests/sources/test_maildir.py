@@ -16,7 +16,7 @@ from bot.sources import maildir
 from bot.stages import FetchContext, Source
 from tests._stage import pipeline
 
-CORPUS = Path(__file__).parent / "corpus"
+CORPUS = Path(__file__).parents[1] / "corpus"
 
 
 def _pipeline(tmp_path: Path, filters: dict | None = None, **source) -> PipelineConfig:
@@ -199,7 +199,7 @@ async def test_demo_inbox(tmp_path):
     from bot.config.options import parse_filters
     from bot.sources.filters import skip_reason
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     src = maildir.create(_pipeline(repo, path="demo/inbox"), _settings(repo))
     items = (await src.fetch(_Seen().ctx())).items
     import yaml
@@ -366,7 +366,7 @@ def _peak_rss_of_one_tick(cfg: Path) -> int:
              " stdout=subprocess.DEVNULL)\n"
              "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
     out = subprocess.run([sys.executable, "-c", probe, str(cfg)], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parent.parent).stdout.split()
+                         check=True, cwd=Path(__file__).resolve().parents[2]).stdout.split()
     assert out[0] == "0", out
     return int(out[1])
 

@@ -21,7 +21,7 @@ from bot.store import create_store
 from tests._proc import ORDER_EMAIL
 from tests.fakes.llm import FakeLLM
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -19,12 +19,11 @@ from bot.models import Item, Message
 from bot.store import create_store
 from bot.store.pg_schema import MIGRATIONS
 from bot.store.postgres import PostgresStore
-
-from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
 
 pytestmark = pytest.mark.postgres
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from bot.store import create_store
 from bot.store.schema import LATEST
 from bot.store.sqlite import SQLiteStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _items(*ids: str) -> list[Item]:

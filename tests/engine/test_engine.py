@@ -28,8 +28,7 @@ from bot.errors import (
 from bot.models import DraftResult, FetchResult, Item, Message, SendResult
 from bot.stages import PostedRef
 from bot.store import create_store
-
-from .support.desk import op, started
+from tests.support.desk import op, started
 
 T0 = 1_764_410_400.0  # 2025-11-29T10:00:00Z
 

@@ -12,7 +12,7 @@ import pytest
 
 from bot.mail.mime import UnparseableMessage, html_to_text, parse_email, stable_id
 
-CORPUS = Path(__file__).parent / "corpus"
+CORPUS = Path(__file__).parents[1] / "corpus"
 
 
 def _parse(name: str, **kw):
