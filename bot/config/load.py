@@ -21,6 +21,7 @@ from .checker import CLOCK_RE, DURATION_RE, Checker, kind_of, parse_duration
 from .files import load_yaml, pipeline_files
 from .gmail import GmailAccount, parse_account
 from .imap import Accounts, ImapAccount, parse_accounts
+from .models import ModelConfig, parse_model
 from .options import (
     ApprovalOptions,
     DrafterOptions,
@@ -35,20 +36,12 @@ from .telegram import chat_id as _chat_id
 
 SOURCE_TYPES = ("maildir", "schedule", "gmail", "imap")
 SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft", "smtp_reply", "imap_draft")
-PROVIDERS = ("template", "openai", "anthropic")
 CHANNELS = ("console", "telegram")
 CATCHUP_POLICIES = ("latest", "all", "none")
 MARK_SEEN = ("at_fetch", "on_success")
 
 
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class ModelConfig:
-    name: str
-    provider: str
-    options: dict[str, Any]  # base_url, model, api_key_env, timeout, ... (checked by the drafter)
 
 
 @dataclass(frozen=True)
@@ -258,13 +251,12 @@ def _sweep(ck: Checker, sweep: dict, settings: Settings) -> None:
 
 def _models(ck: Checker, models: dict, settings: Settings) -> None:
     for name, m in models.items():
-        m = ck.mapping(m, f"models.{name}")
-        provider = ck.get(m, "provider", f"models.{name}", str, choices=PROVIDERS)
-        if provider:
-            settings.models[str(name)] = ModelConfig(str(name), provider, dict(m))
+        model = parse_model(ck, str(name), m)
+        if model is not None:
+            settings.models[str(name)] = model
     if "template" not in settings.models:
         # The offline drafter is always available under this name.
-        settings.models["template"] = ModelConfig("template", "template", {"provider": "template"})
+        settings.models["template"] = ModelConfig("template", "template")
 
 
 def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,

@@ -102,11 +102,7 @@ class Retrieval:
         name = p.drafter.embeddings
         if name == "local" or self.settings is None:
             return self._make_local()
-        from ..drafters.llm import DEFAULT_KEY_ENV, model_options
-
-        o = model_options(self.settings.models[name], p, self.settings,
-                          default_base_url="https://api.openai.com/v1",
-                          default_key_env=DEFAULT_KEY_ENV["openai"])
+        o = self.settings.models[name]
         return RemoteEmbedder(name, o.base_url, o.model, o.api_key(), o.timeout)
 
     # -- searches -----------------------------------------------------------------------

@@ -32,18 +32,14 @@ from .failures import (
     text_field,
     token_count,
 )
-from .llm import DEFAULT_KEY_ENV, LLMDrafter
+from .llm import LLMDrafter
 from .prompt import Prompt
 
 __all__ = ["create", "AnthropicDrafter"]
 
 
 class AnthropicDrafter(LLMDrafter):
-    provider = "anthropic"
-    default_base_url = "https://api.anthropic.com"
-    default_key_env = DEFAULT_KEY_ENV["anthropic"]
-    # anthropic 2.x's Messages API has no sampling temperature.
-    temperature_ok = False
+    provider = "anthropic"  # its Messages API has no temperature (refused at load)
 
     def _new_client(self, api_key: str) -> anthropic.AsyncAnthropic:
         # An explicit api_key and base_url keep the SDK from reading credentials or a

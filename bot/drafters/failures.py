@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .llm import ModelOptions
+    from ..config.models import ModelConfig
 
 #: Longest Retry-After we hand on at all (a provider asking for days or ``inf`` gets an
 #: hour; the next probe after that asks again).
@@ -62,7 +62,7 @@ def retry_after_seconds(headers: Any) -> float | None:
 _BILLING_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_error"}
 
 
-def status_failure(status: int, message: str, headers: Any, opts: ModelOptions,
+def status_failure(status: int, message: str, headers: Any, opts: ModelConfig,
                    code: str | None = None, *, in_body: bool = False) -> Failure:
     """Classify an HTTP error answer (or an error object in a 200 answer) from either
     provider. ``code`` is the error's code or type, when the body names one.
@@ -120,7 +120,7 @@ class AnswerFailed(Exception):
         self.failure = failure
 
 
-def not_the_api(opts: ModelOptions, api: str, body: bytes, content_type: str | None) -> Failure:
+def not_the_api(opts: ModelConfig, api: str, body: bytes, content_type: str | None) -> Failure:
     """A 200 answer that is not the API's JSON: a web page, a proxy's or captive
     portal's answer, an empty body. base_url points at the wrong thing."""
     text = " ".join(body.decode("utf-8", "replace").split())
@@ -157,7 +157,7 @@ def token_count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def error_in_body(opts: ModelOptions, error: Any, *, status: int | None = None) -> Failure:
+def error_in_body(opts: ModelConfig, error: Any, *, status: int | None = None) -> Failure:
     """An ``{"error": {...}}`` object inside an HTTP 200 answer (OpenRouter passes an
     upstream provider's failure on this way), classified by its code like an HTTP
     status; without a numeric code it counts as the provider's trouble (502)."""

@@ -4,7 +4,7 @@ one bounded retry loop around a single SDK call.
 The SDKs' own retries are switched off (``max_retries=0``) so that there is exactly
 one place that decides how often and how long we wait. One ``draft()`` never outlives
 its claim: 90% of the pipeline's lease must be longer than ``timeout * (retries + 1)``
-plus the backoff (:func:`model_options` refuses a shorter one at start-up), and no retry
+plus the backoff (:func:`checked` refuses a shorter one at start-up), and no retry
 starts that could not finish within that 90% of the lease (a long Retry-After ends the
 call early as retryable instead). Otherwise a slow but healthy call could lose its
 claim and the item would be drafted twice.
@@ -22,19 +22,16 @@ that code is classified like an HTTP status.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import logging
-import os
 import random
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
-from urllib.parse import unquote, urlsplit
 
-from ..config.load import Checker, ModelConfig, PipelineConfig, Settings, parse_duration
+from ..config.load import ModelConfig, PipelineConfig, Settings
+from ..config.models import MAX_BACKOFF
 from ..errors import ConfigError, DrafterError, DrafterRetryable, DrafterSetupError
 from ..models import DraftRequest, DraftResult
-from ..redact import redact_url, register
 from . import prompt as _prompt
 from .failures import Answer, AnswerFailed, Failure
 
@@ -44,142 +41,31 @@ T = TypeVar("T")
 
 #: Longest Retry-After we sit out inside one call; a longer one goes back to the queue.
 MAX_WAIT = 60.0
-_MAX_BACKOFF = 30.0
-_KNOWN = {"provider", "base_url", "model", "api_key_env", "temperature", "max_output_tokens",
-          "timeout", "retries", "backoff"}
 #: The part of a pipeline's lease one draft() may use; the rest is the margin for
 #: storing the answer. Start-up validation and the retry loop use the same share.
 LEASE_SHARE = 0.9
-#: Used as the API key for local servers (Ollama, llama.cpp...) that want none.
-NO_KEY = "not-needed"
 
 
-@dataclass
-class ModelOptions:
-    name: str  # the models: entry, e.g. "default"
-    provider: str
-    base_url: str | None
-    model: str
-    api_key_env: str | None
-    temperature: float | None
-    max_output_tokens: int
-    timeout: float
-    retries: int
-    backoff: float
-
-    @property
-    def where(self) -> str:
-        return f"models.{self.name}"
-
-    @property
-    def shown_url(self) -> str:
-        """``base_url`` as an operator may read it: credentials in it are hidden."""
-        return redact_url(self.base_url or "", keep_user=False)
-
-    def redact(self, text: str) -> str:
-        """``text`` without the credentials of ``base_url`` or the API key, should an
-        SDK, a proxy or a provider have echoed them."""
-        url = self.base_url or ""
-        if url and url != self.shown_url:
-            text = text.replace(url, self.shown_url)
-        secrets = []
-        with contextlib.suppress(ValueError):
-            parts = urlsplit(url)
-            secrets += [parts.password or "", parts.username or ""]
-        if self.api_key_env:
-            secrets.append(os.environ.get(self.api_key_env, ""))
-        for secret in sorted(filter(None, secrets), key=len, reverse=True):
-            for form in {secret, unquote(secret)}:
-                if len(form) >= 3:
-                    text = text.replace(form, "***")
-        return text
-
-    def worst_case(self) -> float:
-        """Least time every attempt needs when each one times out (plus the backoff
-        between them); 90% of the lease (:data:`LEASE_SHARE`) has to be longer."""
-        waits = sum(min(self.backoff * 2 ** i, _MAX_BACKOFF) for i in range(self.retries))
-        return self.timeout * (self.retries + 1) + waits
-
-    def api_key(self) -> str:
-        """The secret, read at first use. The error names the variable, never a value."""
-        if not self.api_key_env:
-            return NO_KEY
-        value = os.environ.get(self.api_key_env, "")
-        register(value, self.api_key_env)  # hidden wherever it might be echoed
-        if not value:
-            raise DrafterSetupError(
-                f"{self.where}: environment variable {self.api_key_env} is not set; export it "
-                f"with the {self.provider} API key (or remove api_key_env for a local server "
-                f"that needs no key)")
-        return value
-
-
-#: The environment variable each provider's key is read from when ``api_key_env`` is not
-#: set and the model has no ``base_url`` of its own.
-DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-
-
-def model_options(model: ModelConfig, pipeline: PipelineConfig, settings: Settings, *,
-                  default_base_url: str, default_key_env: str,
-                  temperature_ok: bool = True) -> ModelOptions:
-    """Check ``models.<name>`` (errors name the deployment file and key path) and that
-    the pipeline's lease outlasts the worst case of one call. No I/O."""
-    errors: list[str] = []
-    ck = Checker(settings.file, errors)
-    where = f"models.{model.name}"
-    data = model.options
-    if "api_key" in data:
-        ck.error(f"{where}.api_key", "never put the key in YAML; set api_key_env to the name "
-                                     "of an environment variable that holds it")
-    ck.unknown({k: v for k, v in data.items() if k != "api_key"}, _KNOWN, where)
-    base_url = ck.get(data, "base_url", where, str, default=None)
-    if base_url is not None and not base_url.startswith(("http://", "https://")):
-        ck.error(f"{where}.base_url", f"expected an http:// or https:// URL, got "
-                                     f"{redact_url(base_url, keep_user=False)!r}")
-    name = ck.get(data, "model", where, str)
-    if name is not None and not name.strip():
-        ck.error(f"{where}.model", "expected a model name, e.g. gpt-4.1-mini or llama3.1")
-    # The official endpoint needs a key, so it defaults to the usual variable; a
-    # custom base_url (Ollama, vLLM...) often needs none.
-    key_env = ck.get(data, "api_key_env", where, str, default=None if base_url else default_key_env)
-    temperature = ck.get(data, "temperature", where, float, default=None)
-    if temperature is not None and not temperature_ok:
-        ck.error(f"{where}.temperature", f"the {model.provider} provider takes no temperature "
-                                         f"(its Messages API has none); remove it")
-    elif temperature is not None and not 0 <= temperature <= 2:
-        ck.error(f"{where}.temperature", f"expected a number from 0 to 2, got {temperature}")
-    max_out = ck.get(data, "max_output_tokens", where, int, default=1024)
-    if max_out is not None and max_out < 1:
-        ck.error(f"{where}.max_output_tokens", "expected a whole number of at least 1")
-    timeout = ck.convert(data, "timeout", where, parse_duration, default=60.0)
-    if timeout is not None and timeout <= 0:
-        ck.error(f"{where}.timeout", "expected a duration above zero, like 60s")
-    retries = ck.get(data, "retries", where, int, default=2)
-    if retries is not None and not 0 <= retries <= 10:
-        ck.error(f"{where}.retries", f"expected a whole number from 0 to 10, got {retries}")
-    backoff = ck.convert(data, "backoff", where, parse_duration, default=1.0)
-    if backoff is not None and backoff < 0:
-        ck.error(f"{where}.backoff", "expected a duration of zero or more, like 1s")
-    if errors:
-        raise ConfigError(errors)
-    opts = ModelOptions(model.name, model.provider, base_url or default_base_url, name,
-                        key_env, temperature, max_out, timeout, retries, backoff)
-    worst = opts.worst_case()
+def checked(model: ModelConfig, pipeline: PipelineConfig) -> ModelConfig:
+    """``model`` if the pipeline's lease outlasts the worst case of one call (the model's
+    own keys were checked at load). No I/O."""
+    worst = model.worst_case()
     usable = pipeline.lease * LEASE_SHARE
     if usable <= worst:
+        where = model.where
         raise ConfigError(
             f"{pipeline.file}: lease: {pipeline.lease:g}s leaves {usable:g}s for one draft "
             f"(90% of the lease; the rest is kept for storing it), which is not longer than "
-            f"one draft can take with {where} (timeout {opts.timeout:g}s x {opts.retries + 1} "
+            f"one draft can take with {where} (timeout {model.timeout:g}s x {model.retries + 1} "
             f"attempts plus backoff = {worst:g}s): the last attempts would never be made, and "
             f"a call that slow would lose its claim and the item would be drafted twice. "
             f"lease x 0.9 must be longer than {worst:g}s: set lease to at least "
             f"{int(worst * 1.5) + 1}s, or lower {where}.timeout or {where}.retries")
-    return opts
+    return model
 
 
 
-async def call_with_retries(opts: ModelOptions, call: Callable[[], Awaitable[T]],
+async def call_with_retries(opts: ModelConfig, call: Callable[[], Awaitable[T]],
                             classify: Callable[[BaseException], Failure | None], *,
                             budget: float) -> T:
     """Run ``call`` up to ``retries + 1`` times. ``classify`` turns an SDK exception into
@@ -221,7 +107,7 @@ async def call_with_retries(opts: ModelOptions, call: Callable[[], Awaitable[T]]
         if failure.retry_after is not None:
             wait = failure.retry_after
         else:
-            wait = min(opts.backoff * 2 ** (attempt - 1), _MAX_BACKOFF) * (1 - 0.25 * random.random())
+            wait = min(opts.backoff * 2 ** (attempt - 1), MAX_BACKOFF) * (1 - 0.25 * random.random())
         if time.monotonic() + wait + opts.timeout > deadline:
             raise DrafterRetryable(f"{where}: {failure.reason} (after {attempt} attempt"
                                    f"{'s' if attempt > 1 else ''}; no time left for another "
@@ -238,14 +124,9 @@ class LLMDrafter:
     how to build the client, make one call and classify the SDK's errors."""
 
     provider = ""
-    default_base_url = ""
-    default_key_env = ""
-    temperature_ok = True
 
     def __init__(self, model: ModelConfig, pipeline: PipelineConfig, settings: Settings):
-        self.opts = model_options(model, pipeline, settings, default_base_url=self.default_base_url,
-                                  default_key_env=self.default_key_env,
-                                  temperature_ok=self.temperature_ok)
+        self.opts = checked(model, pipeline)
         self._config = pipeline  # its drafter: options shape the prompt
         self.name = f"{self.provider}:{model.name}"
         self.pipeline = pipeline.name
@@ -309,7 +190,7 @@ class LLMDrafter:
         client = self._get_client()
         p = _prompt.Prompt("Answer with the single word: ok", "ping", "")
         answer = await call_with_retries(
-            ModelOptions(**{**self.opts.__dict__, "retries": 0}),
+            dataclasses.replace(self.opts, retries=0),
             lambda: self._call(client, p, 5), self._classify, budget=self.opts.timeout)
         return f"{self.opts.provider} {answer.model or self.opts.model} at {self.opts.shown_url}: ok"
 

@@ -32,7 +32,7 @@ from .failures import (
     text_field,
     token_count,
 )
-from .llm import DEFAULT_KEY_ENV, LLMDrafter
+from .llm import LLMDrafter
 from .prompt import Prompt
 
 __all__ = ["create", "OpenAIDrafter"]
@@ -40,8 +40,6 @@ __all__ = ["create", "OpenAIDrafter"]
 
 class OpenAIDrafter(LLMDrafter):
     provider = "openai"
-    default_base_url = "https://api.openai.com/v1"
-    default_key_env = DEFAULT_KEY_ENV["openai"]
 
     def _new_client(self, api_key: str) -> openai.AsyncOpenAI:
         # max_retries=0: retries are ours (bounded, Retry-After aware, within the lease).

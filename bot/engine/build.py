@@ -14,8 +14,7 @@ import importlib
 import sys
 
 from ..config.load import PipelineConfig, Settings
-from ..config.options import ApprovalOptions, DrafterOptions, FilterOptions, WebhookSenderOptions
-from ..drafters.llm import DEFAULT_KEY_ENV
+from ..config.options import WebhookSenderOptions
 from ..errors import ConfigError
 from ..service import metrics
 from ..stages import Drafter, Sender, Source, Triager
@@ -94,29 +93,6 @@ def check_all(settings: Settings) -> list[str]:
                 build(p, settings)
             except ConfigError as exc:
                 errors.extend(exc.errors)
-    errors.extend(_check_unused_models(settings))
-    return errors
-
-
-def _check_unused_models(settings: Settings) -> list[str]:
-    """``models:`` entries no pipeline names are checked too (an ``api_key:`` in YAML is
-    refused wherever it is written). The drafter checks a model together with a
-    pipeline, so a stand-in pipeline is used and only the model's own errors kept."""
-    used = {p.drafter.model for p in settings.pipelines}
-    used |= {p.triage.model for p in settings.pipelines if p.triage is not None}
-    errors: list[str] = []
-    for name in settings.models:
-        if name in used:
-            continue
-        stand_in = PipelineConfig(
-            name="unused", file="<unused>", schedule="5m", interval=300.0, cron=None,
-            source=None, filters=FilterOptions(), drafter=DrafterOptions(name, "unused"),
-            recipe="v1", approval=ApprovalOptions(), sender=None, lease=float("inf"),
-            base_dir=settings.base_dir)
-        try:
-            build_model(stand_in, settings, name)
-        except ConfigError as exc:
-            errors.extend(e for e in exc.errors if not e.startswith(stand_in.file))
     return errors
 
 
@@ -212,13 +188,9 @@ def register_secrets(settings: Settings) -> None:
         env(t.token_env)
         env(t.webhook.secret_env)
     for model in settings.models.values():  # unused ones too: their keys are in the env
-        # Read from the options as written, not by building the drafter: that would
-        # import the model's SDK (seconds) for every CLI command.
-        opts = model.options if isinstance(model.options, dict) else {}
-        base_url = opts.get("base_url")
-        env(opts.get("api_key_env") or (None if base_url else DEFAULT_KEY_ENV.get(model.provider)))
+        env(model.api_key_env)
         with contextlib.suppress(ValueError):
-            url = urlsplit(str(base_url or ""))
+            url = urlsplit(model.base_url or "")
             redact.register(url.password, f"models.{model.name}.base_url password")
             if url.password is None:  # then the user part is a token (https://TOKEN@proxy)
                 redact.register(url.username, f"models.{model.name}.base_url user")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config.load import ModelConfig, PipelineConfig, Settings
+from bot.config.load import ModelConfig, PipelineConfig, Settings, load_settings
 from bot.drafters import template
 from bot.errors import ConfigError, DrafterError, DrafterSetupError
 from bot.models import DraftRequest, Message
@@ -14,7 +14,7 @@ from bot.stages import Drafter
 from tests._stage import pipeline
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = ModelConfig("template", "template", {"provider": "template"})
+MODEL = ModelConfig("template", "template")
 
 
 def _pipeline(base: Path, **drafter) -> PipelineConfig:
@@ -106,9 +106,13 @@ def test_prompt_is_required(tmp_path):
 
 
 def test_unknown_model_option(tmp_path):
-    model = ModelConfig("offline", "template", {"provider": "template", "model": "gpt"})
+    """A key the template drafter has no use for is refused when the file loads."""
+    (tmp_path / "draftgate.yaml").write_text(
+        "store: sqlite:///state.db\npipelines: pipelines/*.yaml\n"
+        "models:\n  offline:\n    provider: template\n    model: gpt\n")
+    (tmp_path / "pipelines").mkdir()
     with pytest.raises(ConfigError, match=r"draftgate.yaml: models.offline.model: unknown key"):
-        template.create(model, _pipeline(tmp_path, prompt="t.txt"), _settings(tmp_path))
+        load_settings(tmp_path / "draftgate.yaml")
 
 
 async def test_demo_template_renders_without_leftover_fields():
