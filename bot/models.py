@@ -182,6 +182,7 @@ class Draft:
     triage: str | None = None  # reply | notify | skip, decided for version 1; None: not triaged
     triage_reason: str | None = None  # the model's one sentence (or why triage failed)
     used: dict[str, Any] = field(default_factory=dict)  # what its request was given (Context.used)
+    send_after: float | None = None  # approved: not sent before this (undo, later); None: at once
 
 
 @dataclass(frozen=True)

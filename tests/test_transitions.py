@@ -71,6 +71,18 @@ async def test_every_move_of_both_stores_is_in_the_table_and_every_row_is_used(s
     d = await rec(st.begin_send(d.id, "host-a"))
     await rec(st.mark_sent(d.id, "s-1", now=T0))
 
+    # A deferred send (the undo window): not claimed before send_after; undone, it
+    # awaits a decision again (same version); approved again, claimed when due.
+    d = await _awaiting(rec, "undone")
+    d = await rec(st.approve(d.id, d.version, "anna", now=T0, send_after=T0 + 10))
+    assert await rec(st.begin_send(d.id, "host-a", now=T0 + 9)) is None
+    d = await rec(st.undo(d.id, d.version, "anna", now=T0 + 9))
+    assert d.status == Status.AWAITING and d.version == 1 and d.send_after is None
+    d = await rec(st.approve(d.id, d.version, "bo", now=T0 + 20, send_after=T0 + 30))
+    assert (await rec(st.begin_send(d.id, "host-a", now=T0 + 30))).status == Status.SENDING
+    assert await rec(st.undo(d.id, d.version, "anna", now=T0 + 30)) is None  # lost to the claim
+    await rec(st.mark_sent(d.id, "s-3", now=T0 + 31))
+
     d = await _awaiting(rec, "unknown")
     d = await rec(st.approve(d.id, d.version, "anna", now=T0))
     await rec(st.begin_send(d.id))

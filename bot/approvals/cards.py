@@ -30,8 +30,9 @@ APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT = "ap", "ed", "rg", "rj", "r
 REPLAY = "rp"  # on a failure notice: the same operation as /replay
 DRAFT_REPLY, DISMISS = "dr", "dm"  # on an FYI card (triage said notify)
 CHECK_SEND, MARK_SENT = "ck", "ms"  # on a card whose send's outcome is unknown
+UNDO = "un"  # on an approved card whose send waits (the undo window, a later time)
 ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS,
-           CHECK_SEND, MARK_SENT)
+           CHECK_SEND, MARK_SENT, UNDO)
 # Canonical numbers only (no leading zeros): data we did not make byte for byte is refused.
 _CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[1-9][0-9]{0,17}):"
                        r"(?P<version>[1-9][0-9]{0,8})")
@@ -249,6 +250,8 @@ def status_line(draft: Draft) -> str | None:
         return None
     if s == Status.SENT:
         return f"✅ Sent by {who} at {hhmm(draft.updated_at or draft.decided_at)} · {t}"
+    if s == Status.APPROVED and draft.send_after is not None:
+        return f"{deferred_line(draft)}\nApproved by {who} at {at} · {t}"
     if s in (Status.APPROVED, Status.SENDING):
         return f"⏳ Approved by {who} at {at} · sending… · {t}"
     if s == Status.REJECTED:
@@ -274,6 +277,12 @@ def status_line(draft: Draft) -> str | None:
     return f"{html.escape(s)} · {t}"
 
 
+def deferred_line(draft: Draft) -> str:
+    """``📤 Sending in 10 s · ↩️ Undo``: an approved draft whose send waits its window."""
+    window = (draft.send_after or 0.0) - (draft.decided_at or draft.updated_at or 0.0)
+    return f"📤 Sending in {max(0, round(window))} s · ↩️ Undo"
+
+
 def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1) -> Card:
     """The card after (or while) something happened: a status line on top, no decision
     buttons; Retry for a send that failed or whose outcome is unknown. (Waiting for a
@@ -291,6 +300,8 @@ def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum:
         buttons = [[("🔁 Retry send", callback_data(RETRY, draft.id, draft.version))]]
     elif draft.status == Status.SEND_UNKNOWN:
         buttons = unknown_send_buttons(draft)
+    elif draft.status == Status.APPROVED and draft.send_after is not None:
+        buttons = [[("↩️ Undo", callback_data(UNDO, draft.id, draft.version))]]
     return Card(text, buttons, cut)
 
 

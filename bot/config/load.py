@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import scheduler
 from ..errors import ConfigError
 from ..redact import register as redact_register
 from . import options as _options
@@ -392,8 +393,8 @@ def knowledge_files(base: Path, patterns: tuple[str, ...]) -> list[Path]:
 
 
 def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
-    ck.unknown(raw, {"channel", "chat", "quorum", "operators", "remind_after", "console"},
-               "approval")
+    ck.unknown(raw, {"channel", "chat", "quorum", "operators", "remind_after", "console",
+                     "undo", "send_hours"}, "approval")
     channel = ck.get(raw, "channel", "approval", str, default=ApprovalOptions.channel,
                      choices=CHANNELS)
     chat = raw.get("chat")
@@ -412,8 +413,14 @@ def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
     if "console" in raw and console is False and channel != "telegram":
         ck.error("approval.console", "false needs approval.channel: telegram (a console "
                                      "approval is decided in the console)")
+    undo = ck.convert(raw, "undo", "approval", parse_duration, default=0.0)
+    if undo is not None and not 0 <= undo <= 600:
+        ck.error("approval.undo", f"expected a duration from 0 (off) to 10m like 10s, got "
+                                  f"{raw['undo']!r}")
+    hours = ck.convert(raw, "send_hours", "approval", scheduler.parse_send_hours, default=None)
     return ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat), *team,
-                           console=bool(console) if console is not None else True)
+                           console=bool(console) if console is not None else True,
+                           undo=undo if undo and 0 < undo <= 600 else 0.0, send_hours=hours)
 
 
 def _team(ck: Checker, raw: dict, settings: Settings, channel: str | None

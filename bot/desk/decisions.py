@@ -58,11 +58,15 @@ class Decisions:
         Below the pipeline's quorum the vote is recorded and the draft comes back
         still ``awaiting`` (None: the vote did not count, e.g. an old version)."""
         seen = await self._decidable(draft_id, draft)
-        quorum = 1 if seen is None else self.settings.pipeline(seen.pipeline).approval.quorum
+        approval = None if seen is None else self.settings.pipeline(seen.pipeline).approval
+        quorum = 1 if approval is None else approval.quorum
         same = seen is not None and seen.version == version
-        d = await self.store.approve(draft_id, version, actor, now=self.clock(), quorum=quorum,
+        now = self.clock()
+        d = await self.store.approve(draft_id, version, actor, now=now, quorum=quorum,
                                      body=seen.body if same and seen else None,
-                                     key=seen.key if seen else None)
+                                     key=seen.key if seen else None,
+                                     send_after=now + approval.undo if approval and approval.undo
+                                     else None)
         if d is None:
             if quorum > 1 and seen is not None and any(
                     v.operator == operator_id(actor)
@@ -71,7 +75,21 @@ class Decisions:
             return None
         metrics.decided(d, "approved")
         log.info("%s #%d v%d approved by %s", d.pipeline, d.id, d.version, actor)
+        if d.send_after is not None and d.send_after > self.clock():
+            # Deferred (the undo window): the due-time loop sends it when it is due.
+            self.sends.wake()
+            return await self.operators.update_card(d)
         return await self.sends.send(d)
+
+    async def undo(self, draft_id: int, version: int, actor: str) -> Draft | None:
+        """Undo (or Cancel) a deferred send that has not begun: the draft awaits a
+        decision again, same version, votes cleared (None: too late, or not this one)."""
+        d = await self.store.undo(draft_id, version, actor, now=self.clock())
+        if d is None:
+            return None
+        log.info("%s #%d v%d: send undone by %s", d.pipeline, d.id, d.version, actor)
+        self.sends.wake()
+        return await self.operators.update_card(d)
 
     @staticmethod
     async def votes_of(settings: Settings, store: Store, d: Draft) -> tuple[list[str], int]:

@@ -72,6 +72,12 @@ class OperatorDesk:
         d = await self._decidable(op, draft_id, "approve", seen)
         return await self.decisions.approve(draft_id, version, op.actor, d)
 
+    async def undo(self, op: Operator, draft_id: int, version: int) -> Draft | None:
+        """Undo a deferred send before it begins (the undo window, a later send): the
+        draft awaits a decision again. None: it is being sent or was sent already."""
+        await self._decidable(op, draft_id, "undo")
+        return await self.decisions.undo(draft_id, version, op.actor)
+
     async def edit(self, op: Operator, draft_id: int, version: int, body: str) -> Draft | None:
         await self._decidable(op, draft_id, "edit")
         return await self.decisions.edit(draft_id, version, body, op.actor)

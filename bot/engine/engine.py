@@ -74,6 +74,7 @@ class Engine:
         self._triagers: dict[str, Triager | None] = {}
         self._progress = progress  # (label, done, total): backfills on the CLI
         self._tasks: set[asyncio.Task] = set()
+        self._due: asyncio.Task | None = None  # the due-time loop (start_due)
         self.leases = Leases(store, self.pipelines, self.lease_now, self.spawn, home=host)
         self.channels = Channels(settings, store, self.by_name, self.clock)
         self.sends = Sends(settings, store, self.leases, self.channels, self.sender, self.clock,
@@ -113,6 +114,12 @@ class Engine:
         bound to the desk and started by :class:`bot.app.App` around this."""
         await self.sends.recover()
 
+    def start_due(self) -> None:
+        """Start the due-time loop of deferred sends (undo window, send later, sending
+        hours; :meth:`Sends.run_due`), once the channels run. Stopped by :meth:`stop`."""
+        if self._due is None or self._due.done():
+            self._due = asyncio.create_task(self.sends.run_due(), name="due-sends")
+
     async def stop_tasks(self) -> None:
         """Cancel the background work decisions started, and wait for it."""
         for task in list(self._tasks):
@@ -123,6 +130,10 @@ class Engine:
     async def stop(self) -> None:
         """Let in-flight work finish its current transition, then close channels and
         stages."""
+        if self._due is not None:
+            self._due.cancel()
+            await asyncio.gather(self._due, return_exceptions=True)
+            self._due = None
         await self.stop_tasks()
         for ch in self.channels.running():
             try:

@@ -352,4 +352,11 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
         );
         """,
     ),
+    (
+        10,
+        "deferred sends (issue 28): see schema.py _V_SEND_AFTER",
+        """
+        ALTER TABLE drafts ADD COLUMN send_after DOUBLE PRECISION;
+        """,
+    ),
 ]

@@ -182,6 +182,8 @@ async def _approve(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft
         return f"✅ Your approval counts ({len(votes)}/{quorum}); it sends at {quorum}."
     if (why := await _sent(ch, draft, after)) is not None or after is None:
         return why or ""
+    if after.status == Status.APPROVED and after.send_after is not None:
+        return f"✅ Approved. {cards.deferred_line(after)} on the card stops it."
     return {Status.SENT: "✅ Sent.", Status.SEND_FAILED: "❌ Send failed; see the card.",
             Status.SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
         Status(after.status), f"Approved ({after.status}).")
@@ -197,6 +199,18 @@ async def _sent(ch: ChannelView, draft: Draft, after: Draft | None) -> str | Non
     if after.status not in (Status.SENT, Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.SENDING):
         await ch.update(after)
     return None
+
+
+async def _undo(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """Undo a send that waits (the undo window): back to a decision, if not begun."""
+    if draft.status != Status.APPROVED or draft.send_after is None:
+        return already(draft)
+    after = await ch.desk.undo(actor(query.from_user), draft.id, cb.version)
+    if after is None:
+        return "Too late: it is being sent." if (
+            fresh := await ch.desk.draft(draft.id) or draft).status != Status.AWAITING \
+            else already(fresh)
+    return "↩️ Undone: nothing was sent; the card waits for a decision again."
 
 
 async def _prompt(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
@@ -289,7 +303,8 @@ async def _full_text(ch: ChannelView, query: Any, cb: cards.Callback, draft: Dra
 _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
     ((cards.APPROVE,), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
     ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
-    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send)]
+    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send),
+    ((cards.UNDO,), _undo)]
 
 
 # -- replies to prompts and cards ---------------------------------------------------------------

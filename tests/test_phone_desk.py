@@ -1,0 +1,184 @@
+"""The phone desk (issue 28): Undo after the deciding approval, through the real
+python-telegram-bot against the fake Bot API, the real Engine and a real store.
+
+Time is the engine's clock, moved by the test; the due-time loop of deferred sends is
+woken after each move and the test waits for its pass (an event), never for a duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bot.engine.engine import Engine
+from tests.fakes.telegram import FakeTelegram
+from tests.support.team import team_config
+from tests.support.telegram_world import ANNA, BO, TOKEN_ENV, World
+
+from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+
+WAIT = 30.0
+T0 = 1_796_000_000.0  # a fixed instant: the engine's clock starts here
+
+
+class Clock:
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def fake():
+    with FakeTelegram() as f:
+        yield f
+
+
+@pytest.fixture
+async def worlds():
+    started: list[World] = []
+    yield started
+    for w in started:
+        await w.stop()
+
+
+async def _world(tmp_path, fake, monkeypatch, worlds, approval: str = "undo: 10s",
+                 cfg=None) -> tuple[World, Clock]:
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    w = World(tmp_path, fake, cfg or team_config(tmp_path, fake, approval))
+    clock = Clock()
+    w.now = clock
+    await w.start()
+    worlds.append(w)
+    return w, clock
+
+
+async def tap(w: World, d, action: str, user: int = ANNA, name: str = "Anna") -> str:
+    u = w.fake.tap(user, int(d.approval_chat), int(d.approval_message_id),
+                   f"{action}:{d.id}:{d.version}", name)
+    return (await w.fake.answered(u, WAIT))["text"]
+
+
+async def due_pass(engine: Engine) -> None:
+    """Wake the due-time loop and wait for one whole pass of it after the wake."""
+    ticket = engine.sends.wake()
+    await _until(lambda: engine.sends.due_served >= ticket, "a pass of the due loop")
+
+
+async def _until(check, what: str, timeout: float = WAIT) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not check():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def buttons(w: World, d) -> list[str]:
+    markup = w.card(d).reply_markup or {}
+    return [b["text"] for row in markup.get("inline_keyboard", []) for b in row]
+
+
+# -- undo -----------------------------------------------------------------------------------
+
+async def test_undo_within_the_window_sends_nothing_and_approving_again_sends_once(
+        tmp_path, fake, monkeypatch, worlds):
+    w, clock = await _world(tmp_path, fake, monkeypatch, worlds)
+    d = await w.deliver(1)
+    answer = await tap(w, d, "ap")
+    assert answer.startswith("✅ Approved. 📤 Sending in 10 s")
+    await fake.await_for(lambda: w.card(d).text.startswith("📤 Sending in 10 s · ↩️ Undo"), WAIT)
+    assert buttons(w, d) == ["↩️ Undo"]
+    assert (await w.draft(d)).send_after == T0 + 10
+    clock.t = T0 + 5
+    assert await tap(w, d, "un") == "↩️ Undone: nothing was sent; the card waits for a decision again."
+    back = await w.draft(d)
+    assert back.status == "awaiting" and back.version == 1 and back.send_after is None
+    await fake.await_for(lambda: "✅ Approve & send" in buttons(w, d), WAIT)
+    clock.t = T0 + 60  # long after the window: nothing was left to send
+    await due_pass(w.engine)
+    assert w.sender.sent == []
+    assert await tap(w, d, "ap", BO, "Bo") == "✅ Approved. 📤 Sending in 10 s · ↩️ Undo on the card stops it."
+    clock.t = T0 + 70
+    await due_pass(w.engine)
+    await fake.await_for(lambda: w.card(d).text.startswith("✅ Sent by Bo"), WAIT)
+    assert [s[:2] for s in w.sender.sent] == [(d.id, 1)]
+    actions = [(e.action, e.detail) for e in await w.store.audit_log(d.key)
+               if e.action in ("approve", "undo", "sent")]
+    assert actions[::-1] == [("approve", "v1"), ("undo", "v1: not sent"), ("approve", "v1"),
+                             ("sent", "v1, message id msg-1")]
+    assert await tap(w, d, "un") == "Already decided: sent by Bo."
+
+
+async def test_without_undo_it_is_sent_once_when_the_window_has_passed_not_before(
+        tmp_path, fake, monkeypatch, worlds):
+    w, clock = await _world(tmp_path, fake, monkeypatch, worlds)
+    d = await w.deliver(1)
+    await tap(w, d, "ap")
+    clock.t = T0 + 9.9
+    await due_pass(w.engine)
+    await w.engine.tick("support")  # a tick does not send it early either
+    assert w.sender.sent == [] and (await w.draft(d)).status == "approved"
+    clock.t = T0 + 10
+    await due_pass(w.engine)
+    await fake.await_for(lambda: w.card(d).text.startswith("✅ Sent by Anna"), WAIT)
+    await due_pass(w.engine)
+    await w.engine.tick("support")
+    assert [s[:2] for s in w.sender.sent] == [(d.id, 1)]
+    assert await tap(w, d, "un") == "Already decided: sent by Anna."
+
+
+async def test_a_restart_inside_the_window_sends_once_when_due(tmp_path, fake, monkeypatch, worlds):
+    w, clock = await _world(tmp_path, fake, monkeypatch, worlds)
+    d = await w.deliver(1)
+    await tap(w, d, "ap")
+    await w.restart()
+    await due_pass(w.engine)  # the loop's first pass at start: not due yet
+    assert w.sender.sent == [] and (await w.draft(d)).status == "approved"
+    clock.t = T0 + 11
+    await w.restart()  # at start, the approved row is picked up as it is due
+    await fake.await_for(lambda: w.card(d).text.startswith("✅ Sent by Anna"), WAIT)
+    await due_pass(w.engine)
+    assert [s[:2] for s in w.sender.sent] == [(d.id, 1)]
+
+
+async def test_undo_off_sends_at_once_as_before(tmp_path, fake, monkeypatch, worlds):
+    w, _ = await _world(tmp_path, fake, monkeypatch, worlds, approval="quorum: 1")
+    d = await w.deliver(1)
+    assert await tap(w, d, "ap") == "✅ Sent."
+    assert (await w.draft(d)).send_after is None
+
+
+async def test_two_hosts_on_postgresql_send_a_due_reply_once(tmp_path, fake, monkeypatch, worlds):
+    dsn = await require_pg_dsn()
+    schema = new_schema_name("undo")
+    cfg = team_config(tmp_path, fake, "undo: 10s")
+    cfg.write_text(cfg.read_text().replace("store: sqlite:///state.db",
+                                           f"store: {with_schema(dsn, schema)}"))
+    try:
+        w, clock = await _world(tmp_path, fake, monkeypatch, worlds, cfg=cfg)
+        d = await w.deliver(1)
+        await tap(w, d, "ap")
+        # A second host: its own engine and store connection on the same schema.
+        from bot.store import create_store
+
+        other_store = create_store(w.settings.store)
+        await other_store.open()
+        other = Engine(w.settings, other_store, {}, clock=clock, host="other-host",
+                       senders={"support": w.sender}, drafters={"support": w.drafter})
+        try:
+            clock.t = T0 + 10
+            sent = await asyncio.gather(w.engine.sends.send_due(), other.sends.send_due())
+            assert sorted(sent) == [0, 1]
+            assert [s[:2] for s in w.sender.sent] == [(d.id, 1)]
+            assert (await w.draft(d)).status == "sent"
+        finally:
+            await other.stop()
+            await other_store.close()
+    finally:
+        for x in worlds:
+            await x.stop()
+        worlds.clear()
+        await drop_schema(dsn, schema)
