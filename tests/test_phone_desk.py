@@ -182,3 +182,131 @@ async def test_two_hosts_on_postgresql_send_a_due_reply_once(tmp_path, fake, mon
             await x.stop()
         worlds.clear()
         await drop_schema(dsn, schema)
+
+
+# -- send later and sending hours: the times, by table ------------------------------------------
+
+FRI_1500 = 1796396400.0  # Fri 2026-12-04 15:00 UTC
+
+
+def _utc(t: float) -> str:
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%a %Y-%m-%d %H:%M")
+
+
+@pytest.mark.parametrize("choice, tz, expected", [
+    ("hour", "UTC", "Fri 2026-12-04 16:00"),
+    ("tomorrow", "UTC", "Sat 2026-12-05 09:00"),
+    ("monday", "UTC", "Mon 2026-12-07 09:00"),
+    ("tomorrow", "Europe/Berlin", "Sat 2026-12-05 08:00"),  # 09:00 CET
+])
+def test_later_choices_are_told_by_the_pipelines_clock(choice, tz, expected):
+    from bot import scheduler
+    assert _utc(scheduler.later(choice, FRI_1500, tz)) == expected
+
+
+@pytest.mark.parametrize("approved, tz, expected", [
+    # a weekday evening waits for the next morning; inside the hours: at once
+    (1796773200.0, "UTC", "Wed 2026-12-09 08:00"),  # Tue 23:40
+    (1796396400.0, "UTC", "Fri 2026-12-04 15:00"),  # Fri 15:00: open
+    # Friday 23:40 CEST waits over the weekend and the autumn change: Mon 08:00 CET
+    (1792791600.0, "Europe/Berlin", "Mon 2026-10-26 07:00"),
+    # Friday 17:59:xx plus nothing: open; spring change: Mon 08:00 CEST is 06:00 UTC
+    (1774630740.0 + 3600, "Europe/Berlin", "Mon 2026-03-30 06:00"),
+])
+def test_send_hours_hold_an_approval_until_the_next_opening(approved, tz, expected):
+    from bot import scheduler
+    hours = scheduler.parse_send_hours("Mon-Fri 08:00-18:00")
+    assert _utc(scheduler.within_hours(hours, approved, tz)) == expected
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("Mon-Fry 08:00-18:00", "'Fry' is not a day"),
+    ("Mon-Fri 8-18", "expected days and hours like"),
+    ("Mon-Fri 18:00-08:00", "the end after the start"),
+    ("Mon-Fri 08:00-18:75", "expected days and hours like"),
+])
+def test_a_bad_send_hours_is_refused_at_load_saying_what_is_wrong(tmp_path, fake, text, problem):
+    from bot.config.load import load_settings
+    from bot.errors import ConfigError
+    cfg = team_config(tmp_path, fake, f'send_hours: "{text}"')
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg)
+    assert "approval.send_hours" in str(err.value) and problem in str(err.value)
+
+
+def test_send_hours_parse_once_into_days_and_minutes():
+    from bot import scheduler
+    h = scheduler.parse_send_hours("Sat-Mon 09:30-24:00")
+    assert h.days == frozenset({5, 6, 0}) and (h.start, h.end) == (570, 1440)
+    assert str(h) == "Mon,Sat,Sun 09:30-24:00"
+
+
+# -- send later, through Telegram -----------------------------------------------------------
+
+async def test_later_sends_at_the_chosen_time_survives_a_restart_and_lists_in_pending(
+        tmp_path, fake, monkeypatch, worlds, capsys):
+    w, clock = await _world(tmp_path, fake, monkeypatch, worlds, approval="quorum: 1")
+    clock.t = FRI_1500
+    d = await w.deliver(1)
+    assert "🕘 Later" in buttons(w, d)
+    assert await tap(w, d, "lt") == "🕘 When should it be sent?"
+    await fake.await_for(lambda: buttons(w, d) == ["In 1 hour", "Tomorrow 09:00",
+                                                   "Monday 09:00", "⬅️ Back"], WAIT)
+    assert await tap(w, d, "lb") == "Back to the card."
+    await fake.await_for(lambda: "✅ Approve & send" in buttons(w, d), WAIT)
+    await tap(w, d, "lt")
+    assert await tap(w, d, "lw") == "✅ Approved. 🕘 Sends Mon 09:00 · ↩️ Cancel on the card stops it."
+    await fake.await_for(lambda: w.card(d).text.startswith("🕘 Sends Mon 09:00 · ↩️ Cancel"), WAIT)
+    assert buttons(w, d) == ["↩️ Cancel"]
+    assert "🕘 sends Mon 09:00" in await w.say("/pending")
+    from bot.cli.main import main
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["pending", "-c", str(w.cfg)]) == 0
+    assert f"support #{d.id} v1 · 🕘 sends Mon 09:00" in capsys.readouterr().out
+
+    await w.restart()
+    clock.t = 1796634000.0 - 1  # Mon 08:59:59
+    await due_pass(w.engine)
+    await w.engine.tick("support")
+    assert w.sender.sent == []
+    clock.t = 1796634000.0  # Mon 09:00
+    await due_pass(w.engine)
+    await fake.await_for(lambda: w.card(d).text.startswith("✅ Sent by Anna"), WAIT)
+    assert [s[:2] for s in w.sender.sent] == [(d.id, 1)]
+    assert await tap(w, d, "un") == "Already decided: sent by Anna."
+
+
+async def test_cancel_a_later_send_before_it_goes(tmp_path, fake, monkeypatch, worlds):
+    w, clock = await _world(tmp_path, fake, monkeypatch, worlds, approval="quorum: 1")
+    clock.t = FRI_1500
+    d = await w.deliver(1)
+    await tap(w, d, "lt")
+    assert (await tap(w, d, "lm")).startswith("✅ Approved. 🕘 Sends Sat 09:00")
+    clock.t = FRI_1500 + 3600
+    assert await tap(w, d, "un") == "↩️ Cancelled: nothing was sent; the card waits for a decision again."
+    await fake.await_for(lambda: "🕘 Later" in buttons(w, d), WAIT)
+    clock.t = FRI_1500 + 86400
+    await due_pass(w.engine)
+    assert w.sender.sent == [] and (await w.draft(d)).status == "awaiting"
+    assert [e.action for e in await w.store.audit_log(d.key)][:2] == ["undo", "approve"]
+
+
+async def test_send_hours_hold_an_approval_at_23_40_until_08_00_across_a_dst_change(
+        tmp_path, fake, monkeypatch, worlds):
+    cfg = team_config(tmp_path, fake, 'send_hours: "Mon-Fri 08:00-18:00"',
+                      extra="timezone: Europe/Berlin\n")
+    w, clock = await _world(tmp_path, fake, monkeypatch, worlds, cfg=cfg)
+    clock.t = 1792791600.0  # Fri 2026-10-23 23:40 CEST; clocks go back on Sunday
+    d = await w.deliver(1)
+    assert (await tap(w, d, "ap")).startswith("✅ Approved. 🕘 Sends Mon 08:00")
+    opens = 1792998000.0  # Mon 2026-10-26 08:00 CET
+    assert (await w.draft(d)).send_after == opens
+    await fake.await_for(lambda: w.card(d).text.startswith("🕘 Sends Mon 08:00 · ↩️ Cancel"), WAIT)
+    clock.t = opens - 1
+    await due_pass(w.engine)
+    assert w.sender.sent == []
+    clock.t = opens
+    await due_pass(w.engine)
+    await fake.await_for(lambda: w.card(d).text.startswith("✅ Sent by Anna"), WAIT)
+    assert len(w.sender.sent) == 1

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from .. import scheduler
 from ..clock import hhmm
 from ..models import REPLAYABLE_STATUSES, Draft, Status, unsupported_line, used_line
 from ..redact import scrub
@@ -31,8 +32,14 @@ REPLAY = "rp"  # on a failure notice: the same operation as /replay
 DRAFT_REPLY, DISMISS = "dr", "dm"  # on an FYI card (triage said notify)
 CHECK_SEND, MARK_SENT = "ck", "ms"  # on a card whose send's outcome is unknown
 UNDO = "un"  # on an approved card whose send waits (the undo window, a later time)
+# 🕘 Later opens the choices (and ⬅️ Back closes them); each choice approves with a time.
+LATER, LATER_BACK = "lt", "lb"
+LATER_CHOICES = {"lh": "hour", "lm": "tomorrow", "lw": "monday"}  # scheduler.later's names
 ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS,
-           CHECK_SEND, MARK_SENT, UNDO)
+           CHECK_SEND, MARK_SENT, UNDO, LATER, LATER_BACK, *LATER_CHOICES)
+#: A send that waits longer than this after its approval is a scheduled one (🕘 Later,
+#: the sending hours): its card names the time; a shorter wait is the undo window.
+UNDO_WINDOW_MAX = 600.0
 # Canonical numbers only (no leading zeros): data we did not make byte for byte is refused.
 _CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[1-9][0-9]{0,17}):"
                        r"(?P<version>[1-9][0-9]{0,8})")
@@ -191,10 +198,18 @@ def _decision_buttons(draft: Draft, cut: bool) -> list[list[Button]]:
     rows = [[("✅ Approve & send", callback_data(APPROVE, draft.id, draft.version)),
              ("✏️ Edit", callback_data(EDIT, draft.id, draft.version))],
             [("🔁 Regenerate", callback_data(REGENERATE, draft.id, draft.version)),
-             ("🗑 Reject", callback_data(REJECT, draft.id, draft.version))]]
+             ("🗑 Reject", callback_data(REJECT, draft.id, draft.version))],
+            [("🕘 Later", callback_data(LATER, draft.id, draft.version))]]
     if cut:
         rows.append([("📄 Full text", callback_data(FULL_TEXT, draft.id, draft.version))])
     return rows
+
+
+def later_buttons(draft: Draft) -> list[list[Button]]:
+    """The choices 🕘 Later opens on the card: each approves with that send time."""
+    return [[(scheduler.LATER[name], callback_data(action, draft.id, draft.version))
+             for action, name in LATER_CHOICES.items()],
+            [("⬅️ Back", callback_data(LATER_BACK, draft.id, draft.version))]]
 
 
 def _is_fyi(draft: Draft) -> bool:
@@ -239,7 +254,7 @@ def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: i
     return Card(text, _decision_buttons(draft, cut), cut)
 
 
-def status_line(draft: Draft) -> str | None:
+def status_line(draft: Draft, tz: str = "UTC") -> str | None:
     """What happened to the draft, for the top of its card (escaped HTML), or None
     while it waits for a decision."""
     who = clip(actor_name(draft.decided_by), _FIELD["name"])[0]
@@ -251,7 +266,7 @@ def status_line(draft: Draft) -> str | None:
     if s == Status.SENT:
         return f"✅ Sent by {who} at {hhmm(draft.updated_at or draft.decided_at)} · {t}"
     if s == Status.APPROVED and draft.send_after is not None:
-        return f"{deferred_line(draft)}\nApproved by {who} at {at} · {t}"
+        return f"{deferred_line(draft, tz)}\nApproved by {who} at {at} · {t}"
     if s in (Status.APPROVED, Status.SENDING):
         return f"⏳ Approved by {who} at {at} · sending… · {t}"
     if s == Status.REJECTED:
@@ -277,17 +292,30 @@ def status_line(draft: Draft) -> str | None:
     return f"{html.escape(s)} · {t}"
 
 
-def deferred_line(draft: Draft) -> str:
-    """``📤 Sending in 10 s · ↩️ Undo``: an approved draft whose send waits its window."""
-    window = (draft.send_after or 0.0) - (draft.decided_at or draft.updated_at or 0.0)
-    return f"📤 Sending in {max(0, round(window))} s · ↩️ Undo"
+def scheduled(draft: Draft) -> bool:
+    """Does the approved ``draft`` wait for a chosen time (🕘 Later, the sending hours)
+    rather than its undo window?"""
+    return _window(draft) > UNDO_WINDOW_MAX
 
 
-def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1) -> Card:
+def _window(draft: Draft) -> float:
+    return (draft.send_after or 0.0) - (draft.decided_at or draft.updated_at or 0.0)
+
+
+def deferred_line(draft: Draft, tz: str = "UTC") -> str:
+    """An approved draft whose send waits: ``📤 Sending in 10 s · ↩️ Undo`` (its undo
+    window), or ``🕘 Sends Mon 09:00 · ↩️ Cancel`` (by the pipeline's clock ``tz``)."""
+    if scheduled(draft):
+        return f"🕘 Sends {scheduler.local_label(draft.send_after or 0.0, tz)} · ↩️ Cancel"
+    return f"📤 Sending in {max(0, round(_window(draft)))} s · ↩️ Undo"
+
+
+def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1,
+                  tz: str = "UTC") -> Card:
     """The card after (or while) something happened: a status line on top, no decision
     buttons; Retry for a send that failed or whose outcome is unknown. (Waiting for a
     decision: the card, with ``votes`` of ``quorum``.)"""
-    line = status_line(draft)
+    line = status_line(draft, tz)
     if line is None:
         return render_card(draft, votes, quorum)
     if _is_fyi(draft):
@@ -301,7 +329,8 @@ def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum:
     elif draft.status == Status.SEND_UNKNOWN:
         buttons = unknown_send_buttons(draft)
     elif draft.status == Status.APPROVED and draft.send_after is not None:
-        buttons = [[("↩️ Undo", callback_data(UNDO, draft.id, draft.version))]]
+        buttons = [[("↩️ Cancel" if scheduled(draft) else "↩️ Undo",
+                     callback_data(UNDO, draft.id, draft.version))]]
     return Card(text, buttons, cut)
 
 

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from typing import Callable
 
+from .. import scheduler
 from ..config.load import PipelineConfig, Settings
 from ..context import grounded
 from ..engine.channels import Channels
@@ -27,6 +28,17 @@ from ..store import Store, SweepResult
 from .reports import sweep
 
 log = logging.getLogger("draftgate.engine")
+
+
+def send_after(p: PipelineConfig, now: float, later: str | None = None) -> float | None:
+    """When a reply approved at ``now`` may be sent: the 🕘 Later choice ``later``, or
+    after the undo window at the next sending hour; None: at once."""
+    if later is not None:
+        return scheduler.later(later, now, p.timezone)
+    at = now + p.approval.undo
+    if p.approval.send_hours is not None:
+        at = scheduler.within_hours(p.approval.send_hours, at, p.timezone)
+    return at if at > now else None
 
 
 class Decisions:
@@ -52,21 +64,23 @@ class Decisions:
         return d
 
     async def approve(self, draft_id: int, version: int, actor: str,
-                      draft: Draft | None = None) -> Draft | None:
+                      draft: Draft | None = None, later: str | None = None) -> Draft | None:
         """``draft``: the row the channel read to check the tap, so it is not read
         again; the CAS below is the check that it is still this version, awaiting.
         Below the pipeline's quorum the vote is recorded and the draft comes back
-        still ``awaiting`` (None: the vote did not count, e.g. an old version)."""
+        still ``awaiting`` (None: the vote did not count, e.g. an old version).
+        The deciding approval's send waits (``send_after``) for the pipeline's undo
+        window and sending hours, or for ``later`` (a 🕘 Later choice: ``hour``,
+        ``tomorrow``, ``monday``, by the pipeline's clock)."""
         seen = await self._decidable(draft_id, draft)
-        approval = None if seen is None else self.settings.pipeline(seen.pipeline).approval
-        quorum = 1 if approval is None else approval.quorum
+        p = None if seen is None else self.settings.pipeline(seen.pipeline)
+        quorum = 1 if p is None else p.approval.quorum
         same = seen is not None and seen.version == version
         now = self.clock()
         d = await self.store.approve(draft_id, version, actor, now=now, quorum=quorum,
                                      body=seen.body if same and seen else None,
                                      key=seen.key if seen else None,
-                                     send_after=now + approval.undo if approval and approval.undo
-                                     else None)
+                                     send_after=None if p is None else send_after(p, now, later))
         if d is None:
             if quorum > 1 and seen is not None and any(
                     v.operator == operator_id(actor)

@@ -67,10 +67,11 @@ class OperatorDesk:
 
     # -- decisions on a draft --------------------------------------------------------------
     async def approve(self, op: Operator, draft_id: int, version: int,
-                      seen: Draft | None = None) -> Draft | None:
-        """Approve (a vote, below the pipeline's quorum); see Decisions.approve."""
-        d = await self._decidable(op, draft_id, "approve", seen)
-        return await self.decisions.approve(draft_id, version, op.actor, d)
+                      seen: Draft | None = None, later: str | None = None) -> Draft | None:
+        """Approve (a vote, below the pipeline's quorum); see Decisions.approve.
+        ``later``: send later (``hour``, ``tomorrow``, ``monday``), not at once."""
+        d = await self._decidable(op, draft_id, "approve" + (f" ({later})" if later else ""), seen)
+        return await self.decisions.approve(draft_id, version, op.actor, d, later=later)
 
     async def undo(self, op: Operator, draft_id: int, version: int) -> Draft | None:
         """Undo a deferred send before it begins (the undo window, a later send): the

@@ -124,7 +124,8 @@ class Sends:
             if not self.settings.has_pipeline(d.pipeline):
                 continue  # its pipeline left the configuration: it waits for it
             after = await self.send(d)
-            n += after is not None and after.status == Status.SENT
+            n += (after is not None and after.status == Status.SENT
+                  and after.send_holder == self.leases.holder)  # sent here, not by another
         return n
 
     async def run_due(self) -> None:

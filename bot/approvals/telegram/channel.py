@@ -346,6 +346,22 @@ class TelegramChannel(DeskChannel):
         self._shown[(chat, mid)] = _fingerprint(text, markup)
         return True
 
+    def timezone(self, draft: Draft) -> str:
+        """The zone of ``draft``'s pipeline, whose clock its card's times are told by."""
+        return (self.settings.pipeline(draft.pipeline).timezone
+                if self.settings.has_pipeline(draft.pipeline) else "UTC")
+
+    async def later_menu(self, draft: Draft, show: bool) -> None:
+        """🕘 Later on ``draft``'s card: its buttons become the send times (``show``),
+        or the decision buttons again (⬅️ Back)."""
+        if (ref := card_ref(draft)) is None:
+            return
+        card = cards.render_card(draft, *await self.desk.votes(draft))
+        if show:
+            card.buttons = cards.later_buttons(draft)
+        async with self._lock(draft.id):
+            await self._edit(ref[0], ref[1], card.text, _markup(card))
+
     async def update(self, draft: Draft) -> bool:
         """Re-render a card from the draft's current state in the store, so edits that
         arrive out of order still end on the latest state. False if the edit failed: the
@@ -355,7 +371,8 @@ class TelegramChannel(DeskChannel):
             ref = card_ref(fresh)
             ok = True
             if ref is not None:
-                card = cards.render_status(fresh, *await self.desk.votes(fresh))
+                card = cards.render_status(fresh, *await self.desk.votes(fresh),
+                                           tz=self.timezone(fresh))
                 chat, mid = ref
                 try:
                     await self._edit(chat, mid, card.text, _markup(card))

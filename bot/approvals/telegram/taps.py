@@ -175,7 +175,9 @@ async def _approve(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft
     if draft.status != Status.AWAITING:
         return already(draft)
     # The draft read to check the tap goes with it: the decision does not read it again.
-    after = await ch.desk.approve(actor(query.from_user), draft.id, cb.version, draft)
+    # A 🕘 Later choice is an approval with its send time.
+    after = await ch.desk.approve(actor(query.from_user), draft.id, cb.version, draft,
+                                  later=cards.LATER_CHOICES.get(cb.action))
     if after is not None and after.status == Status.AWAITING:  # the quorum is not met yet
         await ch.update(after)
         votes, quorum = await ch.desk.votes(after)
@@ -183,7 +185,7 @@ async def _approve(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft
     if (why := await _sent(ch, draft, after)) is not None or after is None:
         return why or ""
     if after.status == Status.APPROVED and after.send_after is not None:
-        return f"✅ Approved. {cards.deferred_line(after)} on the card stops it."
+        return f"✅ Approved. {cards.deferred_line(after, ch.timezone(after))} on the card stops it."
     return {Status.SENT: "✅ Sent.", Status.SEND_FAILED: "❌ Send failed; see the card.",
             Status.SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
         Status(after.status), f"Approved ({after.status}).")
@@ -210,7 +212,18 @@ async def _undo(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, c
         return "Too late: it is being sent." if (
             fresh := await ch.desk.draft(draft.id) or draft).status != Status.AWAITING \
             else already(fresh)
-    return "↩️ Undone: nothing was sent; the card waits for a decision again."
+    done = "Cancelled" if cards.scheduled(draft) else "Undone"
+    return f"↩️ {done}: nothing was sent; the card waits for a decision again."
+
+
+async def _later(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """🕘 Later: show the send times (or hide them again); a time approves with it."""
+    if draft.status != Status.AWAITING:
+        return already(draft)
+    if cb.action in (cards.LATER, cards.LATER_BACK):
+        await ch.later_menu(draft, cb.action == cards.LATER)
+        return "🕘 When should it be sent?" if cb.action == cards.LATER else "Back to the card."
+    return await _approve(ch, query, cb, draft, chat_id)
 
 
 async def _prompt(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
@@ -304,7 +317,7 @@ _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
     ((cards.APPROVE,), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
     ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
     ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send),
-    ((cards.UNDO,), _undo)]
+    ((cards.UNDO,), _undo), ((cards.LATER, cards.LATER_BACK, *cards.LATER_CHOICES), _later)]
 
 
 # -- replies to prompts and cards ---------------------------------------------------------------
