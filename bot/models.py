@@ -38,6 +38,7 @@ class Status(StrEnum):
     # Dismiss; and the end of one an operator dismissed.
     NOTIFIED = "notified"
     DISMISSED = "dismissed"
+    CANCELLED = "cancelled"  # a follow-up the recipient's answer made needless (error: why)
 
 
 #: Every status, in lifecycle order.

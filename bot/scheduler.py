@@ -271,3 +271,15 @@ def local_label(t: float, tz_name: str) -> str:
     """``Mon 09:00``: instant ``t`` by the wall clock of zone ``tz_name``."""
     local = datetime.fromtimestamp(t, zone(tz_name))
     return f"{DAYS[local.weekday()]} {local:%H:%M}"
+
+
+def after_working_days(t: float, days: int, tz_name: str) -> float:
+    """``t`` plus ``days`` working days (Mon-Fri) by the wall clock of ``tz_name``: the
+    same local time on the day the count ends (a Friday's 3 days end on Wednesday)."""
+    tz = zone(tz_name)
+    day = _local(t, tz)
+    while days > 0:
+        day += timedelta(days=1)
+        if day.weekday() < 5:
+            days -= 1
+    return _instant(day, tz)

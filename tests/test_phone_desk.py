@@ -310,3 +310,83 @@ async def test_send_hours_hold_an_approval_at_23_40_until_08_00_across_a_dst_cha
     await due_pass(w.engine)
     await fake.await_for(lambda: w.card(d).text.startswith("✅ Sent by Anna"), WAIT)
     assert len(w.sender.sent) == 1
+
+
+# -- follow-ups -------------------------------------------------------------------------------
+
+WED_1500 = FRI_1500 + 5 * 86400  # 3 working days after Fri 15:00 (a plain 3d is Mon)
+FOLLOWUP = "followup: {after: 3d, working_days: true, max: 2}\n"
+
+
+async def _followups(w: World) -> list:
+    return [d for d in await w.store.item_drafts("support", "<order-1@customer.example>")
+            if d.scope == "followup"]
+
+
+async def _sent_reply(tmp_path, fake, monkeypatch, worlds) -> tuple[World, Clock, object]:
+    cfg = team_config(tmp_path, fake, "quorum: 1", extra=FOLLOWUP)
+    w, clock = await _world(tmp_path, fake, monkeypatch, worlds, cfg=cfg)
+    clock.t = FRI_1500
+    d = await w.deliver(1)
+    assert await tap(w, d, "ap") == "✅ Sent."
+    return w, clock, d
+
+
+async def test_no_answer_one_follow_up_per_after_in_working_days_none_past_max(
+        tmp_path, fake, monkeypatch, worlds):
+    w, clock, d = await _sent_reply(tmp_path, fake, monkeypatch, worlds)
+    clock.t = WED_1500 - 60  # a plain 3 days passed on Monday; 3 working days have not
+    await w.engine.tick("support")
+    assert await _followups(w) == []
+    clock.t = WED_1500
+    await w.engine.tick("support")
+    [f1] = await _followups(w)
+    assert (f1.key, f1.status) == ("support|followup|<order-1@customer.example>|1", "awaiting")
+    card = w.card(f1)
+    assert card.text.split("\n")[1] == "↪️ Follow-up 1 of 2 to Alice Buyer · no answer since Fri"
+    assert "follow-up 1 of 2" in w.drafter.requests[-1].instruction
+    assert "Hi Alice Buyer, re:" in w.drafter.requests[-1].instruction  # our reply, as context
+    # A second tick, a restart, a second host: never a second follow-up 1.
+    await w.engine.tick("support")
+    await w.restart()
+    await w.engine.tick("support")
+    other = Engine(w.settings, w.store, {}, clock=clock, host="other-host")
+    assert await other.followups.check(w.settings.pipeline("support")) == 0
+    assert len(await _followups(w)) == 1
+    # Sent on Wednesday: the second is due 3 working days later, on Monday.
+    assert await tap(w, f1, "ap") == "✅ Sent."
+    clock.t = WED_1500 + 5 * 86400 - 60
+    await w.engine.tick("support")
+    assert len(await _followups(w)) == 1
+    clock.t = WED_1500 + 5 * 86400
+    await w.engine.tick("support")
+    f2 = (await _followups(w))[-1]
+    assert "↪️ Follow-up 2 of 2 to Alice Buyer · no answer since Wed" in w.card(f2).text
+    assert await tap(w, f2, "ap") == "✅ Sent."
+    clock.t += 30 * 86400  # max 2: none after the second
+    await w.engine.tick("support")
+    assert len(await _followups(w)) == 2 and len(w.sender.sent) == 3
+
+
+async def test_an_answer_from_the_recipient_cancels_the_pending_follow_up(
+        tmp_path, fake, monkeypatch, worlds):
+    w, clock, d = await _sent_reply(tmp_path, fake, monkeypatch, worlds)
+    clock.t = WED_1500
+    await w.engine.tick("support")
+    [f1] = await _followups(w)
+    clock.t = WED_1500 + 3600  # Alice answers in the thread before anyone decided
+    (tmp_path / "mail-support" / "answer.eml").write_bytes(
+        b'From: "Alice Buyer" <alice1@customer.example>\r\nTo: support@acme.example\r\n'
+        b"Subject: Re: Order 1\r\nMessage-ID: <answer-1@customer.example>\r\n"
+        b"In-Reply-To: <order-1@customer.example>\r\nReferences: <order-1@customer.example>\r\n"
+        b"Date: Wed, 09 Dec 2026 16:00:00 +0000\r\n\r\nGot it, thanks!\r\n")
+    await w.engine.tick("support")
+    f1 = await w.draft(f1)
+    assert f1.status == "cancelled"
+    assert f1.error.startswith("Alice Buyer answered (Wed 16:00): no follow-up needed")
+    await fake.await_for(lambda: w.card(f1).text.startswith("🚫 Cancelled"), WAIT)
+    assert "cancelled <order-1@customer.example>  Alice Buyer answered" in await w.say("/status support")
+    clock.t += 30 * 86400
+    await w.engine.tick("support")
+    assert [f.status for f in await _followups(w)] == ["cancelled"]
+    assert len(w.sender.sent) == 1

@@ -157,6 +157,8 @@ def tag(draft: Draft) -> str:
 def _header(draft: Draft) -> list[str]:
     m = draft.message
     lines = [f"📨 <b>{clip(draft.pipeline, 80)[0]}</b> · {tag(draft)}"]
+    if draft.scope == "followup" and draft.triage_reason:  # its line, made when queued
+        lines.append(clip(_one_line(draft.triage_reason), _FIELD["reason"])[0])
     if m.kind == "slot":
         lines.append(f"<b>Slot:</b> {clip(m.slot, _FIELD['date'])[0]}")
         if m.subject:
@@ -285,6 +287,8 @@ def status_line(draft: Draft, tz: str = "UTC") -> str | None:
         return f"👋 Dismissed by {who} at {at} · {t}"
     if s == Status.READY:
         return f"⏳ {t} is ready; updating the card…"
+    if s == Status.CANCELLED:
+        return f"🚫 Cancelled · {t}\n{error}"
     if s == Status.EXPIRED:
         return f"⌛ Expired without a decision · {t}"
     if s == Status.FAILED:

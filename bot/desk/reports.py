@@ -65,7 +65,7 @@ _RESTORE = "restore its pipeline file and restart to finish them (or Reject on a
 #: Drafts that something still has to move: queued or being drafted, or pending.
 UNFINISHED_STATUSES = (Status.QUEUED, Status.DRAFTING, *PENDING_STATUSES)
 #: What `status <pipeline>` lists by item id, so an operator can `replay` it.
-ATTENTION_STATUSES = (Status.FAILED, Status.SKIPPED, Status.REJECTED, Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.EXPIRED, Status.DISMISSED)
+ATTENTION_STATUSES = (Status.FAILED, Status.SKIPPED, Status.REJECTED, Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.EXPIRED, Status.DISMISSED, Status.CANCELLED)
 
 
 @overload

@@ -276,7 +276,8 @@ class Drafting:
         Only version 1 is triaged, once: the decision is stored with the draft (a
         claim after a crash finds it), and a later version is one a human asked for
         (replay, Draft a reply, regenerate)."""
-        triager = self._triager(p) if d.version == 1 else None
+        # A follow-up (issue 28) answers our own reply: nothing to sort.
+        triager = self._triager(p) if d.version == 1 and d.scope != "followup" else None
         if triager is None or d.triage is not None:
             return d
         try:

@@ -36,6 +36,7 @@ from .admit import admit_fetched
 from .build import build_drafter, build_sender, build_source, build_triager, import_models
 from .channels import Channels
 from .drafting import Drafting
+from .followups import Followups
 from .lease import Leases
 from .loop import Loop
 from .reminders import Reminders
@@ -82,6 +83,7 @@ class Engine:
         self.drafting = Drafting(settings, store, self.leases, self.channels, self.drafter,
                                  self.clock, self.triager, self.source, self._models_imported)
         self.reminders = Reminders(settings, store, self.channels, self.clock)
+        self.followups = Followups(settings, store, self.channels, self.clock)
         self.loop = Loop(settings, store, self.channels, self.tick, self.clock, self.reminders)
         self.notify = self.channels.notify
         self.held = self.loop.outage.held  # "store unreachable since …", or None
@@ -200,6 +202,19 @@ class Engine:
             await self._help(p, until)
         return counts
 
+    async def _followups(self, p: PipelineConfig) -> None:
+        """Queue ``p``'s due follow-ups (and cancel answered ones) before this tick
+        drafts: a failure is logged, the tick goes on."""
+        if p.followup is None:
+            return
+        try:
+            await self.followups.check(p)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            log.warning("%s: follow-ups: %s", p.name, describe_error(exc),
+                        exc_info=not isinstance(exc, DraftgateError))
+
     async def _help(self, p: PipelineConfig, until: float) -> None:
         """Another process runs ``p``'s tick (fetch, admit, outbox, sends): this one
         drafts beside it until ``until``, each item under its own claim and fence, and
@@ -240,6 +255,7 @@ class Engine:
                 error = describe_error(exc)
                 log.warning("%s: fetch failed: %s", p.name, error,
                             exc_info=not isinstance(exc, DraftgateError))
+            await self._followups(p)
             try:
                 # A post that failed early is the one try of this tick (see _drain).
                 await self._drain(p, counts, until, draft=early is None or await early)

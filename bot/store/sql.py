@@ -15,6 +15,7 @@ from ..models import PENDING_STATUSES, Draft, Status, Vote, operator_id
 from ..redact import scrub
 from .chain import Record
 from .context_sql import ContextSql
+from .followups_sql import FollowupSql
 from .rows import (
     BEFORE_SQL,
     DRAFT_COLS,
@@ -68,7 +69,7 @@ def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
+class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords, FollowupSql):
     """Durable state of draftgate (``bot.store.Store``): the shared half of
     :class:`SQLiteStore` and :class:`PostgresStore`. Open once at start, close at shutdown."""
 
