@@ -7,7 +7,8 @@ bot.store.followups_sql), so whichever tick, host or restart sees it due first q
 it, and nobody a second time. An answer is any item the source admitted after the
 last send, from the recipient, in the same thread (Gmail thread id, References, or the
 subject): it works for every mail source alike. It cancels what is pending of the
-chain, with the reason, and ends it.
+chain, with the reason, and ends it. Replies sent longer ago than the whole chain could
+last plus 30 days (draftgate was down for weeks) are not followed up any more.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Followups:
         if f is None:
             return 0
         now = self.clock()
-        horizon = now - f.max * (f.after * 7 / 5 + 4 * 86400) - 14 * 86400
+        horizon = now - f.max * (f.after * 7 / 5 + 4 * 86400) - 30 * 86400
         chains: dict[str, Draft] = {}  # item -> its newest sent reply (or follow-up)
         for d in await self.store.sent_since(p.name, horizon):
             last = chains.get(d.item_id)
