@@ -280,6 +280,7 @@ class DraftRequest:
     previous_body: str = ""
     draft_key: str = ""
     context: Context = field(default_factory=Context)
+    signature: str | None = None  # drafter.signature: gmail, as fetched; None: the configured one
 
 
 @dataclass

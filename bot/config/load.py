@@ -295,6 +295,11 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
         {n: m.provider for n, m in settings.models.items()}, settings.file)
     approval = parse_approval(ck, ck.mapping(data.get("approval"), "approval"), settings)
     sender = _stage(ck, data, "sender", SENDER_TYPES, ctx)
+    if drafter.signature == "gmail" and not any(
+            getattr(o, "account", None) in settings.gmail_accounts for o in (source, sender)):
+        ck.error("drafter.signature", "gmail uses the signature of the pipeline's Gmail "
+                                      "account: it needs a gmail source or a gmail_reply / "
+                                      "gmail_draft sender (or write the signature itself)")
     recipe = ck.get(data, "recipe", "", (str, int), default="v1")
     if recipe is not None and "|" in str(recipe):
         ck.error("recipe", "must not contain '|'")

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from .. import scheduler
 from ..clock import wall
@@ -76,12 +76,14 @@ class Engine:
         self._progress = progress  # (label, done, total): backfills on the CLI
         self._tasks: set[asyncio.Task] = set()
         self._due: asyncio.Task | None = None  # the due-time loop (start_due)
+        self._signatures: Any = None  # bot.gmail.signature.Signatures, on first use
         self.leases = Leases(store, self.pipelines, self.lease_now, self.spawn, home=host)
         self.channels = Channels(settings, store, self.by_name, self.clock)
         self.sends = Sends(settings, store, self.leases, self.channels, self.sender, self.clock,
                            self.spawn, send_check_delay)
         self.drafting = Drafting(settings, store, self.leases, self.channels, self.drafter,
-                                 self.clock, self.triager, self.source, self._models_imported)
+                                 self.clock, self.triager, self.source, self._models_imported,
+                                 signature=self.signature)
         self.reminders = Reminders(settings, store, self.channels, self.clock)
         self.followups = Followups(settings, store, self.channels, self.clock)
         self.loop = Loop(settings, store, self.channels, self.tick, self.clock, self.reminders)
@@ -103,6 +105,19 @@ class Engine:
         the event loop (:func:`bot.engine.build.import_models`)."""
         if p.name not in self._drafters or p.name not in self._triagers:
             await import_models(p, self.settings)
+
+    async def signature(self, p: PipelineConfig) -> str:
+        """``drafter.signature: gmail``: the Gmail account's own, fetched once a day
+        (bot.gmail.signature; imported here, so a deployment without Gmail never loads
+        the Gmail client)."""
+        account = gmail_account(p, self.settings)
+        if account is None:
+            return ""
+        if self._signatures is None:
+            from ..gmail.signature import Signatures
+
+            self._signatures = Signatures(self.settings, self.clock)
+        return await self._signatures.get(account)
 
     def sender(self, p: PipelineConfig) -> Sender:
         return _built(self._senders, p, build_sender, self.settings)
@@ -403,6 +418,15 @@ class Engine:
         delayed check of an unknown send) to finish."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def gmail_account(p: PipelineConfig, settings: Settings) -> str | None:
+    """The Gmail account of ``p``'s sender, else of its source (None: neither is one)."""
+    for options in (p.sender, p.source):
+        account = getattr(options, "account", None)
+        if account and account in settings.gmail_accounts:
+            return str(account)
+    return None
 
 
 def _built(cache: dict, p: PipelineConfig, build: Callable, settings: Settings):
