@@ -94,6 +94,7 @@ class Message:
     headers: dict[str, str] = field(default_factory=dict)  # a few kept for filters
     size: int = 0  # bytes of the raw message
     attachments: list[str] = field(default_factory=list)
+    attachment_sizes: list[int] = field(default_factory=list)  # bytes, as attachments (about)
     thread_id: str = ""  # Gmail thread id
     source_id: str = ""  # Gmail message id, or a file name
     labels: list[str] = field(default_factory=list)

@@ -390,3 +390,40 @@ async def test_an_answer_from_the_recipient_cancels_the_pending_follow_up(
     await w.engine.tick("support")
     assert [f.status for f in await _followups(w)] == ["cancelled"]
     assert len(w.sender.sent) == 1
+
+
+# -- attachments ----------------------------------------------------------------------------
+
+def _with_files(n: int, files: list[tuple[str, str, bytes]]) -> bytes:
+    from email.message import EmailMessage
+    m = EmailMessage()
+    m["From"], m["To"] = '"Alice Buyer" <alice1@customer.example>', "support@acme.example"
+    m["Subject"], m["Message-ID"] = "Order 1", f"<order-{n}@customer.example>"
+    m["Date"] = "Sun, 29 Nov 2026 10:02:00 +0000"
+    m.set_content("Here is the invoice and a photo of the damage.\n")
+    for name, ctype, data in files:
+        main, sub = ctype.split("/")
+        m.add_attachment(data, maintype=main, subtype=sub, filename=name)
+    return m.as_bytes()
+
+
+async def test_the_card_lists_attachments_and_files_sends_them_naming_an_oversized_one(
+        tmp_path, fake, monkeypatch, worlds):
+    w, clock = await _world(tmp_path, fake, monkeypatch, worlds, approval="quorum: 1")
+    invoice, photo = b"%PDF-1.4 " + bytes(119_991), b"\xff\xd8" + bytes(2_099_998)
+    (tmp_path / "mail-support" / "1.eml").write_bytes(_with_files(1, [
+        ("invoice.pdf", "application/pdf", invoice), ("photo.jpg", "image/jpeg", photo)]))
+    await w.engine.tick("support")
+    [d] = await w.store.item_drafts("support", "<order-1@customer.example>")
+    assert "📎 invoice.pdf 120 kB · photo.jpg 2.1 MB" in w.card(d).text
+    assert "📎 Files" in buttons(w, d)
+    monkeypatch.setattr("bot.approvals.telegram.taps.TELEGRAM_MAX", 1_000_000)
+    answer = await tap(w, d, "fl")
+    assert answer == "📎 1 file sent. Over Telegram's 50 MB, not sent: photo.jpg 2.1 MB"
+    docs = [m for m in fake.chat_messages(int(d.approval_chat)) if m.kind == "document"]
+    assert [(m.filename, m.document) for m in docs] == [("invoice.pdf", invoice)]
+    assert docs[0].reply_to == int(d.approval_message_id)
+    [audit] = [e for e in await w.store.audit_log(d.key) if e.action == "files"]
+    assert audit.detail == "invoice.pdf 120000 bytes, photo.jpg 2100000 bytes"
+    assert await tap(w, d, "fl", user=666, name="Eve") == "Not allowed."  # not an operator
+    assert len([m for m in fake.chat_messages(int(d.approval_chat)) if m.kind == "document"]) == 1

@@ -20,7 +20,7 @@ from datetime import datetime
 
 from .. import scheduler
 from ..clock import hhmm
-from ..models import REPLAYABLE_STATUSES, Draft, Status, unsupported_line, used_line
+from ..models import REPLAYABLE_STATUSES, Draft, Message, Status, unsupported_line, used_line
 from ..redact import scrub
 
 MAX_TEXT = 4096  # Telegram's limit for one message
@@ -34,9 +34,10 @@ CHECK_SEND, MARK_SENT = "ck", "ms"  # on a card whose send's outcome is unknown
 UNDO = "un"  # on an approved card whose send waits (the undo window, a later time)
 # 🕘 Later opens the choices (and ⬅️ Back closes them); each choice approves with a time.
 LATER, LATER_BACK = "lt", "lb"
+FILES = "fl"  # 📎 Files: the mail's attachments as documents
 LATER_CHOICES = {"lh": "hour", "lm": "tomorrow", "lw": "monday"}  # scheduler.later's names
 ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS,
-           CHECK_SEND, MARK_SENT, UNDO, LATER, LATER_BACK, *LATER_CHOICES)
+           CHECK_SEND, MARK_SENT, UNDO, LATER, LATER_BACK, *LATER_CHOICES, FILES)
 #: A send that waits longer than this after its approval is a scheduled one (🕘 Later,
 #: the sending hours): its card names the time; a shorter wait is the undo window.
 UNDO_WINDOW_MAX = 600.0
@@ -173,6 +174,8 @@ def _header(draft: Draft) -> list[str]:
     subject = clip(_one_line(m.subject), _FIELD["subject"])[0] or "(no subject)"
     lines.append(f"<b>Subject:</b> {subject}")
     lines.append(f"<b>Received:</b> {clip(_received(m.date), _FIELD['date'])[0]}")
+    if m.attachments:
+        lines.append(clip(attachments_line(m), _FIELD["excerpt"])[0])
     original = _one_line(m.body)
     if original:
         lines.append(f"<blockquote>» {clip(original, _FIELD['excerpt'])[0]}</blockquote>")
@@ -202,9 +205,27 @@ def _decision_buttons(draft: Draft, cut: bool) -> list[list[Button]]:
             [("🔁 Regenerate", callback_data(REGENERATE, draft.id, draft.version)),
              ("🗑 Reject", callback_data(REJECT, draft.id, draft.version))],
             [("🕘 Later", callback_data(LATER, draft.id, draft.version))]]
+    if draft.message.attachments:
+        rows[-1].append(("📎 Files", callback_data(FILES, draft.id, draft.version)))
     if cut:
         rows.append([("📄 Full text", callback_data(FULL_TEXT, draft.id, draft.version))])
     return rows
+
+
+def attachments_line(m: Message) -> str:
+    """``📎 invoice.pdf 120 kB · photo.jpg 2.1 MB`` (plain text: clip escapes it)."""
+    sizes = list(m.attachment_sizes) + [-1] * (len(m.attachments) - len(m.attachment_sizes))
+    return "📎 " + " · ".join(name + (f" {size_text(n)}" if n >= 0 else "")
+                              for name, n in zip(m.attachments, sizes, strict=False))
+
+
+def size_text(n: int) -> str:
+    """``120 kB``, ``2.1 MB``: bytes as a person reads them (decimal units)."""
+    if n >= 1_000_000:
+        return f"{n / 1_000_000:.1f} MB"
+    if n >= 1000:
+        return f"{n / 1000:.0f} kB"
+    return f"{n} B"
 
 
 def later_buttons(draft: Draft) -> list[list[Button]]:

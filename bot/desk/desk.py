@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..clock import wall
 from ..config.load import Settings
-from ..errors import NotAllowed
+from ..errors import NotAllowed, SourceError
 from ..models import Draft, Example, RunCounts
 from ..store import ReplayResult, Store, SweepResult
 from . import reports
@@ -126,6 +126,24 @@ class OperatorDesk:
         self.settings.pipeline(pipeline)
         await self.authorize(op, pipeline, "replay", deciding=True)
         return await reports.replay(self.store, pipeline, item_id, op.actor, self.settings)
+
+    async def files(self, op: Operator, draft_id: int) -> tuple[Draft, list[tuple[str, bytes]]]:
+        """📎 Files: the attachments of the mail a draft answers, whole, from its source
+        (operators of its pipeline only; audited with the names and sizes)."""
+        d = await self.store.get_draft(draft_id)
+        if d is None:
+            raise NotAllowed("No such draft.")
+        await self.authorize(op, d.pipeline, f"files v{d.version}", key=d.key, deciding=True)
+        if self.engine is None:
+            raise RuntimeError("files needs a running draftgate")
+        fetch = getattr(self.engine.source(self.settings.pipeline(d.pipeline)),
+                        "attachment_files", None)
+        if fetch is None:
+            raise SourceError(f"the {d.pipeline} source keeps no attachments to send")
+        found: list[tuple[str, bytes]] = await fetch(d.message)
+        await self.store.audit(op.actor, "files", draft_key=d.key, now=self.clock(), detail=", ".join(
+            f"{name} {len(data)} bytes" for name, data in found) or "none")
+        return d, found
 
     async def full_text(self, op: Operator, draft: Draft) -> Draft:
         """The draft whose full text ``op`` asked for (reading is checked like acting)."""

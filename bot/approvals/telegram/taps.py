@@ -30,6 +30,7 @@ from telegram.ext import (
 from ...desk import reports as ops
 from ...desk.operator import Operator
 from ...errors import ApprovalError, ConfigError, DrafterError, DraftgateError, NotAllowed
+from ...mail.attachments import TELEGRAM_MAX
 from ...models import REPLAYABLE_STATUSES, Draft, Status
 from ...stages import PostedRef
 from .. import cards
@@ -302,6 +303,27 @@ async def _fyi(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, ch
     return "✍️ Drafting a reply; this card turns into it."
 
 
+async def _files(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """📎 Files: the mail's attachments as documents; one over Telegram's limit is named."""
+    try:
+        _, found = await ch.desk.files(actor(query.from_user), draft.id)
+    except DraftgateError as exc:
+        return f"📎 Not sent: {exc}"[:190]
+    big = [f"{name} {cards.size_text(len(data))}" for name, data in found if len(data) > TELEGRAM_MAX]
+    message = query.message
+    for name, data in found:
+        if len(data) <= TELEGRAM_MAX:
+            await ch.bot.send_document(
+                chat_id, io.BytesIO(data), filename=name, caption=f"📎 {cards.tag(draft)}",
+                reply_to_message_id=message.message_id if message is not None else None,
+                allow_sending_without_reply=True)
+    sent = len(found) - len(big)
+    note = f"📎 {sent} file{'s' if sent != 1 else ''} sent."
+    if big:
+        note += f" Over Telegram's 50 MB, not sent: {', '.join(big)}"
+    return note[:190]
+
+
 async def _full_text(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     message = query.message
     await ch.bot.send_document(
@@ -317,7 +339,8 @@ _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
     ((cards.APPROVE,), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
     ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
     ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send),
-    ((cards.UNDO,), _undo), ((cards.LATER, cards.LATER_BACK, *cards.LATER_CHOICES), _later)]
+    ((cards.UNDO,), _undo), ((cards.LATER, cards.LATER_BACK, *cards.LATER_CHOICES), _later),
+    ((cards.FILES,), _files)]
 
 
 # -- replies to prompts and cards ---------------------------------------------------------------
