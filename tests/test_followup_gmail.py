@@ -92,3 +92,29 @@ async def test_an_answer_in_the_gmail_thread_means_no_follow_up(tmp_path):
         assert len(w.fake.sent()) == 3
     finally:
         await w.close()
+
+
+async def test_files_reads_a_gmail_messages_attachments_whole(tmp_path):
+    from email.message import EmailMessage
+
+    from bot.desk.operator import CONSOLE
+    w = GmailWorld(tmp_path)
+    await w.open()
+    try:
+        await w.tick()
+        m = EmailMessage()
+        m["From"], m["To"] = "Dana Doe <dana@customer.example>", "support@example.com"
+        m["Subject"], m["Message-ID"] = "Invoice", "<inv-1@customer.example>"
+        m.set_content("The invoice is attached.\n")
+        pdf = b"%PDF-1.4 " + bytes(5000)
+        m.add_attachment(pdf, maintype="application", subtype="pdf", filename="invoice.pdf")
+        gid = w.fake.add_message(m.as_bytes())
+        await w.tick()
+        [d] = await w.store.item_drafts("support", gid)
+        assert (d.message.attachments, d.message.attachment_sizes) == (["invoice.pdf"], [5009])
+        _, files = await w.app.desk.files(CONSOLE, d.id)
+        assert files == [("invoice.pdf", pdf)]
+        assert [e.detail for e in await w.store.audit_log(d.key) if e.action == "files"] == [
+            "invoice.pdf 5009 bytes"]
+    finally:
+        await w.close()

@@ -349,7 +349,10 @@ def _size(part: _RawMessage) -> int:
     if not isinstance(payload, str):
         return 0
     n = len(payload) - payload.count("\n") - payload.count("\r")
-    return n * 3 // 4 if str(part.get("Content-Transfer-Encoding", "")).lower().strip() == "base64" else n
+    if str(part.get("Content-Transfer-Encoding", "")).lower().strip() != "base64":
+        return n
+    tail = payload.rstrip()
+    return (n - (len(tail) - len(tail.rstrip("=")))) * 3 // 4
 
 
 def _body(msg: _RawMessage, max_body: int, deadline: _Deadline
