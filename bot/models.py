@@ -185,6 +185,7 @@ class Draft:
     triage_reason: str | None = None  # the model's one sentence (or why triage failed)
     used: dict[str, Any] = field(default_factory=dict)  # what its request was given (Context.used)
     send_after: float | None = None  # approved: not sent before this (undo, later); None: at once
+    attached: list[str] = field(default_factory=list)  # paths of files sent with the reply
 
 
 @dataclass(frozen=True)

@@ -427,3 +427,48 @@ async def test_the_card_lists_attachments_and_files_sends_them_naming_an_oversiz
     assert audit.detail == "invoice.pdf 120000 bytes, photo.jpg 2100000 bytes"
     assert await tap(w, d, "fl", user=666, name="Eve") == "Not allowed."  # not an operator
     assert len([m for m in fake.chat_messages(int(d.approval_chat)) if m.kind == "document"]) == 1
+
+
+async def test_attach_pages_the_folder_makes_a_new_version_and_its_sent_mime_carries_the_file(
+        tmp_path, fake, monkeypatch, worlds):
+    import email
+    import email.policy
+
+    from bot.engine.build import build_sender
+    cfg = team_config(tmp_path, fake, "quorum: 1")
+    pipeline = tmp_path / "pipelines" / "support.yaml"
+    pipeline.write_text(pipeline.read_text().replace(
+        'from: "Acme <support@acme.example>"}',
+        'from: "Acme <support@acme.example>", attachments: attachments/}'))
+    (tmp_path / "attachments").mkdir()
+    for i in range(8):
+        (tmp_path / "attachments" / f"terms-{i}.pdf").write_bytes(b"%PDF terms " + bytes([i]) * 10)
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    w = World(tmp_path, fake, cfg)
+    w.sender = build_sender(w.settings.pipeline("support"), w.settings)  # the real outbox
+    clock = Clock()
+    w.now = clock
+    await w.start()
+    worlds.append(w)
+    d = await w.deliver(1)
+    assert "📎 Attach" in buttons(w, d)
+    assert await tap(w, d, "at") == "📎 Which file goes with the reply?"
+    await fake.await_for(lambda: buttons(w, d)[:1] == ["📎 terms-0.pdf"], WAIT)
+    assert buttons(w, d)[-2:] == ["▶ More", "⬅️ Back"] and len(buttons(w, d)) == 8
+    await tap(w, d, "fn")
+    await fake.await_for(lambda: buttons(w, d) == ["📎 terms-6.pdf", "📎 terms-7.pdf", "⬅️ Back"], WAIT)
+    assert await tap(w, d, "qb") == "📎 terms-7.pdf attached: v2 needs its own approval."
+    d2 = await w.draft(d)
+    assert d2.version == 2 and d2.status == "awaiting"
+    await fake.await_for(lambda: f"#{d.id} v2" in w.card(d2).text, WAIT)
+    assert "Attached to the reply: 📎 terms-7.pdf" in w.card(d2).text
+    assert await tap(w, d, "ap") == "Old version (v1); the card now shows v2."  # v1's tap
+    assert (await w.draft(d)).status == "awaiting"
+    assert await tap(w, d2, "ap") == "✅ Sent."
+    [out] = list((tmp_path / "outbox").glob("*.eml"))
+    sent = email.message_from_bytes(out.read_bytes(), policy=email.policy.default)
+    [part] = list(sent.iter_attachments())
+    assert part.get_filename() == "terms-7.pdf"
+    assert part.get_content() == b"%PDF terms " + bytes([7]) * 10
+    assert [e.detail for e in await w.store.audit_log(d.key) if e.action == "attach"] == [
+        "v1 -> v2: terms-7.pdf"]

@@ -35,9 +35,14 @@ UNDO = "un"  # on an approved card whose send waits (the undo window, a later ti
 # 🕘 Later opens the choices (and ⬅️ Back closes them); each choice approves with a time.
 LATER, LATER_BACK = "lt", "lb"
 FILES = "fl"  # 📎 Files: the mail's attachments as documents
+# 📎 Attach: a page of the pipeline's files (pick one), the next page, back to the card.
+ATTACH, ATTACH_NEXT, ATTACH_BACK = "at", "fn", "fb"
+ATTACH_PICKS = ("qa", "qb", "qc", "qd", "qe", "qf")  # the first to sixth file shown
+ATTACH_PAGE = len(ATTACH_PICKS)
 LATER_CHOICES = {"lh": "hour", "lm": "tomorrow", "lw": "monday"}  # scheduler.later's names
 ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS,
-           CHECK_SEND, MARK_SENT, UNDO, LATER, LATER_BACK, *LATER_CHOICES, FILES)
+           CHECK_SEND, MARK_SENT, UNDO, LATER, LATER_BACK, *LATER_CHOICES, FILES, ATTACH,
+           ATTACH_NEXT, ATTACH_BACK, *ATTACH_PICKS)
 #: A send that waits longer than this after its approval is a scheduled one (🕘 Later,
 #: the sending hours): its card names the time; a shorter wait is the undo window.
 UNDO_WINDOW_MAX = 600.0
@@ -176,6 +181,9 @@ def _header(draft: Draft) -> list[str]:
     lines.append(f"<b>Received:</b> {clip(_received(m.date), _FIELD['date'])[0]}")
     if m.attachments:
         lines.append(clip(attachments_line(m), _FIELD["excerpt"])[0])
+    if draft.attached:  # files an operator attached to the reply: part of what is approved
+        names = " · ".join(p.replace("\\", "/").rsplit("/", 1)[-1] for p in draft.attached)
+        lines.append(f"<b>Attached to the reply:</b> 📎 {clip(names, _FIELD['excerpt'])[0]}")
     original = _one_line(m.body)
     if original:
         lines.append(f"<blockquote>» {clip(original, _FIELD['excerpt'])[0]}</blockquote>")
@@ -199,7 +207,7 @@ def _with_body(top: list[str], draft: Draft, label: str = "Draft:") -> tuple[str
     return head + escaped, cut
 
 
-def _decision_buttons(draft: Draft, cut: bool) -> list[list[Button]]:
+def _decision_buttons(draft: Draft, cut: bool, attach: bool = False) -> list[list[Button]]:
     rows = [[("✅ Approve & send", callback_data(APPROVE, draft.id, draft.version)),
              ("✏️ Edit", callback_data(EDIT, draft.id, draft.version))],
             [("🔁 Regenerate", callback_data(REGENERATE, draft.id, draft.version)),
@@ -207,6 +215,8 @@ def _decision_buttons(draft: Draft, cut: bool) -> list[list[Button]]:
             [("🕘 Later", callback_data(LATER, draft.id, draft.version))]]
     if draft.message.attachments:
         rows[-1].append(("📎 Files", callback_data(FILES, draft.id, draft.version)))
+    if attach:
+        rows[-1].append(("📎 Attach", callback_data(ATTACH, draft.id, draft.version)))
     if cut:
         rows.append([("📄 Full text", callback_data(FULL_TEXT, draft.id, draft.version))])
     return rows
@@ -226,6 +236,18 @@ def size_text(n: int) -> str:
     if n >= 1000:
         return f"{n / 1000:.0f} kB"
     return f"{n} B"
+
+
+def attach_buttons(draft: Draft, names: list[str], page: int) -> list[list[Button]]:
+    """Page ``page`` of the files 📎 Attach offers, one button each, then ▶ More (when
+    there are more) and ⬅️ Back."""
+    shown = names[page * ATTACH_PAGE:(page + 1) * ATTACH_PAGE]
+    rows: list[list[Button]] = [[(f"📎 {name}"[:60], callback_data(pick, draft.id, draft.version))]
+                                for pick, name in zip(ATTACH_PICKS, shown, strict=False)]
+    last = [("⬅️ Back", callback_data(ATTACH_BACK, draft.id, draft.version))]
+    if (page + 1) * ATTACH_PAGE < len(names):
+        last.insert(0, ("▶ More", callback_data(ATTACH_NEXT, draft.id, draft.version)))
+    return rows + [last]
 
 
 def later_buttons(draft: Draft) -> list[list[Button]]:
@@ -265,7 +287,8 @@ def quorum_line(votes: list[str] | tuple[str, ...], quorum: int) -> str | None:
     return f"✅ {len(votes)}/{quorum} · {clip(names, _FIELD['name'] * 2)[0]}"
 
 
-def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1) -> Card:
+def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1,
+                attach: bool = False) -> Card:
     """The card an operator decides on, with its buttons (for ``post``); with a quorum,
     who approved this version so far."""
     if draft.status == Status.NOTIFIED:
@@ -274,7 +297,7 @@ def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: i
     if (line := quorum_line(votes, quorum)) is not None:
         top.insert(1, line)
     text, cut = _with_body(top, draft)
-    return Card(text, _decision_buttons(draft, cut), cut)
+    return Card(text, _decision_buttons(draft, cut, attach), cut)
 
 
 def status_line(draft: Draft, tz: str = "UTC") -> str | None:
@@ -336,13 +359,13 @@ def deferred_line(draft: Draft, tz: str = "UTC") -> str:
 
 
 def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1,
-                  tz: str = "UTC") -> Card:
+                  tz: str = "UTC", attach: bool = False) -> Card:
     """The card after (or while) something happened: a status line on top, no decision
     buttons; Retry for a send that failed or whose outcome is unknown. (Waiting for a
     decision: the card, with ``votes`` of ``quorum``.)"""
     line = status_line(draft, tz)
     if line is None:
-        return render_card(draft, votes, quorum)
+        return render_card(draft, votes, quorum, attach)
     if _is_fyi(draft):
         return render_fyi(draft, line)
     if draft.status in (Status.QUEUED, Status.DRAFTING):

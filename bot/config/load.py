@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..redact import register as redact_register
 from . import options as _options
 from .approval import parse_approval
-from .checker import CLOCK_RE, DURATION_RE, Checker, parse_duration
+from .checker import CLOCK_RE, DURATION_RE, Checker, kind_of, parse_duration
 from .files import load_yaml, pipeline_files
 from .followup import FollowupOptions, parse_followup
 from .gmail import GmailAccount, parse_account
@@ -76,6 +76,7 @@ class PipelineConfig:
     triage: TriageOptions | None = None  # None: every admitted email is drafted
     timezone: str = "UTC"  # IANA zone of cron schedules and slot ids
     followup: FollowupOptions | None = None  # None: no follow-ups
+    attachments: Path | None = None  # sender.attachments: files 📎 Attach offers; None: off
 
     def path(self, value: str) -> Path:
         """A path from this pipeline's file, relative to the deployment directory."""
@@ -294,6 +295,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
         ck, data["triage"], drafter.model,
         {n: m.provider for n, m in settings.models.items()}, settings.file)
     approval = parse_approval(ck, ck.mapping(data.get("approval"), "approval"), settings)
+    data, attachments = _attachments(ck, data, base)
     sender = _stage(ck, data, "sender", SENDER_TYPES, ctx)
     if drafter.signature == "gmail" and not any(
             getattr(o, "account", None) in settings.gmail_accounts for o in (source, sender)):
@@ -323,7 +325,27 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
         daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
         base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK, triage=triage,
         timezone=tz, followup=parse_followup(ck, data.get("followup"), base),
+        attachments=attachments,
     )
+
+
+def _attachments(ck: Checker, data: dict, base: Path) -> tuple[dict, Path | None]:
+    """``sender.attachments`` (a folder, for every sender type), and the pipeline's data
+    without it for the sender's own options."""
+    raw = data.get("sender")
+    if not isinstance(raw, dict) or "attachments" not in raw:
+        return data, None
+    rest = {**data, "sender": {k: v for k, v in raw.items() if k != "attachments"}}
+    value = raw["attachments"]
+    if not isinstance(value, str) or not value.strip():
+        ck.error("sender.attachments", f"expected a folder of files operators may attach, "
+                                       f"like attachments/, got {kind_of(value)} {value!r}")
+        return rest, None
+    folder = _resolve(base, value)
+    if not folder.is_dir():
+        ck.error("sender.attachments", f"not a folder: {value} (looked for {folder})")
+        return rest, None
+    return rest, folder
 
 
 def _schedule(ck: Checker, data: dict) -> tuple[Any, float | None, str | None]:

@@ -145,6 +145,33 @@ class OperatorDesk:
             f"{name} {len(data)} bytes" for name, data in found) or "none")
         return d, found
 
+    def attachable_pipeline(self, pipeline: str) -> bool:
+        """Does ``pipeline`` offer 📎 Attach (``sender.attachments``)?"""
+        return self.settings.has_pipeline(pipeline) and \
+            self.settings.pipeline(pipeline).attachments is not None
+
+    def attachable(self, pipeline: str) -> list[str]:
+        """The files ``sender.attachments`` of ``pipeline`` offers (📎 Attach), by name."""
+        folder = self.settings.pipeline(pipeline).attachments
+        if folder is None:
+            return []
+        return sorted(f.name for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
+
+    async def attach(self, op: Operator, draft_id: int, version: int, name: str) -> Draft | None:
+        """📎 Attach the file ``name`` of the pipeline's folder to the reply: a new
+        version, which needs its own approval (None: the draft moved meanwhile)."""
+        d = await self._decidable(op, draft_id, f"attach {name}")
+        if d is None or name not in self.attachable(d.pipeline):
+            raise SourceError(f"{name} is not in the attachments folder any more")
+        folder = self.settings.pipeline(d.pipeline).attachments
+        assert folder is not None
+        paths = [*d.attached, str(folder / name)]
+        after = await self.store.attach(draft_id, version, paths, op.actor, now=self.clock())
+        if after is not None and self.engine is not None:
+            await self.engine.channels.post_card(self.settings.pipeline(after.pipeline), after)
+            after = await self.store.get_draft(after.id)
+        return after
+
     async def full_text(self, op: Operator, draft: Draft) -> Draft:
         """The draft whose full text ``op`` asked for (reading is checked like acting)."""
         await self.authorize(op, draft.pipeline, f"full text v{draft.version}", key=draft.key)

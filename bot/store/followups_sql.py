@@ -1,13 +1,15 @@
-"""The store's half of follow-ups (issue 28): a follow-up is a new work item keyed
+"""The store's half of follow-ups and attached files (issue 28): a follow-up is a new work item keyed
 ``pipeline|followup|<item>|<n>``, so the key's uniqueness makes it exactly once across
 restarts and hosts; an answer from the recipient cancels what is pending of it."""
 
 from __future__ import annotations
 
+import json
+
 from ..models import Draft, Message, Status, draft_key
 from .base import Backend
 from .rows import SYSTEM, Change, select_drafts
-from .transitions import CANCEL, Step
+from .transitions import ATTACH, CANCEL, Step
 
 FOLLOWUP = "followup"  # the scope of follow-up work items
 
@@ -49,6 +51,19 @@ class FollowupSql(Backend):
             CANCEL, "error = ?, lease_until = NULL, send_after = NULL, updated_at = ?",
             (self._clean(reason), t), "id = ?", (draft_id,)),),
             action="cancel", actor=SYSTEM, at=t, detail=lambda d, _: reason))
+
+    async def attach(self, draft_id: int, version: int, paths: list[str], actor: str,
+                     now: float | None = None) -> Draft | None:
+        """📎 Attach: CAS on ``awaiting`` and ``version``: the files ``paths`` go with the
+        reply from version + 1 on (status ``ready``: its card is re-rendered, and it
+        needs its own approval). Audited."""
+        t = self._now(now)
+        names = ", ".join(p.rsplit("/", 1)[-1] for p in paths)
+        return await self._change(Change((Step(
+            ATTACH, "attached = ?, version = version + 1, updated_at = ?",
+            (self._clean(json.dumps(paths)), t), "id = ? AND version = ?", (draft_id, version)),),
+            action="attach", actor=actor, at=t,
+            detail=lambda d, _: f"v{version} -> v{d.version}: {names}"))
 
     async def sent_since(self, pipeline: str, since: float) -> list[Draft]:
         """``pipeline``'s drafts sent at or after ``since`` (their ``updated_at``)."""

@@ -359,4 +359,11 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
         ALTER TABLE drafts ADD COLUMN send_after DOUBLE PRECISION;
         """,
     ),
+    (
+        11,
+        "files attached to a reply (issue 28): see schema.py _V_ATTACHED",
+        """
+        ALTER TABLE drafts ADD COLUMN attached TEXT;
+        """,
+    ),
 ]

@@ -324,6 +324,31 @@ async def _files(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, 
     return note[:190]
 
 
+async def _attach(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """📎 Attach: pages of the pipeline's files; a pick attaches it as a new version."""
+    if draft.status != Status.AWAITING:
+        return already(draft)
+    names = ch.desk.attachable(draft.pipeline)
+    if cb.action == cards.ATTACH_BACK:
+        ch.attach_pages.pop(draft.id, None)
+        await ch.later_menu(draft, False)
+        return "Back to the card."
+    if cb.action in (cards.ATTACH, cards.ATTACH_NEXT):
+        page = ch.attach_pages.get(draft.id, -1) + 1 if cb.action == cards.ATTACH_NEXT else 0
+        page = page if page * cards.ATTACH_PAGE < len(names) else 0
+        ch.attach_pages[draft.id] = page
+        await ch.later_menu(draft, True, cards.attach_buttons(draft, names, page))
+        return "📎 Which file goes with the reply?" if names else "📎 The attachments folder is empty."
+    index = ch.attach_pages.get(draft.id, 0) * cards.ATTACH_PAGE + cards.ATTACH_PICKS.index(cb.action)
+    if index >= len(names):
+        return "That file is not in the folder any more; tap 📎 Attach again."
+    after = await ch.desk.attach(actor(query.from_user), draft.id, cb.version, names[index])
+    ch.attach_pages.pop(draft.id, None)
+    if after is None:
+        return already(await ch.desk.draft(draft.id) or draft)
+    return f"📎 {names[index]} attached: v{after.version} needs its own approval."[:190]
+
+
 async def _full_text(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     message = query.message
     await ch.bot.send_document(
@@ -340,7 +365,8 @@ _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
     ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
     ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send),
     ((cards.UNDO,), _undo), ((cards.LATER, cards.LATER_BACK, *cards.LATER_CHOICES), _later),
-    ((cards.FILES,), _files)]
+    ((cards.FILES,), _files),
+    ((cards.ATTACH, cards.ATTACH_NEXT, cards.ATTACH_BACK, *cards.ATTACH_PICKS), _attach)]
 
 
 # -- replies to prompts and cards ---------------------------------------------------------------
