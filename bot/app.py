@@ -102,6 +102,7 @@ class App:
             await ch.start(self.desk)
         self._started = True
         await self.engine.channels.resync_cards()
+        self.engine.start_due()
         return self
 
     async def post_unposted(self) -> int:

@@ -38,6 +38,7 @@ class Status(StrEnum):
     # Dismiss; and the end of one an operator dismissed.
     NOTIFIED = "notified"
     DISMISSED = "dismissed"
+    CANCELLED = "cancelled"  # a follow-up the recipient's answer made needless (error: why)
 
 
 #: Every status, in lifecycle order.
@@ -93,6 +94,7 @@ class Message:
     headers: dict[str, str] = field(default_factory=dict)  # a few kept for filters
     size: int = 0  # bytes of the raw message
     attachments: list[str] = field(default_factory=list)
+    attachment_sizes: list[int] = field(default_factory=list)  # bytes, as attachments (about)
     thread_id: str = ""  # Gmail thread id
     source_id: str = ""  # Gmail message id, or a file name
     labels: list[str] = field(default_factory=list)
@@ -182,6 +184,8 @@ class Draft:
     triage: str | None = None  # reply | notify | skip, decided for version 1; None: not triaged
     triage_reason: str | None = None  # the model's one sentence (or why triage failed)
     used: dict[str, Any] = field(default_factory=dict)  # what its request was given (Context.used)
+    send_after: float | None = None  # approved: not sent before this (undo, later); None: at once
+    attached: list[str] = field(default_factory=list)  # paths of files sent with the reply
 
 
 @dataclass(frozen=True)
@@ -278,6 +282,7 @@ class DraftRequest:
     previous_body: str = ""
     draft_key: str = ""
     context: Context = field(default_factory=Context)
+    signature: str | None = None  # drafter.signature: gmail, as fetched; None: the configured one
 
 
 @dataclass

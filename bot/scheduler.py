@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
@@ -172,3 +173,113 @@ def describe(p: _Schedule) -> str:
 
 def now() -> float:
     return time.time()
+
+
+# -- send times (issue 28): send later, sending hours --------------------------------------
+# By the pipeline's wall clock, as cron schedules are: "Tomorrow 09:00" is 09:00 local on
+# either side of a daylight-saving change; a skipped local time is shifted by the jump.
+
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_HOURS = re.compile(r"^\s*(?P<days>[A-Za-z,\- ]+?)\s+(?P<h1>\d{1,2}):(?P<m1>\d{2})\s*-\s*"
+                    r"(?P<h2>\d{1,2}):(?P<m2>\d{2})\s*$")
+_HOURS_HELP = ('expected days and hours like "Mon-Fri 08:00-18:00" or "Mon,Wed,Fri '
+               '09:00-17:30" (days Mon..Sun, a range or a list; 24-hour times, the end '
+               'after the start)')
+
+
+@dataclass(frozen=True)
+class SendHours:
+    """``approval.send_hours``: the days (0 = Monday) and the local span (minutes after
+    midnight, ``end`` up to 1440) in which replies go out."""
+
+    days: frozenset[int]
+    start: int
+    end: int
+
+    def __str__(self) -> str:
+        days = ",".join(DAYS[d] for d in sorted(self.days))
+        return f"{days} {self.start // 60:02d}:{self.start % 60:02d}-{self.end // 60:02d}:{self.end % 60:02d}"
+
+
+def _day(name: str) -> int:
+    key = name.strip().lower()
+    for i, d in enumerate(DAYS):
+        if len(key) >= 3 and key[:3] == d.lower():  # Mon, mon, Monday
+            return i
+    raise ValueError(f"{name.strip()!r} is not a day (Mon, Tue, Wed, Thu, Fri, Sat, Sun)")
+
+
+def parse_send_hours(value: object) -> SendHours:
+    """``"Mon-Fri 08:00-18:00"`` -> SendHours. Raises ValueError saying what is wrong."""
+    m = _HOURS.match(value if isinstance(value, str) else "")
+    if not m:
+        raise ValueError(f"{_HOURS_HELP}, got {value!r}")
+    days: set[int] = set()
+    for part in m["days"].split(","):
+        first, _, last = part.partition("-")
+        a = _day(first)
+        b = _day(last) if last else a
+        days.update((a + i) % 7 for i in range((b - a) % 7 + 1))  # Sat-Mon wraps
+    start, end = int(m["h1"]) * 60 + int(m["m1"]), int(m["h2"]) * 60 + int(m["m2"])
+    if int(m["m1"]) > 59 or int(m["m2"]) > 59 or start >= 1440 or end > 1440 or end <= start:
+        raise ValueError(f"{_HOURS_HELP}, got {value!r}")
+    return SendHours(frozenset(days), start, end)
+
+
+def _wall_at(day: datetime, minutes: int, tz: tzinfo) -> float:
+    return _instant(day.replace(hour=0, minute=0, second=0, microsecond=0)
+                    + timedelta(minutes=minutes), tz)
+
+
+def within_hours(hours: SendHours, t: float, tz_name: str) -> float:
+    """The earliest instant ``>= t`` inside ``hours`` (``t`` itself if it is inside)."""
+    tz = zone(tz_name)
+    today = _local(t, tz)
+    for i in range(8):
+        day = today + timedelta(days=i)
+        if day.weekday() not in hours.days:
+            continue
+        opens, closes = _wall_at(day, hours.start, tz), _wall_at(day, hours.end, tz)
+        if opens <= t < closes:
+            return t
+        if opens > t:
+            return opens
+    raise AssertionError("unreachable: send hours name at least one day")
+
+
+LATER = {"hour": "In 1 hour", "tomorrow": "Tomorrow 09:00", "monday": "Monday 09:00"}
+
+
+def later(choice: str, t: float, tz_name: str) -> float:
+    """When a 🕘 Later choice sends, chosen at ``t``: ``hour`` (t + 1h), ``tomorrow``
+    (09:00 local tomorrow) or ``monday`` (the next Monday 09:00 local after ``t``)."""
+    if choice == "hour":
+        return t + 3600.0
+    tz = zone(tz_name)
+    today = _local(t, tz)
+    if choice == "tomorrow":
+        return _wall_at(today + timedelta(days=1), 9 * 60, tz)
+    if choice == "monday":
+        for i in range(8):
+            at = _wall_at(today + timedelta(days=i), 9 * 60, tz)
+            if (today + timedelta(days=i)).weekday() == 0 and at > t:
+                return at
+    raise ValueError(f"unknown later choice {choice!r}")
+
+
+def local_label(t: float, tz_name: str) -> str:
+    """``Mon 09:00``: instant ``t`` by the wall clock of zone ``tz_name``."""
+    local = datetime.fromtimestamp(t, zone(tz_name))
+    return f"{DAYS[local.weekday()]} {local:%H:%M}"
+
+
+def after_working_days(t: float, days: int, tz_name: str) -> float:
+    """``t`` plus ``days`` working days (Mon-Fri) by the wall clock of ``tz_name``: the
+    same local time on the day the count ends (a Friday's 3 days end on Wednesday)."""
+    tz = zone(tz_name)
+    day = _local(t, tz)
+    while days > 0:
+        day += timedelta(days=1)
+        if day.weekday() < 5:
+            days -= 1
+    return _instant(day, tz)

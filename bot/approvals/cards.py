@@ -18,8 +18,9 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from .. import scheduler
 from ..clock import hhmm
-from ..models import REPLAYABLE_STATUSES, Draft, Status, unsupported_line, used_line
+from ..models import REPLAYABLE_STATUSES, Draft, Message, Status, unsupported_line, used_line
 from ..redact import scrub
 
 MAX_TEXT = 4096  # Telegram's limit for one message
@@ -30,8 +31,21 @@ APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT = "ap", "ed", "rg", "rj", "r
 REPLAY = "rp"  # on a failure notice: the same operation as /replay
 DRAFT_REPLY, DISMISS = "dr", "dm"  # on an FYI card (triage said notify)
 CHECK_SEND, MARK_SENT = "ck", "ms"  # on a card whose send's outcome is unknown
+UNDO = "un"  # on an approved card whose send waits (the undo window, a later time)
+# 🕘 Later opens the choices (and ⬅️ Back closes them); each choice approves with a time.
+LATER, LATER_BACK = "lt", "lb"
+FILES = "fl"  # 📎 Files: the mail's attachments as documents
+# 📎 Attach: a page of the pipeline's files (pick one), the next page, back to the card.
+ATTACH, ATTACH_NEXT, ATTACH_BACK = "at", "fn", "fb"
+ATTACH_PICKS = ("qa", "qb", "qc", "qd", "qe", "qf")  # the first to sixth file shown
+ATTACH_PAGE = len(ATTACH_PICKS)
+LATER_CHOICES = {"lh": "hour", "lm": "tomorrow", "lw": "monday"}  # scheduler.later's names
 ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS,
-           CHECK_SEND, MARK_SENT)
+           CHECK_SEND, MARK_SENT, UNDO, LATER, LATER_BACK, *LATER_CHOICES, FILES, ATTACH,
+           ATTACH_NEXT, ATTACH_BACK, *ATTACH_PICKS)
+#: A send that waits longer than this after its approval is a scheduled one (🕘 Later,
+#: the sending hours): its card names the time; a shorter wait is the undo window.
+UNDO_WINDOW_MAX = 600.0
 # Canonical numbers only (no leading zeros): data we did not make byte for byte is refused.
 _CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[1-9][0-9]{0,17}):"
                        r"(?P<version>[1-9][0-9]{0,8})")
@@ -149,6 +163,8 @@ def tag(draft: Draft) -> str:
 def _header(draft: Draft) -> list[str]:
     m = draft.message
     lines = [f"📨 <b>{clip(draft.pipeline, 80)[0]}</b> · {tag(draft)}"]
+    if draft.scope == "followup" and draft.triage_reason:  # its line, made when queued
+        lines.append(clip(_one_line(draft.triage_reason), _FIELD["reason"])[0])
     if m.kind == "slot":
         lines.append(f"<b>Slot:</b> {clip(m.slot, _FIELD['date'])[0]}")
         if m.subject:
@@ -163,6 +179,11 @@ def _header(draft: Draft) -> list[str]:
     subject = clip(_one_line(m.subject), _FIELD["subject"])[0] or "(no subject)"
     lines.append(f"<b>Subject:</b> {subject}")
     lines.append(f"<b>Received:</b> {clip(_received(m.date), _FIELD['date'])[0]}")
+    if m.attachments:
+        lines.append(clip(attachments_line(m), _FIELD["excerpt"])[0])
+    if draft.attached:  # files an operator attached to the reply: part of what is approved
+        names = " · ".join(p.replace("\\", "/").rsplit("/", 1)[-1] for p in draft.attached)
+        lines.append(f"<b>Attached to the reply:</b> 📎 {clip(names, _FIELD['excerpt'])[0]}")
     original = _one_line(m.body)
     if original:
         lines.append(f"<blockquote>» {clip(original, _FIELD['excerpt'])[0]}</blockquote>")
@@ -186,14 +207,54 @@ def _with_body(top: list[str], draft: Draft, label: str = "Draft:") -> tuple[str
     return head + escaped, cut
 
 
-def _decision_buttons(draft: Draft, cut: bool) -> list[list[Button]]:
+def _decision_buttons(draft: Draft, cut: bool, attach: bool = False) -> list[list[Button]]:
     rows = [[("✅ Approve & send", callback_data(APPROVE, draft.id, draft.version)),
              ("✏️ Edit", callback_data(EDIT, draft.id, draft.version))],
             [("🔁 Regenerate", callback_data(REGENERATE, draft.id, draft.version)),
-             ("🗑 Reject", callback_data(REJECT, draft.id, draft.version))]]
+             ("🗑 Reject", callback_data(REJECT, draft.id, draft.version))],
+            [("🕘 Later", callback_data(LATER, draft.id, draft.version))]]
+    if draft.message.attachments:
+        rows[-1].append(("📎 Files", callback_data(FILES, draft.id, draft.version)))
+    if attach:
+        rows[-1].append(("📎 Attach", callback_data(ATTACH, draft.id, draft.version)))
     if cut:
         rows.append([("📄 Full text", callback_data(FULL_TEXT, draft.id, draft.version))])
     return rows
+
+
+def attachments_line(m: Message) -> str:
+    """``📎 invoice.pdf 120 kB · photo.jpg 2.1 MB`` (plain text: clip escapes it)."""
+    sizes = list(m.attachment_sizes) + [-1] * (len(m.attachments) - len(m.attachment_sizes))
+    return "📎 " + " · ".join(name + (f" {size_text(n)}" if n >= 0 else "")
+                              for name, n in zip(m.attachments, sizes, strict=False))
+
+
+def size_text(n: int) -> str:
+    """``120 kB``, ``2.1 MB``: bytes as a person reads them (decimal units)."""
+    if n >= 1_000_000:
+        return f"{n / 1_000_000:.1f} MB"
+    if n >= 1000:
+        return f"{n / 1000:.0f} kB"
+    return f"{n} B"
+
+
+def attach_buttons(draft: Draft, names: list[str], page: int) -> list[list[Button]]:
+    """Page ``page`` of the files 📎 Attach offers, one button each, then ▶ More (when
+    there are more) and ⬅️ Back."""
+    shown = names[page * ATTACH_PAGE:(page + 1) * ATTACH_PAGE]
+    rows: list[list[Button]] = [[(f"📎 {name}"[:60], callback_data(pick, draft.id, draft.version))]
+                                for pick, name in zip(ATTACH_PICKS, shown, strict=False)]
+    last = [("⬅️ Back", callback_data(ATTACH_BACK, draft.id, draft.version))]
+    if (page + 1) * ATTACH_PAGE < len(names):
+        last.insert(0, ("▶ More", callback_data(ATTACH_NEXT, draft.id, draft.version)))
+    return rows + [last]
+
+
+def later_buttons(draft: Draft) -> list[list[Button]]:
+    """The choices 🕘 Later opens on the card: each approves with that send time."""
+    return [[(scheduler.LATER[name], callback_data(action, draft.id, draft.version))
+             for action, name in LATER_CHOICES.items()],
+            [("⬅️ Back", callback_data(LATER_BACK, draft.id, draft.version))]]
 
 
 def _is_fyi(draft: Draft) -> bool:
@@ -226,7 +287,8 @@ def quorum_line(votes: list[str] | tuple[str, ...], quorum: int) -> str | None:
     return f"✅ {len(votes)}/{quorum} · {clip(names, _FIELD['name'] * 2)[0]}"
 
 
-def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1) -> Card:
+def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1,
+                attach: bool = False) -> Card:
     """The card an operator decides on, with its buttons (for ``post``); with a quorum,
     who approved this version so far."""
     if draft.status == Status.NOTIFIED:
@@ -235,10 +297,10 @@ def render_card(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: i
     if (line := quorum_line(votes, quorum)) is not None:
         top.insert(1, line)
     text, cut = _with_body(top, draft)
-    return Card(text, _decision_buttons(draft, cut), cut)
+    return Card(text, _decision_buttons(draft, cut, attach), cut)
 
 
-def status_line(draft: Draft) -> str | None:
+def status_line(draft: Draft, tz: str = "UTC") -> str | None:
     """What happened to the draft, for the top of its card (escaped HTML), or None
     while it waits for a decision."""
     who = clip(actor_name(draft.decided_by), _FIELD["name"])[0]
@@ -249,6 +311,8 @@ def status_line(draft: Draft) -> str | None:
         return None
     if s == Status.SENT:
         return f"✅ Sent by {who} at {hhmm(draft.updated_at or draft.decided_at)} · {t}"
+    if s == Status.APPROVED and draft.send_after is not None:
+        return f"{deferred_line(draft, tz)}\nApproved by {who} at {at} · {t}"
     if s in (Status.APPROVED, Status.SENDING):
         return f"⏳ Approved by {who} at {at} · sending… · {t}"
     if s == Status.REJECTED:
@@ -267,6 +331,8 @@ def status_line(draft: Draft) -> str | None:
         return f"👋 Dismissed by {who} at {at} · {t}"
     if s == Status.READY:
         return f"⏳ {t} is ready; updating the card…"
+    if s == Status.CANCELLED:
+        return f"🚫 Cancelled · {t}\n{error}"
     if s == Status.EXPIRED:
         return f"⌛ Expired without a decision · {t}"
     if s == Status.FAILED:
@@ -274,13 +340,32 @@ def status_line(draft: Draft) -> str | None:
     return f"{html.escape(s)} · {t}"
 
 
-def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1) -> Card:
+def scheduled(draft: Draft) -> bool:
+    """Does the approved ``draft`` wait for a chosen time (🕘 Later, the sending hours)
+    rather than its undo window?"""
+    return _window(draft) > UNDO_WINDOW_MAX
+
+
+def _window(draft: Draft) -> float:
+    return (draft.send_after or 0.0) - (draft.decided_at or draft.updated_at or 0.0)
+
+
+def deferred_line(draft: Draft, tz: str = "UTC") -> str:
+    """An approved draft whose send waits: ``📤 Sending in 10 s · ↩️ Undo`` (its undo
+    window), or ``🕘 Sends Mon 09:00 · ↩️ Cancel`` (by the pipeline's clock ``tz``)."""
+    if scheduled(draft):
+        return f"🕘 Sends {scheduler.local_label(draft.send_after or 0.0, tz)} · ↩️ Cancel"
+    return f"📤 Sending in {max(0, round(_window(draft)))} s · ↩️ Undo"
+
+
+def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum: int = 1,
+                  tz: str = "UTC", attach: bool = False) -> Card:
     """The card after (or while) something happened: a status line on top, no decision
     buttons; Retry for a send that failed or whose outcome is unknown. (Waiting for a
     decision: the card, with ``votes`` of ``quorum``.)"""
-    line = status_line(draft)
+    line = status_line(draft, tz)
     if line is None:
-        return render_card(draft, votes, quorum)
+        return render_card(draft, votes, quorum, attach)
     if _is_fyi(draft):
         return render_fyi(draft, line)
     if draft.status in (Status.QUEUED, Status.DRAFTING):
@@ -291,6 +376,9 @@ def render_status(draft: Draft, votes: list[str] | tuple[str, ...] = (), quorum:
         buttons = [[("🔁 Retry send", callback_data(RETRY, draft.id, draft.version))]]
     elif draft.status == Status.SEND_UNKNOWN:
         buttons = unknown_send_buttons(draft)
+    elif draft.status == Status.APPROVED and draft.send_after is not None:
+        buttons = [[("↩️ Cancel" if scheduled(draft) else "↩️ Undo",
+                     callback_data(UNDO, draft.id, draft.version))]]
     return Card(text, buttons, cut)
 
 

@@ -146,6 +146,9 @@ class ConsoleChannel(DeskChannel):
             if after is not None and after.status == "awaiting":  # approval.quorum
                 self._print("   the console's approval counts once; this pipeline needs more "
                             "operators' (approval.quorum) before it sends")
+            elif after is not None and after.status == "approved" and after.send_after:
+                self._print(f"   approved; it is sent in {after.send_after - desk.clock():.0f} s "
+                            "(approval.undo; ↩️ Undo on its Telegram card stops it)")
         elif answer in ("e", "edit"):
             self._print("   New text; end with a line containing only '.':")
             body = await _terminal(_read_block)

@@ -225,7 +225,7 @@ async def _pending(args) -> int:
                                "item_id": d.item_id, "status": d.status, "version": d.version,
                                "from": d.message.from_addr, "subject": d.message.subject,
                                "card": [d.approval_chat, d.approval_message_id],
-                               "created_at": d.created_at,
+                               "created_at": d.created_at, "send_after": d.send_after,
                                "triage": d.triage, "triage_reason": d.triage_reason,
                                "used": public_used(d.used), "used_line": used_line(d.used),
                                "unsupported": unsupported_of(d.used),

@@ -17,8 +17,10 @@ from typing import Any
 from ..errors import ConfigError
 from ..redact import register as redact_register
 from . import options as _options
+from .approval import parse_approval
 from .checker import CLOCK_RE, DURATION_RE, Checker, kind_of, parse_duration
 from .files import load_yaml, pipeline_files
+from .followup import FollowupOptions, parse_followup
 from .gmail import GmailAccount, parse_account
 from .imap import Accounts, ImapAccount, parse_accounts
 from .models import ModelConfig, parse_model
@@ -32,11 +34,9 @@ from .options import (
 )
 from .outage import OutageOptions, parse_outage
 from .telegram import TelegramConfig, parse_telegram
-from .telegram import chat_id as _chat_id
 
 SOURCE_TYPES = ("maildir", "schedule", "gmail", "imap")
 SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft", "smtp_reply", "imap_draft")
-CHANNELS = ("console", "telegram")
 CATCHUP_POLICIES = ("latest", "all", "none")
 MARK_SEEN = ("at_fetch", "on_success")
 
@@ -68,6 +68,8 @@ class PipelineConfig:
     max_per_tick: int = 200  # new items fetched and admitted per tick; the rest wait
     triage: TriageOptions | None = None  # None: every admitted email is drafted
     timezone: str = "UTC"  # IANA zone of cron schedules and slot ids
+    followup: FollowupOptions | None = None  # None: no follow-ups
+    attachments: Path | None = None  # sender.attachments: files 📎 Attach offers; None: off
 
     def path(self, value: str) -> Path:
         """A path from this pipeline's file, relative to the deployment directory."""
@@ -122,7 +124,8 @@ _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "imap", "models", "max_i
              "sweep", "observability", "logging", "outage"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
-                  "daily_token_budget", "enabled", "max_per_tick", "triage", "timezone"}
+                  "daily_token_budget", "enabled", "max_per_tick", "triage", "timezone",
+                  "followup"}
 
 
 def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] | None = None
@@ -283,8 +286,14 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
     triage = None if "triage" not in data else _options.parse_triage(
         ck, data["triage"], drafter.model,
         {n: m.provider for n, m in settings.models.items()}, settings.file)
-    approval = _approval(ck, ck.mapping(data.get("approval"), "approval"), settings)
+    approval = parse_approval(ck, ck.mapping(data.get("approval"), "approval"), settings)
+    data, attachments = _attachments(ck, data, base)
     sender = _stage(ck, data, "sender", SENDER_TYPES, ctx)
+    if drafter.signature == "gmail" and not any(
+            getattr(o, "account", None) in settings.gmail_accounts for o in (source, sender)):
+        ck.error("drafter.signature", "gmail uses the signature of the pipeline's Gmail "
+                                      "account: it needs a gmail source or a gmail_reply / "
+                                      "gmail_draft sender (or write the signature itself)")
     recipe = ck.get(data, "recipe", "", (str, int), default="v1")
     if recipe is not None and "|" in str(recipe):
         ck.error("recipe", "must not contain '|'")
@@ -307,8 +316,28 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
         catchup=catchup or "latest", catchup_max=catchup_max or 24,
         daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
         base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK, triage=triage,
-        timezone=tz,
+        timezone=tz, followup=parse_followup(ck, data.get("followup"), base),
+        attachments=attachments,
     )
+
+
+def _attachments(ck: Checker, data: dict, base: Path) -> tuple[dict, Path | None]:
+    """``sender.attachments`` (a folder, for every sender type), and the pipeline's data
+    without it for the sender's own options."""
+    raw = data.get("sender")
+    if not isinstance(raw, dict) or "attachments" not in raw:
+        return data, None
+    rest = {**data, "sender": {k: v for k, v in raw.items() if k != "attachments"}}
+    value = raw["attachments"]
+    if not isinstance(value, str) or not value.strip():
+        ck.error("sender.attachments", f"expected a folder of files operators may attach, "
+                                       f"like attachments/, got {kind_of(value)} {value!r}")
+        return rest, None
+    folder = _resolve(base, value)
+    if not folder.is_dir():
+        ck.error("sender.attachments", f"not a folder: {value} (looked for {folder})")
+        return rest, None
+    return rest, folder
 
 
 def _schedule(ck: Checker, data: dict) -> tuple[Any, float | None, str | None]:
@@ -381,71 +410,6 @@ def knowledge_files(base: Path, patterns: tuple[str, ...]) -> list[Path]:
         where = str(_resolve(base, pattern))
         found.update(Path(f) for f in glob.glob(where, recursive=True) if os.path.isfile(f))
     return sorted(found)
-
-
-def _approval(ck: Checker, raw: dict, settings: Settings) -> ApprovalOptions:
-    ck.unknown(raw, {"channel", "chat", "quorum", "operators", "remind_after", "console"},
-               "approval")
-    channel = ck.get(raw, "channel", "approval", str, default=ApprovalOptions.channel,
-                     choices=CHANNELS)
-    chat = raw.get("chat")
-    if chat is not None and _chat_id(chat) is None:
-        ck.error("approval.chat", f"expected a numeric Telegram chat id (like 123456789, or "
-                                  f"-1001234567890 for a group), got {kind_of(chat)} {chat!r}")
-    if channel == "telegram":
-        if settings.telegram is None:
-            ck.error("approval.channel", f"telegram needs a telegram: section in {settings.file}")
-        elif chat is None and settings.telegram.approvals_chat is None:
-            ck.error("approval.chat", f"missing; set the chat id here, or "
-                                      f"telegram.approvals_chat in {settings.file}")
-    team = _team(ck, raw, settings, channel)
-    quorum, operators = team[0], team[1]
-    console = ck.get(raw, "console", "approval", bool, default=quorum == 1 and operators is None)
-    if "console" in raw and console is False and channel != "telegram":
-        ck.error("approval.console", "false needs approval.channel: telegram (a console "
-                                     "approval is decided in the console)")
-    return ApprovalOptions(channel or ApprovalOptions.channel, _chat_id(chat), *team,
-                           console=bool(console) if console is not None else True)
-
-
-def _team(ck: Checker, raw: dict, settings: Settings, channel: str | None
-          ) -> tuple[int, tuple[int, ...] | None, float | None]:
-    """``approval.quorum``, ``approval.operators`` and ``approval.remind_after``."""
-    quorum = ck.get(raw, "quorum", "approval", int, default=1)
-    if quorum is not None and quorum < 1:
-        ck.error("approval.quorum", f"expected a whole number of operators of at least 1, "
-                                    f"got {quorum}")
-        quorum = None
-    everyone = settings.telegram.operators if settings.telegram is not None else []
-    operators: tuple[int, ...] | None = None
-    if "operators" in raw:
-        listed = ck.get(raw, "operators", "approval", list, default=[]) or []
-        operators = tuple(op for op in listed if isinstance(op, int) and not isinstance(op, bool))
-        for i, op in enumerate(listed):
-            if op not in operators:
-                ck.error(f"approval.operators[{i}]", f"expected a numeric Telegram user id, "
-                                                     f"got {op!r}")
-            elif everyone and op not in everyone:
-                ck.error(f"approval.operators[{i}]", f"{op} is not in telegram.operators of "
-                         f"{settings.file}, so the bot drops their taps; add them there too")
-        if raw["operators"] == []:
-            ck.error("approval.operators", "expected at least one numeric user id; leave it "
-                                           "out to let every telegram.operators entry decide")
-    deciders = len(operators) if operators is not None else len(everyone)
-    if quorum and quorum > 1 and deciders and quorum > deciders:
-        ck.error("approval.quorum", f"{quorum} approvals needed but only {deciders} operator(s) "
-                                    f"may decide this pipeline's cards; nothing could be sent")
-    remind = ck.convert(raw, "remind_after", "approval", parse_duration, default=None)
-    if remind is not None and remind < 1:
-        ck.error("approval.remind_after", f"expected a duration of at least 1s like 4h, got "
-                                          f"{raw['remind_after']!r}")
-        remind = None
-    if channel != "telegram":
-        for key in ("operators", "remind_after") + (("quorum",) if (quorum or 1) > 1 else ()):
-            if key in raw:
-                ck.error(f"approval.{key}", "needs approval.channel: telegram (a console "
-                                            "approval has one operator and no card)")
-    return quorum or 1, operators, remind
 
 
 def _catchup(ck: Checker, data: dict) -> tuple[str | None, int | None]:

@@ -50,6 +50,12 @@ class ApprovalOptions:
     #: one identity and counts once toward a quorum. Default: only where one operator
     #: decides and the pipeline names no operators (see bot.desk.operator).
     console: bool = True
+    #: Seconds an approved reply waits before it is sent, with an Undo button on its
+    #: card (issue 28). 0 (the default): sent at once, as before; 10s suits a phone.
+    undo: float = 0.0
+    #: ``approval.send_hours``: an approved reply waits for the next such hour, in the
+    #: pipeline's timezone (None: any time).
+    send_hours: scheduler.SendHours | None = None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ def request_sources(p: PipelineConfig, request: DraftRequest) -> list[str]:
     # a claim found only past that is no source of the draft, and a 60 kB mail checked
     # whole cost 0.4 s of CPU per draft.
     texts = [m.subject, m.body[:p.drafter.max_input], m.date, m.from_name, m.from_addr, m.slot, request.instruction,
-             p.drafter.signature]
+             p.drafter.signature if request.signature is None else request.signature]
     texts += [f"{t.sender}\n{t.date}\n{t.text}" for t in ctx.thread]
     texts += [f"{e.original}\n{e.reply}" for e in ctx.examples]
     texts += [f"{ps.heading}\n{ps.text}" for ps in ctx.passages]

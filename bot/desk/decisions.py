@@ -14,6 +14,7 @@ import asyncio
 import logging
 from typing import Callable
 
+from .. import scheduler
 from ..config.load import PipelineConfig, Settings
 from ..context import grounded
 from ..engine.channels import Channels
@@ -27,6 +28,17 @@ from ..store import Store, SweepResult
 from .reports import sweep
 
 log = logging.getLogger("draftgate.engine")
+
+
+def send_after(p: PipelineConfig, now: float, later: str | None = None) -> float | None:
+    """When a reply approved at ``now`` may be sent: the 🕘 Later choice ``later``, or
+    after the undo window at the next sending hour; None: at once."""
+    if later is not None:
+        return scheduler.later(later, now, p.timezone)
+    at = now + p.approval.undo
+    if p.approval.send_hours is not None:
+        at = scheduler.within_hours(p.approval.send_hours, at, p.timezone)
+    return at if at > now else None
 
 
 class Decisions:
@@ -52,17 +64,23 @@ class Decisions:
         return d
 
     async def approve(self, draft_id: int, version: int, actor: str,
-                      draft: Draft | None = None) -> Draft | None:
+                      draft: Draft | None = None, later: str | None = None) -> Draft | None:
         """``draft``: the row the channel read to check the tap, so it is not read
         again; the CAS below is the check that it is still this version, awaiting.
         Below the pipeline's quorum the vote is recorded and the draft comes back
-        still ``awaiting`` (None: the vote did not count, e.g. an old version)."""
+        still ``awaiting`` (None: the vote did not count, e.g. an old version).
+        The deciding approval's send waits (``send_after``) for the pipeline's undo
+        window and sending hours, or for ``later`` (a 🕘 Later choice: ``hour``,
+        ``tomorrow``, ``monday``, by the pipeline's clock)."""
         seen = await self._decidable(draft_id, draft)
-        quorum = 1 if seen is None else self.settings.pipeline(seen.pipeline).approval.quorum
+        p = None if seen is None else self.settings.pipeline(seen.pipeline)
+        quorum = 1 if p is None else p.approval.quorum
         same = seen is not None and seen.version == version
-        d = await self.store.approve(draft_id, version, actor, now=self.clock(), quorum=quorum,
+        now = self.clock()
+        d = await self.store.approve(draft_id, version, actor, now=now, quorum=quorum,
                                      body=seen.body if same and seen else None,
-                                     key=seen.key if seen else None)
+                                     key=seen.key if seen else None,
+                                     send_after=None if p is None else send_after(p, now, later))
         if d is None:
             if quorum > 1 and seen is not None and any(
                     v.operator == operator_id(actor)
@@ -71,7 +89,21 @@ class Decisions:
             return None
         metrics.decided(d, "approved")
         log.info("%s #%d v%d approved by %s", d.pipeline, d.id, d.version, actor)
+        if d.send_after is not None and d.send_after > self.clock():
+            # Deferred (the undo window): the due-time loop sends it when it is due.
+            self.sends.wake()
+            return await self.operators.update_card(d)
         return await self.sends.send(d)
+
+    async def undo(self, draft_id: int, version: int, actor: str) -> Draft | None:
+        """Undo (or Cancel) a deferred send that has not begun: the draft awaits a
+        decision again, same version, votes cleared (None: too late, or not this one)."""
+        d = await self.store.undo(draft_id, version, actor, now=self.clock())
+        if d is None:
+            return None
+        log.info("%s #%d v%d: send undone by %s", d.pipeline, d.id, d.version, actor)
+        self.sends.wake()
+        return await self.operators.update_card(d)
 
     @staticmethod
     async def votes_of(settings: Settings, store: Store, d: Draft) -> tuple[list[str], int]:

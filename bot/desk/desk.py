@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..clock import wall
 from ..config.load import Settings
-from ..errors import NotAllowed
+from ..errors import NotAllowed, SourceError
 from ..models import Draft, Example, RunCounts
 from ..store import ReplayResult, Store, SweepResult
 from . import reports
@@ -67,10 +67,17 @@ class OperatorDesk:
 
     # -- decisions on a draft --------------------------------------------------------------
     async def approve(self, op: Operator, draft_id: int, version: int,
-                      seen: Draft | None = None) -> Draft | None:
-        """Approve (a vote, below the pipeline's quorum); see Decisions.approve."""
-        d = await self._decidable(op, draft_id, "approve", seen)
-        return await self.decisions.approve(draft_id, version, op.actor, d)
+                      seen: Draft | None = None, later: str | None = None) -> Draft | None:
+        """Approve (a vote, below the pipeline's quorum); see Decisions.approve.
+        ``later``: send later (``hour``, ``tomorrow``, ``monday``), not at once."""
+        d = await self._decidable(op, draft_id, "approve" + (f" ({later})" if later else ""), seen)
+        return await self.decisions.approve(draft_id, version, op.actor, d, later=later)
+
+    async def undo(self, op: Operator, draft_id: int, version: int) -> Draft | None:
+        """Undo a deferred send before it begins (the undo window, a later send): the
+        draft awaits a decision again. None: it is being sent or was sent already."""
+        await self._decidable(op, draft_id, "undo")
+        return await self.decisions.undo(draft_id, version, op.actor)
 
     async def edit(self, op: Operator, draft_id: int, version: int, body: str) -> Draft | None:
         await self._decidable(op, draft_id, "edit")
@@ -119,6 +126,51 @@ class OperatorDesk:
         self.settings.pipeline(pipeline)
         await self.authorize(op, pipeline, "replay", deciding=True)
         return await reports.replay(self.store, pipeline, item_id, op.actor, self.settings)
+
+    async def files(self, op: Operator, draft_id: int) -> tuple[Draft, list[tuple[str, bytes]]]:
+        """📎 Files: the attachments of the mail a draft answers, whole, from its source
+        (operators of its pipeline only; audited with the names and sizes)."""
+        d = await self.store.get_draft(draft_id)
+        if d is None:
+            raise NotAllowed("No such draft.")
+        await self.authorize(op, d.pipeline, f"files v{d.version}", key=d.key, deciding=True)
+        if self.engine is None:
+            raise RuntimeError("files needs a running draftgate")
+        fetch = getattr(self.engine.source(self.settings.pipeline(d.pipeline)),
+                        "attachment_files", None)
+        if fetch is None:
+            raise SourceError(f"the {d.pipeline} source keeps no attachments to send")
+        found: list[tuple[str, bytes]] = await fetch(d.message)
+        await self.store.audit(op.actor, "files", draft_key=d.key, now=self.clock(), detail=", ".join(
+            f"{name} {len(data)} bytes" for name, data in found) or "none")
+        return d, found
+
+    def attachable_pipeline(self, pipeline: str) -> bool:
+        """Does ``pipeline`` offer 📎 Attach (``sender.attachments``)?"""
+        return self.settings.has_pipeline(pipeline) and \
+            self.settings.pipeline(pipeline).attachments is not None
+
+    def attachable(self, pipeline: str) -> list[str]:
+        """The files ``sender.attachments`` of ``pipeline`` offers (📎 Attach), by name."""
+        folder = self.settings.pipeline(pipeline).attachments
+        if folder is None:
+            return []
+        return sorted(f.name for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
+
+    async def attach(self, op: Operator, draft_id: int, version: int, name: str) -> Draft | None:
+        """📎 Attach the file ``name`` of the pipeline's folder to the reply: a new
+        version, which needs its own approval (None: the draft moved meanwhile)."""
+        d = await self._decidable(op, draft_id, f"attach {name}")
+        if d is None or name not in self.attachable(d.pipeline):
+            raise SourceError(f"{name} is not in the attachments folder any more")
+        folder = self.settings.pipeline(d.pipeline).attachments
+        assert folder is not None
+        paths = [*d.attached, str(folder / name)]
+        after = await self.store.attach(draft_id, version, paths, op.actor, now=self.clock())
+        if after is not None and self.engine is not None:
+            await self.engine.channels.post_card(self.settings.pipeline(after.pipeline), after)
+            after = await self.store.get_draft(after.id)
+        return after
 
     async def full_text(self, op: Operator, draft: Draft) -> Draft:
         """The draft whose full text ``op`` asked for (reading is checked like acting)."""

@@ -65,7 +65,7 @@ _RESTORE = "restore its pipeline file and restart to finish them (or Reject on a
 #: Drafts that something still has to move: queued or being drafted, or pending.
 UNFINISHED_STATUSES = (Status.QUEUED, Status.DRAFTING, *PENDING_STATUSES)
 #: What `status <pipeline>` lists by item id, so an operator can `replay` it.
-ATTENTION_STATUSES = (Status.FAILED, Status.SKIPPED, Status.REJECTED, Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.EXPIRED, Status.DISMISSED)
+ATTENTION_STATUSES = (Status.FAILED, Status.SKIPPED, Status.REJECTED, Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.EXPIRED, Status.DISMISSED, Status.CANCELLED)
 
 
 @overload
@@ -394,6 +394,8 @@ def format_pending(drafts: list[Draft], settings: Settings | None = None) -> str
         state = _PENDING_STATE.get(d.status, d.status)
         if d.status == Status.NOTIFIED and not d.approval_message_id:
             state = "FYI card not posted yet"
+        elif d.status == Status.APPROVED and d.send_after and settings is not None:
+            state = f"🕘 sends {scheduler.local_label(d.send_after, settings.pipeline(d.pipeline).timezone)}"
         where = f" · card {d.approval_chat}/{d.approval_message_id}" if d.approval_message_id else ""
         lines.append(f"{d.pipeline} #{d.id} v{d.version} · {state} · {who} · {subj[:60]}{where}")
     return "\n".join(lines)

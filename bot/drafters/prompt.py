@@ -22,6 +22,7 @@ output is plain text that a human reads before anything is sent (:func:`check_ou
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import unicodedata
@@ -226,6 +227,8 @@ def build(request: DraftRequest, settings: DrafterOptions, prompt_text: str, *,
           nonce: str | None = None) -> Prompt:
     """The request for one draft: instructions first, then the message as data."""
     nonce = nonce or secrets.token_hex(8)
+    if request.signature is not None:  # signature: gmail, the account's own
+        settings = dataclasses.replace(settings, signature=request.signature)
     msg = request.message
     begin, end = f"<<<EMAIL {nonce}>>>", f"<<<END EMAIL {nonce}>>>"
     slot = msg.kind == "slot"

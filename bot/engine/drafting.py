@@ -50,12 +50,14 @@ class Drafting:
                  drafter: Callable[[PipelineConfig], Drafter], clock: Callable[[], float],
                  triager: Callable[[PipelineConfig], Triager | None] = lambda p: None,
                  source: Callable[[PipelineConfig], Source] | None = None,
-                 prepare: Callable[[PipelineConfig], Awaitable[None]] | None = None):
+                 prepare: Callable[[PipelineConfig], Awaitable[None]] | None = None,
+                 signature: Callable[[PipelineConfig], Awaitable[str | None]] | None = None):
         self.settings, self.store, self.leases, self.operators = settings, store, leases, operators
         self._drafter, self.clock, self._triager = drafter, clock, triager
         # Awaited before the drafter and triager are used (the engine imports their
         # SDKs there, off the event loop).
         self._prepare = prepare
+        self._signature = signature  # drafter.signature: gmail, fetched (Engine.signature)
         # What a draft is based on besides the email (thread, examples, knowledge).
         self.context = ContextBuilder(store, source or (lambda p: None), settings)
         self._in_flight = asyncio.Semaphore(settings.max_in_flight)
@@ -64,6 +66,12 @@ class Drafting:
         # Pipelines known to have no drafting hold recorded in the store (see _hold),
         # so a working pipeline does not write "no hold" after every draft.
         self._not_held: set[str] = set()
+
+    async def signature(self, p: PipelineConfig) -> str | None:
+        """The signature fetched for ``p`` (``signature: gmail``); None: its configured one."""
+        if self._signature is None or p.drafter.signature != "gmail":
+            return None
+        return await self._signature(p)
 
     # -- when not to draft ------------------------------------------------------------
     async def _budget_spent(self, p: PipelineConfig) -> int | None:
@@ -206,7 +214,8 @@ class Drafting:
         d = triaged
         context = await self.context.build(p, d)
         request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
-                               previous_body=d.body, draft_key=d.key, context=context)
+                               previous_body=d.body, draft_key=d.key, context=context,
+                               signature=await self.signature(p))
         try:
             # The drafter times out on its own; this bound keeps a misbehaving one
             # inside its lease so a stale answer can never race a newer claim.
@@ -276,7 +285,8 @@ class Drafting:
         Only version 1 is triaged, once: the decision is stored with the draft (a
         claim after a crash finds it), and a later version is one a human asked for
         (replay, Draft a reply, regenerate)."""
-        triager = self._triager(p) if d.version == 1 else None
+        # A follow-up (issue 28) answers our own reply: nothing to sort.
+        triager = self._triager(p) if d.version == 1 and d.scope != "followup" else None
         if triager is None or d.triage is not None:
             return d
         try:

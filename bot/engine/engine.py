@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from .. import scheduler
 from ..clock import wall
@@ -36,6 +36,7 @@ from .admit import admit_fetched
 from .build import build_drafter, build_sender, build_source, build_triager, import_models
 from .channels import Channels
 from .drafting import Drafting
+from .followups import Followups
 from .lease import Leases
 from .loop import Loop
 from .reminders import Reminders
@@ -74,13 +75,17 @@ class Engine:
         self._triagers: dict[str, Triager | None] = {}
         self._progress = progress  # (label, done, total): backfills on the CLI
         self._tasks: set[asyncio.Task] = set()
+        self._due: asyncio.Task | None = None  # the due-time loop (start_due)
+        self._signatures: Any = None  # bot.gmail.signature.Signatures, on first use
         self.leases = Leases(store, self.pipelines, self.lease_now, self.spawn, home=host)
         self.channels = Channels(settings, store, self.by_name, self.clock)
         self.sends = Sends(settings, store, self.leases, self.channels, self.sender, self.clock,
                            self.spawn, send_check_delay)
         self.drafting = Drafting(settings, store, self.leases, self.channels, self.drafter,
-                                 self.clock, self.triager, self.source, self._models_imported)
+                                 self.clock, self.triager, self.source, self._models_imported,
+                                 signature=self.signature)
         self.reminders = Reminders(settings, store, self.channels, self.clock)
+        self.followups = Followups(settings, store, self.channels, self.clock)
         self.loop = Loop(settings, store, self.channels, self.tick, self.clock, self.reminders)
         self.notify = self.channels.notify
         self.held = self.loop.outage.held  # "store unreachable since …", or None
@@ -101,6 +106,19 @@ class Engine:
         if p.name not in self._drafters or p.name not in self._triagers:
             await import_models(p, self.settings)
 
+    async def signature(self, p: PipelineConfig) -> str:
+        """``drafter.signature: gmail``: the Gmail account's own, fetched once a day
+        (bot.gmail.signature; imported here, so a deployment without Gmail never loads
+        the Gmail client)."""
+        account = gmail_account(p, self.settings)
+        if account is None:
+            return ""
+        if self._signatures is None:
+            from ..gmail.signature import Signatures
+
+            self._signatures = Signatures(self.settings, self.clock)
+        return await self._signatures.get(account)
+
     def sender(self, p: PipelineConfig) -> Sender:
         return _built(self._senders, p, build_sender, self.settings)
 
@@ -113,6 +131,12 @@ class Engine:
         bound to the desk and started by :class:`bot.app.App` around this."""
         await self.sends.recover()
 
+    def start_due(self) -> None:
+        """Start the due-time loop of deferred sends (undo window, send later, sending
+        hours; :meth:`Sends.run_due`), once the channels run. Stopped by :meth:`stop`."""
+        if self._due is None or self._due.done():
+            self._due = asyncio.create_task(self.sends.run_due(), name="due-sends")
+
     async def stop_tasks(self) -> None:
         """Cancel the background work decisions started, and wait for it."""
         for task in list(self._tasks):
@@ -123,6 +147,10 @@ class Engine:
     async def stop(self) -> None:
         """Let in-flight work finish its current transition, then close channels and
         stages."""
+        if self._due is not None:
+            self._due.cancel()
+            await asyncio.gather(self._due, return_exceptions=True)
+            self._due = None
         await self.stop_tasks()
         for ch in self.channels.running():
             try:
@@ -189,6 +217,19 @@ class Engine:
             await self._help(p, until)
         return counts
 
+    async def _followups(self, p: PipelineConfig) -> None:
+        """Queue ``p``'s due follow-ups (and cancel answered ones) before this tick
+        drafts: a failure is logged, the tick goes on."""
+        if p.followup is None:
+            return
+        try:
+            await self.followups.check(p)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            log.warning("%s: follow-ups: %s", p.name, describe_error(exc),
+                        exc_info=not isinstance(exc, DraftgateError))
+
     async def _help(self, p: PipelineConfig, until: float) -> None:
         """Another process runs ``p``'s tick (fetch, admit, outbox, sends): this one
         drafts beside it until ``until``, each item under its own claim and fence, and
@@ -229,6 +270,7 @@ class Engine:
                 error = describe_error(exc)
                 log.warning("%s: fetch failed: %s", p.name, error,
                             exc_info=not isinstance(exc, DraftgateError))
+            await self._followups(p)
             try:
                 # A post that failed early is the one try of this tick (see _drain).
                 await self._drain(p, counts, until, draft=early is None or await early)
@@ -376,6 +418,15 @@ class Engine:
         delayed check of an unknown send) to finish."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def gmail_account(p: PipelineConfig, settings: Settings) -> str | None:
+    """The Gmail account of ``p``'s sender, else of its source (None: neither is one)."""
+    for options in (p.sender, p.source):
+        account = getattr(options, "account", None)
+        if account and account in settings.gmail_accounts:
+            return str(account)
+    return None
 
 
 def _built(cache: dict, p: PipelineConfig, build: Callable, settings: Settings):

@@ -7,6 +7,7 @@ unknown is checked on the other side, never sent again by itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from functools import partial
@@ -44,6 +45,12 @@ class Sends:
         # another host's send in flight. Rows with a holder are recovered as soon as
         # that process is seen gone (see recover).
         self.grace = 300.0
+        # The due-time loop (run_due): woken at once when a deferred send is approved
+        # here, and polling at most every ``poll`` seconds for other hosts' ones.
+        self.poll = 30.0
+        self._asked = 0  # wake-ups asked for (wake's ticket numbers)
+        self.due_served = 0  # the newest ticket a whole pass of run_due began after
+        self._wake = asyncio.Event()
 
     async def _recorded(self, draft_id: int,
                         write: Callable[[], Awaitable[Draft | None]]) -> Draft | None:
@@ -63,7 +70,7 @@ class Sends:
             del self._unrecorded[draft_id]
         # Approved but never begun: the process stopped between approve and send. A
         # human approved exactly this version, so sending it now keeps the promise.
-        for d in await self.store.approved(p.name):
+        for d in await self.store.approved(p.name, now=self.clock()):
             self.leases.still_held(p.name)
             after = await self.send(d)
             if after is not None and after.status == "sent":
@@ -74,7 +81,7 @@ class Sends:
         p = self.settings.pipeline(d.pipeline)
         sender = self._sender(p)  # built before `sending`: a bad sender sends nothing
         await self.leases.heartbeat.beat()  # a send begins only under a fresh heartbeat
-        sending = await self.store.begin_send(d.id, self.leases.holder)
+        sending = await self.store.begin_send(d.id, self.leases.holder, now=self.clock())
         if sending is None:
             return await self.store.get_draft(d.id)
         try:
@@ -100,6 +107,48 @@ class Sends:
             log.info("%s #%d sent (%s)", p.name, d.id, result.sent_id)
         metrics.sent(after)
         return await self.operators.update_card(after)
+
+    # -- deferred sends (undo window, send later, sending hours) -----------------------
+    def wake(self) -> int:
+        """A deferred send was approved (or undone) here: :meth:`run_due` looks again
+        now. Its ticket: :attr:`due_served` reaches it once a pass has looked."""
+        self._asked += 1
+        self._wake.set()
+        return self._asked
+
+    async def send_due(self) -> int:
+        """Send every deferred draft whose ``send_after`` has passed, of any pipeline
+        (any host may: the claim is the store's CAS). How many were sent."""
+        n = 0
+        for d in await self.store.due_sends(now=self.clock()):
+            if not self.settings.has_pipeline(d.pipeline):
+                continue  # its pipeline left the configuration: it waits for it
+            after = await self.send(d)
+            n += (after is not None and after.status == Status.SENT
+                  and after.send_holder == self.leases.holder)  # sent here, not by another
+        return n
+
+    async def run_due(self) -> None:
+        """The due-time loop: sends each deferred draft when its time comes, waking at
+        the earliest ``send_after`` in the store (so a restart, or another host's
+        approval, is picked up: at start, and at least every :attr:`poll` seconds)."""
+        while True:
+            asked = self._asked
+            self._wake.clear()
+            upcoming = None
+            try:
+                await self.send_due()
+                upcoming = await self.store.next_send_after(after=self.clock())
+            except asyncio.CancelledError:
+                raise
+            except StoreUnavailable as exc:
+                log.warning("deferred sends: %s", describe_error(exc))
+            except Exception:
+                log.exception("deferred sends failed; trying again")
+            self.due_served = asked
+            wait = self.poll if upcoming is None else min(self.poll, upcoming - self.clock())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(wait, 0.01))
 
     async def found_sent(self, d: Draft, sent_id: str) -> Draft | None:
         """The other side has the reply: mark it sent and show it on the card."""

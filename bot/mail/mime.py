@@ -343,10 +343,23 @@ def _content_type(part: _RawMessage) -> str:
         return "text/plain"
 
 
-def _body(msg: _RawMessage, max_body: int, deadline: _Deadline) -> tuple[str, bool, list[str]]:
+def _size(part: _RawMessage) -> int:
+    """About how many bytes the part holds (its encoded length, less base64's overhead)."""
+    payload = part.get_payload()
+    if not isinstance(payload, str):
+        return 0
+    n = len(payload) - payload.count("\n") - payload.count("\r")
+    if str(part.get("Content-Transfer-Encoding", "")).lower().strip() != "base64":
+        return n
+    tail = payload.rstrip()
+    return (n - (len(tail) - len(tail.rstrip("=")))) * 3 // 4
+
+
+def _body(msg: _RawMessage, max_body: int, deadline: _Deadline
+          ) -> tuple[str, bool, list[tuple[str, int]]]:
     plain: list[str] = []
     htmls: list[tuple[str, bool]] = []
-    attachments: list[str] = []
+    attachments: list[tuple[str, int]] = []
     cut_any = False
     # Bytes decoded per part: enough for max_body characters in any charset, and for
     # HTML whose markup is much longer than its text.
@@ -357,7 +370,7 @@ def _body(msg: _RawMessage, max_body: int, deadline: _Deadline) -> tuple[str, bo
         disposition = str(part.get("Content-Disposition", "") or "").lower()
         filename = _filename(part)
         if filename or disposition.startswith("attachment") or not ctype.startswith("text/"):
-            attachments.append(filename or ctype)
+            attachments.append((filename or ctype, _size(part)))
             continue
         if ctype == "text/plain":
             text, cut = _decode_part(part, byte_limit)
@@ -368,7 +381,7 @@ def _body(msg: _RawMessage, max_body: int, deadline: _Deadline) -> tuple[str, bo
             htmls.append((text, cut))
             cut_any |= cut
         else:  # text/calendar, text/csv...: listed, not read
-            attachments.append(filename or ctype)
+            attachments.append((filename or ctype, _size(part)))
     body = "\n\n".join(t for t in (_clean(p, multiline=True).strip() for p in plain) if t)
     if not body and htmls:
         # HTML-only mail, or an empty text/plain alternative beside the real HTML.
@@ -460,7 +473,8 @@ def parse_email(raw: bytes, *, max_body: int = DEFAULT_MAX_BODY, source_id: str 
         cc=_address_list(h.raw("Cc")), subject=h.text("Subject"), date=date, body=body,
         body_truncated=truncated, references=refs,
         headers={name: h.text(name) for name in _KEPT_HEADERS if h.text(name)},
-        size=len(raw), attachments=attachments, source_id=_clean(source_id))
+        size=len(raw), attachments=[a[0] for a in attachments],
+        attachment_sizes=[a[1] for a in attachments], source_id=_clean(source_id))
 
 
 __all__ = ["parse_email", "html_to_text", "stable_id", "item_id", "message_id_of", "UnparseableMessage", "EmailMessage",

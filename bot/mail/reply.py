@@ -11,10 +11,12 @@ from __future__ import annotations
 import email.policy
 import email.utils
 import hashlib
+import mimetypes
 import re
 import time
 from email.headerregistry import Address
 from email.message import EmailMessage
+from pathlib import Path
 
 from ..models import Draft
 
@@ -77,6 +79,10 @@ def build_reply(draft: Draft, from_addr: str | Address) -> EmailMessage:
     msg["X-Draftgate-Key"] = _one_line(draft.key)[:900]
     msg["Auto-Submitted"] = "no"  # a person approved it; it is not an auto-reply
     msg.set_content(draft.body.replace("\r\n", "\n").replace("\r", "\n"), charset="utf-8")
+    for path in draft.attached:  # 📎 Attach: files an operator chose, approved with it
+        kind = (mimetypes.guess_type(path)[0] or "application/octet-stream").split("/")
+        msg.add_attachment(Path(path).read_bytes(), maintype=kind[0], subtype=kind[1],
+                           filename=Path(path).name)
     return msg
 
 

@@ -78,6 +78,7 @@ from ..errors import SourceError
 from ..gmail.batch import MAX_PARTS
 from ..gmail.client import GmailClient
 from ..gmail.errors import Cancelled, NotFound, RateLimited
+from ..gmail.files import attachment_files
 from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message, ThreadMessage
 from ..stages import FetchContext
@@ -493,6 +494,10 @@ class GmailSource:
         return FetchResult(items, cursor=cursor, more=bool(rest),
                            note=f"history expired: resynced by query since {when}, "
                                 f"{len(items)} new{later}")
+
+    async def attachment_files(self, message: Message) -> list[tuple[str, bytes]]:
+        """The attachments of a message this source admitted (📎 Files)."""
+        return await attachment_files(self.client, message.source_id)
 
     async def thread(self, message: Message, limit: int) -> list[ThreadMessage]:
         """The earlier messages of ``message``'s thread, oldest first (see

@@ -38,6 +38,7 @@ from ..config.options import MaildirSourceOptions, expect
 from ..context.builder import thread_message
 from ..errors import SourceError
 from ..mail import mime
+from ..mail.attachments import files_of
 from ..models import FetchResult, Item, Message, ThreadMessage
 from ..scheduler import duration_text
 from .filters import too_big
@@ -229,6 +230,17 @@ class MaildirSource:
                 progress(done, len(todo))
         return items
 
+    async def attachment_files(self, message: Message) -> list[tuple[str, bytes]]:
+        """The attachments of a mail this source admitted (📎 Files), from its file."""
+        path = (self.folder / message.source_id).resolve()
+        if not path.is_relative_to(self.folder.resolve()):
+            raise SourceError(f"{message.source_id} is not in {self.folder}")
+        try:
+            raw = await asyncio.to_thread(path.read_bytes)
+        except OSError as exc:
+            raise SourceError(f"cannot read {message.source_id}: {exc.strerror or exc}") from None
+        return files_of(raw)
+
     def _parse(self, item_id: str, f: _File) -> Item:
         if self.skip_above is not None and f.stamp[1] > self.skip_above:
             return self._too_big(item_id, f, self.skip_above)
@@ -240,6 +252,8 @@ class MaildirSource:
             message = mime.parse_email(raw, max_body=self.max_body, source_id=f.name)
             if len(raw) < f.stamp[1]:  # only the first bytes were read (see raw_limit)
                 message.size, message.body_truncated = f.stamp[1], True
+                if message.attachment_sizes:  # the rest is (mostly) the last one, in base64
+                    message.attachment_sizes[-1] += (f.stamp[1] - len(raw)) * 3 // 4
         except mime.UnparseableMessage as exc:  # no sender, or too slow to parse
             return _skipped(item_id, f, f"unparseable: {exc}", size=len(raw))
         except Exception as exc:  # never let one message stop the tick

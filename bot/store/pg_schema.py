@@ -352,4 +352,18 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
         );
         """,
     ),
+    (
+        10,
+        "deferred sends (issue 28): see schema.py _V_SEND_AFTER",
+        """
+        ALTER TABLE drafts ADD COLUMN send_after DOUBLE PRECISION;
+        """,
+    ),
+    (
+        11,
+        "files attached to a reply (issue 28): see schema.py _V_ATTACHED",
+        """
+        ALTER TABLE drafts ADD COLUMN attached TEXT;
+        """,
+    ),
 ]

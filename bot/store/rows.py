@@ -20,7 +20,7 @@ DRAFT_COLUMNS = (
     "lease_until", "fence", "body", "version", "instruction", "approval_chat",
     "approval_message_id", "decided_by", "decided_at", "sent_id", "error", "tokens_in",
     "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "triage",
-    "triage_reason", "used",
+    "triage_reason", "used", "send_after", "attached",
 )
 DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
 SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
@@ -46,6 +46,7 @@ def draft_from_row(row: Any) -> Draft:
     fields["message"] = Message.from_json(fields.pop("payload"))
     fields["card_stale"] = bool(fields["card_stale"])
     fields["used"] = json.loads(fields["used"]) if fields["used"] else {}
+    fields["attached"] = json.loads(fields["attached"]) if fields["attached"] else []
     return Draft(**fields)
 
 

@@ -312,11 +312,23 @@ _V_VECTORS = [
         PRIMARY KEY (model, sha256))""",
 ]
 
+# Deferred sends (issue 28): an approved draft is sent only when ``send_after`` has
+# passed (the undo window, a chosen later time, the next sending hour); NULL: at once.
+_V_SEND_AFTER = [
+    "ALTER TABLE drafts ADD COLUMN send_after REAL",
+]
+
+# Files an operator attached to a reply (issue 28): a JSON list of paths; NULL: none.
+_V_ATTACHED = [
+    "ALTER TABLE drafts ADD COLUMN attached TEXT",
+]
+
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).
 MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
-                        _V_PROMPTS, _V_VECTORS]
+                        _V_PROMPTS, _V_VECTORS, _V_SEND_AFTER,
+                        _V_ATTACHED]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

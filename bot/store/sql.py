@@ -15,6 +15,7 @@ from ..models import PENDING_STATUSES, Draft, Status, Vote, operator_id
 from ..redact import scrub
 from .chain import Record
 from .context_sql import ContextSql
+from .followups_sql import FollowupSql
 from .rows import (
     BEFORE_SQL,
     DRAFT_COLS,
@@ -54,6 +55,7 @@ from .transitions import (
     TRIAGE_NOTIFY,
     TRIAGE_REPLY,
     TRIAGE_SKIP,
+    UNDO,
     VOTE_SQL,
     VOTES_SQL,
     Step,
@@ -67,7 +69,7 @@ def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
+class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords, FollowupSql):
     """Durable state of draftgate (``bot.store.Store``): the shared half of
     :class:`SQLiteStore` and :class:`PostgresStore`. Open once at start, close at shutdown."""
 
@@ -230,13 +232,15 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
 
     async def approve(self, draft_id: int, version: int, actor: str,
                       now: float | None = None, *, quorum: int = 1,
-                      body: str | None = None, key: str | None = None) -> Draft | None:
+                      body: str | None = None, key: str | None = None,
+                      send_after: float | None = None) -> Draft | None:
         """Record ``actor``'s vote for ``version`` (one per operator and version, only
         while it awaits a decision), then CAS ``awaiting -> approved`` if ``quorum``
         distinct operators voted for it; audit row with the sha256 of the body the
         operator saw. ``None`` if the draft did not move: anything differs, or the
         quorum is not met yet (then a new vote is audited, with ``body`` and ``key``
-        of the version voted for)."""
+        of the version voted for). ``send_after``: the approved draft is not sent
+        before then (the undo window, a later time); None: at once."""
         t = self._now(now)
         # The vote and the CAS in one transaction, under the draft's row lock (where the
         # backend has row locks), so of two operators tapping at once the later one sees
@@ -253,7 +257,8 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
 
         detail = f"v{version}" + (f": {quorum}/{quorum} approvals" if quorum > 1 else "")
         return await self._change(Change((Step(
-            APPROVE, "decided_by = ?, decided_at = ?, updated_at = ?", (actor, t, t),
+            APPROVE, "decided_by = ?, decided_at = ?, updated_at = ?, send_after = ?",
+            (actor, t, t, send_after),
             f"id = ? AND version = ? AND {QUORUM_MET}", (draft_id, version, quorum)),),
             action="approve", actor=actor, at=t, detail=lambda d, _: detail,
             # Quorum 1: the vote alone (the CAS approves at once), one round trip less.
@@ -331,14 +336,30 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
             "reject", actor, t, lambda d, _: f"v{version}" + (f": {reason}" if reason else ""))
 
     # -- sending ---------------------------------------------------------------------
-    async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
-        """CAS ``approved -> sending``, committed before the send call, recording the
-        sending process (``holder``, as in the locks table) in ``send_holder``."""
+    async def begin_send(self, draft_id: int, holder: str | None = None,
+                         now: float | None = None) -> Draft | None:
+        """CAS ``approved -> sending`` once its ``send_after`` has passed at ``now``,
+        committed before the send call, recording the sending process (``holder``, as
+        in the locks table) in ``send_holder``. The only way to send."""
         # updated_at by the store's clock for leases: recover_abandoned_sends ages rows with it.
         clock, arg = self._db_clock(None)
         return await self._change(_one(Step(
             BEGIN_SEND, f"send_holder = ?, updated_at = {clock}", (holder, arg),
-            "id = ?", (draft_id,))))
+            "id = ? AND (send_after IS NULL OR send_after <= ?)",
+            (draft_id, self._now(now)))))
+
+    async def undo(self, draft_id: int, version: int, actor: str, action: str = "undo",
+                   now: float | None = None) -> Draft | None:
+        """Undo (or Cancel a later send): CAS ``approved -> awaiting`` of ``version``
+        while its send waits for ``send_after``; the version's votes are cleared, so it
+        needs its approvals again. Loses to :meth:`begin_send`. Audited as ``action``."""
+        t = self._now(now)
+        return await self._change(Change((Step(
+            UNDO, "decided_by = NULL, decided_at = NULL, send_after = NULL, updated_at = ?",
+            (t,), "id = ? AND version = ? AND send_after IS NOT NULL", (draft_id, version)),),
+            action=action, actor=actor, at=t, detail=lambda d, _: f"v{version}: not sent",
+            then=lambda d: [("DELETE FROM approvals WHERE draft_id = ? AND version = ?",
+                             (d.id, d.version))]))
 
     async def mark_sent(self, draft_id: int, sent_id: str,
                         now: float | None = None, actor: str | None = None) -> Draft | None:
@@ -369,7 +390,8 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         """CAS ``send_failed|send_unknown -> approved`` by an operator. Audited."""
         t = self._now(now)
         return await self._change(_one(Step(
-            RETRY_SEND, "error = NULL, updated_at = ?", (t,), "id = ?", (draft_id,)),
+            RETRY_SEND, "error = NULL, send_after = NULL, updated_at = ?", (t,), "id = ?",
+            (draft_id,)),
             action="retry_send", actor=actor, at=t, before=draft_id,
             detail=lambda d, old: f"after {old['status']}: {old['error'] or ''}".rstrip(": ")))
 
@@ -408,9 +430,27 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
             where, args = "pipeline = ? AND " + where, (pipeline, *args)
         return await self._select_drafts(where, args, f"ORDER BY id LIMIT {int(limit)}")
 
-    async def approved(self, pipeline: str | None = None) -> list[Draft]:
-        """Drafts in ``approved`` (approved but the send was not begun)."""
-        return await self._by_status((Status.APPROVED,), pipeline)
+    async def approved(self, pipeline: str | None = None, now: float | None = None) -> list[Draft]:
+        """Drafts in ``approved`` (approved but the send was not begun); with ``now``,
+        only those due then (``send_after`` passed or none)."""
+        if now is None:
+            return await self._by_status((Status.APPROVED,), pipeline)
+        where, args = status_where((Status.APPROVED,), pipeline)
+        return await self._select_drafts(f"{where} AND (send_after IS NULL OR send_after <= ?)",
+                                         (*args, float(now)))
+
+    async def due_sends(self, now: float) -> list[Draft]:
+        """Approved drafts whose ``send_after`` has passed at ``now`` (deferred sends)."""
+        return await self._select_drafts(
+            "status = ? AND send_after IS NOT NULL AND send_after <= ?",
+            (Status.APPROVED, float(now)), "ORDER BY send_after, id LIMIT 200")
+
+    async def next_send_after(self, after: float) -> float | None:
+        """The earliest ``send_after`` later than ``after`` of an approved draft (None:
+        none waits)."""
+        rows = await self._query("SELECT MIN(send_after) FROM drafts WHERE status = ? "
+                                 "AND send_after > ?", (Status.APPROVED, float(after)))
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     async def send_unknown(self, pipeline: str | None = None) -> list[Draft]:
         return await self._by_status((Status.SEND_UNKNOWN,), pipeline)

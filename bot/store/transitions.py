@@ -41,7 +41,15 @@ EDIT = Transition("edit", (Status.AWAITING,), Status.READY, audited=True)
 REGENERATE = Transition("regenerate", (Status.AWAITING,), Status.QUEUED, audited=True)
 REJECT = Transition("reject", (Status.AWAITING,), Status.REJECTED, audited=True)
 EXPIRE = Transition("expire", (Status.AWAITING, Status.NOTIFIED), Status.EXPIRED)
-BEGIN_SEND = Transition("begin_send", (Status.APPROVED,), Status.SENDING)
+BEGIN_SEND = Transition("begin_send", (Status.APPROVED,), Status.SENDING)  # once send_after passed
+# Undo (the undo window) and Cancel (a later send): back to a decision, same version,
+# votes cleared. A CAS on `approved`, so it loses to BEGIN_SEND's claim.
+UNDO = Transition("undo", (Status.APPROVED,), Status.AWAITING, audited=True)
+# 📎 Attach: files go with the reply, as a new version (it needs its own approval).
+ATTACH = Transition("attach", (Status.AWAITING,), Status.READY, audited=True)
+# A follow-up not sent yet whose recipient answered meanwhile (loses to BEGIN_SEND too).
+CANCEL = Transition("cancel", (Status.QUEUED, Status.DRAFTING, Status.READY, Status.AWAITING,
+                               Status.APPROVED), Status.CANCELLED, audited=True)
 MARK_SENT = Transition("sent", (Status.SENDING, Status.SEND_UNKNOWN), Status.SENT, audited=True)
 MARK_SEND_FAILED = Transition("send_failed", (Status.SENDING,), Status.SEND_FAILED)
 MARK_SEND_UNKNOWN = Transition("send_unknown", (Status.SENDING,), Status.SEND_UNKNOWN)
@@ -79,7 +87,7 @@ TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
     CLAIM, FINISH, RETRY, FAIL, RELEASE, LEASE_RETRY, LEASE_FAIL, POST, APPROVE, EDIT,
     REGENERATE, REJECT, EXPIRE, BEGIN_SEND, MARK_SENT, MARK_SEND_FAILED, MARK_SEND_UNKNOWN,
     RECOVER_SEND, RETRY_SEND, REPLAY, ON_DEMAND, TRIAGE_REPLY, TRIAGE_NOTIFY, TRIAGE_SKIP,
-    POST_FYI, DRAFT_REPLY, DISMISS)}
+    POST_FYI, DRAFT_REPLY, DISMISS, UNDO, CANCEL, ATTACH)}
 
 
 def allowed(t: Transition, src: tuple[str, ...] | None = None) -> tuple[Status, ...]:

@@ -66,7 +66,7 @@ def test_card_shows_sender_subject_excerpt_draft_and_buttons():
     assert "» Hi, where is my order #1234?" in visible
     assert visible.endswith("Draft:\nHi Alice, thanks.")
     datas = [d for row in card.buttons for _, d in row]
-    assert datas == ["ap:1234:2", "ed:1234:2", "rg:1234:2", "rj:1234:2"]
+    assert datas == ["ap:1234:2", "ed:1234:2", "rg:1234:2", "rj:1234:2", "lt:1234:2"]
     assert not card.cut
 
 

@@ -77,7 +77,7 @@ async def test_approve_sends_exactly_once_and_the_card_shows_who(world, fake):
     card = world.card(d)
     assert card.text.startswith(f"📨 support · #{d.id} v1")
     assert "Alice Buyer <alice1@customer.example>" in card.text
-    assert _buttons(card.reply_markup) == [f"{a}:{d.id}:1" for a in ("ap", "ed", "rg", "rj")]
+    assert _buttons(card.reply_markup) == [f"{a}:{d.id}:1" for a in ("ap", "ed", "rg", "rj", "lt")]
     assert await world.tap(d, "ap") == "✅ Sent."
     assert world.sender.sent == [(d.id, 1, (await world.draft(d)).body)]
     card = world.card(d)
@@ -157,7 +157,7 @@ async def test_a_slow_tap_that_then_fails_is_told_in_the_chat(world, fake, caplo
     d = await world.deliver(1)
     release = asyncio.Event()
 
-    async def broken_approve(*args):
+    async def broken_approve(*args, **kw):
         await release.wait()
         raise RuntimeError("store went away")
 

@@ -85,7 +85,7 @@ async def test_notify_posts_an_fyi_card_and_draft_a_reply_makes_a_normal_card(wo
     card = world.card(after)  # the same message, now the draft's card
     assert card.text.startswith(f"📨 support · #{d.id} v2")
     assert "Draft:\nThank you for your message. (fake draft" in card.text
-    assert _buttons(card.reply_markup) == [f"{a}:{d.id}:2" for a in ("ap", "ed", "rg", "rj")]
+    assert _buttons(card.reply_markup) == [f"{a}:{d.id}:2" for a in ("ap", "ed", "rg", "rj", "lt")]
     assert [is_triage(r) for r in llm.requests] == [True, False]  # never triaged again
     assert [e.actor for e in await world.store.audit_log(d.key)
             if e.action == "draft_reply"] == [f"tg:{BO} (Bo)"]

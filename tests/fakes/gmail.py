@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 QUOTA = {"getProfile": 1, "messages.list": 5, "messages.get": 5, "messages.send": 100,
          "threads.get": 10,
          "messages.modify": 5, "history.list": 2, "drafts.create": 10, "drafts.list": 5,
-         "labels.list": 1, "token": 0}
+         "labels.list": 1, "settings.sendAs.list": 1, "token": 0}
 
 BATCH_PATH = "/batch/gmail/v1"
 
@@ -59,6 +59,7 @@ _ROUTES = [
     ("POST", re.compile(r"^/gmail/v1/users/me/drafts$"), "drafts.create"),
     ("GET", re.compile(r"^/gmail/v1/users/me/drafts$"), "drafts.list"),
     ("GET", re.compile(r"^/gmail/v1/users/me/labels$"), "labels.list"),
+    ("GET", re.compile(r"^/gmail/v1/users/me/settings/sendAs$"), "settings.sendAs.list"),
     ("POST", re.compile(r"^/token$"), "token"),
 ]
 
@@ -102,6 +103,7 @@ class FakeGmail:
 
     def __init__(self, address: str = "support@example.com"):
         self.address = address
+        self.signature = ""  # the account's signature (HTML), as settings.sendAs gives it
         self.lock = threading.Lock()
         self.messages: dict[str, StoredMessage] = {}
         self.drafts: dict[str, str] = {}  # draft id -> message id
@@ -551,6 +553,14 @@ class FakeGmail:
             self._relabel(m, list(body.get("addLabelIds", [])),
                           list(body.get("removeLabelIds", [])))
             return 200, {"id": m.id, "threadId": m.thread_id, "labelIds": list(m.labels)}
+
+    def _r_settings_sendAs_list(self, q, body, p):
+        """The account's send-as addresses: the primary one, default, with
+        :attr:`signature` (HTML, as Gmail keeps it)."""
+        with self.lock:
+            return 200, {"sendAs": [{"sendAsEmail": self.address, "displayName": "Support",
+                                     "isPrimary": True, "isDefault": True,
+                                     "signature": self.signature}]}
 
     def _r_labels_list(self, q, body, p):
         with self.lock:

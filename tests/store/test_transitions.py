@@ -70,6 +70,37 @@ async def test_every_move_of_both_stores_is_in_the_table_and_every_row_is_used(s
     d = await rec(st.begin_send(d.id, "host-a"))
     await rec(st.mark_sent(d.id, "s-1", now=T0))
 
+    # A deferred send (the undo window): not claimed before send_after; undone, it
+    # awaits a decision again (same version); approved again, claimed when due.
+    d = await _awaiting(rec, "undone")
+    d = await rec(st.approve(d.id, d.version, "anna", now=T0, send_after=T0 + 10))
+    assert await rec(st.begin_send(d.id, "host-a", now=T0 + 9)) is None
+    d = await rec(st.undo(d.id, d.version, "anna", now=T0 + 9))
+    assert d.status == Status.AWAITING and d.version == 1 and d.send_after is None
+    d = await rec(st.approve(d.id, d.version, "bo", now=T0 + 20, send_after=T0 + 30))
+    assert (await rec(st.begin_send(d.id, "host-a", now=T0 + 30))).status == Status.SENDING
+    assert await rec(st.undo(d.id, d.version, "anna", now=T0 + 30)) is None  # lost to the claim
+    await rec(st.mark_sent(d.id, "s-3", now=T0 + 31))
+
+    # A follow-up (issue 28): queued once by its key; an answer cancels it while it
+    # waits in any state before the send.
+    f = await rec(st.queue_followup(P, "undone", 1, d.message, "nudge", "↪️ 1 of 1", now=T0))
+    rec.ids.add(f.id)
+    assert await rec(st.queue_followup(P, "undone", 1, d.message, "nudge", "", now=T0)) is None
+    f = await rec(st.claim_key(f.key, 600, now=T0))
+    assert (await rec(st.cancel(f.id, "answered", now=T0))).status == Status.CANCELLED
+    for src in (Status.QUEUED, Status.READY, Status.AWAITING, Status.APPROVED):
+        f = await rec(st.queue_followup(P, f"fu-{src}", 1, d.message, "nudge", "", now=T0))
+        rec.ids.add(f.id)
+        if src != Status.QUEUED:
+            f = await rec(st.claim_key(f.key, 600, now=T0))
+            f = await rec(st.finish_draft(f.id, f.fence, "Any news?", now=T0))
+        if src in (Status.AWAITING, Status.APPROVED):
+            f = await rec(st.mark_posted(f.id, f.version, "-100", "9"))
+        if src == Status.APPROVED:
+            f = await rec(st.approve(f.id, f.version, "anna", now=T0, send_after=T0 + 99))
+        assert (await rec(st.cancel(f.id, "answered", now=T0))).status == Status.CANCELLED
+
     d = await _awaiting(rec, "unknown")
     d = await rec(st.approve(d.id, d.version, "anna", now=T0))
     await rec(st.begin_send(d.id))
@@ -145,7 +176,7 @@ async def test_statuses_are_stored_and_serialised_as_the_same_plain_strings(stor
     assert [s.value for s in Status] == [
         "queued", "drafting", "ready", "awaiting", "approved", "sending", "sent",
         "send_failed", "send_unknown", "failed", "skipped", "rejected", "expired",
-        "notified", "dismissed"]
+        "notified", "dismissed", "cancelled"]
     assert json.dumps({"s": Status.SEND_UNKNOWN}) == '{"s": "send_unknown"}'
     assert f"{Status.QUEUED}" == "queued" and Status.QUEUED == "queued"
     await store.admit(P, S, R, [Item("m1", _msg("m1"))], now=T0)
@@ -172,7 +203,9 @@ def test_every_status_has_a_way_in_and_every_unfinished_one_a_way_out():
     into = {t.dst for t in TRANSITIONS.values()} | {Status.QUEUED, Status.SKIPPED}  # admit inserts those
     out = {s for t in TRANSITIONS.values() for s in t.src}
     assert into == set(Status)
-    assert out == set(Status) - {Status.SENT}  # sent is final; /replay refuses it
+    # sent is final (/replay refuses it); so is a cancelled follow-up: the recipient's
+    # answer ended its chain
+    assert out == set(Status) - {Status.SENT, Status.CANCELLED}
     assert {Status.DRAFTING, Status.READY, Status.AWAITING, Status.APPROVED, Status.SENDING, Status.SEND_FAILED, Status.SEND_UNKNOWN,
             Status.FAILED, Status.REJECTED, Status.EXPIRED, Status.NOTIFIED, Status.DISMISSED} <= out
 

@@ -128,6 +128,7 @@ class TelegramChannel(DeskChannel):
         self._connect_task: asyncio.Task | None = None
         self._webhook_watch: asyncio.Task | None = None
         self._card_locks: dict[int, asyncio.Lock] = {}
+        self.attach_pages: dict[int, int] = {}  # draft id -> the 📎 Attach page shown
         self._shown: dict[tuple[int, int], bytes] = {}  # fingerprint of each card's last edit
 
     # -- lifecycle -------------------------------------------------------------------
@@ -282,7 +283,7 @@ class TelegramChannel(DeskChannel):
         """Send the card (or edit the existing card for a new version)."""
         chat = self.approvals_chat(draft.pipeline)
         bot = self.bot
-        card = cards.render_card(draft, *await self.desk.votes(draft))
+        card = cards.render_card(draft, *await self.desk.votes(draft), attach=self.attach(draft))
         markup = _markup(card)
         async with self._lock(draft.id):
             try:
@@ -346,6 +347,27 @@ class TelegramChannel(DeskChannel):
         self._shown[(chat, mid)] = _fingerprint(text, markup)
         return True
 
+    def timezone(self, draft: Draft) -> str:  # its pipeline's: the card's times are told by it
+        return (self.settings.pipeline(draft.pipeline).timezone
+                if self.settings.has_pipeline(draft.pipeline) else "UTC")
+
+    def attach(self, draft: Draft) -> bool:  # 📎 Attach on its card: sender.attachments
+        return self.desk.attachable_pipeline(draft.pipeline)
+
+    async def later_menu(self, draft: Draft, show: bool,
+                         buttons: list[list[cards.Button]] | None = None) -> None:
+        """🕘 Later / 📎 Attach: the card's buttons become the send times (``show``) or
+        ``buttons``, or the decision buttons again (⬅️ Back)."""
+        if (ref := card_ref(draft)) is None:
+            return
+        card = cards.render_card(draft, *await self.desk.votes(draft), attach=self.attach(draft))
+        if buttons is not None:
+            card.buttons = buttons
+        elif show:
+            card.buttons = cards.later_buttons(draft)
+        async with self._lock(draft.id):
+            await self._edit(ref[0], ref[1], card.text, _markup(card))
+
     async def update(self, draft: Draft) -> bool:
         """Re-render a card from the draft's current state in the store, so edits that
         arrive out of order still end on the latest state. False if the edit failed: the
@@ -355,7 +377,8 @@ class TelegramChannel(DeskChannel):
             ref = card_ref(fresh)
             ok = True
             if ref is not None:
-                card = cards.render_status(fresh, *await self.desk.votes(fresh))
+                card = cards.render_status(fresh, *await self.desk.votes(fresh),
+                                           tz=self.timezone(fresh), attach=self.attach(fresh))
                 chat, mid = ref
                 try:
                     await self._edit(chat, mid, card.text, _markup(card))

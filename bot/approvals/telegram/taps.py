@@ -30,6 +30,7 @@ from telegram.ext import (
 from ...desk import reports as ops
 from ...desk.operator import Operator
 from ...errors import ApprovalError, ConfigError, DrafterError, DraftgateError, NotAllowed
+from ...mail.attachments import TELEGRAM_MAX
 from ...models import REPLAYABLE_STATUSES, Draft, Status
 from ...stages import PostedRef
 from .. import cards
@@ -175,13 +176,17 @@ async def _approve(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft
     if draft.status != Status.AWAITING:
         return already(draft)
     # The draft read to check the tap goes with it: the decision does not read it again.
-    after = await ch.desk.approve(actor(query.from_user), draft.id, cb.version, draft)
+    # A 🕘 Later choice is an approval with its send time.
+    after = await ch.desk.approve(actor(query.from_user), draft.id, cb.version, draft,
+                                  later=cards.LATER_CHOICES.get(cb.action))
     if after is not None and after.status == Status.AWAITING:  # the quorum is not met yet
         await ch.update(after)
         votes, quorum = await ch.desk.votes(after)
         return f"✅ Your approval counts ({len(votes)}/{quorum}); it sends at {quorum}."
     if (why := await _sent(ch, draft, after)) is not None or after is None:
         return why or ""
+    if after.status == Status.APPROVED and after.send_after is not None:
+        return f"✅ Approved. {cards.deferred_line(after, ch.timezone(after))} on the card stops it."
     return {Status.SENT: "✅ Sent.", Status.SEND_FAILED: "❌ Send failed; see the card.",
             Status.SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
         Status(after.status), f"Approved ({after.status}).")
@@ -197,6 +202,29 @@ async def _sent(ch: ChannelView, draft: Draft, after: Draft | None) -> str | Non
     if after.status not in (Status.SENT, Status.SEND_FAILED, Status.SEND_UNKNOWN, Status.SENDING):
         await ch.update(after)
     return None
+
+
+async def _undo(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """Undo a send that waits (the undo window): back to a decision, if not begun."""
+    if draft.status != Status.APPROVED or draft.send_after is None:
+        return already(draft)
+    after = await ch.desk.undo(actor(query.from_user), draft.id, cb.version)
+    if after is None:
+        return "Too late: it is being sent." if (
+            fresh := await ch.desk.draft(draft.id) or draft).status != Status.AWAITING \
+            else already(fresh)
+    done = "Cancelled" if cards.scheduled(draft) else "Undone"
+    return f"↩️ {done}: nothing was sent; the card waits for a decision again."
+
+
+async def _later(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """🕘 Later: show the send times (or hide them again); a time approves with it."""
+    if draft.status != Status.AWAITING:
+        return already(draft)
+    if cb.action in (cards.LATER, cards.LATER_BACK):
+        await ch.later_menu(draft, cb.action == cards.LATER)
+        return "🕘 When should it be sent?" if cb.action == cards.LATER else "Back to the card."
+    return await _approve(ch, query, cb, draft, chat_id)
 
 
 async def _prompt(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
@@ -275,6 +303,52 @@ async def _fyi(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, ch
     return "✍️ Drafting a reply; this card turns into it."
 
 
+async def _files(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """📎 Files: the mail's attachments as documents; one over Telegram's limit is named."""
+    try:
+        _, found = await ch.desk.files(actor(query.from_user), draft.id)
+    except DraftgateError as exc:
+        return f"📎 Not sent: {exc}"[:190]
+    big = [f"{name} {cards.size_text(len(data))}" for name, data in found if len(data) > TELEGRAM_MAX]
+    message = query.message
+    for name, data in found:
+        if len(data) <= TELEGRAM_MAX:
+            await ch.bot.send_document(
+                chat_id, io.BytesIO(data), filename=name, caption=f"📎 {cards.tag(draft)}",
+                reply_to_message_id=message.message_id if message is not None else None,
+                allow_sending_without_reply=True)
+    sent = len(found) - len(big)
+    note = f"📎 {sent} file{'s' if sent != 1 else ''} sent."
+    if big:
+        note += f" Over Telegram's 50 MB, not sent: {', '.join(big)}"
+    return note[:190]
+
+
+async def _attach(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """📎 Attach: pages of the pipeline's files; a pick attaches it as a new version."""
+    if draft.status != Status.AWAITING:
+        return already(draft)
+    names = ch.desk.attachable(draft.pipeline)
+    if cb.action == cards.ATTACH_BACK:
+        ch.attach_pages.pop(draft.id, None)
+        await ch.later_menu(draft, False)
+        return "Back to the card."
+    if cb.action in (cards.ATTACH, cards.ATTACH_NEXT):
+        page = ch.attach_pages.get(draft.id, -1) + 1 if cb.action == cards.ATTACH_NEXT else 0
+        page = page if page * cards.ATTACH_PAGE < len(names) else 0
+        ch.attach_pages[draft.id] = page
+        await ch.later_menu(draft, True, cards.attach_buttons(draft, names, page))
+        return "📎 Which file goes with the reply?" if names else "📎 The attachments folder is empty."
+    index = ch.attach_pages.get(draft.id, 0) * cards.ATTACH_PAGE + cards.ATTACH_PICKS.index(cb.action)
+    if index >= len(names):
+        return "That file is not in the folder any more; tap 📎 Attach again."
+    after = await ch.desk.attach(actor(query.from_user), draft.id, cb.version, names[index])
+    ch.attach_pages.pop(draft.id, None)
+    if after is None:
+        return already(await ch.desk.draft(draft.id) or draft)
+    return f"📎 {names[index]} attached: v{after.version} needs its own approval."[:190]
+
+
 async def _full_text(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
     message = query.message
     await ch.bot.send_document(
@@ -289,7 +363,10 @@ async def _full_text(ch: ChannelView, query: Any, cb: cards.Callback, draft: Dra
 _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
     ((cards.APPROVE,), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
     ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
-    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send)]
+    ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send),
+    ((cards.UNDO,), _undo), ((cards.LATER, cards.LATER_BACK, *cards.LATER_CHOICES), _later),
+    ((cards.FILES,), _files),
+    ((cards.ATTACH, cards.ATTACH_NEXT, cards.ATTACH_BACK, *cards.ATTACH_PICKS), _attach)]
 
 
 # -- replies to prompts and cards ---------------------------------------------------------------
