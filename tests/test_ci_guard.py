@@ -18,7 +18,7 @@ from tests._proc import ROOT
 
 pytestmark = pytest.mark.slow
 
-PG_TEST = "tests/test_store_contract.py::TestStoreContract::test_items_seen_before_are_not_queued_again[postgres]"
+PG_TEST = "tests/store/test_store_contract.py::TestStoreContract::test_items_seen_before_are_not_queued_again[postgres]"
 
 
 def _pytest(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
