@@ -1,8 +1,9 @@
 """PostgreSQL test plumbing: a throwaway schema per test on DRAFTGATE_TEST_PG_DSN.
 
 Without the variable the Postgres tests skip, saying how to run them. With
-``DRAFTGATE_REQUIRE_PG=1`` (set by ``.ci/run``) a missing variable or an unreachable
-server fails instead, so CI can never pass by skipping them.
+``DRAFTGATE_REQUIRE_PG=1`` (set by ``.ci/run``) or ``CI=true`` (set by GitHub Actions,
+GitLab CI and most other CI services) a missing variable or an unreachable server fails
+instead, so no CI path can pass by skipping them.
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ import asyncpg
 import pytest
 
 
-def _required() -> bool:
-    return os.environ.get("DRAFTGATE_REQUIRE_PG") == "1"
+def pg_required() -> bool:
+    """True in CI: PostgreSQL tests fail rather than skip without a server."""
+    return os.environ.get("DRAFTGATE_REQUIRE_PG") == "1" or os.environ.get("CI") == "true"
+
+
+def _why() -> str:
+    return "DRAFTGATE_REQUIRE_PG=1" if os.environ.get("DRAFTGATE_REQUIRE_PG") == "1" else "CI=true"
 
 
 async def require_pg_dsn() -> str:
@@ -25,15 +31,15 @@ async def require_pg_dsn() -> str:
     if not dsn:
         msg = ("PostgreSQL tests need DRAFTGATE_TEST_PG_DSN, e.g. "
                "DRAFTGATE_TEST_PG_DSN=postgresql://postgres@127.0.0.1:5432/test")
-        if _required():
-            pytest.fail("DRAFTGATE_REQUIRE_PG=1 but " + msg)
+        if pg_required():
+            pytest.fail(f"{_why()} but " + msg)
         pytest.skip(msg)
     try:
         con = await asyncpg.connect(dsn, timeout=5)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
         msg = f"PostgreSQL at DRAFTGATE_TEST_PG_DSN is unreachable: {type(e).__name__}: {e}"
-        if _required():
-            pytest.fail("DRAFTGATE_REQUIRE_PG=1 and " + msg)
+        if pg_required():
+            pytest.fail(f"{_why()} and " + msg)
         pytest.skip(msg)
     await con.close()
     return dsn

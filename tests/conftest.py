@@ -2,14 +2,14 @@
 
 Store fixtures: ``store`` (an opened store) and ``store_url`` run a test once per
 backend: SQLite on a file in ``tmp_path`` always, PostgreSQL (a throwaway schema) when
-``DRAFTGATE_TEST_PG_DSN`` is set. With ``DRAFTGATE_REQUIRE_PG=1`` (CI) a missing DSN,
-an unreachable server or a missing ``bot/store/postgres.py`` fails instead of skipping.
+``DRAFTGATE_TEST_PG_DSN`` is set. With ``DRAFTGATE_REQUIRE_PG=1`` or ``CI=true`` a
+missing DSN, an unreachable server or a missing ``bot/store/postgres.py`` fails instead
+of skipping.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -33,9 +33,11 @@ async def make_store_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
     try:
         import bot.store.postgres  # noqa: F401
     except ImportError as exc:
+        from ._pg import pg_required
+
         msg = f"bot/store/postgres.py is not importable ({exc})"
-        if os.environ.get("DRAFTGATE_REQUIRE_PG") == "1":
-            pytest.fail("DRAFTGATE_REQUIRE_PG=1 but " + msg)
+        if pg_required():
+            pytest.fail("CI (CI=true or DRAFTGATE_REQUIRE_PG=1) but " + msg)
         pytest.skip(msg)
     from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
 

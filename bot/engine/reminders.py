@@ -105,14 +105,15 @@ class Reminders:
                 f"digest|{scheduler.slot_id(slot, tz=tz)}", now):
             return False
         since = scheduler.last_due(schedule, slot - 1)
-        await self.operators.notify(await self.digest_text(since, slot, now))
+        await self.operators.notify(await self.digest_text(since, slot, now, tz))
         return True
 
-    async def digest_text(self, since: float, until: float, now: float) -> str:
+    async def digest_text(self, since: float, until: float, now: float, tz: str = "UTC") -> str:
         """One message: per pipeline, drafts made, sent, rejected, failed, still
-        waiting (the oldest's age) and tokens in ``[since, until)``."""
-        lines = [f"📊 Digest {scheduler.slot_id(since, '%d %b %H:%M')} – "
-                 f"{scheduler.slot_id(until, '%d %b %H:%M')} UTC"]
+        waiting (the oldest's age) and tokens in ``[since, until)``; the period in
+        ``tz`` (``telegram.timezone``), named in the header."""
+        lines = [f"📊 Digest {scheduler.slot_id(since, '%d %b %H:%M', tz=tz)} – "
+                 f"{scheduler.slot_id(until, '%d %b %H:%M', tz=tz)} {tz}"]
         for p in self.settings.pipelines:
             runs = [r for r in await self.store.recent_runs(p.name, limit=_RUNS)
                     if since <= r.started_at < until]

@@ -91,7 +91,14 @@ class Sends:
                                                        describe_error(exc)))
             log.warning("%s #%d: send failed: %s", p.name, d.id, exc)
         except asyncio.CancelledError:
-            await asyncio.shield(self.store.mark_send_unknown(d.id, "interrupted during send"))
+            # Stopped mid-call (SIGTERM): it may have gone out. Recorded as unknown, so
+            # the next start checks it instead of sending it again, and shown on the
+            # card now (bounded: the stop must not wait on an unreachable channel).
+            after = await asyncio.shield(self.store.mark_send_unknown(d.id, "interrupted during send"))
+            log.warning("%s #%d: stopped during the send; it may have gone out, the next "
+                        "start checks", p.name, d.id)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self.operators.update_card(after)), 5)
             raise
         except Exception as exc:
             # Timeouts, resets, 5xx and anything unexpected: it may have gone out.

@@ -557,6 +557,31 @@ async def test_a_second_card_after_a_lost_answer_goes_when_either_is_touched(wor
     assert fake.calls_of("deleteMessage", ok=True)
 
 
+async def test_a_duplicate_card_telegram_will_not_delete_loses_its_buttons_and_points_on(
+        world, fake):
+    """Telegram deletes a message only within 48 hours: when it refuses to delete the
+    duplicate card (the lost answer's first card), the card is edited instead, its
+    buttons gone and its text pointing to the other card, so nobody taps it again."""
+    fake.lose_reply("sendMessage")
+    d = await world.deliver(1)
+    assert await world.engine.post_unposted() == 1
+    first, second = fake.chat_messages(SUPPORT_CHAT)
+    fake.fail("deleteMessage", 400, "Bad Request: message can't be deleted for everyone")
+    u = fake.tap(ANNA, SUPPORT_CHAT, first.message_id, f"ap:{d.id}:1", "Anna")
+    assert (await fake.answered(u))["text"] == "✅ Sent."
+    assert len(world.sender.sent) == 1
+    assert [c.status for c in fake.calls_of("deleteMessage")] == [400]
+    old, kept = fake.chat_messages(SUPPORT_CHAT)
+    assert old.message_id == first.message_id and old.reply_markup is None
+    assert old.text == (f"Duplicate of the card of #{d.id} (Telegram lost the answer to the "
+                        "first post); use the other card.")
+    assert kept.message_id == second.message_id and kept.text.startswith("✅ Sent by Anna")
+    # A second tap on the stripped card changes nothing and sends nothing.
+    u = fake.tap(ANNA, SUPPORT_CHAT, first.message_id, f"ap:{d.id}:1", "Anna")
+    await fake.answered(u)
+    assert len(world.sender.sent) == 1
+
+
 async def test_a_new_versions_card_whose_answer_was_lost_is_adopted_not_deleted(world, fake):
     """v1's card was deleted; the edit posted v2 as a new card and its answer was lost.
     A tap on that v2 card makes it the draft's card (it used to be deleted as a

@@ -253,6 +253,47 @@ async def test_reminders_one_per_interval_at_most_three_none_doubled_after_a_res
     assert len(_reminders(fake, decided)) == 1  # the one before its approval
 
 
+async def test_after_downtime_a_card_gets_only_its_newest_due_reminder_once(
+        tmp_path, fake, monkeypatch, stop_worlds):
+    """draftgate was down for three and a half intervals: the card gets reminder 3 of
+    3, not 1, 2 and 3 in a burst, and the next pass sends nothing."""
+    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "remind_after: 2s")
+    clock = Clock(time.time())
+    w.now = clock
+    d = await w.deliver(1)
+    await w.stop()
+    clock.t += 7
+    await w.start()
+    assert await w.engine.reminders.remind() == 1
+    assert await w.engine.reminders.remind() == 0
+    assert [m.text for m in _reminders(fake, d)] == [
+        f"⏰ #{d.id} v1 has waited 7s for a decision: reminder 3 of 3 (last reminder)."]
+
+
+async def test_a_reminder_telegram_refuses_is_not_repeated_and_the_others_go_out(
+        tmp_path, fake, monkeypatch, stop_worlds, caplog):
+    """Telegram refuses one card's reminder: the pass goes on to the next card, the
+    refusal is logged, and the refused reminder is not sent again (once beats twice);
+    the card's next reminder comes at the next interval."""
+    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "remind_after: 2s")
+    clock = Clock(time.time())
+    w.now = clock
+    first, second = await w.deliver(1), await w.deliver(2)
+    fake.fail("sendMessage", 400, "Bad Request: message thread not found")
+    clock.t += 2.1
+    assert await w.engine.reminders.remind() == 2  # both claimed; the first one's send failed
+    assert _reminders(fake, first) == []
+    assert [m.text for m in _reminders(fake, second)] == [
+        f"⏰ #{second.id} v1 has waited 2s for a decision: reminder 1 of 3."]
+    assert f"#{first.id}: could not send a reminder" in caplog.text
+    assert await w.engine.reminders.remind() == 0
+    assert _reminders(fake, first) == []
+    clock.t += 2
+    assert await w.engine.reminders.remind() == 2
+    assert [m.text for m in _reminders(fake, first)] == [
+        f"⏰ #{first.id} v1 has waited 4s for a decision: reminder 2 of 3."]
+
+
 # -- the digest ---------------------------------------------------------------------------------
 
 async def test_the_digest_goes_to_the_ops_chat_once_per_slot(
@@ -276,6 +317,38 @@ async def test_the_digest_goes_to_the_ops_chat_once_per_slot(
     assert line == ("support: drafted 2 · sent 1 · rejected 0 · failed 0 · waiting 1 "
                     "(oldest 1h) · tokens 60")
     assert "sales: drafted 0" in digest and waiting.status == "awaiting"
+
+
+async def test_the_digest_follows_telegram_timezone_for_its_slot_window_and_header(
+        tmp_path, fake, monkeypatch, stop_worlds):
+    """telegram.timezone: Asia/Tokyo (UTC+9) and digest "0 8 * * *": the digest goes
+    at 08:00 in Tokyo (23:00 UTC), counts what happened since 08:00 Tokyo the day
+    before, and its header names Tokyo times and the zone."""
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    cfg = team_config(tmp_path, fake, "quorum: 1", digest="0 8 * * *")
+    cfg.write_text(cfg.read_text() + "  timezone: Asia/Tokyo\n")
+    w = World(tmp_path, fake, cfg)
+    await w.start()
+    stop_worlds.append(w)
+    # 08:00 in Tokyo is 23:00 UTC of the day before.
+    eight = (time.time() // 86400) * 86400 - 3600
+    clock = Clock(eight - 86400 - 1800)  # 07:30 Tokyo yesterday: before the window
+    w.now = clock
+    await w.deliver(1)
+    clock.t = eight - 1800  # 07:30 Tokyo today: inside it
+    await w.deliver(2)
+    assert not await w.engine.reminders.digest()  # the 08:00 Tokyo slot is not due yet
+    clock.t = eight + 10  # 08:00:10 Tokyo: after the window's end
+    await w.deliver(3)
+    clock.t = eight + 30
+    assert await w.engine.reminders.digest()
+    assert not await w.engine.reminders.digest()
+    [digest] = [m.text for m in fake.chat_messages(OPS_CHAT) if m.text.startswith("📊")]
+    day = time.strftime("%d %b", time.gmtime(eight + 9 * 3600))
+    before = time.strftime("%d %b", time.gmtime(eight + 9 * 3600 - 86400))
+    assert digest.splitlines()[0] == f"📊 Digest {before} 08:00 – {day} 08:00 Asia/Tokyo"
+    line = next(ln for ln in digest.splitlines() if ln.startswith("support:"))
+    assert line.startswith("support: drafted 1 · ")
 
 
 async def test_draftgate_run_sends_reminders_on_its_own(tmp_path, fake, monkeypatch, stop_worlds):

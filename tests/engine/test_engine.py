@@ -594,6 +594,30 @@ async def test_a_send_cut_off_by_a_crash_is_checked_on_the_first_tick_after_rest
     assert world.channel.retry_offered == [d.id]  # told at once, with Retry
 
 
+async def test_a_start_marks_a_send_its_crashed_process_left_send_unknown_before_any_tick(
+        world, config):
+    """The product's own recovery at start (not a test-only query): a row left in
+    ``sending`` by a process of this machine that is gone is send_unknown as soon as
+    the next process has started, before its first tick, and nothing was sent."""
+    world.sources["alpha"].messages = [msg(1)]
+    await world.engine.tick("alpha")
+    [d] = await world.store.pending("alpha")
+    await world.store.approve(d.id, d.version, "anna")
+    await world.store.begin_send(d.id, _dead_local_holder())
+    settings = load_settings(config)
+    channel = RecordingChannel()
+    app = await started(settings, world.store, {"console": channel}, clock=world.clock,
+                        sources={"alpha": ListSource(), "beta": ListSource()},
+                        drafters={"alpha": world.drafter, "beta": world.drafter},
+                        senders={"alpha": world.sender, "beta": world.sender})
+    try:
+        after = await world.store.get_draft(d.id)
+        assert after.status == "send_unknown" and after.error.startswith("interrupted")
+        assert world.sender.sent == []
+    finally:
+        await app.close()
+
+
 async def test_another_process_leaves_a_fresh_unknown_send_to_the_one_that_made_it(world, config):
     """Host A's send just ended unknown (it was delivered; Gmail's search may not show
     it yet). Host B's tick must not check it at once and tell the operator 'not in

@@ -34,7 +34,6 @@ from tests._multihost import (
     write_deployment,
 )
 from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
-from tests._stores import recover_sending
 from tests.fakes.gmail import FakeGmail
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
@@ -437,16 +436,19 @@ async def test_hosts_with_clocks_a_minute_apart_never_overlap_a_tick_nor_flip_a_
     assert w.tg.chat_messages(OPS_CHAT) == []
 
 
-async def test_recover_sending_counts_only_sends_older_than_the_grace(store):
-    """Both backends: ``recover_sending(older_than=...)`` leaves a send that began
-    recently alone (another host may be in it) and recovers one begun before that."""
+async def test_recovery_takes_a_send_with_no_recorded_process_only_after_the_grace(store):
+    """Both backends, the product's recovery (``Sends.recover`` at start and on every
+    tick): a ``sending`` row that names no process (begun by an older version) may be
+    another host's send in flight, so it is left alone until the grace has passed,
+    then becomes send_unknown."""
     await store.admit("p", "s", "v1", [Item("m1", Message(subject="hi"))])
     [d] = await store.claim("p", 60)
     await store.finish_draft(d.id, d.fence, "Hello")
     await store.mark_posted(d.id, d.version, "1", "1")
     await store.approve(d.id, d.version, "anna")
     assert (await store.begin_send(d.id)).status == "sending"
-    assert await recover_sending(store, older_than=60) == 0
+    assert await store.recover_abandoned_sends(alive="host-b", grace=60) == 0
     assert (await store.get_draft(d.id)).status == "sending"
-    assert await recover_sending(store, older_than=60, now=time.time() + 61) == 1
+    assert await store.recover_abandoned_sends(alive="host-b", grace=60,
+                                               now=time.time() + 61) == 1
     assert (await store.get_draft(d.id)).status == "send_unknown"

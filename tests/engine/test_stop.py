@@ -53,3 +53,68 @@ def test_sigterm_stops_run_within_seconds_while_a_gmail_read_never_answers(tmp_p
     assert "the stop has not finished" in text and "gmail-support" in text, text
     # Nothing was admitted, so the next start fetches the message again.
     assert sqlite_rows(tmp_path / "state.db", "SELECT count(*) FROM drafts") == [(0,)]
+
+
+def test_sigterm_during_a_send_leaves_it_send_unknown_and_tells_the_operator(tmp_path):
+    """Gmail holds the messages.send of an approved reply when SIGTERM arrives: the row
+    is send_unknown ('interrupted during send', so the next start checks it and never
+    sends it blindly), the operator's card says so, and only one send was made."""
+    import asyncio
+    import sqlite3
+    import time
+
+    from bot.config.load import load_settings
+    from bot.store import create_store
+
+    with FakeGmail() as gmail:
+        cfg = Path(write_deployment(tmp_path, gmail))
+        pipe = tmp_path / "pipelines" / "support.yaml"
+        pipe.write_text(pipe.read_text().replace("schedule: 5m", "schedule: 1s"))
+        log, db = tmp_path / "bot.log", tmp_path / "state.db"
+
+        def rows(sql: str) -> list[tuple]:
+            try:
+                return sqlite_rows(db, sql)
+            except sqlite3.OperationalError:  # not created or migrated yet
+                return []
+
+        def wait_for(cond, what: str, timeout: float = 60) -> None:
+            deadline = time.monotonic() + timeout
+            while not cond():
+                if time.monotonic() > deadline:
+                    pytest.fail(f"timed out waiting for {what}:\n{log.read_text()}")
+                time.sleep(0.05)
+
+        async def approve() -> None:
+            store = create_store(load_settings(cfg).store)
+            await store.open()
+            try:  # the operator approves; the running process sends on its next tick
+                [d] = await store.pending("support")
+                assert (await store.approve(d.id, d.version, "anna")).status == "approved"
+            finally:
+                await store.close()
+
+        proc = start_bot(cfg, log)
+        try:
+            wait_for(lambda: rows("SELECT 1 FROM cursors"), "the first tick's cursor")
+            gmail.add_message(simple_message(1))
+            wait_for(lambda: rows("SELECT 1 FROM drafts WHERE status = 'awaiting'"), "the card")
+            release = gmail.hold("messages.send")
+            asyncio.run(approve())
+            assert gmail.reached("messages.send").wait(60), log.read_text()
+            assert rows("SELECT status FROM drafts") == [("sending",)]
+            proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: rows("SELECT status FROM drafts") == [("send_unknown",)],
+                     "the interrupted send to be recorded")
+            release.set()  # Gmail answers the abandoned call; nothing may change for it
+            try:
+                proc.wait(EXIT_WITHIN)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still running {EXIT_WITHIN}s after SIGTERM:\n" + log.read_text())
+        finally:
+            reap(proc)
+    text = log.read_text()
+    [(status, error)] = rows("SELECT status, error FROM drafts")
+    assert (status, error) == ("send_unknown", "interrupted during send")
+    assert "❓ Send outcome unknown · #1: interrupted during send" in text, text
+    assert len(gmail.calls_to("messages.send")) == 1

@@ -1,8 +1,12 @@
 """A fake OpenAI-compatible and Anthropic model server on 127.0.0.1.
 
-It answers ``POST /v1/chat/completions`` and ``POST /v1/messages`` in the shapes the
-real ``openai`` and ``anthropic`` SDKs parse, with usage fields, and records every
-request body. Each request takes the next scripted step (or the default: a normal
+It answers ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``POST
+/v1/messages`` in the shapes the real ``openai`` and ``anthropic`` SDKs parse, with
+usage fields, and records every request body. A request the provider would refuse is
+refused with a 400 in the provider's error shape, before any scripted step: a
+top-level field the endpoint does not document, a missing required field, or a
+structured-output schema that strict mode rejects (see :func:`request_problem`), so
+the fake does not agree with whatever the code sends. Each request takes the next scripted step (or the default: a normal
 answer), so a test can say "429 with Retry-After, then an answer" or "hold this one
 until I say so"::
 
@@ -30,7 +34,118 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["FakeLLM", "Reply", "Error", "Raw", "Hold"]
+__all__ = ["FakeLLM", "Reply", "Error", "Raw", "Hold", "request_problem"]
+
+# The documented top-level request fields (required ones first) of each endpoint:
+# OpenAI's API reference for Create chat completion and Create embeddings, Anthropic's
+# for Create a Message (the 2.x Messages API: no temperature/top_p/top_k). The
+# providers answer anything else with 400 ("Unrecognized request argument supplied",
+# "Extra inputs are not permitted").
+_REQUIRED = {
+    "/v1/chat/completions": ("model", "messages"),
+    "/v1/embeddings": ("model", "input"),
+    "/v1/messages": ("model", "messages", "max_tokens"),
+}
+_FIELDS = {
+    "/v1/chat/completions": frozenset({
+        "model", "messages", "audio", "frequency_penalty", "function_call", "functions",
+        "logit_bias", "logprobs", "max_completion_tokens", "max_tokens", "metadata",
+        "modalities", "moderation", "n", "parallel_tool_calls", "prediction",
+        "presence_penalty", "prompt_cache_key", "prompt_cache_options",
+        "prompt_cache_retention", "reasoning_effort", "response_format",
+        "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
+        "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p",
+        "user", "verbosity", "web_search_options"}),
+    "/v1/embeddings": frozenset({"model", "input", "dimensions", "encoding_format", "user"}),
+    "/v1/messages": frozenset({
+        "model", "messages", "max_tokens", "cache_control", "container", "diagnostics",
+        "inference_geo", "metadata", "output_config", "service_tier", "speed",
+        "stop_sequences", "stream", "system", "thinking", "tool_choice", "tools"}),
+}
+_SCHEMA_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+
+
+def request_problem(path: str, body: Any) -> str | None:
+    """Why the provider would refuse this request body with a 400, or None."""
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    missing = [f for f in _REQUIRED[path] if f not in body]
+    if missing:
+        return f"missing required parameter: {missing[0]!r}"
+    unknown = sorted(set(body) - _FIELDS[path])
+    if unknown:
+        return f"Unrecognized request argument supplied: {unknown[0]}"
+    if path == "/v1/embeddings":
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        if not inputs or any(i == "" for i in inputs):
+            return "'input' cannot be an empty string or an empty list"
+        return None
+    if path == "/v1/messages":
+        fmt = (body.get("output_config") or {}).get("format") if isinstance(
+            body.get("output_config"), dict) else None
+        if body.get("output_config") is not None and not isinstance(body["output_config"], dict):
+            return "output_config: expected an object"
+        if fmt is None:
+            return None
+        if fmt.get("type") != "json_schema" or set(fmt) - {"type", "schema"}:
+            return "output_config.format: expected {type: json_schema, schema}"
+        return _schema_problem(fmt.get("schema"), "output_config.format.schema", strict=False)
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        return "response_format.type: expected text, json_object or json_schema"
+    if rf["type"] != "json_schema":
+        return None
+    js = rf.get("json_schema")
+    if not isinstance(js, dict) or set(js) - {"name", "description", "schema", "strict"}:
+        return "response_format.json_schema: expected {name, description, schema, strict}"
+    name = js.get("name")
+    if not (isinstance(name, str) and 0 < len(name) <= 64
+            and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)):
+        return "response_format.json_schema.name: a-z, A-Z, 0-9, _ or -, at most 64"
+    if js.get("strict") is True:
+        return _schema_problem(js.get("schema"), "response_format.json_schema.schema", strict=True)
+    return None
+
+
+def _schema_problem(schema: Any, where: str, *, strict: bool, root: bool = True) -> str | None:
+    """Structured outputs' rules for a schema: the root an object, every object closed
+    (``additionalProperties: false``) and, for OpenAI's strict mode, every property
+    required; types from JSON Schema's set."""
+    if not isinstance(schema, dict):
+        return f"Invalid schema for {where}: expected an object"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if root and kind != "object":
+        return f"Invalid schema for {where}: the root must be of type object, got {kind!r}"
+    if "enum" not in schema and "const" not in schema and "anyOf" not in schema and (
+            kind is None or any(k not in _SCHEMA_TYPES for k in kinds)):
+        return f"Invalid schema for {where}: unknown or missing type {kind!r}"
+    if "object" in kinds:
+        props = schema.get("properties", {})
+        if schema.get("additionalProperties") is not False:
+            return (f"Invalid schema for {where}: 'additionalProperties' is required to be "
+                    "supplied and to be false")
+        if not isinstance(props, dict):
+            return f"Invalid schema for {where}: properties must be an object"
+        required = schema.get("required", [])
+        if strict and sorted(required) != sorted(props):
+            return (f"Invalid schema for {where}: 'required' is required to be supplied and "
+                    f"to be an array including every key in properties")
+        if any(r not in props for r in required):
+            return f"Invalid schema for {where}: 'required' names a key not in properties"
+        for key, sub in props.items():
+            problem = _schema_problem(sub, f"{where}.properties.{key}", strict=strict, root=False)
+            if problem:
+                return problem
+    if "array" in kinds and "items" in schema:
+        return _schema_problem(schema["items"], f"{where}.items", strict=strict, root=False)
+    for sub in schema.get("anyOf", []):
+        problem = _schema_problem(sub, f"{where}.anyOf", strict=strict, root=False)
+        if problem:
+            return problem
+    return None
 
 
 @dataclass
@@ -96,6 +211,12 @@ class Request:
     def api(self) -> str:
         return "anthropic" if self.path.endswith("/messages") else "openai"
 
+    @property
+    def inputs(self) -> list[str]:
+        """The texts of an embeddings request."""
+        got = self.body.get("input", [])
+        return got if isinstance(got, list) else [got]
+
     def texts(self) -> tuple[str, str]:
         """(instructions, data): the system prompt and the user message's text."""
         if self.api == "anthropic":
@@ -126,6 +247,9 @@ class FakeLLM:
     def __init__(self, *, latency: float = 0.0):
         self.latency = latency  # added to every answer (the bench's 200 ms model)
         self.requests: list[Request] = []
+        # Requests refused with a 400 because the provider would refuse them (recorded
+        # apart: they take no scripted step).
+        self.refused: list[tuple[Request, str]] = []
         self.default: Step = Reply()
         self._script: list[Step] = []
         self._lock = threading.Lock()
@@ -246,6 +370,27 @@ def _error_body(api: str, e: Error) -> dict[str, Any]:
                       "code": e.code or str(e.status)}}
 
 
+def _embeddings(req: Request) -> dict[str, Any]:
+    """A vector per input, made from its words (texts sharing words point alike), as
+    floats or base64 float32 as ``encoding_format`` asks (the openai SDK asks base64)."""
+    import base64
+    import hashlib
+    import struct
+
+    data = []
+    for i, text in enumerate(req.inputs):
+        vec = [0.0] * 16
+        for word in str(text).lower().split():
+            vec[hashlib.sha256(word.encode()).digest()[0] % 16] += 1.0
+        emb: Any = vec
+        if req.body.get("encoding_format") == "base64":
+            emb = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    words = sum(len(str(t).split()) for t in req.inputs)
+    return {"object": "list", "data": data, "model": req.body.get("model"),
+            "usage": {"prompt_tokens": words, "total_tokens": words}}
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -280,11 +425,20 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"_raw": raw.decode("utf-8", "replace")}
         path = self.path.split("?")[0]
-        if path not in ("/v1/chat/completions", "/v1/messages"):
+        if path not in _REQUIRED:
             self._send(404, {"error": {"message": f"no route {path}"}})
             return
         req = Request(path, {k.lower(): v for k, v in self.headers.items()}, body, time.time(),
                       self.client_address[1])
+        problem = request_problem(path, body)
+        if problem is not None:
+            with fake._lock:
+                fake.refused.append((req, problem))
+            self._send(400, _error_body(req.api, Error(400, problem, code="invalid_request_error")))
+            return
+        if path == "/v1/embeddings":
+            self._send(200, _embeddings(req))
+            return
         step = fake._next(req)
         hold: Hold | None = None
         if isinstance(step, Hold):

@@ -146,3 +146,55 @@ def test_create_reports_bad_options(opts, expected):
     with pytest.raises(ConfigError) as err:
         _pipeline(**opts)
     assert err.value.errors[0].startswith(expected), err.value.errors
+
+
+def test_a_pipeline_in_new_york_ticks_ids_and_audits_in_new_york_time(tmp_path, capsys):
+    """End to end in a non-UTC zone: ``0 9 * * *`` in America/New_York (UTC-5 in
+    December). A tick at 08:59 New York takes yesterday's 09:00 slot, one at 09:00
+    today's; the ids are New York wall times; the next firing is 09:00 New York
+    tomorrow; ``audit show`` prints New York times and names the zone."""
+    import asyncio
+    import io
+
+    from bot import scheduler
+    from bot.__main__ import main
+    from bot.approvals.console import ConsoleChannel
+    from bot.config.load import load_settings
+    from bot.store import create_store
+    from tests.support.desk import started
+    from tests.support.engine_world import Clock
+
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "tip.txt").write_text("Today's tip: keep your receipts.\n")
+    (tmp_path / "pipelines" / "posts.yaml").write_text(
+        'name: posts\nschedule: "0 9 * * *"\ntimezone: America/New_York\n'
+        "source: {type: schedule, topic: Daily tip}\n"
+        "drafter: {model: template, prompt: tip.txt}\napproval: {channel: console}\n"
+        "sender: {type: outbox, path: out, from: s@shop.example}\n")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: sqlite:///state.db\npipelines: pipelines/*.yaml\n")
+    nine = _t("2026-12-07 14:00")  # 09:00 in New York
+
+    async def flow() -> list[str]:
+        settings = load_settings(cfg)
+        clock = Clock(nine - 30)
+        async with create_store(settings.store) as store:
+            app = await started(settings, store, {"console": ConsoleChannel(
+                out=io.StringIO(), interactive=False)}, clock=clock)
+            try:
+                await app.engine.tick("posts")
+                clock.t = nine + 30
+                await app.engine.tick("posts")
+                p = settings.pipeline("posts")
+                assert scheduler.next_due(p, clock.t) == nine + 86400
+                return sorted(d.item_id for d in await store.recent("posts", ("awaiting",), 10))
+            finally:
+                await app.close()
+
+    assert asyncio.run(flow()) == ["2026-12-06T09:00", "2026-12-07T09:00"]
+    capsys.readouterr()
+    assert main(["audit", "show", "posts", "2026-12-07T09:00", "-c", str(cfg)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "posts · item 2026-12-07T09:00 (times America/New_York)"
+    assert lines[2] == "2026-12-07 09:00:30 admitted: queued"
+    assert lines[3].startswith("2026-12-07 09:00:30 drafted: v1 by template")

@@ -13,7 +13,7 @@ import pytest
 from bot.models import Item, Message, draft_key, sha256_text
 from bot.store import create_store
 from bot.store.base import HEARTBEAT_PREFIX
-from tests._stores import get_draft_by_key, recover_sending, set_cursor
+from tests._stores import get_draft_by_key, set_cursor
 from tests.support.store_data import (  # noqa: F401
     DAY,
     T0,
@@ -516,13 +516,22 @@ class TestStoreContract:
         assert (await store.mark_sent(d.id, "found-in-sent")).status == "sent"
         assert await store.send_unknown() == []
 
-    async def test_recover_sending_marks_interrupted_sends_unknown(self, store):
-        d = await _sending(store, "m1")
+    async def test_recovery_marks_a_dead_process_send_unknown_once_and_nothing_else(self, store):
+        """What a start does for a row its crashed process left in ``sending``: that
+        row (and only a ``sending`` one) becomes send_unknown, once."""
+        d = await _awaiting(store, "m1")
+        await store.approve(d.id, d.version, "anna")
+        assert (await store.begin_send(d.id, "h-dead")).status == "sending"
         other = await _awaiting(store, "m2")
-        assert await recover_sending(store) == 1
-        assert (await store.get_draft(d.id)).status == "send_unknown"
+        approved = await _awaiting(store, "m3")
+        await store.approve(approved.id, approved.version, "anna")
+        assert await store.recover_abandoned_sends(dead=["h-dead"], alive="h-me", grace=300) == 1
+        after = await store.get_draft(d.id)
+        assert after.status == "send_unknown" and after.error.startswith("interrupted")
+        assert [x.id for x in await store.send_unknown()] == [d.id]
         assert (await store.get_draft(other.id)).status == "awaiting"
-        assert await recover_sending(store) == 0
+        assert (await store.get_draft(approved.id)).status == "approved"
+        assert await store.recover_abandoned_sends(dead=["h-dead"], alive="h-me", grace=300) == 0
 
     async def test_recover_abandoned_sends_takes_only_sends_whose_process_is_gone(self, store):
         """A send in flight in a live process (heartbeat fresh, or the caller's own) is

@@ -375,3 +375,26 @@ async def test_nul_in_model_output_is_stored_visibly_not_failed_forever(pg_url):
         assert entry.text_sha256 == sha256_text("new\ufffdbody")
     finally:
         await store.close()
+
+
+async def test_audit_rows_cannot_be_changed_deleted_or_truncated(pg_url):
+    """The database itself refuses to rewrite history, whoever connects (as the SQLite
+    store's triggers do): UPDATE, DELETE and TRUNCATE of the audit table all fail,
+    and the row is still there, unchanged, for ``audit verify``."""
+    from bot.store.postgres import parse_pg_url
+
+    async with create_store(pg_url) as store:
+        await store.audit("anna", "note", "k", text="t")
+    dsn, schema = parse_pg_url(pg_url)
+    con = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    try:
+        for sql in ("UPDATE audit SET actor = 'mallory'", "DELETE FROM audit",
+                    "TRUNCATE audit"):
+            with pytest.raises(asyncpg.PostgresError, match="append-only"):
+                await con.execute(sql)
+        assert [tuple(r) for r in await con.fetch("SELECT actor, action FROM audit")] == [
+            ("anna", "note")]
+    finally:
+        await con.close()
+    async with create_store(pg_url) as store:
+        assert (await store.verify_audit()).ok

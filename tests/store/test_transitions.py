@@ -20,7 +20,7 @@ from bot.store.transitions import (
     Transition,
     cas,
 )
-from tests._stores import get_draft_by_key, recover_sending
+from tests._stores import get_draft_by_key
 from tests.support.store_data import DAY, T0, P, R, S, _items, _msg
 
 ALLOWED = {(src, t.dst) for t in TRANSITIONS.values() for src in t.src}
@@ -109,8 +109,8 @@ async def test_every_move_of_both_stores_is_in_the_table_and_every_row_is_used(s
     await rec(st.begin_send(d.id))
     await rec(st.mark_send_failed(d.id, "550 rejected"))
     await rec(st.retry_send(d.id, "anna", now=T0))
-    await rec(st.begin_send(d.id))
-    assert await rec(recover_sending(st)) == 1
+    await rec(st.begin_send(d.id, "host-dead"))
+    assert await rec(st.recover_abandoned_sends(dead=["host-dead"], grace=300)) == 1
     assert (await rec(st.mark_sent(d.id, "s-2", now=T0))).status == Status.SENT
 
     [d] = await rec.admit("fails")

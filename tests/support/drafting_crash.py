@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this file is in tests/support)
 
 
 EMAIL = b"""From: Alice Buyer <alice@customer.example>

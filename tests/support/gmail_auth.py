@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bot.gmail import auth
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this file is in tests/support)
 
 
 def _run_flow(fake, secrets, token, *options: str):
