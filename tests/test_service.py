@@ -462,7 +462,7 @@ from bot.service.listener import Listener, bind
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 
-async def answer(head):
+async def answer(head, read):
     return b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok"
 
 async def main():

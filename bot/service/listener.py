@@ -57,11 +57,17 @@ def connection_cap(wanted: int) -> int:
     return max(4, min(wanted, soft // 4)) if soft != resource.RLIM_INFINITY else wanted
 
 
-class Listener:
-    """Accepts on ``socks`` and answers each request's head with ``answer(head)``."""
+#: ``answer(head, read)``: the response to a request whose head is ``head``; ``read(n)``
+#: reads up to ``n`` bytes of its body (fewer only when the client stops sending).
+Answer = Callable[[bytes, Callable[[int], Awaitable[bytes]]], Awaitable[bytes]]
 
-    def __init__(self, socks: list[socket.socket], answer: Callable[[bytes], Awaitable[bytes]],
-                 *, cap: int, head_timeout: float):
+
+class Listener:
+    """Accepts on ``socks`` and answers each request with ``answer(head, read)``: the
+    body is read only if ``answer`` asks for it."""
+
+    def __init__(self, socks: list[socket.socket], answer: Answer, *, cap: int,
+                 head_timeout: float):
         self._socks, self._answer = socks, answer
         self.cap, self._head_timeout = connection_cap(cap), head_timeout
         self._open: set[asyncio.Task] = set()
@@ -129,11 +135,20 @@ class Listener:
     async def _serve(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         try:
-            head = await asyncio.wait_for(_read_head(loop, conn), self._head_timeout)
+            head, rest = await asyncio.wait_for(_read_head(loop, conn), self._head_timeout)
             task = asyncio.current_task()
             self._waiting.pop(task, None)  # type: ignore[arg-type]
+
+            async def read(n: int) -> bytes:
+                nonlocal rest
+                data, rest = bytearray(rest[:n]), rest[n:]
+                while len(data) < n and (chunk := await loop.sock_recv(conn, min(n - len(data),
+                                                                                  65536))):
+                    data += chunk
+                return bytes(data)
+
             if head is not None:
-                reply = await self._answer(head)
+                reply = await self._answer(head, read)
                 await asyncio.wait_for(loop.sock_sendall(conn, reply), self._head_timeout)
         except (asyncio.TimeoutError, ConnectionError):
             pass  # a client that sent no whole request, or left: nothing to answer
@@ -143,17 +158,18 @@ class Listener:
             conn.close()
 
 
-async def _read_head(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes | None:
-    """The request up to its blank line; None when the client stops first or sends
-    more than 64 KiB of head."""
+async def _read_head(loop: asyncio.AbstractEventLoop,
+                     conn: socket.socket) -> tuple[bytes | None, bytes]:
+    """The request up to its blank line, and what came after it; None when the client
+    stops first or sends more than 64 KiB of head."""
     data = b""
     while True:
         chunk = await loop.sock_recv(conn, 4096)
         if not chunk:
-            return None
+            return None, b""
         end = (data + chunk).find(b"\r\n\r\n", max(0, len(data) - 3))
         data += chunk
         if end >= 0:
-            return data[:end + 4]
+            return data[:end + 4], data[end + 4:]
         if len(data) > _HEAD_LIMIT:
-            return None
+            return None, b""

@@ -110,7 +110,7 @@ class Service:
         self.notifier.close()
 
     # -- HTTP ------------------------------------------------------------------------------
-    async def _answer(self, head: bytes) -> bytes:
+    async def _answer(self, head: bytes, read: Any) -> bytes:  # (a body is never read)
         method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ") + ["", ""]
         status, ctype, body = await self._route(method, path.split("?", 1)[0])
         return (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
