@@ -110,4 +110,4 @@ def describe_error(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
     # Cut (with a margin, see scrub_line) before it is scrubbed: an exception can quote
     # a whole answer, and this runs on the event loop.
-    return scrub_line(text, 500).removesuffix("…") or type(exc).__name__
+    return scrub_line(text, 500, mark="") or type(exc).__name__

@@ -216,24 +216,22 @@ def scrub(text):
 _MARGIN = 4096
 
 
-def scrub_line(text: str, limit: int) -> str:
+def scrub_line(text: str, limit: int, *, mark: str = "…") -> str:
     """``text`` scrubbed, on one line (runs of white space as one space), and cut to
-    ``limit`` characters with "…" marking a cut.
+    ``limit`` characters, ``mark`` marking a cut.
 
     Cut BEFORE it is scrubbed, with a margin: the work is bounded whatever the text's
     length (an error page of megabytes), and a secret or URL that begins in the kept
     part is still seen whole. A word cut at the margin's end is dropped first (a
     secret cut in two would not be recognised) unless it began in the kept part."""
     window = limit + _MARGIN
-    head = " ".join(text[:16 * window].split())  # white space first: a page may be mostly that
-    cut = len(text) > 16 * window or len(head) > window
-    if len(head) > window:
-        head = head[:window]
-        space = head.rfind(" ")
+    head = text[:window]
+    if len(text) > window:
+        space = max(head.rfind(" "), head.rfind("\n"), head.rfind("\t"))
         if space >= limit:  # (a word that began in the kept part is > _MARGIN long: no secret)
             head = head[:space]
     clean = " ".join(scrub(head).split())
-    return clean[:limit] + "…" if cut or len(clean) > limit else clean
+    return clean[:limit] + mark if len(text) > window or len(clean) > limit else clean
 
 
 # -- strangers' text in log lines -----------------------------------------------------------------
