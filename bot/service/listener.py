@@ -1,13 +1,13 @@
-"""The listener under ``observability.listen``: a tiny HTTP/1.1 server (one request per
-connection) that no crowd of strangers can starve.
+"""The listener under ``observability.listen`` (and ``telegram.receive: webhook``): a
+tiny HTTP/1.1 server (one request per connection) that no crowd of strangers can starve.
 
 A connection that never finishes its head would otherwise hold a descriptor until its
 timeout; about 1,100 of them used up a process's 1,024 descriptors, and then the sends,
 the fetches and the store failed with "Too many open files" while asyncio logged every
 refused accept (91,360 lines in 45 s). Here:
 
-* at most :data:`~bot.service.observe.MAX_CONNECTIONS` connections are open, and never
-  more than a quarter of RLIMIT_NOFILE; at the cap the oldest one still waiting for
+* at most ``cap`` connections are open (128 for ``/metrics``, 64 for the webhook), and
+  never more than a quarter of RLIMIT_NOFILE; at the cap the oldest one still waiting for
   its head is dropped (a scraper's request arrives at once, so it is the idle ones
   that go);
 * a head must arrive within ``head_timeout`` and fit in 64 KiB;
@@ -67,13 +67,13 @@ class Listener:
     body is read only if ``answer`` asks for it."""
 
     def __init__(self, socks: list[socket.socket], answer: Answer, *, cap: int,
-                 head_timeout: float):
-        self._socks, self._answer = socks, answer
+                 head_timeout: float, name: str = "observability"):
+        self._socks, self._answer, self.name = socks, answer, name
         self.cap, self._head_timeout = connection_cap(cap), head_timeout
         self._open: set[asyncio.Task] = set()
         self._waiting: dict[asyncio.Task, None] = {}  # still reading the head, oldest first
         self._full = False  # said that the cap was reached, until it eases
-        self._accepting = [asyncio.create_task(self._accept(s), name="observability-accept")
+        self._accepting = [asyncio.create_task(self._accept(s), name=f"{name}-accept")
                            for s in socks]
 
     async def close(self) -> None:
@@ -94,14 +94,14 @@ class Listener:
                 continue  # the client left before it was accepted
             except OSError as exc:  # EMFILE, ENFILE, ENOBUFS...: the whole process is short
                 if not refused:
-                    log.warning("observability: cannot accept connections (%s); retrying "
-                                "every %gs, and saying here when it accepts again",
+                    log.warning("%s: cannot accept connections (%s); retrying every %gs, "
+                                "and saying here when it accepts again", self.name,
                                 exc.strerror or exc, _RETRY)
                 refused += 1
                 await asyncio.sleep(_RETRY)
                 continue
             if refused:
-                log.info("observability: accepting connections again (%d attempts refused)",
+                log.info("%s: accepting connections again (%d attempts refused)", self.name,
                          refused)
                 refused = 0
             self._admit(conn)
@@ -110,8 +110,8 @@ class Listener:
     def _admit(self, conn: socket.socket) -> None:
         if len(self._open) >= self.cap:
             if not self._full:
-                log.warning("observability: %d connections open at once; dropping the "
-                            "oldest idle ones", self.cap)
+                log.warning("%s: %d connections open at once; dropping the oldest idle "
+                            "ones", self.name, self.cap)
                 self._full = True
             if not self._waiting:  # every one is being answered: this one waits its turn
                 conn.close()
@@ -153,7 +153,7 @@ class Listener:
         except (asyncio.TimeoutError, ConnectionError):
             pass  # a client that sent no whole request, or left: nothing to answer
         except Exception:
-            log.exception("observability: answering a request failed")
+            log.exception("%s: answering a request failed", self.name)
         finally:
             conn.close()
 

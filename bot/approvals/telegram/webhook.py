@@ -53,7 +53,7 @@ class WebhookReceiver:
         if self._listener is None:
             self._app = app
             self._listener = Listener(bind(host, port), self._answer, cap=_CONNECTIONS,
-                                      head_timeout=10.0)
+                                      head_timeout=10.0, name="telegram webhook")
 
     async def stop(self) -> None:
         listener, self._listener = self._listener, None
