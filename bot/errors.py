@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .redact import scrub
+from .redact import scrub_line
 
 
 class DraftgateError(Exception):
@@ -108,4 +108,6 @@ def describe_error(exc: BaseException) -> str:
         text = "timed out"
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return " ".join(scrub(text).split())[:500] or type(exc).__name__  # scrubbed before cut
+    # Cut (with a margin, see scrub_line) before it is scrubbed: an exception can quote
+    # a whole answer, and this runs on the event loop.
+    return scrub_line(text, 500, mark="") or type(exc).__name__

@@ -31,8 +31,8 @@ import traceback
 import unicodedata
 from urllib.parse import quote, quote_plus, unquote_plus, urlsplit
 
-__all__ = ["redact_url", "register", "register_oauth", "scrub", "escape_controls", "LogFormatter",
-           "MIN_SECRET"]
+__all__ = ["redact_url", "register", "register_oauth", "scrub", "scrub_line", "escape_controls",
+           "LogFormatter", "MIN_SECRET"]
 
 HIDDEN = "***"
 #: Query parameters whose value is a credential (``?password=``, ``?api_key=``...).
@@ -119,7 +119,11 @@ def _known_pattern() -> re.Pattern | None:
 
 # -- credentials no registry knows ---------------------------------------------------------------
 
-_URL = re.compile(r"""\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s<>"'`]+""")
+#: A URL is ``scheme://rest``; found from its ``://`` (see :func:`_hide_urls`).
+_URL_REST = re.compile(r"""[^\s<>"'`]+""")
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_SCHEME_CHARS = _LETTERS + "0123456789+.-"
+_INNER_START = re.compile(r"[+.\-][a-zA-Z]")
 #: ``Bearer <token>``: the scheme stays, the credential goes (a word of letters only
 #: is a token when long: "bearer tokens" stays).
 _TOKEN_CHARS = r"[A-Za-z0-9\-._~+/=%:]"
@@ -134,17 +138,53 @@ _FIELD = re.compile(
         |access_token|refresh_token|id_token|client_secret|password|passwd)\b["']?
      \s*[:=]\s*)
     ("(?:[^"\\\r\n]|\\.)*"|'[^'\r\n]*'
-     |(?:(?:bearer|basic|digest|token)\s+)?(?:\[redacted[^\]\r\n]*\]|[^\s,;&}\]"']+))
-    """)
+     |(?:(?:bearer|basic|digest|token)\s+)?(?:\[redacted[^\]\r\n]{0,200}\]|[^\s,;&}\]"']+))
+    """)  # {0,200}: a "[redacted" with no "]" after it must not be read to the line's end
 
 
-def _hide_url(match: re.Match) -> str:
-    url = match.group()
+def _hide_url(url: str) -> str:
     if "@" not in url and "?" not in url:
         return url  # nothing to hide: leave it exactly as written
     # A web URL's user name can be a token (https://TOKEN@proxy/v1); a database
     # URL's is a user name worth reading (postgresql://draftgate:***@db/prod).
     return redact_url(url, keep_user=not url.lower().startswith(("http:", "https:")))
+
+
+def _scheme_start(text: str, colon: int, floor: int) -> int | None:
+    """Where the scheme of the ``://`` at ``colon`` begins: the leftmost letter at a
+    word start in the run of scheme characters before it (what the pattern
+    ``\\b[a-zA-Z][a-zA-Z0-9+.-]*://`` would find), or None. ``text[floor:colon]``
+    holds no ``:``, so each character is read for one ``://`` only."""
+    run = text[floor:colon]
+    start = colon - (len(run) - len(run.rstrip(_SCHEME_CHARS)))
+    if start == colon:
+        return None
+    before = text[start - 1] if start else " "
+    if text[start] in _LETTERS and not (before.isalnum() or before == "_"):
+        return start
+    inner = _INNER_START.search(text, start, colon)  # after a '+', '.' or '-' in the run
+    return inner.start() + 1 if inner else None
+
+
+def _hide_urls(text: str) -> str:
+    """Every ``scheme://...`` URL in ``text`` through :func:`_hide_url`.
+
+    Walked from each ``://`` rather than matched by one pattern: a pattern that
+    starts at every letter re-reads the whole run after it where no URL follows
+    (``a.a.a.a… ://``), quadratic in the run's length (80k characters: 4 s). Here
+    each character is read a bounded number of times."""
+    out: list[str] = []
+    done = pos = 0  # text[:done] is copied out; no URL starts before it
+    floor = 0  # nor does a scheme before the last ':' looked at
+    while (colon := text.find("://", pos)) >= 0:
+        start = _scheme_start(text, colon, max(done, floor))
+        rest = _URL_REST.match(text, colon + 3) if start is not None else None
+        if start is None or rest is None:
+            pos = floor = colon + 1
+            continue
+        out += [text[done:start], _hide_url(text[start:rest.end()])]
+        done = pos = rest.end()
+    return "".join(out) + text[done:] if out else text
 
 
 def _hide_field(match: re.Match) -> str:
@@ -166,9 +206,32 @@ def scrub(text):
     if known is not None:
         text = known.sub(lambda m: f"[redacted {_secrets.get(m.group(), 'secret')}]", text)
     if "://" in text:
-        text = _URL.sub(_hide_url, text)
+        text = _hide_urls(text)
     text = _FIELD.sub(_hide_field, text)
     return _BEARER.sub(r"\1\2[redacted]", text)
+
+
+#: How much more than it keeps :func:`scrub_line` scrubs: a URL or a quoted field that
+#: starts inside the kept part is scrubbed whole up to this far.
+_MARGIN = 4096
+
+
+def scrub_line(text: str, limit: int, *, mark: str = "…") -> str:
+    """``text`` scrubbed, on one line (runs of white space as one space), and cut to
+    ``limit`` characters, ``mark`` marking a cut.
+
+    Cut BEFORE it is scrubbed, with a margin: the work is bounded whatever the text's
+    length (an error page of megabytes), and a secret or URL that begins in the kept
+    part is still seen whole. A word cut at the margin's end is dropped first (a
+    secret cut in two would not be recognised) unless it began in the kept part."""
+    window = limit + _MARGIN
+    head = text[:window]
+    if len(text) > window:
+        space = max(head.rfind(" "), head.rfind("\n"), head.rfind("\t"))
+        if space >= limit:  # (a word that began in the kept part is > _MARGIN long: no secret)
+            head = head[:space]
+    clean = " ".join(scrub(head).split())
+    return clean[:limit] + mark if len(text) > window or len(clean) > limit else clean
 
 
 # -- strangers' text in log lines -----------------------------------------------------------------

@@ -409,3 +409,93 @@ def test_every_model_key_is_registered_without_importing_a_model_sdk(tmp_path):
     assert not any(secret in done.stdout for secret in
                    ("sk-default-env-key-1", "sk-ant-own-key-2", "proxy-pass-123")), done.stdout
     assert len(lines) == 4
+
+
+# -- bounded work (issue 22, finding 6) ------------------------------------------------------
+
+#: Shapes of text that made the old patterns re-read the rest of the text at every
+#: position (80k characters of the first: 4.3 s).
+_HOSTILE = {
+    "letters and dots, then ' ://'": lambda n: ("a." * n)[:n] + " ://",
+    "letters and dots, then '://' and nothing": lambda n: ("a." * n)[:n] + "://",
+    "digits and dashes before '://'": lambda n: ("1-" * n)[:n] + "://x",
+    "'://' after no scheme, repeated": lambda n: ("1://" * n)[:n],
+    "URLs with a user, repeated": lambda n: ("a://b@c " * n)[:n],
+    "credential fields with an unclosed quote": lambda n: ('password: "' + "x" * 40 + "'") * (n // 52),
+    "'[redacted' never closed": lambda n: ("password: [redacted " * n)[:n],
+    "bearer words": lambda n: ("bearer " * n)[:n],
+}
+_ORDINARY = "Hello Alice, your order #1234 ships today, see https://track.example/x?id=9 . "
+
+
+def _cpu_seconds(text: str, bound: float) -> float:
+    """CPU time of this thread for one scrub (not the wall clock, which a loaded host
+    stretches), retried twice when over ``bound`` so that one slow run does not decide."""
+    import time
+
+    best = float("inf")
+    for _ in range(3):
+        start = time.thread_time()
+        redact.scrub(text)
+        best = min(best, time.thread_time() - start)
+        if best <= bound:
+            break
+    return best
+
+
+@pytest.mark.parametrize("shape", sorted(_HOSTILE))
+def test_scrub_work_grows_linearly_with_hostile_text(shape):
+    """At 10k, 20k, 40k and 80k characters, a hostile shape scrubs within 100 times
+    what as much ordinary text needs (linear code: 1-4 times; the quadratic pattern
+    was 400 times at 10k and 3,000 times at 80k)."""
+    for n in (10_000, 20_000, 40_000, 80_000):
+        ordinary = _cpu_seconds((_ORDINARY * (n // len(_ORDINARY) + 1))[:n], 0.0)
+        bound = 100 * ordinary + 0.01
+        took = _cpu_seconds(_HOSTILE[shape](n), bound)
+        assert took <= bound, f"{n} characters: {took:.3f}s of CPU, ordinary text {ordinary:.4f}s"
+
+
+def test_scrub_line_scrubs_only_a_bounded_start_and_still_hides_a_secret(monkeypatch):
+    """A 150 kB text is cut before it is scrubbed (with a margin): what is kept is
+    scrubbed as before, and scrub never reads the rest."""
+    redact.register("kept-part-secret-0123456789", "DG_RD_KEPT")
+    seen: list[int] = []
+    real = redact.scrub
+    monkeypatch.setattr(redact, "scrub", lambda text: seen.append(len(text)) or real(text))
+    text = ("Bad gateway, token kept-part-secret-0123456789 at https://u:pw@proxy.example/x "
+            + "a." * 75_000 + " ://")
+    line = redact.scrub_line(text, 200)
+    assert line.startswith("Bad gateway, token [redacted DG_RD_KEPT] at "
+                           "https://***@proxy.example/x a.a.a.")
+    assert line.endswith("…") and len(line) == 201
+    assert seen and max(seen) <= 200 + 4096
+
+
+async def test_a_huge_hostile_error_page_is_cut_before_it_is_scrubbed(monkeypatch):
+    """A receiver's 150 kB error page (the quadratic shape: it stalled the event loop
+    15 s): the send fails with the page's start, and scrub never reads more than a
+    few kB of it."""
+    from bot.errors import SendUnknown
+
+    seen: list[int] = []
+    real = redact.scrub
+    monkeypatch.setattr(redact, "scrub", lambda text: seen.append(len(text)) or real(text))
+    item = "<order-2@customer.example>"
+    draft = Draft(id=8, key=draft_key("support", "maildir", item, "v1"), pipeline="support",
+                  scope="maildir", item_id=item, recipe="v1", status="sending",
+                  message=Message(message_id=item, from_addr="a@customer.example",
+                                  reply_to="a@customer.example", subject="Order"),
+                  body="Hi,\n\nIt ships today.\n", version=1)
+    monkeypatch.setenv("DG_RD_SHORT", "page-test-secret")
+    with FakeWebhook() as hook:
+        hook.mode, hook.echo_status = "page", 502
+        hook.page = b"<html>Bad gateway " + b"a." * 75_000 + b" ://</html>"
+        sender = _webhook_sender(hook.url + "/hooks")
+        try:
+            with pytest.raises(SendUnknown) as err:
+                await sender.send(draft)
+        finally:
+            await sender.close()
+    assert "answered 502: <html>Bad gateway a.a.a." in str(err.value)
+    assert len(str(err.value)) < 600
+    assert max(seen) <= 200 + 4096 + 100

@@ -4,6 +4,7 @@ duration, size and URL rules that every part of the configuration shares."""
 from __future__ import annotations
 
 import re
+import reprlib
 from typing import Any, Callable
 
 DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -21,11 +22,11 @@ def parse_duration(value: Any) -> float:
         return float(value)
     m = DURATION_RE.match(str(value))
     if not m and CLOCK_RE.match(str(value)):
-        raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {value!r}: a "
+        raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {shown(value)}: a "
                          f"value with ':' is not a duration (write 90s or 1.5m; for a time "
                          f"of day use a cron schedule such as '0 9 * * *')")
     if not m:
-        raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {value!r}")
+        raise ValueError(f"expected a duration like 30s, 5m, 1h or 2d, got {shown(value)}")
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
@@ -37,7 +38,7 @@ def parse_size(value: Any) -> int:
         return value
     m = _SIZE.match(str(value))
     if not m:
-        raise ValueError(f"expected a size like 200kB or 5MB, got {value!r}")
+        raise ValueError(f"expected a size like 200kB or 5MB, got {shown(value)}")
     return int(float(m.group(1)) * _SIZES[(m.group(2) or "").lower() or None])
 
 
@@ -51,6 +52,8 @@ class Checker:
         self.errors = errors if errors is not None else []
 
     def error(self, path: str, message: str) -> None:
+        if len(message) > MESSAGE_LIMIT:  # a value quoted whole (the callers cut with shown())
+            message = message[:MESSAGE_LIMIT] + "…"
         self.errors.append(f"{self.file}: {path}: {message}" if path else f"{self.file}: {message}")
 
     def timezone(self, data: dict, key: str, path: str) -> str:
@@ -68,7 +71,7 @@ class Checker:
             known = {z.lower(): z for z in available_timezones() | {"UTC"}}
             hint = known.get(closest(name.lower(), sorted(known)) or "")
             self.error(f"{path}.{key}" if path else key,
-                       f"unknown time zone {name!r}" + (f"; did you mean {hint!r}?" if hint else
+                       f"unknown time zone {shown(name)}" + (f"; did you mean {hint!r}?" if hint else
                                                         "") + " Use an IANA name such as "
                        "Europe/Berlin, America/New_York or UTC")
             return "UTC"
@@ -104,10 +107,10 @@ class Checker:
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             ok = True
         if not ok:
-            self.error(full, f"expected {_describe(kind, choices)}, got {kind_of(value)} {value!r}"[:300])
+            self.error(full, f"expected {_describe(kind, choices)}, got {kind_of(value)} {shown(value)}")
             return default if default is not self._MISSING else None
         if choices is not None and value not in choices:
-            self.error(full, f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+            self.error(full, f"expected one of {', '.join(map(str, choices))}, got {shown(value)}")
             return default if default is not self._MISSING else None
         return value
 
@@ -128,7 +131,7 @@ class Checker:
     def unknown(self, data: dict, known: set[str] | tuple, path: str) -> None:
         for key in data:
             if key not in known:
-                full = f"{path}.{key}" if path else str(key)
+                full = f"{path}.{shown(key, quote=False)}" if path else shown(key, quote=False)
                 hint = closest(str(key), known)
                 self.error(full, "unknown key" + (f"; did you mean {hint!r}?" if hint else
                                                    f"; expected one of {', '.join(sorted(known))}"))
@@ -139,7 +142,7 @@ class Checker:
         if isinstance(value, str) and not _ENV_NAME.match(value):
             self.error(f"{path}.{key}" if path else key,
                        f"expected the name of an environment variable, like "
-                       f"{_ENV_EXAMPLES.get(key, 'MY_SECRET')}, got {value!r}")
+                       f"{_ENV_EXAMPLES.get(key, 'MY_SECRET')}, got {shown(value)}")
             return default if default is not self._MISSING else None
         return value
 
@@ -195,6 +198,22 @@ def url_problem(value: str, *, credentials_ok: bool = False) -> str | None:
     if (parts.username or parts.password) and not credentials_ok:
         return "do not put credentials in the URL; name an environment variable instead"
     return None
+
+
+#: The longest error message (a quoted value is cut well before: :func:`shown`).
+MESSAGE_LIMIT = 600
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 80, 80
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
+
+
+def shown(value: Any, *, quote: bool = True) -> str:
+    """``value`` as an error quotes it (``repr``, or ``str`` without ``quote``), cut
+    BEFORE it is formatted: a few lines of nested YAML aliases make a list whose whole
+    repr takes minutes and megabytes."""
+    if isinstance(value, str) and not quote:
+        return value if len(value) <= 80 else value[:80] + "…"
+    return _SHOWN.repr(value)
 
 
 def kind_of(value: Any) -> str:

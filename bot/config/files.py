@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .checker import Checker, kind_of
+from .checker import Checker, kind_of, shown
 
 
 class _Loader(yaml.SafeLoader):
@@ -70,6 +70,62 @@ def _check_duplicate_keys(node: yaml.Node) -> None:
             todo.extend(n.value)
 
 
+#: How much larger than written aliases (``*name``) may make a file, counted in values
+#: (a scalar, list or mapping; a long text counts once per 100 characters). Anchors
+#: and merge keys for shared settings stay far below it; a few lines of nested
+#: aliases ("billion laughs") would expand past any memory.
+ALIAS_LIMIT = 10_000
+_TEXT_UNIT = 100
+
+
+def _alias_growth(root: yaml.Node) -> int | None:
+    """How many values aliases add to the document (its size as a tree minus its size
+    as written), capped just above :data:`ALIAS_LIMIT`; None when an alias contains
+    itself (it would expand without end). Each node is visited once."""
+    written = sum(_weight(n) for n in _nodes(root))
+    cap = written + ALIAS_LIMIT + 1  # no need to count further: ints stay small
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    todo: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while todo:
+        node, children_done = todo.pop()
+        kids = (node.value if isinstance(node, yaml.SequenceNode) else
+                [n for pair in node.value for n in pair]
+                if isinstance(node, yaml.MappingNode) else [])
+        if children_done:
+            on_path.discard(id(node))
+            size[id(node)] = min(_weight(node) + sum(size[id(k)] for k in kids), cap)
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in on_path:
+            return None
+        on_path.add(id(node))
+        todo.append((node, True))
+        todo.extend((k, False) for k in kids if id(k) not in size)
+    return max(0, size[id(root)] - written)
+
+
+def _weight(node: yaml.Node) -> int:
+    return 1 + len(node.value) // _TEXT_UNIT if isinstance(node, yaml.ScalarNode) else 1
+
+
+def _nodes(root: yaml.Node) -> list[yaml.Node]:
+    """Every node of the document once, as written (an alias's target counted once)."""
+    seen: dict[int, yaml.Node] = {}
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if isinstance(node, yaml.SequenceNode):
+            todo.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            todo.extend(n for pair in node.value for n in pair)
+    return list(seen.values())
+
+
 def load_yaml(path: Path, ck: Checker) -> Any:
     try:
         raw = path.read_bytes()
@@ -94,6 +150,15 @@ def load_yaml(path: Path, ck: Checker) -> Any:
         if node is None:
             return None
         _check_duplicate_keys(node)
+        growth = _alias_growth(node)
+        if growth is None or growth > ALIAS_LIMIT:
+            ck.error("", ("an alias (*name) contains itself, so it would expand without end"
+                          if growth is None else
+                          f"its aliases (*name) expand it by more than {ALIAS_LIMIT} values "
+                          f"(a long text counts once per {_TEXT_UNIT} characters)")
+                     + "; aliases are for small repeated pieces: write the values out or "
+                       "nest aliases less deeply")
+            return None
         return loader.construct_document(node)
     except _DuplicateKey as exc:
         ck.error("", f"line {exc.line}: {exc}")
@@ -119,7 +184,7 @@ def pipeline_files(ck: Checker, data: dict, base: Path) -> list[Path]:
             patterns.append((where, pat))
         else:
             ck.error(where, f"expected a file name or a glob like pipelines/*.yaml, got "
-                            f"{kind_of(pat)} {pat!r}")
+                            f"{kind_of(pat)} {shown(pat)}")
     files: dict[Path, Path] = {}  # resolved: as matched; one matched twice is loaded once
     for where, pat in patterns:
         full = os.path.expanduser(pat)

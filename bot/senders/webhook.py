@@ -171,12 +171,12 @@ class WebhookSender:
     def _excerpt(self, response: httpx.Response) -> str:
         """The start of the receiver's answer, for the card and the log: its body only
         (never its headers), without our secret should the receiver echo the request's
-        Authorization header. Hidden before the cut, so no part of it survives."""
+        Authorization header. Only its start is read and scrubbed (a 150 kB error page
+        would stall the event loop), with a margin so that no part of a secret survives."""
         text = response.text
         if self._secret:  # whatever its length (the registry skips very short ones)
             text = text.replace(self._secret, f"[redacted {self._secret_env}]")
-        text = " ".join(redact.scrub(text).split())
-        return (text[:200] + "…") if len(text) > 200 else (text or "(empty body)")
+        return redact.scrub_line(text, 200) or "(empty body)"
 
     async def close(self) -> None:
         if self._client is not None:

@@ -20,7 +20,6 @@ the same health decides the watchdog's pings (:mod:`bot.service.sdnotify`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from typing import Any
@@ -30,6 +29,7 @@ from ..config.load import Settings
 from ..errors import describe_error
 from . import metrics
 from .health import WEBHOOK, Health, telegram_bound, webhook_bound
+from .listener import Listener, bind
 from .sdnotify import Notifier
 
 log = logging.getLogger("draftgate.observe")
@@ -37,6 +37,12 @@ log = logging.getLogger("draftgate.observe")
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 #: How long /readyz waits for the store before it answers 503.
 READY_TIMEOUT = 5.0
+#: How long a client has to send its request's head (a scraper sends it at once).
+HEAD_TIMEOUT = 5.0
+#: At most this many connections open at once, and never more than a quarter of the
+#: process's descriptors (RLIMIT_NOFILE): idle connections cannot starve the sends,
+#: fetches and the store of descriptors. At the cap the oldest idle one is dropped.
+MAX_CONNECTIONS = 128
 
 
 class Service:
@@ -56,7 +62,7 @@ class Service:
                 self.observer.health.expect("telegram", telegram_bound(t))
             elif t is not None and t.receive == "webhook":
                 self.observer.health.expect(WEBHOOK, webhook_bound())
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
         self._watchdog: asyncio.Task | None = None
         self._stopping = False
 
@@ -65,7 +71,7 @@ class Service:
         if self.settings.listen is not None:
             host, port = self.settings.listen
             try:
-                self._server = await asyncio.start_server(self._handle, host, port)
+                socks = bind(host, port)
             except OSError as exc:
                 metrics.install(None)
                 from ..errors import ConfigError
@@ -73,7 +79,10 @@ class Service:
                 raise ConfigError(f"{self.settings.file}: observability.listen: cannot listen "
                                   f"on {host}:{port}: {exc.strerror or exc}; pick a free "
                                   f"port or another address") from None
-            log.info("observability: /metrics, /healthz, /readyz on http://%s:%d", host, port)
+            self._listener = Listener(socks, self._answer, cap=MAX_CONNECTIONS,
+                                      head_timeout=HEAD_TIMEOUT)
+            log.info("observability: /metrics, /healthz, /readyz on http://%s:%d (at most %d "
+                     "connections at once)", host, port, self._listener.cap)
         return self
 
     def ready(self) -> None:
@@ -94,33 +103,19 @@ class Service:
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+        if self._listener is not None:
+            await self._listener.close()
         if metrics.installed() is self.observer:
             metrics.install(None)
         self.notifier.close()
 
     # -- HTTP ------------------------------------------------------------------------------
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ") + ["", ""]
-            status, ctype, body = await self._route(method, path.split("?", 1)[0])
-            writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: "
-                         f"{ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
-                         f"\r\n".encode() + (b"" if method == "HEAD" else body))
-            await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError):
-            pass  # a client that sent no whole request, or left: nothing to answer
-        except Exception:
-            log.exception("observability: answering a request failed")
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+    async def _answer(self, head: bytes, read: Any) -> bytes:  # (a body is never read)
+        method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ") + ["", ""]
+        status, ctype, body = await self._route(method, path.split("?", 1)[0])
+        return (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + (b"" if method == "HEAD" else body))
 
     async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
         if path not in ("/metrics", "/healthz", "/readyz"):

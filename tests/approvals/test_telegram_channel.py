@@ -851,6 +851,49 @@ async def test_webhook_checks_the_secret_token_on_every_request(tmp_path, fake, 
         await w.stop()
 
 
+async def test_the_webhook_refuses_a_strangers_large_post_before_reading_its_body(
+        tmp_path, fake, monkeypatch):
+    """A POST announcing 100 MB with a wrong or no secret is answered 403 on its head
+    alone, before a byte of its body is sent, and the connection is closed: nothing of
+    it is read or buffered (PTB's server read 100 MB first). The right secret with
+    100 MB gets 413, a body without a length 411; a real update still works (above)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
+    cfg = write_config(tmp_path, fake, receive="webhook", webhook=(
+        f"  webhook: {{listen: 127.0.0.1, port: {port}, path: tg, "
+        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n"))
+    w = await World(tmp_path, fake, cfg).start()
+
+    async def head_only(headers: str) -> bytes:
+        """The answer to a request's head sent alone, read until the server closes."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(f"POST /tg HTTP/1.1\r\nHost: bot.example\r\nContent-Type: "
+                         f"application/json\r\n{headers}\r\n".encode())
+            await writer.drain()
+            return await asyncio.wait_for(reader.read(), 20)
+        finally:
+            writer.close()
+
+    big = "Content-Length: 100000000\r\n"
+    try:
+        for secret in ("", "X-Telegram-Bot-Api-Secret-Token: wrong\r\n"):
+            assert (await head_only(secret + big)).startswith(b"HTTP/1.1 403 ")
+        right = "X-Telegram-Bot-Api-Secret-Token: s3cret-Token_1\r\n"
+        assert (await head_only(right + big)).startswith(b"HTTP/1.1 413 ")
+        assert (await head_only(right + "Transfer-Encoding: chunked\r\n")).startswith(
+            b"HTTP/1.1 411 ")
+        assert (await head_only(right + "Content-Length: 2\r\nContent-Length: 9\r\n")
+                ).startswith(b"HTTP/1.1 400 ")
+    finally:
+        await w.stop()
+
+
 async def test_healthz_fails_while_the_webhook_server_is_dead(tmp_path, fake, monkeypatch):
     """receive: webhook, with /healthz served: 200 while the webhook server answers;
     once it is dead (the process lives on) 503 naming the receiver, as for a stuck
@@ -889,7 +932,7 @@ async def test_healthz_fails_while_the_webhook_server_is_dead(tmp_path, fake, mo
 
     try:
         assert (await healthz(200))["stuck"] == {}
-        await w.channel._app.updater.stop()  # the webhook server is gone
+        await w.channel._receiver.stop()  # the webhook server is gone
         body = await healthz(503)
         assert list(body["stuck"]) == ["telegram webhook"], body
         assert "late waking up" in body["stuck"]["telegram webhook"]

@@ -545,3 +545,53 @@ def test_grounded_draft_keys_default_and_refuse_what_they_cannot_do(tmp_path):
     assert any("drafter.retrieval: expected one of hybrid, lexical" in e for e in errors)
     assert any("drafter.grounding: expected one of flag, confirm, off" in e for e in errors)
     assert any("drafter.embeddings: expected local" in e and "'claude'" in e for e in errors)
+
+
+# -- YAML aliases and long values (issue 22, finding 8) -------------------------------------
+
+_LAUGHS = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p.strip() else ', '.join(['lol'] * 9)}]\n"
+                  for p, c in zip(" abcdefgh", "abcdefghi", strict=True)) + "pipelines: *i\nstore: *i\n"
+
+
+def test_nested_aliases_are_refused_at_once_with_a_short_error(tmp_path):
+    """A few hundred bytes of nested aliases ("billion laughs") make `validate` answer
+    in one short line naming the file, not run for seconds printing megabytes."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text(_LAUGHS)
+    assert len(_LAUGHS) < 500
+    done = subprocess.run([sys.executable, "-m", "bot", "validate", "-c", str(cfg)],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert len(out) < 1000, out[:2000]
+    assert f"{cfg}: its aliases (*name) expand it by more than 10000 values" in out
+
+
+def test_an_alias_that_contains_itself_is_refused(tmp_path):
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "extra: &loop [1, *loop]\n"})
+    assert errors_of(cfg) == [
+        "pipelines/a.yaml: an alias (*name) contains itself, so it would expand without end; "
+        "aliases are for small repeated pieces: write the values out or nest aliases less "
+        "deeply"]
+
+
+def test_anchors_and_merge_keys_for_shared_settings_still_load(tmp_path):
+    shared = "x-defaults: &defaults {schedule: 5m, max_attempts: 4}\n"
+    cfg = write(tmp_path, {f"{n}.yaml": shared + GOOD.format(name=n).replace("schedule: 5m\n", "")
+                           + "<<: *defaults\n" for n in ("a", "b")})
+    with pytest.raises(Exception) as info:  # x-defaults is not a pipeline key
+        load_settings(cfg)
+    assert all("x-defaults: unknown key" in e for e in info.value.errors)  # type: ignore[attr-defined]
+
+
+def test_a_long_wrong_value_is_cut_before_it_is_shown(tmp_path):
+    """A wrong value is quoted in a few dozen characters, whatever its size."""
+    cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a") + "max_attempts: [" +
+                           ", ".join(["'" + "x" * 1000 + "'"] * 1000) + "]\n"})
+    [err] = errors_of(cfg)
+    assert err.startswith("pipelines/a.yaml: max_attempts: expected a whole number, got a list ['xx")
+    assert len(err) < 500  # the value was 1 MB

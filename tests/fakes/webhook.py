@@ -14,6 +14,7 @@ It records every request and answers POSTs according to ``mode``::
         hook.mode = "redirect"  # 307 to /elsewhere
         hook.mode = "echo"      # hook.echo_status (default 500) with the request's
                                 # headers echoed in the body, Authorization included
+        hook.mode = "page"      # hook.echo_status with hook.page (bytes) as an HTML body
 
 ``hook.received`` is set whenever a request has been fully read (before the answer),
 so a test can wait for it instead of sleeping. ``GET /status?key=...`` answers 200
@@ -48,6 +49,7 @@ class FakeWebhook:
     def __init__(self) -> None:
         self.mode = "ok"
         self.echo_status = 500
+        self.page = b""
         self.requests: list[Request] = []
         self.accepted: dict[str, str] = {}  # draft key -> id
         self.received = threading.Event()
@@ -129,6 +131,12 @@ class FakeWebhook:
                     auth = req.headers.get("Authorization", "(none)")
                     self._answer(fake.echo_status, {"error": f"rejected Authorization: {auth}",
                                                     "request_headers": req.headers})
+                elif mode == "page":  # a proxy's error page, as large as it likes
+                    self.send_response(fake.echo_status)
+                    self.send_header("Content-Type", "text/html; charset=utf-8")
+                    self.send_header("Content-Length", str(len(fake.page)))
+                    self.end_headers()
+                    self.wfile.write(fake.page)
                 elif mode == "redirect":
                     self._answer(307, {}, {"Location": "/elsewhere"})
                 elif mode == "drop":

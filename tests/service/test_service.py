@@ -405,3 +405,142 @@ async def test_gmail_quota_units_counted_match_what_gmail_charged(tmp_path):
                for s in f.samples}
     assert charged > 2 * 5  # history.list, then each new message read
     assert samples[("draftgate_gmail_quota_units_total", (("account", "support"),))] == charged
+
+
+# -- a listener starved of descriptors (issue 22, finding 4) ---------------------------------
+
+def test_idle_connections_past_the_descriptor_limit_starve_neither_the_listener_nor_the_rest(
+        tmp_path):
+    """With RLIMIT_NOFILE at 256, 600 connections that never send a header (more than
+    the process may hold) leave /healthz answering, the next mail drafted and posted,
+    and the log a few lines long, not one line per refused accept."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    port = _free_port()
+    idle: list[socket.socket] = []
+    with FakeTelegram() as fake:
+        cfg = _config(tmp_path, fake, port, schedule="1s")
+        (tmp_path / "inbox" / "1.eml").write_bytes(_email(1))
+        with (tmp_path / "stderr.log").open("ab") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bot", "run", "-c", str(cfg)], cwd=ROOT,
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err, preexec_fn=low_limit,
+                env=dict(os.environ, DG_SVC_TELEGRAM_TOKEN=fake.token,
+                         DG_SVC_OPENAI_KEY=OPENAI_KEY))
+        try:
+            fake.wait_for(lambda: fake.chat_messages(CHAT), 60)
+            _wait_get(port, "/healthz", 200)
+            before = len((tmp_path / "stderr.log").read_text().splitlines())
+            for _ in range(600):  # connect without waiting: the kernel completes them
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", port))
+                idle.append(s)
+
+            assert _wait_get(port, "/healthz", 200)["status"] == "ok"
+            (tmp_path / "inbox" / "2.eml").write_bytes(_email(2, "Bob <bob@customer.example>"))
+            fake.wait_for(lambda: len(fake.chat_messages(CHAT)) == 2, 60)
+            assert _wait_get(port, "/healthz", 200)["status"] == "ok"
+            log = (tmp_path / "stderr.log").read_text().splitlines()[before:]
+            assert not [line for line in log if "Too many open files" in line
+                        and "observability" not in line], log[:20]
+            assert len(log) < 40, "\n".join(log[:40])
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
+        finally:
+            for s in idle:
+                s.close()
+            reap(proc)
+
+
+_OUT_OF_DESCRIPTORS = """
+import asyncio, logging, os, signal, sys
+from bot.service.listener import Listener, bind
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
+
+async def answer(head, read):
+    return b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok"
+
+async def main():
+    loop = asyncio.get_running_loop()
+    freed, stop = asyncio.Event(), asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, freed.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    socks = bind("127.0.0.1", 0)
+    listener = Listener(socks, answer, cap=128, head_timeout=5)
+    print(socks[0].getsockname()[1], flush=True)
+    filler = []
+    try:  # the rest of the process has used up every descriptor
+        while True:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    await freed.wait()
+    for fd in filler[:8]:
+        os.close(fd)
+    await stop.wait()
+    await listener.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_process_out_of_descriptors_logs_one_line_when_accepting_fails_and_one_when_it_recovers(
+        tmp_path):
+    """The listener in a process with RLIMIT_NOFILE 64 and every descriptor taken: 20
+    connections waiting to be accepted give one WARNING (asyncio's own server logged a
+    traceback per attempt, 91,360 lines in 45 s); once descriptors are free again it
+    answers and says so in one INFO line."""
+    import queue
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    proc = subprocess.Popen([sys.executable, "-c", _OUT_OF_DESCRIPTORS], cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=low_limit)
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+
+    def until(text: str) -> None:
+        while True:
+            line = lines.get(timeout=60)
+            seen.append(line)
+            if text in line:
+                return
+
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True)
+    reader.start()
+    waiting: list[socket.socket] = []
+    try:
+        port = int(proc.stdout.readline())
+        for _ in range(20):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            waiting.append(s)
+        until("cannot accept connections (Too many open files)")
+        for s in waiting:
+            s.close()
+        proc.send_signal(signal.SIGUSR1)
+        status, body = _get(port, "/healthz")
+        assert (status, body) == (200, b"ok")
+        until("accepting connections again")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        reader.join(30)
+        while not lines.empty():
+            seen.append(lines.get_nowait())
+        assert len([x for x in seen if "cannot accept" in x]) == 1, seen
+        assert not [x for x in seen if "Traceback" in x], seen
+    finally:
+        for s in waiting:
+            s.close()
+        reap(proc)
+        proc.stdout.close()
+        proc.stderr.close()

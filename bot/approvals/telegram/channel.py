@@ -39,6 +39,7 @@ from . import taps as tg_taps
 from .commands import COMMANDS
 from .common import CONTEXT_TYPES, NO_PREVIEW, Context, answer, card_ref, chat_id, kind, log, plain
 from .limits import _MAX_RETRIES, _OVERALL_RATE, FloodWait, _Limiter
+from .webhook import WebhookReceiver
 
 
 def create(settings: Settings) -> "TelegramChannel":
@@ -127,6 +128,8 @@ class TelegramChannel(DeskChannel):
         self._connected = False
         self._connect_task: asyncio.Task | None = None
         self._webhook_watch: asyncio.Task | None = None
+        self._receiver = (WebhookReceiver(config.webhook.path, self._webhook_secret)
+                          if self._webhook_secret is not None else None)
         self._card_locks: dict[int, asyncio.Lock] = {}
         self.attach_pages: dict[int, int] = {}  # draft id -> the 📎 Attach page shown
         self._shown: dict[tuple[int, int], bytes] = {}  # fingerprint of each card's last edit
@@ -142,7 +145,7 @@ class TelegramChannel(DeskChannel):
         builder = builder.request(request)
         if get_updates is not None:
             builder = builder.get_updates_request(get_updates)
-        if self.config.receive == "off":
+        if self.config.receive != "polling":  # a webhook is received by our own server
             builder = builder.updater(None)
         app = builder.build()
         app.bot_data.channel = self  # how the handlers find the desk
@@ -199,19 +202,17 @@ class TelegramChannel(DeskChannel):
         await app.bot.set_my_commands([BotCommand(c, d) for c, _, d in COMMANDS])
         if not app.running:
             await app.start()
-        if app.updater is None or app.updater.running:
-            pass
-        elif self.config.receive == "polling":
+        if self._receiver is not None:  # served before Telegram is told where to post
+            wh = self.config.webhook
+            await self._receiver.start(app, wh.listen, wh.port)
+            await app.bot.set_webhook(str(wh.url), secret_token=self._webhook_secret,
+                                      allowed_updates=["message", "callback_query"],
+                                      drop_pending_updates=False)
+        elif app.updater is not None and not app.updater.running:
             await app.updater.start_polling(
                 timeout=int(self.config.poll_timeout), drop_pending_updates=False,
                 allowed_updates=["message", "callback_query"],
                 error_callback=lambda exc: log.warning("Telegram polling: %s", exc))
-        elif self.config.receive == "webhook":
-            wh = self.config.webhook
-            await app.updater.start_webhook(
-                listen=wh.listen, port=wh.port, url_path=wh.path, webhook_url=str(wh.url),
-                secret_token=self._webhook_secret,
-                allowed_updates=["message", "callback_query"], drop_pending_updates=False)
         self._connected = True
         log.info("Telegram connected as @%s (receive: %s)", app.bot.username, self.config.receive)
 
@@ -241,6 +242,8 @@ class TelegramChannel(DeskChannel):
             return
         if app.updater is not None and app.updater.running:
             await app.updater.stop()
+        if self._receiver is not None:
+            await self._receiver.stop()
         if app.running:
             await app.stop()
         await app.shutdown()
