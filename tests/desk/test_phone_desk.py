@@ -12,11 +12,10 @@ import asyncio
 import pytest
 
 from bot.engine.engine import Engine
+from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
 from tests.fakes.telegram import FakeTelegram
 from tests.support.team import team_config
 from tests.support.telegram_world import ANNA, BO, TOKEN_ENV, World
-
-from ._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
 
 WAIT = 30.0
 T0 = 1_796_000_000.0  # a fixed instant: the engine's clock starts here
