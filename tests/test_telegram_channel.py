@@ -157,7 +157,7 @@ async def test_a_slow_tap_that_then_fails_is_told_in_the_chat(world, fake, caplo
     d = await world.deliver(1)
     release = asyncio.Event()
 
-    async def broken_approve(*args):
+    async def broken_approve(*args, **kw):
         await release.wait()
         raise RuntimeError("store went away")
 

@@ -30,8 +30,9 @@ APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT = "ap", "ed", "rg", "rj", "r
 REPLAY = "rp"  # on a failure notice: the same operation as /replay
 DRAFT_REPLY, DISMISS = "dr", "dm"  # on an FYI card (triage said notify)
 CHECK_SEND, MARK_SENT = "ck", "ms"  # on a card whose send's outcome is unknown
+CONFIRM = "ac"  # Send anyway: on the question an Approve asks under grounding: confirm
 ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS,
-           CHECK_SEND, MARK_SENT)
+           CHECK_SEND, MARK_SENT, CONFIRM)
 # Canonical numbers only (no leading zeros): data we did not make byte for byte is refused.
 _CALLBACK = re.compile(r"(?P<action>[a-z]{2}):(?P<id>[1-9][0-9]{0,17}):"
                        r"(?P<version>[1-9][0-9]{0,8})")
@@ -299,6 +300,17 @@ def unknown_send_buttons(draft: Draft) -> list[list[Button]]:
     return [[("🔎 Check again", callback_data(CHECK_SEND, draft.id, draft.version)),
              ("✅ Mark as sent", callback_data(MARK_SENT, draft.id, draft.version))],
             [("⚠️ Send again (may duplicate)", callback_data(RETRY, draft.id, draft.version))]]
+
+
+def confirm_question(draft: Draft, claims: list[str]) -> Card:
+    """What Approve asks under ``grounding: confirm`` when the version makes claims its
+    sources do not support: the claims (escaped, cut) and one button, Send anyway,
+    for this version only (a tap on it after an edit is refused as an old version)."""
+    listed = clip(" · ".join(claims), _FIELD["used"])[0]
+    text = (f"⚠️ {tag(draft)} says what its sources do not support: {listed}\n"
+            "Send anyway? Nothing counts until you tap ⚠️ Send anyway; Edit on the card "
+            "changes the text instead.")
+    return Card(text, [[("⚠️ Send anyway", callback_data(CONFIRM, draft.id, draft.version))]])
 
 
 def notice_button(draft: Draft) -> Button | None:

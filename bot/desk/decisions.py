@@ -19,8 +19,8 @@ from ..context import grounded
 from ..engine.channels import Channels
 from ..engine.drafting import Drafting
 from ..engine.sending import Sends
-from ..errors import ConfigError, describe_error
-from ..models import Draft, RunCounts, Status, operator_id
+from ..errors import ConfigError, NeedsConfirmation, describe_error
+from ..models import Draft, RunCounts, Status, operator_id, unsupported_of
 from ..service import metrics
 from ..stages import Sender
 from ..store import Store, SweepResult
@@ -52,17 +52,23 @@ class Decisions:
         return d
 
     async def approve(self, draft_id: int, version: int, actor: str,
-                      draft: Draft | None = None) -> Draft | None:
+                      draft: Draft | None = None, confirmed: bool = False) -> Draft | None:
         """``draft``: the row the channel read to check the tap, so it is not read
         again; the CAS below is the check that it is still this version, awaiting.
         Below the pipeline's quorum the vote is recorded and the draft comes back
-        still ``awaiting`` (None: the vote did not count, e.g. an old version)."""
+        still ``awaiting`` (None: the vote did not count, e.g. an old version).
+        ``grounding: confirm`` and claims its sources do not support: raises
+        :class:`NeedsConfirmation` (nothing counted) unless ``confirmed``."""
         seen = await self._decidable(draft_id, draft)
-        quorum = 1 if seen is None else self.settings.pipeline(seen.pipeline).approval.quorum
         same = seen is not None and seen.version == version
+        claims = self._to_confirm(seen) if same and seen else []
+        if claims and not confirmed:
+            raise NeedsConfirmation(claims)
+        quorum = 1 if seen is None else self.settings.pipeline(seen.pipeline).approval.quorum
         d = await self.store.approve(draft_id, version, actor, now=self.clock(), quorum=quorum,
                                      body=seen.body if same and seen else None,
-                                     key=seen.key if seen else None)
+                                     key=seen.key if seen else None,
+                                     note="sent anyway: " + " · ".join(claims) if claims else "")
         if d is None:
             if quorum > 1 and seen is not None and any(
                     v.operator == operator_id(actor)
@@ -72,6 +78,13 @@ class Decisions:
         metrics.decided(d, "approved")
         log.info("%s #%d v%d approved by %s", d.pipeline, d.id, d.version, actor)
         return await self.sends.send(d)
+
+    def _to_confirm(self, d: Draft) -> list[str]:
+        """The claims an Approve of ``d`` must confirm (``grounding: confirm``), or []."""
+        if d.status != Status.AWAITING or not self.settings.has_pipeline(d.pipeline) or \
+                self.settings.pipeline(d.pipeline).drafter.grounding != "confirm":
+            return []
+        return unsupported_of(d.used)
 
     @staticmethod
     async def votes_of(settings: Settings, store: Store, d: Draft) -> tuple[list[str], int]:

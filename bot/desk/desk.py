@@ -67,10 +67,12 @@ class OperatorDesk:
 
     # -- decisions on a draft --------------------------------------------------------------
     async def approve(self, op: Operator, draft_id: int, version: int,
-                      seen: Draft | None = None) -> Draft | None:
-        """Approve (a vote, below the pipeline's quorum); see Decisions.approve."""
+                      seen: Draft | None = None, *, confirmed: bool = False) -> Draft | None:
+        """Approve (a vote, below the pipeline's quorum); see Decisions.approve. With
+        ``grounding: confirm`` a version with unsupported claims raises
+        :class:`~bot.errors.NeedsConfirmation` until approved with ``confirmed``."""
         d = await self._decidable(op, draft_id, "approve", seen)
-        return await self.decisions.approve(draft_id, version, op.actor, d)
+        return await self.decisions.approve(draft_id, version, op.actor, d, confirmed)
 
     async def edit(self, op: Operator, draft_id: int, version: int, body: str) -> Draft | None:
         await self._decidable(op, draft_id, "edit")
