@@ -36,11 +36,14 @@ log = logging.getLogger("draftgate.retrieval")
 
 #: Lexical candidates taken for fusion, per search.
 CANDIDATES = 12
-#: Reciprocal rank fusion: score = sum over rankings of 1 / (RRF_K + rank).
-RRF_K = 20
-#: A text found by meaning alone is given only from this similarity on; one found by
-#: its words too needs at least LEXICAL_FLOOR (measured with scripts/eval_retrieval).
-SEMANTIC_FLOOR, LEXICAL_FLOOR = 0.38, 0.22
+#: Fusion (measured with scripts/eval_retrieval, see :func:`fuse`): a text's score is
+#: its cosine similarity to the email plus LEXICAL_BONUS / (1 + its rank among the
+#: full-text matches). It is given when the score reaches FLOOR and lies within
+#: MARGIN of the best score: an unrelated text is not given just because it ranks
+#: first among unrelated ones, nor because slots are left.
+LEXICAL_BONUS, FLOOR, MARGIN = 0.10, 0.15, 0.08
+#: The similarity assumed for a full-text match that has no vector yet (its words decide).
+UNEMBEDDED = 0.25
 #: How long a pipeline's example rows are reused before they are read again (a new
 #: example is found lexically meanwhile).
 EXAMPLES_TTL = 30.0
@@ -65,6 +68,21 @@ class _Index:
     built: int = -1  # the generation of vectors the matrix was built from
     rows: list[int] = field(default_factory=list)  # items that have a vector
     matrix: Any = None
+
+
+def fuse(lexical_sims: list[float | None], sims: dict[Any, float], lexical: list[Any],
+         limit: int) -> list[Any]:
+    """The keys to give, best first: ``lexical`` are the full-text matches' keys in rank
+    order (``lexical_sims`` their similarities, None: not embedded yet), ``sims`` the
+    similarity of the best embedded texts by key."""
+    scores = dict(sims)
+    for rank, (k, s) in enumerate(zip(lexical, lexical_sims, strict=True)):
+        scores[k] = (UNEMBEDDED if s is None else s) + LEXICAL_BONUS / (1 + rank)
+    if not scores:
+        return []
+    best = max(scores.values())
+    return [k for k in sorted(scores, key=lambda k: -scores[k])[:limit]
+            if scores[k] >= FLOOR and scores[k] >= best - MARGIN]
 
 
 class Retrieval:
@@ -143,27 +161,18 @@ class Retrieval:
 
     async def _fuse(self, emb: Any, index: _Index, query: str, lexical: list, limit: int,
                     key: Callable[[Any], Any]) -> list:
-        """Both rankings fused, each text at most once, floors applied."""
+        """Both rankings fused, each text at most once, floors applied (see
+        :func:`fuse`)."""
         sims = await self._similarities(emb, index, query)
         if sims is None:
             return lexical[:limit]
         position = {key(x): i for i, x in enumerate(index.items)}
-        scores: dict[Any, float] = {}
-        found: dict[Any, Any] = {}
-        for rank, x in enumerate(lexical):
-            s = sims.get(position.get(key(x), -1))
-            if s is None or s >= LEXICAL_FLOOR:  # not embedded yet: its words decide
-                scores[key(x)] = 1 / (RRF_K + rank + 1)
-                found[key(x)] = x
-        ranked = sorted(sims.items(), key=lambda kv: -kv[1])[:CANDIDATES]
-        for rank, (i, s) in enumerate(ranked):
-            if s >= SEMANTIC_FLOOR:
-                k = key(index.items[i])
-                scores[k] = scores.get(k, 0.0) + 1 / (RRF_K + rank + 1)
-                found.setdefault(k, index.items[i])
-        best = sorted(scores, key=lambda k: -scores[k])[:limit]
-        return [found[k] for k in best]
-
+        top = sorted(sims.items(), key=lambda kv: -kv[1])[:CANDIDATES]
+        found: dict[Any, Any] = {key(x): x for x in lexical}
+        found.update((key(index.items[i]), index.items[i]) for i, _ in top)
+        ranked = fuse([sims.get(position.get(key(x), -1)) for x in lexical],
+                      {key(index.items[i]): s for i, s in top}, [key(x) for x in lexical], limit)
+        return [found[k] for k in ranked]
     async def _similarities(self, emb: Any, index: _Index, query: str) -> dict[int, float] | None:
         """Item position -> cosine similarity to ``query``, for the embedded items;
         None when the query cannot be embedded now (the model is still loading, or
@@ -177,6 +186,8 @@ class Retrieval:
             log.warning("query not embedded (%s), searching by words only: %s", emb.model,
                         describe_error(exc))
             return None
+        if self.pending():
+            self._start()  # texts left by an embedding that stopped: try again
         if index.built != self.generation:
             self._build(emb.model, index)
         if index.matrix is None:
@@ -232,7 +243,10 @@ class Retrieval:
             if not queue and not getattr(emb, "loaded", True):
                 with contextlib.suppress(Exception):
                     await emb.embed(["warm up"])  # load the model off the event loop
-            total, done = len(queue), 0
+            done = 0
+            if queue:
+                log.info("embedding %d text(s) with %s in the background (found by words "
+                         "until embedded)", len(queue), emb.model)
             while queue:
                 batch = list(queue.items())[:BATCH]
                 try:
@@ -249,8 +263,15 @@ class Retrieval:
                     queue.pop(s, None)
                 self.generation += 1
                 done += len(batch)
-                if done == total or done % (BATCH * 10) == 0:
-                    log.info("embedded %d of %d text(s) with %s", done, total, emb.model)
+                if not queue or done % (BATCH * 10) == 0:
+                    log.info("embedded %d of %d text(s) with %s", done, done + len(queue),
+                             emb.model)
+                await self._progress(emb.model, done, done + len(queue))
+
+    async def _progress(self, model: str, done: int, total: int) -> None:
+        """Kept in the store, so ``draftgate status`` in another process shows it."""
+        with contextlib.suppress(Exception):  # progress is news, never a reason to stop
+            await self.store.set_embedding_progress(model, done, total)
 
     def pending(self) -> int:
         """Texts waiting to be embedded (for ``status`` and the log)."""

@@ -1,6 +1,7 @@
 """A fake OpenAI-compatible and Anthropic model server on 127.0.0.1.
 
-It answers ``POST /v1/chat/completions`` and ``POST /v1/messages`` in the shapes the
+It answers ``POST /v1/chat/completions``, ``POST /v1/messages`` (and ``/v1/embeddings``,
+see FakeLLM.embed) in the shapes the
 real ``openai`` and ``anthropic`` SDKs parse, with usage fields, and records every
 request body. Each request takes the next scripted step (or the default: a normal
 answer), so a test can say "429 with Retry-After, then an answer" or "hold this one
@@ -134,6 +135,41 @@ class FakeLLM:
         self._ids = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.concepts: dict[str, list[str]] = {}  # see _embeddings
+        self.embedding_requests: list[list[str]] = []
+        #: batches (calls of more than one text) answered before each further one is a 500
+        self.embeddings_fail_after: int | None = None
+
+    # -- /v1/embeddings ---------------------------------------------------------------
+    #: Embeddings: each word is a dimension of its own (hashed into DIM), except the
+    #: words a test names in ``concepts`` (concept -> words), which share their
+    #: concept's: so "money back" and "refund" can mean the same to this model.
+    DIM = 512
+
+    def _embeddings(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        texts = body.get("input")
+        texts = [texts] if isinstance(texts, str) else list(texts or [])
+        with self._lock:
+            self.embedding_requests.append(texts)
+            batches = sum(len(r) > 1 for r in self.embedding_requests)
+            if len(texts) > 1 and self.embeddings_fail_after is not None and \
+                    batches > self.embeddings_fail_after:
+                return 500, {"error": {"message": "fake embeddings outage", "type": "server_error"}}
+        data = [{"object": "embedding", "index": i, "embedding": self.embed(t)}
+                for i, t in enumerate(texts)]
+        return 200, {"object": "list", "data": data, "model": body.get("model", ""),
+                     "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+
+    def embed(self, text: str) -> list[float]:
+        import hashlib
+        import re
+
+        concept = {w: c for c, words in self.concepts.items() for w in words}
+        v = [0.0] * self.DIM
+        for word in re.findall(r"[a-z0-9]+", text.lower()):
+            key = concept.get(word, word)
+            v[int(hashlib.sha256(key.encode()).hexdigest(), 16) % self.DIM] += 1.0
+        return v
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> "FakeLLM":
@@ -280,6 +316,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"_raw": raw.decode("utf-8", "replace")}
         path = self.path.split("?")[0]
+        if path == "/v1/embeddings":
+            status, answer = fake._embeddings(body)
+            self._send(status, answer)
+            return
         if path not in ("/v1/chat/completions", "/v1/messages"):
             self._send(404, {"error": {"message": f"no route {path}"}})
             return
