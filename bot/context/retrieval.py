@@ -1,8 +1,9 @@
 """Hybrid retrieval (issue 24, ``drafter.retrieval: hybrid``): knowledge passages and
 team-memory examples found by their words (the store's full-text search, as with
 ``lexical``) and by their meaning (cosine similarity of embeddings), fused by
-reciprocal rank, with floors so an unrelated text is not given just because it
-ranks first among unrelated ones.
+:func:`fuse` (similarity plus a bonus for the full-text rank), with a floor and a
+margin to the best so an unrelated text is not given just because it ranks first
+among unrelated ones.
 
 * Vectors live in the store beside the texts (:mod:`bot.store.vectors_sql`), keyed by
   the text's sha256 and the embedding model; in memory each pipeline keeps a matrix
@@ -11,7 +12,8 @@ ranks first among unrelated ones.
   memory; scoring them is one matrix product, well under a millisecond).
 * A draft never waits for embedding: a text without a vector yet is found lexically
   only, and one background task per process embeds what is missing (progress in the
-  log). A change of model embeds everything again, beside the old vectors.
+  log and in the store for ``status``). A change of model embeds everything again,
+  beside the old vectors.
 * The query is embedded when the draft is made: the local model in a worker thread
   once loaded (it is loaded in the background: until then drafts are lexical), a
   ``models:`` entry with one ``/v1/embeddings`` call; a failure falls back to words.
