@@ -144,3 +144,17 @@ async def test_status_shows_the_embedding_left_and_it_resumes(
     await _retrieval(w).idle()
     assert await cli(["status", "-c", w.config]) == 0
     assert "embedding" not in capsys.readouterr().out
+
+
+def test_fusion_gives_nothing_unrelated_just_because_it_ranks_first():
+    """Floors of the fusion (bot.context.retrieval.fuse), by table: texts far from the
+    email are not given, however they rank; a full-text match not embedded yet is
+    given by its words; both rankings agreeing put a text first."""
+    from bot.context.retrieval import FLOOR, MARGIN, fuse
+
+    weak = {"a": FLOOR - 0.05, "b": FLOOR - 0.08}
+    assert fuse([], weak, [], 3) == []
+    strong = {"answer": 0.5, "near": 0.5 - MARGIN / 2, "far": 0.5 - 2 * MARGIN}
+    assert fuse([], strong, [], 3) == ["answer", "near"]
+    assert fuse([None], {}, ["new passage"], 3) == ["new passage"]
+    assert fuse([0.3, 0.05], {"x": 0.35, "lex": 0.3}, ["lex", "unrelated words"], 3)[0] == "lex"
