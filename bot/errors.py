@@ -88,6 +88,16 @@ class NotAllowed(DraftgateError):
     nothing changed (it is audited). ``str(exc)`` is the answer they get."""
 
 
+class NeedsConfirmation(DraftgateError):
+    """Approve on a version with claims its sources do not support, in a pipeline with
+    ``grounding: confirm``: nothing counted yet; the operator is asked once more
+    ("Send anyway?") and approves with ``confirmed``. ``claims``: what to list."""
+
+    def __init__(self, claims: list[str]):
+        self.claims = list(claims)
+        super().__init__("Not in the sources: " + " · ".join(self.claims) + ". Send anyway?")
+
+
 class SendError(DraftgateError):
     pass
 

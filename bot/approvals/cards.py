@@ -40,8 +40,9 @@ ATTACH, ATTACH_NEXT, ATTACH_BACK = "at", "fn", "fb"
 ATTACH_PICKS = ("qa", "qb", "qc", "qd", "qe", "qf")  # the first to sixth file shown
 ATTACH_PAGE = len(ATTACH_PICKS)
 LATER_CHOICES = {"lh": "hour", "lm": "tomorrow", "lw": "monday"}  # scheduler.later's names
+CONFIRM = "ac"  # Send anyway: on the question an Approve asks under grounding: confirm
 ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS,
-           CHECK_SEND, MARK_SENT, UNDO, LATER, LATER_BACK, *LATER_CHOICES, FILES, ATTACH,
+           CHECK_SEND, MARK_SENT, CONFIRM, UNDO, LATER, LATER_BACK, *LATER_CHOICES, FILES, ATTACH,
            ATTACH_NEXT, ATTACH_BACK, *ATTACH_PICKS)
 #: A send that waits longer than this after its approval is a scheduled one (🕘 Later,
 #: the sending hours): its card names the time; a shorter wait is the undo window.
@@ -387,6 +388,17 @@ def unknown_send_buttons(draft: Draft) -> list[list[Button]]:
     return [[("🔎 Check again", callback_data(CHECK_SEND, draft.id, draft.version)),
              ("✅ Mark as sent", callback_data(MARK_SENT, draft.id, draft.version))],
             [("⚠️ Send again (may duplicate)", callback_data(RETRY, draft.id, draft.version))]]
+
+
+def confirm_question(draft: Draft, claims: list[str]) -> Card:
+    """What Approve asks under ``grounding: confirm`` when the version makes claims its
+    sources do not support: the claims (escaped, cut) and one button, Send anyway,
+    for this version only (a tap on it after an edit is refused as an old version)."""
+    listed = clip(" · ".join(claims), _FIELD["used"])[0]
+    text = (f"⚠️ {tag(draft)} says what its sources do not support: {listed}\n"
+            "Send anyway? Nothing counts until you tap ⚠️ Send anyway; Edit on the card "
+            "changes the text instead.")
+    return Card(text, [[("⚠️ Send anyway", callback_data(CONFIRM, draft.id, draft.version))]])
 
 
 def notice_button(draft: Draft) -> Button | None:

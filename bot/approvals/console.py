@@ -22,8 +22,8 @@ import threading
 from typing import Any, TextIO
 
 from ..desk.operator import CONSOLE, DEMO, Operator
-from ..errors import DraftgateError
-from ..models import REPLAYABLE_STATUSES, Draft, Status, unsupported_line, used_line
+from ..errors import DraftgateError, NeedsConfirmation
+from ..models import REPLAYABLE_STATUSES, Draft, Status, unsupported_line, unsupported_of, used_line
 from ..redact import escape_controls, scrub
 from ..stages import PostedRef
 from .base import DeskChannel
@@ -105,7 +105,11 @@ class ConsoleChannel(DeskChannel):
         elif self.auto_approve:
             self._print(f"   [DEMO MODE] auto-approving #{draft.id} v{draft.version} "
                         f"(a real deployment waits for an operator)")
-            await self.desk.approve(self.op, draft.id, draft.version)
+            # Demo mode approves what a human would be asked about (grounding: confirm):
+            # it says so, and a demo sends only to its own outbox.
+            if claims := unsupported_of(draft.used):
+                self._print(f"   [DEMO MODE] not in the sources: {' · '.join(claims)}; sent anyway")
+            await self.desk.approve(self.op, draft.id, draft.version, confirmed=True)
         elif self.interactive:
             await self.ask(self.review, draft)
         else:
@@ -142,7 +146,15 @@ class ConsoleChannel(DeskChannel):
     async def _decide(self, draft: Draft, answer: str) -> None:
         desk, op = self.desk, self.op
         if answer in ("a", "approve"):
-            after = await desk.approve(op, draft.id, draft.version)
+            try:
+                after = await desk.approve(op, draft.id, draft.version)
+            except NeedsConfirmation as exc:  # grounding: confirm asks once more
+                self._print(f"   ⚠️ {exc}")
+                sure = (await _terminal(_ask, "   Send anyway? [y/N]: ")).strip().lower()
+                if sure not in ("y", "yes"):
+                    self._print("   not approved; left pending")
+                    return
+                after = await desk.approve(op, draft.id, draft.version, confirmed=True)
             if after is not None and after.status == "awaiting":  # approval.quorum
                 self._print("   the console's approval counts once; this pipeline needs more "
                             "operators' (approval.quorum) before it sends")

@@ -43,6 +43,19 @@ class LocalEmbedder:
     async def embed(self, texts: list[str]) -> Any:
         return await asyncio.to_thread(self._embed, texts)
 
+    def embed_now(self, texts: list[str]) -> Any:
+        """``texts`` embedded in the caller's thread if the model is loaded and not busy
+        (a background batch holds it), else None: for a short query, where a thread
+        hop costs more than the embedding."""
+        import numpy as np
+
+        if self._model is None or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return np.asarray(self._model.embed(texts, norm=True), dtype=np.float32)
+        finally:
+            self._lock.release()
+
     def _embed(self, texts: list[str]) -> Any:
         import numpy as np
 

@@ -1,8 +1,9 @@
 """Hybrid retrieval (issue 24, ``drafter.retrieval: hybrid``): knowledge passages and
 team-memory examples found by their words (the store's full-text search, as with
 ``lexical``) and by their meaning (cosine similarity of embeddings), fused by
-reciprocal rank, with floors so an unrelated text is not given just because it
-ranks first among unrelated ones.
+:func:`fuse` (similarity plus a bonus for the full-text rank), with a floor and a
+margin to the best so an unrelated text is not given just because it ranks first
+among unrelated ones.
 
 * Vectors live in the store beside the texts (:mod:`bot.store.vectors_sql`), keyed by
   the text's sha256 and the embedding model; in memory each pipeline keeps a matrix
@@ -11,7 +12,8 @@ ranks first among unrelated ones.
   memory; scoring them is one matrix product, well under a millisecond).
 * A draft never waits for embedding: a text without a vector yet is found lexically
   only, and one background task per process embeds what is missing (progress in the
-  log). A change of model embeds everything again, beside the old vectors.
+  log and in the store for ``status``). A change of model embeds everything again,
+  beside the old vectors.
 * The query is embedded when the draft is made: the local model in a worker thread
   once loaded (it is loaded in the background: until then drafts are lexical), a
   ``models:`` entry with one ``/v1/embeddings`` call; a failure falls back to words.
@@ -36,15 +38,19 @@ log = logging.getLogger("draftgate.retrieval")
 
 #: Lexical candidates taken for fusion, per search.
 CANDIDATES = 12
-#: Reciprocal rank fusion: score = sum over rankings of 1 / (RRF_K + rank).
-RRF_K = 20
-#: A text found by meaning alone is given only from this similarity on; one found by
-#: its words too needs at least LEXICAL_FLOOR (measured with scripts/eval_retrieval).
-SEMANTIC_FLOOR, LEXICAL_FLOOR = 0.38, 0.22
+#: Fusion (measured with scripts/eval_retrieval, see :func:`fuse`): a text's score is
+#: its cosine similarity to the email plus LEXICAL_BONUS / (1 + its rank among the
+#: full-text matches). It is given when the score reaches FLOOR and lies within
+#: MARGIN of the best score: an unrelated text is not given just because it ranks
+#: first among unrelated ones, nor because slots are left.
+LEXICAL_BONUS, FLOOR, MARGIN = 0.10, 0.15, 0.08
+#: The similarity assumed for a full-text match that has no vector yet (its words decide).
+UNEMBEDDED = 0.25
 #: How long a pipeline's example rows are reused before they are read again (a new
 #: example is found lexically meanwhile).
 EXAMPLES_TTL = 30.0
 BATCH = 64  # texts per embedding call in the background
+QUERIES_KEPT = 64  # query vectors remembered (a draft's searches share its query's)
 
 
 def sha(text: str) -> str:
@@ -55,6 +61,14 @@ def passage_text(p: Passage) -> str:
     return f"{p.heading}\n{p.text}" if p.heading else p.text
 
 
+def _passage_key(p: Passage) -> tuple:
+    return (p.path, p.heading, p.text)
+
+
+def _example_key(e: Example) -> tuple:
+    return (e.item_id, e.sent_at)
+
+
 @dataclass
 class _Index:
     """One pipeline's passages or examples, with the vectors known so far."""
@@ -62,9 +76,26 @@ class _Index:
     items: list[Any]
     shas: list[str]
     read_at: float
+    position: dict[Any, int] = field(default_factory=dict)  # item key -> position
     built: int = -1  # the generation of vectors the matrix was built from
-    rows: list[int] = field(default_factory=list)  # items that have a vector
+    rows: list[int] = field(default_factory=list)  # positions of items that have a vector
+    row_of: dict[int, int] = field(default_factory=dict)  # position -> row of the matrix
     matrix: Any = None
+
+
+def fuse(lexical_sims: list[float | None], sims: dict[Any, float], lexical: list[Any],
+         limit: int) -> list[Any]:
+    """The keys to give, best first: ``lexical`` are the full-text matches' keys in rank
+    order (``lexical_sims`` their similarities, None: not embedded yet), ``sims`` the
+    similarity of the best embedded texts by key."""
+    scores = dict(sims)
+    for rank, (k, s) in enumerate(zip(lexical, lexical_sims, strict=True)):
+        scores[k] = (UNEMBEDDED if s is None else s) + LEXICAL_BONUS / (1 + rank)
+    if not scores:
+        return []
+    best = max(scores.values())
+    return [k for k in sorted(scores, key=lambda k: -scores[k])[:limit]
+            if scores[k] >= FLOOR and scores[k] >= best - MARGIN]
 
 
 class Retrieval:
@@ -78,6 +109,7 @@ class Retrieval:
         self._indexes: dict[tuple[str, str, str], _Index] = {}  # (pipeline, kind, model)
         self._queue: dict[str, dict[str, str]] = {}  # model -> sha -> text to embed
         self._worker: asyncio.Task | None = None
+        self._queries: dict[tuple[str, str], Any] = {}  # (model, query) -> its vector
         self.generation = 0  # + 1 whenever vectors were added in memory
 
     def embedder(self, p: PipelineConfig) -> Embedder | None:
@@ -117,9 +149,8 @@ class Retrieval:
         async def read() -> list[Passage]:
             return [Passage(*r) for r in await self.store.passage_texts(p.name)]
 
-        index = await self._index(p, "knowledge", emb, read, passage_text, reread)
-        return await self._fuse(emb, index, query, lexical, limit,
-                                lambda x: (x.path, x.heading, x.text))
+        index = await self._index(p, "knowledge", emb, read, passage_text, _passage_key, reread)
+        return await self._fuse(emb, index, query, lexical, limit, _passage_key)
 
     async def examples(self, p: PipelineConfig, query: str, limit: int) -> list[Example]:
         """The ``limit`` past replies for ``query`` (this pipeline's only)."""
@@ -133,66 +164,89 @@ class Retrieval:
         async def read() -> list[Example]:
             return list(await self.store.list_examples(p.name, MEMORY_WINDOW))
 
-        index = await self._index(p, "examples", emb, read, lambda e: e.original, False)
-        return await self._fuse(emb, index, query, lexical, limit,
-                                lambda x: (x.item_id, x.sent_at))
+        index = await self._index(p, "examples", emb, read, lambda e: e.original,
+                                  _example_key, False)
+        return await self._fuse(emb, index, query, lexical, limit, _example_key)
 
     async def _fuse(self, emb: Any, index: _Index, query: str, lexical: list, limit: int,
                     key: Callable[[Any], Any]) -> list:
-        """Both rankings fused, each text at most once, floors applied."""
+        """Both rankings fused, each text at most once, floors applied (see
+        :func:`fuse`)."""
+        import numpy as np
+
         if not index.items:
             # Nothing to rank by meaning (no knowledge, no team memory yet): the model
             # is not loaded for it (tens of MB a pipeline without context never needs).
             return lexical[:limit]
-        sims = await self._similarities(emb, index, query)
-        if sims is None:
+        scores = await self._scores(emb, index, query)
+        if scores is None:
             return lexical[:limit]
-        position = {key(x): i for i, x in enumerate(index.items)}
-        scores: dict[Any, float] = {}
-        found: dict[Any, Any] = {}
-        for rank, x in enumerate(lexical):
-            s = sims.get(position.get(key(x), -1))
-            if s is None or s >= LEXICAL_FLOOR:  # not embedded yet: its words decide
-                scores[key(x)] = 1 / (RRF_K + rank + 1)
-                found[key(x)] = x
-        ranked = sorted(sims.items(), key=lambda kv: -kv[1])[:CANDIDATES]
-        for rank, (i, s) in enumerate(ranked):
-            if s >= SEMANTIC_FLOOR:
-                k = key(index.items[i])
-                scores[k] = scores.get(k, 0.0) + 1 / (RRF_K + rank + 1)
-                found.setdefault(k, index.items[i])
-        best = sorted(scores, key=lambda k: -scores[k])[:limit]
-        return [found[k] for k in best]
+        found: dict[Any, Any] = {key(x): x for x in lexical}
+        top: dict[Any, float] = {}
+        if len(scores):
+            k = min(CANDIDATES, len(scores))
+            for r in np.argpartition(-scores, k - 1)[:k].tolist():
+                item = index.items[index.rows[r]]
+                top[key(item)] = float(scores[r])
+                found.setdefault(key(item), item)
+        rows = [index.row_of.get(index.position.get(key(x), -1)) for x in lexical]
+        ranked = fuse([None if r is None else float(scores[r]) for r in rows], top,
+                      [key(x) for x in lexical], limit)
+        return [found[k] for k in ranked]
 
-    async def _similarities(self, emb: Any, index: _Index, query: str) -> dict[int, float] | None:
-        """Item position -> cosine similarity to ``query``, for the embedded items;
-        None when the query cannot be embedded now (the model is still loading, or
-        the endpoint failed): the draft goes by words alone."""
+    async def _scores(self, emb: Any, index: _Index, query: str) -> Any:
+        """The cosine similarity of each row of ``index``'s matrix to ``query``; None
+        when the query cannot be embedded now (the model is still loading, or the
+        endpoint failed): the draft goes by words alone."""
+        import numpy as np
+
         if not getattr(emb, "loaded", True):
             self._start()
             return None
+        q = await self._query_vector(emb, query[:4000])
+        if q is None:
+            return None
+        if self.pending():
+            self._start()  # texts left by an embedding that stopped: try again
+        if index.built != self.generation:
+            self._build(emb.model, index)
+        if index.matrix is None:
+            return np.zeros(0, dtype=np.float32)
+        # einsum, not matmul: BLAS threads for one matrix-vector product cost 10x more
+        # than they save on a busy machine (measured: 20 ms against 1.5 ms at 3,100 rows).
+        return np.einsum("ij,j->i", index.matrix, q)
+
+    async def _query_vector(self, emb: Any, query: str) -> Any:
+        """``query`` embedded once per draft (its examples and passages share it); the
+        local model on the loop when it is free (a fraction of a millisecond: a
+        thread hop costs more), else in its thread."""
+        cached = self._queries.get((emb.model, query))
+        if cached is not None:
+            return cached
         try:
-            q = (await emb.embed([query[:4000]]))[0]
+            now = getattr(emb, "embed_now", None)
+            vectors = now([query]) if now is not None else None
+            q = (vectors if vectors is not None else await emb.embed([query]))[0]
         except Exception as exc:
             log.warning("query not embedded (%s), searching by words only: %s", emb.model,
                         describe_error(exc))
             return None
-        if index.built != self.generation:
-            self._build(emb.model, index)
-        if index.matrix is None:
-            return {}
-        return dict(zip(index.rows, (index.matrix @ q).tolist(), strict=True))
+        if len(self._queries) >= QUERIES_KEPT:
+            self._queries.clear()
+        self._queries[(emb.model, query)] = q
+        return q
 
     # -- the in-memory index and the background embedding -----------------------------
     async def _index(self, p: PipelineConfig, kind: str, emb: Any, read, text: Callable,
-                     reread: bool) -> _Index:
+                     key: Callable, reread: bool) -> _Index:
         k = (p.name, kind, emb.model)
         index = self._indexes.get(k)
         stale = kind == "examples" and index is not None and \
             time.monotonic() - index.read_at > EXAMPLES_TTL
         if index is None or reread or stale:
             items = await read()
-            index = _Index(items, [sha(text(x)) for x in items], time.monotonic())
+            index = _Index(items, [sha(text(x)) for x in items], time.monotonic(),
+                           {key(x): i for i, x in enumerate(items)})
             self._indexes[k] = index
             await self._load_vectors(emb.model, index, [text(x) for x in items])
         return index
@@ -218,6 +272,7 @@ class Retrieval:
         import numpy as np
 
         index.rows = [i for i, s in enumerate(index.shas) if (model, s) in self._vectors]
+        index.row_of = {i: r for r, i in enumerate(index.rows)}
         index.matrix = np.vstack([self._vectors[(model, index.shas[i])] for i in index.rows]) \
             if index.rows else None
         index.built = self.generation
@@ -233,7 +288,10 @@ class Retrieval:
             if not queue and not getattr(emb, "loaded", True):
                 with contextlib.suppress(Exception):
                     await emb.embed(["warm up"])  # load the model off the event loop
-            total, done = len(queue), 0
+            done = 0
+            if queue:
+                log.info("embedding %d text(s) with %s in the background (found by words "
+                         "until embedded)", len(queue), emb.model)
             while queue:
                 batch = list(queue.items())[:BATCH]
                 try:
@@ -250,8 +308,15 @@ class Retrieval:
                     queue.pop(s, None)
                 self.generation += 1
                 done += len(batch)
-                if done == total or done % (BATCH * 10) == 0:
-                    log.info("embedded %d of %d text(s) with %s", done, total, emb.model)
+                if not queue or done % (BATCH * 10) == 0:
+                    log.info("embedded %d of %d text(s) with %s", done, done + len(queue),
+                             emb.model)
+                await self._progress(emb.model, done, done + len(queue))
+
+    async def _progress(self, model: str, done: int, total: int) -> None:
+        """Kept in the store, so ``draftgate status`` in another process shows it."""
+        with contextlib.suppress(Exception):  # progress is news, never a reason to stop
+            await self.store.set_embedding_progress(model, done, total)
 
     def pending(self) -> int:
         """Texts waiting to be embedded (for ``status`` and the log)."""

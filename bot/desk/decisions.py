@@ -20,8 +20,8 @@ from ..context import grounded
 from ..engine.channels import Channels
 from ..engine.drafting import Drafting
 from ..engine.sending import Sends
-from ..errors import ConfigError, describe_error
-from ..models import Draft, RunCounts, Status, operator_id
+from ..errors import ConfigError, NeedsConfirmation, describe_error
+from ..models import Draft, RunCounts, Status, operator_id, unsupported_of
 from ..service import metrics
 from ..stages import Sender
 from ..store import Store, SweepResult
@@ -64,23 +64,30 @@ class Decisions:
         return d
 
     async def approve(self, draft_id: int, version: int, actor: str,
-                      draft: Draft | None = None, later: str | None = None) -> Draft | None:
+                      draft: Draft | None = None, later: str | None = None,
+                      confirmed: bool = False) -> Draft | None:
         """``draft``: the row the channel read to check the tap, so it is not read
         again; the CAS below is the check that it is still this version, awaiting.
         Below the pipeline's quorum the vote is recorded and the draft comes back
         still ``awaiting`` (None: the vote did not count, e.g. an old version).
         The deciding approval's send waits (``send_after``) for the pipeline's undo
         window and sending hours, or for ``later`` (a 🕘 Later choice: ``hour``,
-        ``tomorrow``, ``monday``, by the pipeline's clock)."""
+        ``tomorrow``, ``monday``, by the pipeline's clock). Under ``grounding: confirm``
+        a version with claims its sources do not support raises
+        :class:`NeedsConfirmation` (nothing counted) unless ``confirmed``."""
         seen = await self._decidable(draft_id, draft)
         p = None if seen is None else self.settings.pipeline(seen.pipeline)
-        quorum = 1 if p is None else p.approval.quorum
         same = seen is not None and seen.version == version
+        claims = self._to_confirm(seen) if same and seen else []
+        if claims and not confirmed:
+            raise NeedsConfirmation(claims)
+        quorum = 1 if p is None else p.approval.quorum
         now = self.clock()
         d = await self.store.approve(draft_id, version, actor, now=now, quorum=quorum,
                                      body=seen.body if same and seen else None,
                                      key=seen.key if seen else None,
-                                     send_after=None if p is None else send_after(p, now, later))
+                                     send_after=None if p is None else send_after(p, now, later),
+                                     note="sent anyway: " + " · ".join(claims) if claims else "")
         if d is None:
             if quorum > 1 and seen is not None and any(
                     v.operator == operator_id(actor)
@@ -104,6 +111,13 @@ class Decisions:
         log.info("%s #%d v%d: send undone by %s", d.pipeline, d.id, d.version, actor)
         self.sends.wake()
         return await self.operators.update_card(d)
+
+    def _to_confirm(self, d: Draft) -> list[str]:
+        """The claims an Approve of ``d`` must confirm (``grounding: confirm``), or []."""
+        if d.status != Status.AWAITING or not self.settings.has_pipeline(d.pipeline) or \
+                self.settings.pipeline(d.pipeline).drafter.grounding != "confirm":
+            return []
+        return unsupported_of(d.used)
 
     @staticmethod
     async def votes_of(settings: Settings, store: Store, d: Draft) -> tuple[list[str], int]:

@@ -67,11 +67,15 @@ class OperatorDesk:
 
     # -- decisions on a draft --------------------------------------------------------------
     async def approve(self, op: Operator, draft_id: int, version: int,
-                      seen: Draft | None = None, later: str | None = None) -> Draft | None:
+                      seen: Draft | None = None, later: str | None = None, *,
+                      confirmed: bool = False) -> Draft | None:
         """Approve (a vote, below the pipeline's quorum); see Decisions.approve.
-        ``later``: send later (``hour``, ``tomorrow``, ``monday``), not at once."""
+        ``later``: send later (``hour``, ``tomorrow``, ``monday``), not at once. With
+        ``grounding: confirm`` a version with unsupported claims raises
+        :class:`~bot.errors.NeedsConfirmation` until approved with ``confirmed``."""
         d = await self._decidable(op, draft_id, "approve" + (f" ({later})" if later else ""), seen)
-        return await self.decisions.approve(draft_id, version, op.actor, d, later=later)
+        return await self.decisions.approve(draft_id, version, op.actor, d, later=later,
+                                            confirmed=confirmed)
 
     async def undo(self, op: Operator, draft_id: int, version: int) -> Draft | None:
         """Undo a deferred send before it begins (the undo window, a later send): the

@@ -16,6 +16,7 @@ from typing import Any, overload
 from .. import scheduler
 from ..clock import hhmm, utc_day
 from ..config.load import PipelineConfig, Settings
+from ..context.embedders import LOCAL_MODEL  # a name: nothing is imported or loaded
 from ..models import PENDING_STATUSES, STATUSES, Draft, Run, Status
 from ..store import ReplayResult, Store, SweepResult
 from ..store.sql import SYSTEM
@@ -34,6 +35,9 @@ class PipelineStatus:
     queued: int = 0  # waiting to be drafted (queued) or being drafted (drafting)
     hold: dict | None = None  # {"reason", "until"}: why drafting is held, if it is
     problem: str = ""  # what is wrong and what to do, when health is not healthy
+    #: "embedding 640/2000 with <model>": the background embedding of its retrieval
+    #: (hybrid), while texts are left to embed (e.g. after a change of model)
+    embedding: str = ""
 
 
 @dataclass
@@ -132,6 +136,7 @@ async def status_all(store: Store, settings: Settings, now: float | None = None)
     now = time.time() if now is None else now
     paused = await store.paused()
     holds = await store.holds()
+    progress = await store.embedding_progress()
     out = []
     for p in settings.pipelines:
         # Enough runs to look past stopped ones to the last that finished.
@@ -143,7 +148,7 @@ async def status_all(store: Store, settings: Settings, now: float | None = None)
             last_run=_run_dict(runs[0] if runs else None),
             pending=sum(counts.get(s, 0) for s in PENDING_STATUSES),
             health=health, queued=counts.get(Status.QUEUED, 0) + counts.get(Status.DRAFTING, 0),
-            hold=hold, problem=problem))
+            hold=hold, problem=problem, embedding=_embedding(p, progress)))
     # A pipeline removed from (or renamed in) the configuration may still own drafts
     # that wait for a decision or a send: show it, so they are not silently stranded.
     unfinished = await store.count_by_pipeline(UNFINISHED_STATUSES)
@@ -310,6 +315,20 @@ def _counts(c: dict) -> str:
     return " ".join(f"{k} {c.get(k, 0)}" for k in keys if k in c)
 
 
+def _embedding(p: PipelineConfig, progress: dict[str, tuple[int, int, float]]) -> str:
+    """The background embedding of ``p``'s model while it has texts left (read from the
+    store: ``status`` never loads a model)."""
+    o = p.drafter
+    if o.retrieval != "hybrid":
+        return ""
+    for model, (done, total, _) in progress.items():
+        mine = model == LOCAL_MODEL if o.embeddings == "local" else \
+            model.startswith(f"api:{o.embeddings}:")
+        if mine and done < total:
+            return f"embedding {done}/{total} with {model} (found by words until embedded)"
+    return ""
+
+
 def format_status_all(items: list[PipelineStatus]) -> str:
     if not items:
         return "no pipelines configured"
@@ -324,7 +343,7 @@ def format_status_all(items: list[PipelineStatus]) -> str:
             continue
         r = s.last_run
         queued = f"  queued {s.queued}" if s.queued else ""
-        tail = f"  {s.problem}" if s.problem else ""
+        tail = (f"  {s.problem}" if s.problem else "") + (f"  {s.embedding}" if s.embedding else "")
         if r is None:
             lines.append(f"{s.name:<{width}}  · never run  {s.schedule}  pending {s.pending}"
                          f"{queued}{tail}")

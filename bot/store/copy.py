@@ -35,7 +35,8 @@ COPY_TABLES: dict[str, tuple[str, ...]] = {
     "knowledge_files": ("pipeline", "path"),
     "knowledge_passages": ("id",),
     "prompts": ("chat", "message_id"),
-    # `embeddings` (issue 24) is left out: vectors are made again in the background
+    # `embeddings` and `embedding_progress` (issue 24) are left out: vectors are made
+    # again in the background
     # from the copied texts, and a draft never waits for them.
 }
 

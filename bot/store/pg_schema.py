@@ -16,7 +16,7 @@ from .chain import GENESIS, seal
 TABLES = ("seen_items", "cursors", "drafts", "pipeline_runs", "audit", "token_usage",
           "pipeline_flags", "locks", "schema_migrations", "approvals", "sent_notices",
           "examples", "knowledge_files", "knowledge_passages", "audit_head", "prompts",
-          "embeddings")
+          "embeddings", "embedding_progress")
 
 #: (version, name, SQL); the SQL may be a list of statements and async Python steps
 #: (called with the connection, inside the migration's transaction).
@@ -364,6 +364,18 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
         "files attached to a reply (issue 28): see schema.py _V_ATTACHED",
         """
         ALTER TABLE drafts ADD COLUMN attached TEXT;
+        """,
+    ),
+    (
+        12,
+        "embedding progress (issue 24): see schema.py _V_EMBED_PROGRESS",
+        """
+        CREATE TABLE embedding_progress (
+            model TEXT PRIMARY KEY,
+            done INTEGER NOT NULL,
+            total INTEGER NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL
+        );
         """,
     ),
 ]

@@ -323,12 +323,22 @@ _V_ATTACHED = [
     "ALTER TABLE drafts ADD COLUMN attached TEXT",
 ]
 
+# Embedding progress (issue 24): how far the background embedding of a model has got,
+# written by the process that embeds, so `draftgate status` elsewhere can show it.
+_V_EMBED_PROGRESS = [
+    """CREATE TABLE embedding_progress (
+        model      TEXT PRIMARY KEY,
+        done       INTEGER NOT NULL,
+        total      INTEGER NOT NULL,
+        updated_at REAL NOT NULL)""",
+]
+
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).
 MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
                         _V_PROMPTS, _V_VECTORS, _V_SEND_AFTER,
-                        _V_ATTACHED]
+                        _V_ATTACHED, _V_EMBED_PROGRESS]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

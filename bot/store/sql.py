@@ -233,15 +233,17 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords, FollowupSql):
     async def approve(self, draft_id: int, version: int, actor: str,
                       now: float | None = None, *, quorum: int = 1,
                       body: str | None = None, key: str | None = None,
-                      send_after: float | None = None) -> Draft | None:
+                      send_after: float | None = None, note: str = "") -> Draft | None:
         """Record ``actor``'s vote for ``version`` (one per operator and version, only
         while it awaits a decision), then CAS ``awaiting -> approved`` if ``quorum``
         distinct operators voted for it; audit row with the sha256 of the body the
         operator saw. ``None`` if the draft did not move: anything differs, or the
         quorum is not met yet (then a new vote is audited, with ``body`` and ``key``
         of the version voted for). ``send_after``: the approved draft is not sent
-        before then (the undo window, a later time); None: at once."""
+        before then (the undo window, a later time); None: at once. ``note``: added to
+        the audit detail (e.g. the unsupported claims the operator confirmed)."""
         t = self._now(now)
+        extra = f"; {note}" if note else ""
         # The vote and the CAS in one transaction, under the draft's row lock (where the
         # backend has row locks), so of two operators tapping at once the later one sees
         # the earlier vote: exactly one of them moves the draft, or neither (quorum 3).
@@ -253,9 +255,9 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords, FollowupSql):
             if not pre[0] or key is None:  # no new vote (stale, or the same operator)
                 return []
             return [audit_row(t, actor, "approve", key, body,
-                              f"v{version}: {pre[1][0][0]}/{quorum} approvals", clean)]
+                              f"v{version}: {pre[1][0][0]}/{quorum} approvals{extra}", clean)]
 
-        detail = f"v{version}" + (f": {quorum}/{quorum} approvals" if quorum > 1 else "")
+        detail = f"v{version}" + (f": {quorum}/{quorum} approvals" if quorum > 1 else "") + extra
         return await self._change(Change((Step(
             APPROVE, "decided_by = ?, decided_at = ?, updated_at = ?, send_after = ?",
             (actor, t, t, send_after),

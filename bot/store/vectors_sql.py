@@ -5,6 +5,8 @@ scored in process (bot/context/retrieval.py), so no vector extension is needed."
 
 from __future__ import annotations
 
+import time
+
 from .base import Backend
 
 _CHUNK = 400  # keys per IN (...) and rows per INSERT
@@ -39,3 +41,15 @@ class VectorSql(Backend):
         rows = await self._query("SELECT path, heading, text FROM knowledge_passages "
                                  "WHERE pipeline = ? ORDER BY id", (pipeline,))
         return [(r[0], r[1], r[2]) for r in rows]
+
+    async def set_embedding_progress(self, model: str, done: int, total: int) -> None:
+        """How far the background embedding with ``model`` has got (for ``status``)."""
+        await self._execute(
+            "INSERT INTO embedding_progress (model, done, total, updated_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (model) DO UPDATE SET done = excluded.done, total = excluded.total, "
+            "updated_at = excluded.updated_at", (model, done, total, time.time()))
+
+    async def embedding_progress(self) -> dict[str, tuple[int, int, float]]:
+        """model -> (done, total, updated at) of the last background embedding."""
+        rows = await self._query("SELECT model, done, total, updated_at FROM embedding_progress")
+        return {r[0]: (int(r[1]), int(r[2]), float(r[3])) for r in rows}

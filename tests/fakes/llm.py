@@ -6,7 +6,8 @@ usage fields, and records every request body. A request the provider would refus
 refused with a 400 in the provider's error shape, before any scripted step: a
 top-level field the endpoint does not document, a missing required field, or a
 structured-output schema that strict mode rejects (see :func:`request_problem`), so
-the fake does not agree with whatever the code sends. Each request takes the next scripted step (or the default: a normal
+the fake does not agree with whatever the code sends. Embeddings are made from words
+(see FakeLLM.embed). Each request takes the next scripted step (or the default: a normal
 answer), so a test can say "429 with Retry-After, then an answer" or "hold this one
 until I say so"::
 
@@ -258,6 +259,49 @@ class FakeLLM:
         self._ids = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.concepts: dict[str, list[str]] = {}  # see _embeddings
+        self.embedding_requests: list[list[str]] = []
+        #: batches (calls of more than one text) answered before each further one is a 500
+        self.embeddings_fail_after: int | None = None
+
+    # -- /v1/embeddings ---------------------------------------------------------------
+    #: Embeddings: each word is a dimension of its own (hashed into DIM), except the
+    #: words a test names in ``concepts`` (concept -> words), which share their
+    #: concept's: so "money back" and "refund" can mean the same to this model.
+    DIM = 512
+
+    def _embeddings(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        texts = body.get("input")
+        texts = [texts] if isinstance(texts, str) else list(texts or [])
+        with self._lock:
+            self.embedding_requests.append(texts)
+            batches = sum(len(r) > 1 for r in self.embedding_requests)
+            if len(texts) > 1 and self.embeddings_fail_after is not None and \
+                    batches > self.embeddings_fail_after:
+                return 500, {"error": {"message": "fake embeddings outage", "type": "server_error"}}
+        data = []
+        for i, t in enumerate(texts):
+            vec: Any = self.embed(t)
+            if body.get("encoding_format") == "base64":  # as the openai SDK asks by default
+                import base64
+                import struct
+
+                vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        words = sum(len(str(t).split()) for t in texts)
+        return 200, {"object": "list", "data": data, "model": body.get("model", ""),
+                     "usage": {"prompt_tokens": words, "total_tokens": words}}
+
+    def embed(self, text: str) -> list[float]:
+        import hashlib
+        import re
+
+        concept = {w: c for c, words in self.concepts.items() for w in words}
+        v = [0.0] * self.DIM
+        for word in re.findall(r"[a-z0-9]+", text.lower()):
+            key = concept.get(word, word)
+            v[int(hashlib.sha256(key.encode()).hexdigest(), 16) % self.DIM] += 1.0
+        return v
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> "FakeLLM":
@@ -370,27 +414,6 @@ def _error_body(api: str, e: Error) -> dict[str, Any]:
                       "code": e.code or str(e.status)}}
 
 
-def _embeddings(req: Request) -> dict[str, Any]:
-    """A vector per input, made from its words (texts sharing words point alike), as
-    floats or base64 float32 as ``encoding_format`` asks (the openai SDK asks base64)."""
-    import base64
-    import hashlib
-    import struct
-
-    data = []
-    for i, text in enumerate(req.inputs):
-        vec = [0.0] * 16
-        for word in str(text).lower().split():
-            vec[hashlib.sha256(word.encode()).digest()[0] % 16] += 1.0
-        emb: Any = vec
-        if req.body.get("encoding_format") == "base64":
-            emb = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
-        data.append({"object": "embedding", "index": i, "embedding": emb})
-    words = sum(len(str(t).split()) for t in req.inputs)
-    return {"object": "list", "data": data, "model": req.body.get("model"),
-            "usage": {"prompt_tokens": words, "total_tokens": words}}
-
-
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -437,7 +460,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, _error_body(req.api, Error(400, problem, code="invalid_request_error")))
             return
         if path == "/v1/embeddings":
-            self._send(200, _embeddings(req))
+            status, answer = fake._embeddings(body)
+            self._send(status, answer)
             return
         step = fake._next(req)
         hold: Hold | None = None

@@ -16,7 +16,7 @@ import html
 import io
 from typing import Any, Awaitable, Callable, Coroutine
 
-from telegram import ForceReply, Update
+from telegram import ForceReply, InlineKeyboardButton, InlineKeyboardMarkup, Update
 from telegram.constants import ParseMode
 from telegram.error import TelegramError
 from telegram.ext import (
@@ -29,7 +29,14 @@ from telegram.ext import (
 
 from ...desk import reports as ops
 from ...desk.operator import Operator
-from ...errors import ApprovalError, ConfigError, DrafterError, DraftgateError, NotAllowed
+from ...errors import (
+    ApprovalError,
+    ConfigError,
+    DrafterError,
+    DraftgateError,
+    NeedsConfirmation,
+    NotAllowed,
+)
 from ...mail.attachments import TELEGRAM_MAX
 from ...models import REPLAYABLE_STATUSES, Draft, Status
 from ...stages import PostedRef
@@ -127,12 +134,17 @@ async def _tap(ch: ChannelView, query: Any, decide: Decide) -> str:
         log.info("ignored callback data from user %s: not on message %s/%s",
                  query.from_user.id, chat_id, mid)
         return "This button does not belong to this message; use the draft's own card."
-    if not on_card and cb.action not in (cards.RETRY, cards.REPLAY):
+    if not on_card and cb.action not in _ON_NOTICES:
         draft = await _reconcile(ch, draft, chat_id, mid)
     try:
         return await decide(ch, query, cb, draft, chat_id)
     except ConfigError as exc:  # the draft's pipeline left the configuration
         return str(exc)
+
+
+#: Actions whose button is on a message of ours other than the card: an ops notice's
+#: Retry send and Replay, the question an Approve asks under grounding: confirm.
+_ON_NOTICES = (cards.RETRY, cards.REPLAY, cards.CONFIRM)
 
 
 def _ours(query: Any, cb: cards.Callback) -> bool:
@@ -144,7 +156,7 @@ def _ours(query: Any, cb: cards.Callback) -> bool:
     rows = getattr(getattr(message, "reply_markup", None), "inline_keyboard", None) or ()
     if message is None or query.data not in {b.callback_data for row in rows for b in row}:
         return False
-    if cb.action in (cards.RETRY, cards.REPLAY):
+    if cb.action in _ON_NOTICES:
         return True
     return cards.parse_card_header(getattr(message, "text", None)) == (cb.draft_id, cb.version)
 
@@ -173,12 +185,24 @@ async def _reconcile(ch: ChannelView, draft: Draft, chat_id: int, mid: int) -> D
 # -- the families --------------------------------------------------------------------------------
 
 async def _approve(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft, chat_id: int) -> str:
+    """Approve & send, and ⚠️ Send anyway on the question Approve asks when the
+    version's claims are not in its sources (``grounding: confirm``)."""
     if draft.status != Status.AWAITING:
         return already(draft)
-    # The draft read to check the tap goes with it: the decision does not read it again.
-    # A 🕘 Later choice is an approval with its send time.
-    after = await ch.desk.approve(actor(query.from_user), draft.id, cb.version, draft,
-                                  later=cards.LATER_CHOICES.get(cb.action))
+    confirmed = cb.action == cards.CONFIRM
+    try:  # the draft read to check the tap goes with it: the decision does not read it again
+        # A 🕘 Later choice is an approval with its send time.
+        after = await ch.desk.approve(actor(query.from_user), draft.id, cb.version, draft,
+                                      later=cards.LATER_CHOICES.get(cb.action),
+                                      confirmed=confirmed)
+    except NeedsConfirmation as exc:
+        await _ask_confirmation(ch, query, draft, chat_id, exc.claims)
+        return "⚠️ Not approved yet: some claims are not in the sources. Send anyway? " \
+               "See the question under the card."
+    if confirmed and query.message is not None:  # the question is answered: its button goes
+        with contextlib.suppress(TelegramError):
+            await ch.bot.edit_message_reply_markup(chat_id, query.message.message_id,
+                                                   reply_markup=None)
     if after is not None and after.status == Status.AWAITING:  # the quorum is not met yet
         await ch.update(after)
         votes, quorum = await ch.desk.votes(after)
@@ -190,6 +214,19 @@ async def _approve(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft
     return {Status.SENT: "✅ Sent.", Status.SEND_FAILED: "❌ Send failed; see the card.",
             Status.SEND_UNKNOWN: "❓ Send outcome unknown; see the card."}.get(
         Status(after.status), f"Approved ({after.status}).")
+
+
+async def _ask_confirmation(ch: ChannelView, query: Any, draft: Draft, chat_id: int,
+                            claims: list[str]) -> None:
+    """The question, as a reply to the tapped card, with its one button."""
+    question = cards.confirm_question(draft, claims)
+    label, data = question.buttons[0][0]
+    message = query.message
+    await ch.bot.send_message(
+        chat_id, question.text, parse_mode=ParseMode.HTML,
+        reply_markup=InlineKeyboardMarkup([[InlineKeyboardButton(label, callback_data=data)]]),
+        reply_to_message_id=message.message_id if message is not None else None,
+        allow_sending_without_reply=True)
 
 
 async def _sent(ch: ChannelView, draft: Draft, after: Draft | None) -> str | None:
@@ -361,7 +398,7 @@ async def _full_text(ch: ChannelView, query: Any, cb: cards.Callback, draft: Dra
 
 
 _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
-    ((cards.APPROVE,), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
+    ((cards.APPROVE, cards.CONFIRM), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
     ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
     ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send),
     ((cards.UNDO,), _undo), ((cards.LATER, cards.LATER_BACK, *cards.LATER_CHOICES), _later),
