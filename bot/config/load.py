@@ -21,6 +21,7 @@ from .checker import CLOCK_RE, DURATION_RE, Checker, kind_of, parse_duration
 from .files import load_yaml, pipeline_files
 from .gmail import GmailAccount, parse_account
 from .imap import Accounts, ImapAccount, parse_accounts
+from .limits import DEFAULT_MAX_PER_TICK, catchup_options, limits
 from .options import (
     ApprovalOptions,
     DrafterOptions,
@@ -30,6 +31,7 @@ from .options import (
     TriageOptions,
 )
 from .outage import OutageOptions, parse_outage
+from .prices import Price, parse_price
 from .telegram import TelegramConfig, parse_telegram
 from .telegram import chat_id as _chat_id
 
@@ -37,7 +39,6 @@ SOURCE_TYPES = ("maildir", "schedule", "gmail", "imap")
 SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft", "smtp_reply", "imap_draft")
 PROVIDERS = ("template", "openai", "anthropic")
 CHANNELS = ("console", "telegram")
-CATCHUP_POLICIES = ("latest", "all", "none")
 MARK_SEEN = ("at_fetch", "on_success")
 
 
@@ -49,6 +50,7 @@ class ModelConfig:
     name: str
     provider: str
     options: dict[str, Any]  # base_url, model, api_key_env, timeout, ... (checked by the drafter)
+    price: Price | None = None  # price: {input, output} per million tokens (draftgate eval)
 
 
 @dataclass(frozen=True)
@@ -120,10 +122,6 @@ def _resolve(base: Path, value: str) -> Path:
     p = Path(os.path.expanduser(value))
     return p if p.is_absolute() else base / p
 
-
-#: Default ``max_per_tick``: enough for any normal tick, small enough that a flood or a
-#: backfill is fetched, stored and drafted in bounded steps (memory, time to first card).
-DEFAULT_MAX_PER_TICK = 200
 
 _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "imap", "models", "max_in_flight",
              "sweep", "observability", "logging", "outage"}
@@ -261,7 +259,8 @@ def _models(ck: Checker, models: dict, settings: Settings) -> None:
         m = ck.mapping(m, f"models.{name}")
         provider = ck.get(m, "provider", f"models.{name}", str, choices=PROVIDERS)
         if provider:
-            settings.models[str(name)] = ModelConfig(str(name), provider, dict(m))
+            settings.models[str(name)] = ModelConfig(str(name), provider, dict(m),
+                                                     parse_price(ck, m, f"models.{name}"))
     if "template" not in settings.models:
         # The offline drafter is always available under this name.
         settings.models["template"] = ModelConfig("template", "template", {"provider": "template"})
@@ -302,8 +301,8 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
     elif budget is not None and budget < 1:
         ck.error("daily_token_budget", f"expected a whole number of tokens (0 or left out: "
                                        f"no budget), got {budget}")
-    catchup, catchup_max = _catchup(ck, data)
-    lease, max_attempts, max_per_tick = _limits(ck, data)
+    catchup, catchup_max = catchup_options(ck, data)
+    lease, max_attempts, max_per_tick = limits(ck, data)
     if name is None:
         return None
     return PipelineConfig(
@@ -454,37 +453,6 @@ def _team(ck: Checker, raw: dict, settings: Settings, channel: str | None
                 ck.error(f"approval.{key}", "needs approval.channel: telegram (a console "
                                             "approval has one operator and no card)")
     return quorum or 1, operators, remind
-
-
-def _catchup(ck: Checker, data: dict) -> tuple[str | None, int | None]:
-    """``catchup:``, a policy or ``{policy, max}``: the policy and the most slots."""
-    catchup = data.get("catchup", "latest")
-    if not isinstance(catchup, dict):
-        return ck.get(data, "catchup", "", str, default="latest", choices=CATCHUP_POLICIES), 24
-    ck.unknown(catchup, {"policy", "max"}, "catchup")
-    catchup_max = ck.get(catchup, "max", "catchup", int, default=24)
-    if catchup_max is not None and catchup_max < 1:
-        ck.error("catchup.max", f"expected a whole number of slots of at least 1, got "
-                                f"{catchup_max}")
-    return ck.get(catchup, "policy", "catchup", str, default="latest",
-                  choices=CATCHUP_POLICIES), catchup_max
-
-
-def _limits(ck: Checker, data: dict) -> tuple[float | None, int | None, int | None]:
-    """``lease``, ``max_attempts`` and ``max_per_tick``, as far as they are valid."""
-    lease = ck.convert(data, "lease", "", parse_duration, default=600.0)
-    if lease is not None and lease <= 0:
-        ck.error("lease", f"expected a duration above 0 like 10m, got {data['lease']!r}; a "
-                          f"drafting claim that lasts no time would expire before every draft")
-    max_attempts = ck.get(data, "max_attempts", "", int, default=3)
-    if max_attempts is not None and max_attempts < 1:
-        ck.error("max_attempts", "expected a whole number of at least 1")
-    max_per_tick = ck.get(data, "max_per_tick", "", int, default=DEFAULT_MAX_PER_TICK)
-    if max_per_tick is not None and max_per_tick < 1:
-        ck.error("max_per_tick", f"expected a whole number of messages of at least 1, like "
-                                 f"{DEFAULT_MAX_PER_TICK}, got {max_per_tick}; it bounds how "
-                                 f"many new items one tick fetches (the rest come next tick)")
-    return lease, max_attempts, max_per_tick
 
 
 def _stage(ck: Checker, data: dict, key: str, types: tuple, ctx: _options.Context) -> Any:

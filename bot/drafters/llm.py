@@ -51,7 +51,7 @@ MAX_WAIT = 60.0
 MAX_HOLD = 3600.0
 _MAX_BACKOFF = 30.0
 _KNOWN = {"provider", "base_url", "model", "api_key_env", "temperature", "max_output_tokens",
-          "timeout", "retries", "backoff"}
+          "timeout", "retries", "backoff", "price"}
 #: The part of a pipeline's lease one draft() may use; the rest is the margin for
 #: storing the answer. Start-up validation and the retry loop use the same share.
 LEASE_SHARE = 0.9

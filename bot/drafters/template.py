@@ -129,7 +129,7 @@ def create(model: ModelConfig, pipeline: PipelineConfig, settings: Settings) -> 
     """Check the template drafter's options and build it (no I/O)."""
     errors: list[str] = []
     mck = Checker(settings.file, errors)
-    mck.unknown(model.options, {"provider"}, f"models.{model.name}")
+    mck.unknown(model.options, {"provider", "price"}, f"models.{model.name}")
     ck = Checker(pipeline.file, errors)
     # max_input, signature and language are for model drafters; they are allowed here
     # (switching a pipeline to `model: template` for a test must not break it) and do
