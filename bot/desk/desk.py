@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..clock import wall
 from ..config.load import Settings
 from ..errors import NotAllowed
-from ..models import Draft, Example, RunCounts
+from ..models import Draft, Example, RunCounts, Status
 from ..store import ReplayResult, Store, SweepResult
 from . import reports
 from .decisions import Decisions
+from .evaluate import EvalItem, Evaluation
 from .operator import Operator, refusal
 
 if TYPE_CHECKING:
@@ -203,6 +204,23 @@ class OperatorDesk:
     async def forget_example(self, op: Operator, pipeline: str, item_id: str) -> int:
         await self.authorize(op, pipeline, "memory forget")
         return await self.store.forget_example(pipeline, item_id, op.actor)
+
+    # -- draftgate eval (reads only: bot.desk.evaluate) ----------------------------------
+    async def eval_items(self, op: Operator, pipeline: str, limit: int) -> list[EvalItem]:
+        """The newest ``limit`` items of ``pipeline`` the operators decided, oldest first:
+        a reply sent (its text, the reply expected) or an FYI card dismissed (notify)."""
+        self.settings.pipeline(pipeline)
+        await self.authorize(op, pipeline, "eval")
+        found = await self.store.recent(pipeline, (Status.SENT, Status.DISMISSED), limit)
+        return [EvalItem(d.item_id, d.message, d.body if d.status == Status.SENT else None,
+                         "reply" if d.status == Status.SENT else "notify", d.created_at)
+                for d in reversed(found)]
+
+    async def evaluation(self, op: Operator, pipeline: str) -> Evaluation:
+        """A runner of configurations on items that reads this desk's store and writes
+        nothing (``await ev.close()`` after)."""
+        await self.authorize(op, pipeline, "eval")
+        return Evaluation(self.settings, self.store)
 
     async def verify_audit(self, op: Operator) -> Any:
         """``audit verify``: walk the whole chain (a :class:`bot.store.chain.Report`)."""
