@@ -278,6 +278,8 @@ class DraftRequest:
     previous_body: str = ""
     draft_key: str = ""
     context: Context = field(default_factory=Context)
+    #: The pipeline's approved style notes (instructions an operator approved).
+    style_notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -364,3 +366,27 @@ class AuditEntry:
     draft_key: str | None
     text_sha256: str | None
     detail: str | None
+
+
+@dataclass
+class StyleNotes:
+    """One version of a pipeline's style rules learned from edits (``style_notes``):
+    ``proposed`` by the model, then ``approved`` or ``rejected`` by an operator; an
+    approved one is ``superseded`` by the next approved version."""
+
+    id: int
+    pipeline: str
+    version: int
+    rules: list[str]
+    status: str  # proposed | approved | rejected | superseded
+    created_at: float
+    created_by: str
+    decided_by: str | None = None
+    decided_at: float | None = None
+    approval_chat: str | None = None
+    approval_message_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Its audit rows' key."""
+        return f"{self.pipeline}|style-notes|v{self.version}"
