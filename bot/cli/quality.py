@@ -90,3 +90,87 @@ async def _eval(args) -> int:
     else:
         print(say(eval_report.format_text(runs, items, stopped)))
     return 0
+
+
+def add_memory_verbs(verbs) -> None:
+    """`memory distill` and `memory notes`, beside `memory list` and `memory forget`."""
+    distill = verbs.add_parser(
+        "distill", parents=options(), help="propose style notes learned from the team's edits",
+        description="Ask the pipeline's model to turn the team's recent edits (pairs of the "
+                    "model's first draft and the reply an operator sent instead; at least 5) "
+                    "into at most 10 short style rules. They are a proposal: the running "
+                    "draftgate posts them as a card in the pipeline's Telegram approvals chat "
+                    "at its next tick (Approve / Edit / Reject); only approved rules are added "
+                    "to the drafter's instructions, for this pipeline only. Pipelines with "
+                    "console approvals: `memory notes PIPELINE --approve V`. With "
+                    "style_notes: weekly in the pipeline, draftgate run does this once a week. "
+                    "Audited; its tokens count in the pipeline's daily usage.")
+    distill.add_argument("pipeline")
+    distill.set_defaults(func=_distill)
+    notes = verbs.add_parser(
+        "notes", parents=options(json=True), help="list a pipeline's style notes; forget one",
+        description="The versions of PIPELINE's style notes, newest first, with their status "
+                    "(proposed, approved: the one drafts are given, rejected, superseded) and "
+                    "who decided. --forget N drops rule N of the approved version (a new "
+                    "version without it; audited). --approve V / --reject V decide a proposed "
+                    "version from the terminal, as the console (pipelines whose approval.console "
+                    "allows it).")
+    notes.add_argument("pipeline")
+    group = notes.add_mutually_exclusive_group()
+    group.add_argument("--forget", type=int, metavar="N", help="drop rule N of the approved version")
+    group.add_argument("--approve", type=int, metavar="V", help="approve proposed version V")
+    group.add_argument("--reject", type=int, metavar="V", help="reject proposed version V")
+    notes.set_defaults(func=_notes)
+
+
+async def _distill(args) -> int:
+    text_argument("pipeline", args.pipeline)
+    settings = load(args.config)
+    async with open_desk(settings) as desk:
+        notes = await desk.distill_notes(CONSOLE, args.pipeline)
+    print(say(f"{args.pipeline}: style notes v{notes.version} proposed ({len(notes.rules)} "
+              f"rule(s)); the running draftgate posts the card for approval at the "
+              f"pipeline's next tick. Nothing reaches a draft before an operator approves."))
+    for i, rule in enumerate(notes.rules, 1):
+        print(say(f"  {i}. {rule}"))
+    return 0
+
+
+async def _notes(args) -> int:
+    from dataclasses import asdict
+
+    text_argument("pipeline", args.pipeline)
+    settings = load(args.config)
+    async with open_desk(settings) as desk:
+        if args.forget is not None:
+            after = await desk.forget_note(CONSOLE, args.pipeline, args.forget)
+            print(say(f"{args.pipeline}: rule {args.forget} dropped; v{after.version} is in use"
+                      if after else f"{args.pipeline}: no rule {args.forget} in the approved "
+                      f"version; `draftgate memory notes {args.pipeline}` lists them"))
+            return 0 if after else 1
+        if args.approve is not None or args.reject is not None:
+            return await _decide(desk, args)
+        versions = await desk.style_notes(CONSOLE, args.pipeline)
+    if args.json:
+        print(json.dumps([asdict(v) for v in versions], indent=2))
+        return 0
+    if not versions:
+        print(say(f"{args.pipeline}: no style notes yet (`draftgate memory distill "
+                  f"{args.pipeline}` proposes some)"))
+    for v in versions:
+        who = f" by {v.decided_by}" if v.decided_by else ""
+        print(say(f"v{v.version}  {v.status}{who}"))
+        for i, rule in enumerate(v.rules, 1):
+            print(say(f"  {i}. {rule}"))
+    return 0
+
+
+async def _decide(desk, args) -> int:
+    version = args.approve if args.approve is not None else args.reject
+    decision = "approved" if args.approve is not None else "rejected"
+    found = [v for v in await desk.style_notes(CONSOLE, args.pipeline) if v.version == version]
+    after = await desk.decide_notes(CONSOLE, found[0].id, decision) if found else None
+    print(say(f"{args.pipeline}: style notes v{version} {decision}" if after else
+              f"{args.pipeline}: no proposed version v{version}; `draftgate memory notes "
+              f"{args.pipeline}` lists them"))
+    return 0 if after else 1

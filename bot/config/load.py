@@ -77,6 +77,7 @@ class PipelineConfig:
     max_per_tick: int = 200  # new items fetched and admitted per tick; the rest wait
     triage: TriageOptions | None = None  # None: every admitted email is drafted
     timezone: str = "UTC"  # IANA zone of cron schedules and slot ids
+    style_notes: str = "off"  # weekly: distill style notes from edits once a week
 
     def path(self, value: str) -> Path:
         """A path from this pipeline's file, relative to the deployment directory."""
@@ -127,7 +128,8 @@ _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "imap", "models", "max_i
              "sweep", "observability", "logging", "outage"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
-                  "daily_token_budget", "enabled", "max_per_tick", "triage", "timezone"}
+                  "daily_token_budget", "enabled", "max_per_tick", "triage", "timezone",
+                  "style_notes"}
 
 
 def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] | None = None
@@ -314,7 +316,8 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
         catchup=catchup or "latest", catchup_max=catchup_max or 24,
         daily_token_budget=budget, enabled=ck.get(data, "enabled", "", bool, default=True),
         base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK, triage=triage,
-        timezone=tz,
+        timezone=tz, style_notes=ck.get(data, "style_notes", "", str, default="off",
+                                         choices=("off", "weekly")),
     )
 
 

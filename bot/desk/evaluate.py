@@ -124,6 +124,7 @@ class Evaluation:
         self.settings, self.store = settings, store
         self._sources: dict[str, Any] = {}
         self.context = ContextBuilder(store, self._source, settings)
+        self.style_notes: tuple[str, ...] = ()
 
     def _source(self, p: PipelineConfig) -> Any:
         """The pipeline's source, for the thread of an item (None if it cannot be built
@@ -147,6 +148,9 @@ class Evaluation:
                   progress: Callable[[int, int], None] | None = None) -> list[EvalRun]:
         """Each configuration on each item, item by item (so every configuration has the
         same items when the budget stops it)."""
+        # The live pipeline's approved style notes, as its drafts are given them.
+        notes = await self.store.approved_notes(configs[0].name)
+        self.style_notes = tuple(notes.rules) if notes else ()
         runs = [EvalRun(p.file, self.settings.models[p.drafter.model].options.get("model")
                         or p.drafter.model) for p in configs]
         stages = [(build_triager(p, self.settings), build_model(p, self.settings,
@@ -194,7 +198,7 @@ class Evaluation:
 
         context = await self.context.build(p, d, keep)
         request = DraftRequest(pipeline=p.name, message=item.message, draft_key=d.key,
-                               context=context)
+                               context=context, style_notes=self.style_notes)
         try:
             result = await asyncio.wait_for(drafter.draft(request), timeout=p.lease * 0.9)
         except Exception as exc:

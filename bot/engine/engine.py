@@ -38,6 +38,7 @@ from .channels import Channels
 from .drafting import Drafting
 from .lease import Leases
 from .loop import Loop
+from .notes import StyleNoteJobs
 from .reminders import Reminders
 from .sending import Sends
 
@@ -81,6 +82,7 @@ class Engine:
         self.drafting = Drafting(settings, store, self.leases, self.channels, self.drafter,
                                  self.clock, self.triager, self.source, self._models_imported)
         self.reminders = Reminders(settings, store, self.channels, self.clock)
+        self.notes = StyleNoteJobs(settings, store, self.channels, self.clock)
         self.loop = Loop(settings, store, self.channels, self.tick, self.clock, self.reminders)
         self.notify = self.channels.notify
         self.held = self.loop.outage.held  # "store unreachable since …", or None
@@ -252,6 +254,7 @@ class Engine:
                     run_id, STOPPED, counts.to_dict(), STOPPED_TEXT, now=self.clock()))
             metrics.tick_done(p.name, STOPPED, counts, self.clock() - started)
             raise
+        await self.notes.tick(p)  # style notes: the weekly distill, unposted cards
         await self._record_run(p, run_id, counts, error, started)
 
     async def _record_run(self, p: PipelineConfig, run_id: int, counts: RunCounts,
