@@ -232,3 +232,34 @@ async def test_versions_are_decided_once_superseded_and_kept_per_pipeline(store)
     assert await store.last_notes_at("support") == 102.0
     assert (await store.verify_audit()).problem is None
     assert await store.edit_pairs("support", 10) == []
+
+
+async def test_style_notes_weekly_proposes_once_a_week_from_the_tick(team, llm, tg):
+    for i in range(5):
+        await team.edited_and_sent(f"Hello, your order ships today. The Acme team ({i})")
+    await team.close()
+    path = team.tmp / "pipelines" / "support.yaml"
+    path.write_text(path.read_text() + "style_notes: weekly\n")
+    await team.start()
+    llm.script(llm.reply(json.dumps({"rules": RULES})))
+    asked = len(llm.requests)
+    await team.engine.tick("support")
+    assert len(llm.requests) == asked + 1  # the distill (no mail to draft)
+    assert all(rule in team.card(1).text for rule in RULES)
+    [v1] = await team.store.notes_versions("support")
+    assert (v1.status, v1.created_by) == ("proposed", "system (weekly)")
+    await team.engine.tick("support")  # within the week: no second call, no second card
+    assert len(llm.requests) == asked + 1 and len(await team.store.notes_versions("support")) == 1
+    await team.engine.tick("sales")  # a pipeline without style_notes: weekly
+    assert len(llm.requests) == asked + 1
+
+
+def test_a_model_price_is_checked_by_validate(tmp_path, capsys):
+    from bot.cli.main import main
+
+    (tmp_path / "draftgate.yaml").write_text(
+        "models:\n  llm: {provider: openai, model: m, price: {input: -1, out: 2}}\n")
+    assert main(["validate", "-c", str(tmp_path / "draftgate.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "models.llm.price.input: expected a price of 0 or more per million tokens" in err
+    assert "models.llm.price.out" in err and "models.llm.price.output: missing" in err
