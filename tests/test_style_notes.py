@@ -263,3 +263,28 @@ def test_a_model_price_is_checked_by_validate(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "models.llm.price.input: expected a price of 0 or more per million tokens" in err
     assert "models.llm.price.out" in err and "models.llm.price.output: missing" in err
+
+
+async def test_console_pipelines_decide_a_proposal_from_the_terminal(tmp_path, llm, capsys):
+    from tests.support.context_world import Deployment
+    from tests.support.context_world import eml as mail
+
+    w = await Deployment(tmp_path, llm, "openai", f"sqlite:///{tmp_path}/state.db").open()
+    try:
+        for n in range(1, 6):
+            llm.script(llm.reply(FIRST_DRAFT))
+            d, _ = await w.draft("support", n, mail(n, "Order", f"Where is order #{n}?"))
+            d = await w.desk.edit(op("anna"), d.id, d.version, f"Order #{n} ships. The Acme team")
+            await w.desk.approve(op("anna"), d.id, d.version)
+        llm.script(llm.reply(json.dumps({"rules": RULES})))
+        assert await cli(["memory", "distill", "support", "-c", w.config]) == 0
+        assert "memory notes support --approve 1" in capsys.readouterr().out
+        assert await cli(["memory", "notes", "support", "--approve", "2", "-c", w.config]) == 1
+        assert await cli(["memory", "notes", "support", "--approve", "1", "-c", w.config]) == 0
+        _, req = await w.draft("support", 9, mail(9, "Order", "Where is order #9?"))
+        assert _notes_block(req) == RULES
+        assert await cli(["memory", "notes", "support", "-c", w.config]) == 0
+        out = capsys.readouterr().out
+        assert "v1  approved by console" in out and f"2. {RULES[1]}" in out
+    finally:
+        await w.close()

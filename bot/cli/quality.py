@@ -128,9 +128,12 @@ async def _distill(args) -> int:
     settings = load(args.config)
     async with open_desk(settings) as desk:
         notes = await desk.distill_notes(CONSOLE, args.pipeline)
+    where = ("the running draftgate posts the card for approval at the pipeline's next tick"
+             if settings.pipeline(args.pipeline).approval.channel == "telegram" else
+             f"approve them with `draftgate memory notes {args.pipeline} --approve "
+             f"{notes.version}`")
     print(say(f"{args.pipeline}: style notes v{notes.version} proposed ({len(notes.rules)} "
-              f"rule(s)); the running draftgate posts the card for approval at the "
-              f"pipeline's next tick. Nothing reaches a draft before an operator approves."))
+              f"rule(s)); {where}. Nothing reaches a draft before an operator approves."))
     for i, rule in enumerate(notes.rules, 1):
         print(say(f"  {i}. {rule}"))
     return 0

@@ -13,7 +13,7 @@ from ..config.load import PipelineConfig, Settings
 from ..drafters.distill import MAX_PAIRS, MIN_PAIRS
 from ..drafters.distill import distill as distill_rules
 from ..drafters.llm import LLMDrafter
-from ..errors import DrafterSetupError, DraftgateError, describe_error
+from ..errors import DrafterSetupError, DraftgateError, StoreUnavailable, describe_error
 from ..models import StyleNotes
 from ..store import Store
 from .build import build_model
@@ -70,6 +70,8 @@ class StyleNoteJobs:
             if p.style_notes == "weekly":
                 await self._weekly(p)
             await self.post(p)
+        except StoreUnavailable:
+            raise  # the loop holds the ticks (bot.engine.outage)
         except Exception as exc:  # never the tick's failure: the mail goes on
             log.warning("%s: style notes: %s", p.name, describe_error(exc),
                         exc_info=not isinstance(exc, DraftgateError))
