@@ -97,7 +97,8 @@ async def test_eval_reports_the_figures_of_a_known_history_and_writes_nothing(
                                            (REPLIES[2], REPLIES[2])]), 2)
     assert (t["items"], t["drafted"], t["tokens_in"], t["tokens_out"]) == (3, 3, 300, 60)
     assert t["cost"] == pytest.approx((300 * 1.0 + 60 * 2.0) / 1e6)
-    assert t["triage_judged"] == 0 and out["stopped"] is None
+    # no triage: every email is drafted, which agrees with the replies the team sent
+    assert (t["triage_agreed"], t["triage_judged"]) == (3, 3) and out["stopped"] is None
     # Each draft was asked without the item's own sent reply among the past replies.
     requests = fake.requests[asked:]
     assert len(requests) == 3
@@ -167,6 +168,22 @@ async def test_a_folder_of_emails_with_the_replies_sent(history, fake, capsys, t
     assert await cli(["eval", "support", "--from", str(folder), "--json", "-c", w.config]) == 0
     [run] = json.loads(capsys.readouterr().out)["configurations"]
     assert [(i["item_id"], i["chrf"]) for i in run["items"]] == [("late", 100.0), ("spam", None)]
+
+    # triage agreement: a configuration whose triage skips everything agrees on the spam only
+    variant = tmp_path / "skip-all.yaml"
+    variant.write_text("name: support-try\nschedule: 5m\nsource: {type: maildir, path: inbox}\n"
+                       "drafter: {model: llm}\ntriage: {rules: Skip every email.}\n"
+                       "sender: {type: outbox, path: out-try, from: s@shop.example}\n"
+                       "lease: 60s\n")
+    skip = fake.reply('{"action": "skip", "reason": "the rules say skip"}')
+    fake.script(fake.reply("Order #77 ships tomorrow."), skip, fake.reply("Hello"), skip)
+    assert await cli(["eval", "support", "--from", str(folder), "--with", str(variant), "--json",
+                      "-c", w.config]) == 0
+    out = json.loads(capsys.readouterr().out)
+    b = out["configurations"][1]
+    assert [i["triage_agrees"] for i in b["items"]] == [False, True]
+    assert (b["totals"]["triage_agreed"], b["totals"]["triage_judged"]) == (1, 2)
+    assert out["worse"] == ["late"] and out["better"] == ["spam"]
 
     (folder / "spam.triage.txt").write_text("maybe\n")
     assert await cli(["eval", "support", "--from", str(folder), "-c", w.config]) == 2

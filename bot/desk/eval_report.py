@@ -31,6 +31,7 @@ def totals(run: EvalRun, items: list[EvalItem]) -> dict[str, Any]:
         if pairs else None,
         "triage_agreed": sum(bool(r.triage_agrees) for r in judged),
         "triage_judged": len(judged),
+        "triage": any(r.triage is not None for r in rs),
         "unsupported_claims": sum(len(r.unsupported) for r in rs),
         "drafts_with_unsupported": sum(bool(r.unsupported) for r in rs),
         "tokens_in": sum(r.tokens_in for r in rs), "tokens_out": sum(r.tokens_out for r in rs),
@@ -123,6 +124,7 @@ def _side_by_side(a: EvalRun, b: EvalRun) -> list[str]:
 def _totals_line(t: dict[str, Any]) -> str:
     chrf = "-" if t["chrf"] is None else f"{t['chrf']:.1f} (mean {t['chrf_mean']:.1f})"
     triage = (f", triage agreed {t['triage_agreed']}/{t['triage_judged']}"
+              + ("" if t["triage"] else " (no triage: every email drafted)")
               if t["triage_judged"] else "")
     cost = "" if t["cost"] is None else f", ${t['cost']:.4f}"
     return (f"{t['configuration']} ({t['model']}): {t['items']} item(s), {t['drafted']} "

@@ -183,6 +183,8 @@ class Evaluation:
             if item.expected is not None:
                 r.triage_agrees = (decision.action == item.expected or
                                    (item.expected != "reply" and decision.action != "reply"))
+        elif item.expected is not None:  # without triage every email is drafted: "reply"
+            r.triage_agrees = item.expected == "reply"
         if r.triage in (None, "reply"):
             await self._draft(p, item, drafter, r)
         if item.sent is not None:
