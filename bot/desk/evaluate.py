@@ -205,14 +205,21 @@ class Evaluation:
             result = await asyncio.wait_for(drafter.draft(request), timeout=p.lease * 0.9)
         except Exception as exc:
             r.error = describe_error(exc)
-            r.tokens_out += int(getattr(exc, "tokens", 0) or 0)
+            # An unusable answer was paid for too (counted as output).
+            self._spent(p, r, 0, int(getattr(exc, "tokens", 0) or 0))
             return
         r.draft = (result.body or "").strip()
         used = await asyncio.to_thread(grounded.check, p, request, r.draft, context.used())
         r.unsupported = [str(c) for c in used.get(grounded.UNSUPPORTED) or []]
-        r.tokens_in += result.tokens_in
-        r.tokens_out += result.tokens_out
-        cost = self._cost(p.drafter.model, result.tokens_in, result.tokens_out)
+        self._spent(p, r, result.tokens_in, result.tokens_out)
+
+    def _spent(self, p: PipelineConfig, r: ItemResult, tokens_in: int, tokens_out: int) -> None:
+        """The drafter's tokens and cost added to the item's (its triage's, if any)."""
+        if not tokens_in + tokens_out:
+            return
+        r.tokens_in += tokens_in
+        r.tokens_out += tokens_out
+        cost = self._cost(p.drafter.model, tokens_in, tokens_out)
         r.cost = None if cost is None or (r.cost is None and r.triage is not None) else \
             cost + (r.cost or 0.0)
 
