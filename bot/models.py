@@ -283,6 +283,8 @@ class DraftRequest:
     draft_key: str = ""
     context: Context = field(default_factory=Context)
     signature: str | None = None  # drafter.signature: gmail, as fetched; None: the configured one
+    #: The pipeline's approved style notes (instructions an operator approved).
+    style_notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -369,3 +371,27 @@ class AuditEntry:
     draft_key: str | None
     text_sha256: str | None
     detail: str | None
+
+
+@dataclass
+class StyleNotes:
+    """One version of a pipeline's style rules learned from edits (``style_notes``):
+    ``proposed`` by the model, then ``approved`` or ``rejected`` by an operator; an
+    approved one is ``superseded`` by the next approved version."""
+
+    id: int
+    pipeline: str
+    version: int
+    rules: list[str]
+    status: str  # proposed | approved | rejected | superseded
+    created_at: float
+    created_by: str
+    decided_by: str | None = None
+    decided_at: float | None = None
+    approval_chat: str | None = None
+    approval_message_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Its audit rows' key."""
+        return f"{self.pipeline}|style-notes|v{self.version}"

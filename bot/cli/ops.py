@@ -82,10 +82,12 @@ def add_cli(subparsers) -> None:
 
 def _add_memory(subparsers) -> None:
     memory = subparsers.add_parser(
-        "memory", help="show or remove a pipeline's past replies used as examples",
+        "memory", help="past replies used as examples; style notes learned from edits",
         description="Team memory: every sent reply is kept with its original email as an "
                     "example for drafting later emails of the same pipeline (drafter.examples). "
-                    "`memory list` shows them, `memory forget` removes one item's.")
+                    "`memory list` shows them, `memory forget` removes one item's. Style "
+                    "notes: `memory distill` proposes rules learned from the team's edits, "
+                    "`memory notes` lists them and forgets one.")
     verbs = memory.add_subparsers(dest="memory_command", metavar="VERB", required=True)
     listing = verbs.add_parser("list", parents=options(json=True), help="newest examples first",
                                description="The newest examples of PIPELINE: item id, when "
@@ -100,6 +102,9 @@ def _add_memory(subparsers) -> None:
     forget.add_argument("pipeline")
     forget.add_argument("item_id", help="as `draftgate memory list PIPELINE` shows it")
     forget.set_defaults(func=_memory_forget)
+    from .quality import add_memory_verbs
+
+    add_memory_verbs(verbs)
 
 
 async def _memory_list(args) -> int:

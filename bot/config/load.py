@@ -23,6 +23,7 @@ from .files import load_yaml, pipeline_files
 from .followup import FollowupOptions, parse_followup
 from .gmail import GmailAccount, parse_account
 from .imap import Accounts, ImapAccount, parse_accounts
+from .limits import DEFAULT_MAX_PER_TICK, catchup_options, limits
 from .models import ModelConfig, parse_model
 from .options import (
     ApprovalOptions,
@@ -37,7 +38,6 @@ from .telegram import TelegramConfig, parse_telegram
 
 SOURCE_TYPES = ("maildir", "schedule", "gmail", "imap")
 SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft", "smtp_reply", "imap_draft")
-CATCHUP_POLICIES = ("latest", "all", "none")
 MARK_SEEN = ("at_fetch", "on_success")
 
 
@@ -70,6 +70,7 @@ class PipelineConfig:
     timezone: str = "UTC"  # IANA zone of cron schedules and slot ids
     followup: FollowupOptions | None = None  # None: no follow-ups
     attachments: Path | None = None  # sender.attachments: files 📎 Attach offers; None: off
+    style_notes: str = "off"  # weekly: distill style notes from edits once a week
 
     def path(self, value: str) -> Path:
         """A path from this pipeline's file, relative to the deployment directory."""
@@ -116,16 +117,12 @@ def _resolve(base: Path, value: str) -> Path:
     return p if p.is_absolute() else base / p
 
 
-#: Default ``max_per_tick``: enough for any normal tick, small enough that a flood or a
-#: backfill is fetched, stored and drafted in bounded steps (memory, time to first card).
-DEFAULT_MAX_PER_TICK = 200
-
 _TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "imap", "models", "max_in_flight",
              "sweep", "observability", "logging", "outage"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
                   "daily_token_budget", "enabled", "max_per_tick", "triage", "timezone",
-                  "followup"}
+                  "followup", "style_notes"}
 
 
 def load_settings(config_file: str | os.PathLike, *, only_pipelines: list[str] | None = None
@@ -303,8 +300,8 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
     elif budget is not None and budget < 1:
         ck.error("daily_token_budget", f"expected a whole number of tokens (0 or left out: "
                                        f"no budget), got {budget}")
-    catchup, catchup_max = _catchup(ck, data)
-    lease, max_attempts, max_per_tick = _limits(ck, data)
+    catchup, catchup_max = catchup_options(ck, data)
+    lease, max_attempts, max_per_tick = limits(ck, data)
     if name is None:
         return None
     return PipelineConfig(
@@ -318,6 +315,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
         base_dir=base, max_per_tick=max_per_tick or DEFAULT_MAX_PER_TICK, triage=triage,
         timezone=tz, followup=parse_followup(ck, data.get("followup"), base),
         attachments=attachments,
+        style_notes=ck.get(data, "style_notes", "", str, default="off", choices=("off", "weekly")),
     )
 
 
@@ -410,37 +408,6 @@ def knowledge_files(base: Path, patterns: tuple[str, ...]) -> list[Path]:
         where = str(_resolve(base, pattern))
         found.update(Path(f) for f in glob.glob(where, recursive=True) if os.path.isfile(f))
     return sorted(found)
-
-
-def _catchup(ck: Checker, data: dict) -> tuple[str | None, int | None]:
-    """``catchup:``, a policy or ``{policy, max}``: the policy and the most slots."""
-    catchup = data.get("catchup", "latest")
-    if not isinstance(catchup, dict):
-        return ck.get(data, "catchup", "", str, default="latest", choices=CATCHUP_POLICIES), 24
-    ck.unknown(catchup, {"policy", "max"}, "catchup")
-    catchup_max = ck.get(catchup, "max", "catchup", int, default=24)
-    if catchup_max is not None and catchup_max < 1:
-        ck.error("catchup.max", f"expected a whole number of slots of at least 1, got "
-                                f"{catchup_max}")
-    return ck.get(catchup, "policy", "catchup", str, default="latest",
-                  choices=CATCHUP_POLICIES), catchup_max
-
-
-def _limits(ck: Checker, data: dict) -> tuple[float | None, int | None, int | None]:
-    """``lease``, ``max_attempts`` and ``max_per_tick``, as far as they are valid."""
-    lease = ck.convert(data, "lease", "", parse_duration, default=600.0)
-    if lease is not None and lease <= 0:
-        ck.error("lease", f"expected a duration above 0 like 10m, got {data['lease']!r}; a "
-                          f"drafting claim that lasts no time would expire before every draft")
-    max_attempts = ck.get(data, "max_attempts", "", int, default=3)
-    if max_attempts is not None and max_attempts < 1:
-        ck.error("max_attempts", "expected a whole number of at least 1")
-    max_per_tick = ck.get(data, "max_per_tick", "", int, default=DEFAULT_MAX_PER_TICK)
-    if max_per_tick is not None and max_per_tick < 1:
-        ck.error("max_per_tick", f"expected a whole number of messages of at least 1, like "
-                                 f"{DEFAULT_MAX_PER_TICK}, got {max_per_tick}; it bounds how "
-                                 f"many new items one tick fetches (the rest come next tick)")
-    return lease, max_attempts, max_per_tick
 
 
 def _stage(ck: Checker, data: dict, key: str, types: tuple, ctx: _options.Context) -> Any:

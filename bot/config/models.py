@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlsplit
 from ..errors import DrafterSetupError
 from ..redact import redact_url, register
 from .checker import Checker, parse_duration
+from .prices import Price, parse_price
 
 PROVIDERS = ("template", "openai", "anthropic")
 #: Where each provider's API is when ``base_url`` is not set.
@@ -27,7 +28,7 @@ MAX_BACKOFF = 30.0
 #: Used as the API key for local servers (Ollama, llama.cpp...) that want none.
 NO_KEY = "not-needed"
 _KNOWN = {"provider", "base_url", "model", "api_key_env", "temperature", "max_output_tokens",
-          "timeout", "retries", "backoff"}
+          "timeout", "retries", "backoff", "price"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ModelConfig:
     timeout: float = 60.0
     retries: int = 2
     backoff: float = 1.0
+    price: Price | None = None  # {input, output} per million tokens (draftgate eval)
 
     @property
     def where(self) -> str:
@@ -102,9 +104,10 @@ def parse_model(ck: Checker, name: str, raw: Any) -> ModelConfig | None:
                                      "of an environment variable that holds it")
     if provider is None:
         return None
+    price = parse_price(ck, data, where)
     if provider == "template":
-        ck.unknown({k: v for k, v in data.items() if k != "api_key"}, {"provider"}, where)
-        return ModelConfig(name, provider)
+        ck.unknown({k: v for k, v in data.items() if k != "api_key"}, {"provider", "price"}, where)
+        return ModelConfig(name, provider, price=price)
     ck.unknown({k: v for k, v in data.items() if k != "api_key"}, _KNOWN, where)
     base_url = ck.get(data, "base_url", where, str, default=None)
     if base_url is not None and not base_url.startswith(("http://", "https://")):
@@ -139,4 +142,4 @@ def parse_model(ck: Checker, name: str, raw: Any) -> ModelConfig | None:
         return None
     return ModelConfig(name, provider, base_url or DEFAULT_BASE_URL[provider], str(model),
                        key_env, temperature, int(max_out), float(timeout), int(retries),
-                       float(backoff))
+                       float(backoff), price)

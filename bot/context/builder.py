@@ -61,24 +61,31 @@ class ContextBuilder:
         self._knowledge: dict[str, Knowledge] = {}
         self.retrieval = retrieval or Retrieval(store, settings)
 
-    async def build(self, p: PipelineConfig, d: Draft) -> Context:
-        """The context of ``d``'s request, cut to fit; empty parts where off or unreadable."""
+    async def build(self, p: PipelineConfig, d: Draft,
+                    keep: Callable[[Example], bool] | None = None) -> Context:
+        """The context of ``d``'s request, cut to fit; empty parts where off or unreadable.
+        ``keep``: which past replies may be given (``draftgate eval`` leaves out the
+        item's own reply and those sent after it)."""
         try:
-            ctx = await asyncio.wait_for(self._gather(p, d.message),
+            # With ``keep``, a few more are asked for, as some may be left out.
+            ctx = await asyncio.wait_for(self._gather(p, d.message, 0 if keep is None else 5),
                                          timeout=max(5.0, p.lease * _SHARE_OF_LEASE))
         except Exception as exc:
             log.warning("%s: context for %s not read, drafting without it: %s", p.name, d.key,
                         describe_error(exc) if not isinstance(exc, TimeoutError) else "timed out")
             return Context()
+        if keep is not None:
+            ctx = Context(ctx.thread, [e for e in ctx.examples if keep(e)][:p.drafter.examples],
+                          ctx.passages)
         return fit(ctx, d.message, p.drafter.max_input)
 
-    async def _gather(self, p: PipelineConfig, m: Message) -> Context:
+    async def _gather(self, p: PipelineConfig, m: Message, extra: int = 0) -> Context:
         # The three parts are read at once: the thread from the source (Gmail's pool),
         # examples and knowledge from the store.
         o, query = p.drafter, query_text(m)
         thread, examples, passages = await asyncio.gather(
             self.thread(p, m) if o.thread and m.kind == "email" and m.references else _none(),
-            self.retrieval.examples(p, query, o.examples)
+            self.retrieval.examples(p, query, o.examples + extra)
             if o.examples and m.kind == "email" else _none(),
             self._passages(p, query) if o.knowledge else _none())
         return Context(thread, examples, passages)

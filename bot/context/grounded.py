@@ -29,6 +29,7 @@ def request_sources(p: PipelineConfig, request: DraftRequest) -> list[str]:
     texts += [f"{t.sender}\n{t.date}\n{t.text}" for t in ctx.thread]
     texts += [f"{e.original}\n{e.reply}" for e in ctx.examples]
     texts += [f"{ps.heading}\n{ps.text}" for ps in ctx.passages]
+    texts += list(request.style_notes)  # approved instructions, like the prompt
     try:
         texts.append(load_prompt(p))
     except DrafterSetupError:

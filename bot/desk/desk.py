@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..clock import wall
 from ..config.load import Settings
+from ..engine import notes
 from ..errors import NotAllowed, SourceError
-from ..models import Draft, Example, RunCounts
+from ..models import Draft, Example, RunCounts, Status, StyleNotes
 from ..store import ReplayResult, Store, SweepResult
 from . import reports
 from .decisions import Decisions
+from .evaluate import EvalItem, Evaluation
 from .operator import Operator, refusal
 
 if TYPE_CHECKING:
@@ -259,6 +261,65 @@ class OperatorDesk:
     async def forget_example(self, op: Operator, pipeline: str, item_id: str) -> int:
         await self.authorize(op, pipeline, "memory forget")
         return await self.store.forget_example(pipeline, item_id, op.actor)
+
+    # -- style notes learned from edits (bot.engine.notes) ---------------------------------
+    async def distill_notes(self, op: Operator, pipeline: str) -> StyleNotes:
+        """``memory distill``: a proposed version of the pipeline's style notes, to be
+        approved on its card (TooFewEdits below 5 edit pairs)."""
+        p = self.settings.pipeline(pipeline)
+        await self.authorize(op, pipeline, "memory distill")
+        return await notes.distill(self.settings, self.store, p, op.actor, now=self.clock())
+
+    async def style_notes(self, op: Operator, pipeline: str) -> list[StyleNotes]:
+        """``memory notes``: the pipeline's versions, newest first."""
+        self.settings.pipeline(pipeline)
+        await self.authorize(op, pipeline, "memory notes")
+        return await self.store.notes_versions(pipeline)
+
+    async def notes(self, note_id: int) -> StyleNotes | None:
+        return await self.store.notes(note_id)
+
+    async def decide_notes(self, op: Operator, note_id: int, decision: str,
+                           rules: list[str] | None = None) -> StyleNotes | None:
+        """Approve, reject or edit (``rules``, decision ``proposed``) a proposal; None
+        when it was decided already. Only the pipeline's deciders may."""
+        found = await self.store.notes(note_id)
+        if found is None:
+            return None
+        await self.authorize(op, found.pipeline, f"style notes {decision} v{found.version}",
+                             key=found.key, deciding=True)
+        return await self.store.decide_notes(note_id, decision, op.actor, rules,
+                                             now=self.clock())
+
+    async def forget_note(self, op: Operator, pipeline: str, number: int) -> StyleNotes | None:
+        """``memory notes --forget N``: a new approved version without rule ``number``
+        (1-based) of the one in use; None when there is no such rule."""
+        self.settings.pipeline(pipeline)
+        await self.authorize(op, pipeline, "memory notes --forget", deciding=True)
+        current = await self.store.approved_notes(pipeline)
+        if current is None or not 1 <= number <= len(current.rules):
+            return None
+        rules = [r for i, r in enumerate(current.rules, 1) if i != number]
+        return await self.store.add_notes(
+            pipeline, rules, op.actor, status="approved", now=self.clock(),
+            detail=f"v{current.version} without rule {number}: {current.rules[number - 1]}")
+
+    # -- draftgate eval (reads only: bot.desk.evaluate) ----------------------------------
+    async def eval_items(self, op: Operator, pipeline: str, limit: int) -> list[EvalItem]:
+        """The newest ``limit`` items of ``pipeline`` the operators decided, oldest first:
+        a reply sent (its text, the reply expected) or an FYI card dismissed (notify)."""
+        self.settings.pipeline(pipeline)
+        await self.authorize(op, pipeline, "eval")
+        found = await self.store.recent(pipeline, (Status.SENT, Status.DISMISSED), limit)
+        return [EvalItem(d.item_id, d.message, d.body if d.status == Status.SENT else None,
+                         "reply" if d.status == Status.SENT else "notify", d.created_at)
+                for d in reversed(found)]
+
+    async def evaluation(self, op: Operator, pipeline: str) -> Evaluation:
+        """A runner of configurations on items that reads this desk's store and writes
+        nothing (``await ev.close()`` after)."""
+        await self.authorize(op, pipeline, "eval")
+        return Evaluation(self.settings, self.store)
 
     async def verify_audit(self, op: Operator) -> Any:
         """``audit verify``: walk the whole chain (a :class:`bot.store.chain.Report`)."""

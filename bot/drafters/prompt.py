@@ -235,6 +235,10 @@ def build(request: DraftRequest, settings: DrafterOptions, prompt_text: str, *,
     rules = _rules(msg, begin, end, settings)
     system = (prompt_text.strip() or (_SLOT_DEFAULT_PROMPT if slot else _DEFAULT_PROMPT))
     system += "\n\nRules that always apply:\n" + "\n".join(f"- {r}" for r in rules)
+    if request.style_notes:
+        # Approved by an operator (``draftgate memory distill``): instructions.
+        system += ("\n\nThe team's style notes (learned from its edits, approved by an "
+                   "operator):\n" + "\n".join(f"- {defuse(n)}" for n in request.style_notes))
     if request.instruction.strip() or request.previous_body.strip():
         # The operator is allow-listed: their words are instructions. The previous
         # draft is model output shaped by the email, so it travels as data.

@@ -213,9 +213,11 @@ class Drafting:
             return True
         d = triaged
         context = await self.context.build(p, d)
+        notes = await self.store.approved_notes(p.name)  # approved style notes only
         request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
                                previous_body=d.body, draft_key=d.key, context=context,
-                               signature=await self.signature(p))
+                               signature=await self.signature(p),
+                               style_notes=tuple(notes.rules) if notes else ())
         try:
             # The drafter times out on its own; this bound keeps a misbehaving one
             # inside its lease so a stale answer can never race a newer claim.

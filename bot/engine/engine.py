@@ -39,6 +39,7 @@ from .drafting import Drafting
 from .followups import Followups
 from .lease import Leases
 from .loop import Loop
+from .notes import StyleNoteJobs
 from .reminders import Reminders
 from .sending import Sends
 
@@ -86,6 +87,7 @@ class Engine:
                                  signature=self.signature)
         self.reminders = Reminders(settings, store, self.channels, self.clock)
         self.followups = Followups(settings, store, self.channels, self.clock)
+        self.notes = StyleNoteJobs(settings, store, self.channels, self.clock)
         self.loop = Loop(settings, store, self.channels, self.tick, self.clock, self.reminders)
         self.notify = self.channels.notify
         self.held = self.loop.outage.held  # "store unreachable since …", or None
@@ -294,6 +296,7 @@ class Engine:
                     run_id, STOPPED, counts.to_dict(), STOPPED_TEXT, now=self.clock()))
             metrics.tick_done(p.name, STOPPED, counts, self.clock() - started)
             raise
+        await self.notes.tick(p)  # style notes: the weekly distill, unposted cards
         await self._record_run(p, run_id, counts, error, started)
 
     async def _record_run(self, p: PipelineConfig, run_id: int, counts: RunCounts,

@@ -35,6 +35,7 @@ COPY_TABLES: dict[str, tuple[str, ...]] = {
     "knowledge_files": ("pipeline", "path"),
     "knowledge_passages": ("id",),
     "prompts": ("chat", "message_id"),
+    "style_notes": ("id",),  # issue 25
     # `embeddings` and `embedding_progress` (issue 24) are left out: vectors are made
     # again in the background
     # from the copied texts, and a draft never waits for them.
@@ -152,7 +153,8 @@ class _PostgresCopier(_SqlCopier):
         """Move id and fence sequences past every copied row, so the next draft,
         run or audit row (and the next claim's fence) never reuses a number."""
         async with self._store._tx() as con:
-            for table in ("drafts", "pipeline_runs", "audit", "examples", "knowledge_passages"):
+            for table in ("drafts", "pipeline_runs", "audit", "examples", "knowledge_passages",
+                          "style_notes"):
                 await con.execute(
                     f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
                     f" GREATEST((SELECT max(id) FROM {table}), 1),"

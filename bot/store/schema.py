@@ -333,12 +333,33 @@ _V_EMBED_PROGRESS = [
         updated_at REAL NOT NULL)""",
 ]
 
+# Style notes learned from edits (issue 25): each version of a pipeline's rules, proposed
+# by the model and decided by an operator; the drafter is given the newest approved one.
+# ``drafts.first_body``: the text a version had before its first edit (what the model
+# wrote and a human changed), the first half of an edit pair.
+_V_STYLE_NOTES = [
+    "ALTER TABLE drafts ADD COLUMN first_body TEXT",
+    """CREATE TABLE style_notes (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        pipeline TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        rules TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        created_by TEXT NOT NULL,
+        decided_by TEXT,
+        decided_at REAL,
+        approval_chat TEXT,
+        approval_message_id TEXT,
+        UNIQUE (pipeline, version))""",
+]
+
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).
 MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
                         _V_PROMPTS, _V_VECTORS, _V_SEND_AFTER,
-                        _V_ATTACHED, _V_EMBED_PROGRESS]
+                        _V_ATTACHED, _V_EMBED_PROGRESS, _V_STYLE_NOTES]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -16,6 +16,7 @@ from ..redact import scrub
 from .chain import Record
 from .context_sql import ContextSql
 from .followups_sql import FollowupSql
+from .notes_sql import NotesSql
 from .rows import (
     BEFORE_SQL,
     DRAFT_COLS,
@@ -69,7 +70,7 @@ def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords, FollowupSql):
+class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql):
     """Durable state of draftgate (``bot.store.Store``): the shared half of
     :class:`SQLiteStore` and :class:`PostgresStore`. Open once at start, close at shutdown."""
 
@@ -306,7 +307,10 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords, FollowupSql):
         so the card is re-rendered (the approval message id is kept). Audited.
         ``used``: the new version's (its grounding re-checked); None keeps it."""
         t = self._now(now)
-        sets, args = "body = ?, version = version + 1, updated_at = ?", [self._clean(body), t]
+        # first_body keeps what the model wrote before the first edit (style notes).
+        sets = "first_body = COALESCE(first_body, body), body = ?, version = version + 1, " \
+               "updated_at = ?"
+        args = [self._clean(body), t]
         if used is not None:
             sets, args = sets + ", used = ?", [*args, self._clean(json.dumps(used))]
         return await self._decide(Step(EDIT, sets, tuple(args), "id = ? AND version = ?",
@@ -321,7 +325,7 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords, FollowupSql):
         t = self._now(now)
         # The audit hash is of the body the operator saw when asking for another one.
         return await self._decide(Step(
-            REGENERATE, "version = version + 1, instruction = ?, attempt = 0, "
+            REGENERATE, "version = version + 1, instruction = ?, attempt = 0, first_body = NULL, "
                         "lease_until = NULL, error = NULL, updated_at = ?",
             (self._clean(instruction), t), "id = ? AND version = ?", (draft_id, version)),
             "regenerate", actor, t, lambda d, _: f"v{version} -> v{d.version}"

@@ -28,12 +28,13 @@ from telegram.ext import (
 from ...config.load import Settings, TelegramConfig, env_secret
 from ...desk.desk import OperatorDesk
 from ...errors import ApprovalError, ConfigError, DraftgateError, StoreUnavailable
-from ...models import TERMINAL_STATUSES, Draft
+from ...models import TERMINAL_STATUSES, Draft, StyleNotes
 from ...service import health, metrics
 from ...stages import PostedRef
 from .. import cards
 from ..base import DeskChannel
 from . import commands as tg_commands
+from . import notes
 from . import request as tg_request
 from . import taps as tg_taps
 from .commands import COMMANDS
@@ -304,6 +305,10 @@ class TelegramChannel(DeskChannel):
                 raise ApprovalError(f"Telegram unreachable: {exc}") from exc
             self._shown[(chat, msg.message_id)] = _fingerprint(card.text, markup)
             return PostedRef(str(chat), str(msg.message_id))
+
+    async def post_notes(self, n: StyleNotes) -> PostedRef:
+        """The card of a style notes proposal (bot.approvals.telegram.notes)."""
+        return await notes.post(self, n)
 
     async def discard(self, ref: PostedRef, draft: Draft) -> None:
         """Remove a second card of ``draft`` (``ref`` is not its recorded card): delete

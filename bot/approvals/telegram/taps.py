@@ -41,6 +41,7 @@ from ...mail.attachments import TELEGRAM_MAX
 from ...models import REPLAYABLE_STATUSES, Draft, Status
 from ...stages import PostedRef
 from .. import cards
+from . import notes
 from .common import (
     ChannelView,
     Context,
@@ -456,6 +457,8 @@ async def _prompt_of(ch: ChannelView, chat_id: int, target: Any) -> tuple[str, i
 
 async def on_reply(update: Update, context: Context) -> None:
     """A reply to an Edit/Regenerate/Reject prompt, or to a card (= new text)."""
+    if await notes.on_reply(update, context):  # a style notes Edit prompt's answer
+        return
     if (found := await _target(update, context)) is not None:
         await _apply(update, context, *found, message_of(update).text or "")
 
@@ -511,5 +514,6 @@ def handlers() -> list[BaseHandler]:
     taps: list[BaseHandler] = [
         CallbackQueryHandler(_family(decide), pattern=rf"^(?:{'|'.join(actions)}):")
         for actions, decide in _FAMILIES]
+    taps.append(CallbackQueryHandler(notes.on_tap, pattern=notes.PATTERN))
     return taps + [CallbackQueryHandler(_family(_unknown)), CommandHandler("skip", skip),
                    MessageHandler(filters.REPLY & filters.TEXT & ~filters.COMMAND, on_reply)]
