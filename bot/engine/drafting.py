@@ -212,12 +212,8 @@ class Drafting:
         if triaged is None:
             return True
         d = triaged
-        context = await self.context.build(p, d)
-        notes = await self.store.approved_notes(p.name)  # approved style notes only
-        request = DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
-                               previous_body=d.body, draft_key=d.key, context=context,
-                               signature=await self.signature(p),
-                               style_notes=tuple(notes.rules) if notes else ())
+        request = await self._request(p, d)
+        context = request.context
         try:
             # The drafter times out on its own; this bound keeps a misbehaving one
             # inside its lease so a stale answer can never race a newer claim.
@@ -258,6 +254,16 @@ class Drafting:
         if ready is not None:
             ready(stored)
         return True
+
+    async def _request(self, p: PipelineConfig, d: Draft) -> DraftRequest:
+        """What the model is given for ``d``: the email, its context, the signature and
+        the pipeline's approved style notes (only approved ones)."""
+        context = await self.context.build(p, d)
+        notes = await self.store.approved_notes(p.name)
+        return DraftRequest(pipeline=p.name, message=d.message, instruction=d.instruction,
+                            previous_body=d.body, draft_key=d.key, context=context,
+                            signature=await self.signature(p),
+                            style_notes=tuple(notes.rules) if notes else ())
 
     async def _stopped(self, p: PipelineConfig, d: Draft,
                        exc: BudgetExhausted | DrafterSetupError) -> None:
