@@ -21,6 +21,8 @@ from .checker import CLOCK_RE, DURATION_RE, Checker, kind_of, parse_duration
 from .files import load_yaml, pipeline_files
 from .gmail import GmailAccount, parse_account
 from .imap import Accounts, ImapAccount, parse_accounts
+from .microsoft import MicrosoftAccount
+from .microsoft import parse_accounts as parse_microsoft
 from .options import (
     ApprovalOptions,
     DrafterOptions,
@@ -33,8 +35,9 @@ from .outage import OutageOptions, parse_outage
 from .telegram import TelegramConfig, parse_telegram
 from .telegram import chat_id as _chat_id
 
-SOURCE_TYPES = ("maildir", "schedule", "gmail", "imap")
-SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft", "smtp_reply", "imap_draft")
+SOURCE_TYPES = ("maildir", "schedule", "gmail", "imap", "microsoft")
+SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft", "smtp_reply", "imap_draft",
+                "microsoft_reply", "microsoft_draft")
 PROVIDERS = ("template", "openai", "anthropic")
 CHANNELS = ("console", "telegram")
 CATCHUP_POLICIES = ("latest", "all", "none")
@@ -90,6 +93,7 @@ class Settings:
     telegram: TelegramConfig | None = None
     gmail_accounts: dict[str, GmailAccount] = field(default_factory=dict)
     imap_accounts: dict[str, ImapAccount] = field(default_factory=dict)
+    microsoft_accounts: dict[str, MicrosoftAccount] = field(default_factory=dict)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     max_in_flight: int = 8
     seen_ttl_days: float = 90.0
@@ -125,7 +129,7 @@ def _resolve(base: Path, value: str) -> Path:
 #: backfill is fetched, stored and drafted in bounded steps (memory, time to first card).
 DEFAULT_MAX_PER_TICK = 200
 
-_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "imap", "models", "max_in_flight",
+_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "imap", "microsoft", "models", "max_in_flight",
              "sweep", "observability", "logging", "outage"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
@@ -175,10 +179,13 @@ def collect_settings(config_file: str | os.PathLike, *,
     seen_names: dict[str, str] = {}
     imap_accounts = Accounts(settings.imap_accounts)
     imap_accounts.names = imap_names
+    settings.microsoft_accounts, ms_names = parse_microsoft(ck, data.get("microsoft"))
+    ms_accounts = Accounts(settings.microsoft_accounts)
+    ms_accounts.names = ms_names
     for f in pipeline_files(ck, data, base):
         rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
         pck = Checker(rel, errors)
-        p = _pipeline(pck, load_yaml(f, pck), settings, base, imap_accounts)
+        p = _pipeline(pck, load_yaml(f, pck), settings, base, (imap_accounts, ms_accounts))
         if p is None or (only_pipelines is not None and p.name not in only_pipelines):
             continue
         if p.name in seen_names:
@@ -268,7 +275,7 @@ def _models(ck: Checker, models: dict, settings: Settings) -> None:
 
 
 def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
-              imap_accounts: Any = ()) -> PipelineConfig | None:
+              accounts: tuple[Any, Any] = ((), ())) -> PipelineConfig | None:
     if raw is None and ck.errors:
         return None
     data = ck.mapping(raw, "")
@@ -284,7 +291,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
     raw_source = data.get("source")  # its account is the default of sender.account
     ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
                            raw_source.get("account") if isinstance(raw_source, dict) else None, tz,
-                           imap_accounts=imap_accounts)
+                           imap_accounts=accounts[0], microsoft_accounts=accounts[1])
     source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
     filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
     drafter = _drafter(ck, data, settings, base)

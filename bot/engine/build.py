@@ -21,10 +21,13 @@ from ..service import metrics
 from ..stages import Drafter, Sender, Source, Triager
 
 _SOURCES = {"maildir": "bot.sources.maildir", "schedule": "bot.sources.schedule",
-            "gmail": "bot.sources.gmail", "imap": "bot.sources.imap"}
+            "gmail": "bot.sources.gmail", "imap": "bot.sources.imap",
+            "microsoft": "bot.sources.microsoft"}
 _SENDERS = {"outbox": "bot.senders.outbox", "webhook": "bot.senders.webhook",
             "gmail_reply": "bot.senders.gmail", "gmail_draft": "bot.senders.gmail",
-            "smtp_reply": "bot.senders.smtp", "imap_draft": "bot.senders.smtp"}
+            "smtp_reply": "bot.senders.smtp", "imap_draft": "bot.senders.smtp",
+            "microsoft_reply": "bot.senders.microsoft",
+            "microsoft_draft": "bot.senders.microsoft"}
 _DRAFTERS = {"template": "bot.drafters.template", "openai": "bot.drafters.openai",
              "anthropic": "bot.drafters.anthropic"}
 
@@ -237,3 +240,7 @@ def register_secrets(settings: Settings) -> None:
         except (OSError, ValueError, TypeError):
             continue
         redact.register_oauth(info, f"gmail {name}")
+    from ..microsoft.auth import register_file
+
+    for name, ms in settings.microsoft_accounts.items():
+        register_file(settings.resolve(os.path.expanduser(ms.token_file)), f"microsoft {name}")
