@@ -72,7 +72,7 @@ def parse_accounts(ck: Checker, raw: Any, path: str = "microsoft"
 def _unknown(ck: Checker, data: dict, path: str) -> None:
     for key in data:
         if key in ("client_secret", "password", "secret"):
-            ck.error(f"{path}.{key}", "a secret does not belong in YAML; draftgate uses the "
+            ck.error(f"{path}.{key}", "secrets do not belong in YAML; draftgate uses the "
                                       "device-code flow of a public client: register the app "
                                       "with 'Allow public client flows' (README) and run "
                                       "`draftgate auth microsoft`")
