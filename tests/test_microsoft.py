@@ -160,3 +160,56 @@ async def test_a_429_storm_on_batches_is_waited_out_and_nothing_is_lost(tmp_path
         assert (await w.tick()).new == 25
     finally:
         await w.close()
+
+
+async def test_microsoft_draft_saves_the_reply_in_drafts_and_sends_nothing(tmp_path, fake):
+    w = await world(tmp_path, fake, sender="{type: microsoft_draft, account: office}")
+    try:
+        await w.tick()
+        original = fake.deliver(customer_mail(6))
+        await w.tick()
+        (d,) = await w.drafts("<order-6@customer.test>")
+        assert d.status == Status.SENT
+        (saved,) = fake.in_folder("drafts")
+        assert saved.is_draft and saved.internet_id == reply_message_id(d.key)
+        assert saved.conversation == original.conversation and "Hi Alice," in saved.body
+        assert fake.sent == [] and fake.sends == 0
+    finally:
+        await w.close()
+
+
+async def test_a_send_answered_500_is_checked_not_resent(tmp_path, fake):
+    """Graph answers 500 to the send and did not carry it out: the reply is still in
+    Drafts, so the check says not sent; nothing is sent again on its own."""
+    w = await world(tmp_path, fake)
+    try:
+        await w.tick()
+        fake.deliver(customer_mail(7))
+        fake.send_error = 500
+        await w.tick()
+        await w.tick()
+        (d,) = await w.drafts("<order-7@customer.test>")
+        assert d.status in (Status.SEND_UNKNOWN, Status.SEND_FAILED), d.status
+        assert fake.sends == 0 and fake.sent == []
+        assert len(fake.in_folder("drafts")) == 1  # prepared once, kept for Retry
+    finally:
+        await w.close()
+
+
+async def test_thread_context_gives_the_conversation_the_sender_took_part_in(tmp_path, fake):
+    """The earlier messages of the conversation reach the draft, ours from Sent Items
+    too; a stranger's mail that joined the conversation by its References does not."""
+    w = await world(tmp_path, fake, auto_approve=False, thread=5)
+    try:
+        await w.tick()
+        fake.deliver(customer_mail(8))
+        fake.deliver(b"From: Mallory <mallory@else.test>\r\nTo: support@contoso.test\r\n"
+                     b"Subject: mine\r\nMessage-ID: <m@else.test>\r\n"
+                     b"References: <order-8@customer.test>\r\n\r\nMallory's secret order.\r\n")
+        fake.deliver(customer_mail(9, refs="<order-8@customer.test>"))
+        await w.tick()
+        (d,) = await w.drafts("<order-9@customer.test>")
+        assert "where is my order #8?" in d.body
+        assert "Mallory" not in d.body
+    finally:
+        await w.close()

@@ -178,3 +178,22 @@ def test_sigkill_during_the_send_sends_once_and_the_restart_finds_it(tmp_path, f
     [(status,)] = sqlite_rows(tmp_path / "state.db", "SELECT status FROM drafts")
     assert status == "sent"
     assert fake.sends == 1 and len(fake.sent) == 1
+
+
+def test_doctor_checks_the_token_scopes_and_folders_without_sending(tmp_path, fake):
+    cfg = write_deployment(tmp_path, fake)
+    r = cli("doctor", "-c", str(cfg))
+    assert "❌ microsoft:office token" in r.stdout and "draftgate auth microsoft --account " \
+        "office" in r.stdout, r.stdout
+    sign_in(fake, cfg)
+    r = cli("doctor", "-c", str(cfg))
+    for line in ("✅ microsoft:office token", "signed in as support@contoso.test",
+                 "✅ microsoft:office scopes", "✅ microsoft:office folder inbox",
+                 "✅ microsoft:office folder sentitems", "✅ microsoft:office folder drafts"):
+        assert line in r.stdout, r.stdout
+    assert fake.sends == 0 and "createReply" not in fake.routes()
+    (tmp_path / "pipelines" / "office.yaml").write_text(
+        (tmp_path / "pipelines" / "office.yaml").read_text().replace(
+            "account: office}", "account: office, folder: nosuchfolder}", 1))
+    r = cli("doctor", "-c", str(cfg))
+    assert "❌ microsoft:office folder nosuchfolder" in r.stdout, r.stdout

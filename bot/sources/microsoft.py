@@ -121,12 +121,15 @@ class MicrosoftSource:
         return FetchResult(items, cursor=Cursor(link, started, stored.first or started).dump())
 
     async def _first_run(self, ctx: FetchContext, started: float) -> FetchResult:
-        entries, link = await self.client.pages(self._delta(started))
+        # What this listing holds arrived before the cursor was taken (receivedDateTime
+        # has whole seconds, so "ge now" can list mail of this very second): old mail.
+        _, link = await self.client.pages(self._delta(started))
+        entries: list[dict] = []
         if self.options.backfill:
             page = await self.client.get_json(
                 f"me/mailFolders/{quote(self.folder, safe='')}/messages?$select={_SELECT}"
                 f"&$orderby=receivedDateTime desc&$top={self.options.backfill}")
-            entries = list(page.get("value") or []) + entries
+            entries = list(page.get("value") or [])
         items, _ = await self._take(ctx, entries)  # the rest of a backfill is not taken later
         if link is None:
             raise GraphError("Microsoft Graph: the delta query ended without a deltaLink")

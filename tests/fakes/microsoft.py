@@ -115,6 +115,7 @@ class FakeGraph:
         self._throttle: list[tuple[int, str | None, int, float]] = []
         self._fail_parts = 0
         self._drop_send = 0
+        self.send_error: int | None = None  # the next send answers this, not carried out
         self._send_hold: threading.Event | None = None
         self.send_reached = threading.Event()
         self.sends = 0
@@ -431,6 +432,9 @@ class FakeGraph:
         self.send_reached.set()
         if self._send_hold is not None:
             self._send_hold.wait(60)
+        if self.send_error is not None:
+            status, self.send_error = self.send_error, None
+            return status, {"error": {"code": "ErrorInternalServerError", "message": "x"}}, {}
         with self.lock:
             m = self.messages.get(unquote(path.split("/")[2]))
             if m is None or not m.is_draft:
