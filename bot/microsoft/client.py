@@ -31,6 +31,7 @@ log = logging.getLogger("draftgate.microsoft")
 RETRY_STATUS = {429, 500, 502, 503, 504}
 THROTTLE_STATUS = {429, 503}
 BATCH_MAX = 20  # requests per JSON $batch (Graph's limit)
+PAGE = 100  # messages per delta / list page asked for
 
 
 class GraphError(SourceError):
@@ -146,7 +147,8 @@ class GraphClient:
         out: list[dict] = []
         url: str | None = path
         while url:
-            page = await self.get_json(url)
+            # Graph's pages hold 10 messages unless asked for more (delta-query-messages).
+            page = await self.get_json(url, headers={"Prefer": f"odata.maxpagesize={PAGE}"})
             out.extend(page.get("value") or [])
             if "@odata.deltaLink" in page:
                 return out, page["@odata.deltaLink"]

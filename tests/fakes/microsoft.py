@@ -105,7 +105,7 @@ class FakeGraph:
         self.calls: list[Call] = []
         self.lock = threading.RLock()
         self.latency = 0.0
-        self.page_size = 10
+        self.page_size = 10  # Graph's default; Prefer: odata.maxpagesize=N asks for more
         self.token_lifetime = 3600
         self.tokens: dict[str, float] = {}  # access token -> expiry
         self.refresh_tokens: set[str] = set()
@@ -305,8 +305,6 @@ class FakeGraph:
         route = _route(method, path)
         with self.lock:
             self.calls.append(Call(route, method, path))
-        if self.latency:
-            time.sleep(self.latency)
         token = auth.removeprefix("Bearer ")
         if self.tokens.get(token, 0) < time.time():
             return 401, {"error": {"code": "InvalidAuthenticationToken",
@@ -364,7 +362,8 @@ class FakeGraph:
                 remaining = [i for i in ids if i in self.messages
                              and self.messages[i].folder == folder
                              and self.messages[i].received >= since]
-            page, rest = remaining[:self.page_size], remaining[self.page_size:]
+            size = min(getattr(h, "page_wanted", 0) or self.page_size, 1000)
+            page, rest = remaining[:size], remaining[size:]
             value = [self._render(self.messages[i], select) for i in page]
             tok = uuid.uuid4().hex
             self.delta_tokens[tok] = (folder, rest, seq, since, select)
@@ -471,6 +470,11 @@ class FakeGraph:
         return 200, {"responses": out}, {}
 
 
+def _max_page(prefer: str) -> int:
+    match = re.search(r"odata\.maxpagesize=(\d+)", prefer)
+    return int(match.group(1)) if match else 0
+
+
 def _since(flt: str) -> float:
     match = re.search(r"receivedDateTime ge (\S+)", flt)
     if not match:
@@ -501,6 +505,7 @@ def _route(method: str, path: str) -> str:
 
 class _Handler(BaseHTTPRequestHandler):
     graph: FakeGraph
+    page_wanted = 0
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args) -> None:
@@ -531,6 +536,9 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         body = json.loads(raw) if raw else {}
         auth = self.headers.get("Authorization", "")
+        self.page_wanted = _max_page(self.headers.get("Prefer", ""))
+        if self.graph.latency:  # per HTTP request: a $batch costs one round trip
+            time.sleep(self.graph.latency)
         if path == "$batch":
             status, payload, headers = self.graph.batch(self, body, auth)
         else:
