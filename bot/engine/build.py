@@ -153,6 +153,7 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
             out.append(f"{p.file}: sender.secret_env: environment variable "
                        f"{secret_env} is not set; export it with the webhook's token")
     out += _missing_imap_env(settings, pipelines)
+    out += _missing_microsoft_tokens(settings, pipelines)
     for name, users in by_model.items():
         p = next(q for q in pipelines if q.name == users[0])
         try:  # the drafter's model or the triage's: built the same way
@@ -191,6 +192,19 @@ def _missing_imap_env(settings: Settings, pipelines: list[PipelineConfig]) -> li
             if var and not os.environ.get(var, ""):
                 out.append(f"{settings.file}: imap.accounts.{name}.{key}: environment variable "
                            f"{var} is not set; export it with the account's (app) password")
+    return out
+
+
+def _missing_microsoft_tokens(settings: Settings, pipelines: list[PipelineConfig]) -> list[str]:
+    """The token files of the Microsoft accounts ``pipelines`` use that do not exist."""
+    used = {getattr(stage, "account", None) for p in pipelines for stage in (p.source, p.sender)
+            if stage is not None and stage.type.startswith("microsoft")}
+    out = []
+    for name in sorted(n for n in used if n in settings.microsoft_accounts):
+        path = settings.resolve(settings.microsoft_accounts[name].token_file)
+        if not path.exists():
+            out.append(f"{settings.file}: microsoft.accounts.{name}.token_file: {path} not found; "
+                       f"run `draftgate auth microsoft -c {settings.file} --account {name}`")
     return out
 
 
