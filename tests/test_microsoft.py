@@ -213,3 +213,45 @@ async def test_thread_context_gives_the_conversation_the_sender_took_part_in(tmp
         assert "Mallory" not in d.body
     finally:
         await w.close()
+
+
+async def test_a_send_still_in_the_outbox_stays_unknown_until_check_again_finds_it(tmp_path, fake):
+    """The answer to the send is lost and Graph has not yet filed the reply: neither
+    Sent Items nor Drafts has it, so the card stays unknown (Check again, Mark as sent,
+    Send again) and nothing is sent again; Check again after Graph filed it: sent."""
+    w = await world(tmp_path, fake)
+    try:
+        await w.tick()
+        fake.deliver(customer_mail(10))
+        fake.outbox_next = True
+        await w.tick()
+        await w.tick()
+        (d,) = await w.drafts("<order-10@customer.test>")
+        assert d.status == Status.SEND_UNKNOWN
+        fake.deliver_outbox()
+        checked, _ = await w.desk.check_send(CONSOLE, d.id)
+        assert checked is not None and checked.status == Status.SENT
+        assert fake.sends == 1 and len(fake.sent) == 1
+    finally:
+        await w.close()
+
+
+async def test_backfill_and_a_tick_limit_take_everything_once(tmp_path, fake):
+    """backfill: 2 drafts the newest two old mails on the first run; later, with
+    max_per_tick: 2, five new mails are taken over three ticks (the cursor waits), each
+    once."""
+    for n in range(1, 5):
+        fake.deliver(customer_mail(n), received=1_000_000 + n)
+    w = await world(tmp_path, fake, auto_approve=False, source_extra=", backfill: 2",
+                    pipeline_extra="max_per_tick: 2\n")
+    try:
+        assert (await w.tick()).new == 2
+        assert [len(await w.drafts(f"<order-{n}@customer.test>")) for n in range(1, 5)] == \
+            [0, 0, 1, 1]
+        for n in range(10, 15):
+            fake.deliver(customer_mail(n))
+        assert [(await w.tick()).new for _ in range(4)] == [2, 2, 1, 0]
+        assert [len(await w.drafts(f"<order-{n}@customer.test>")) for n in range(10, 15)] == \
+            [1] * 5
+    finally:
+        await w.close()

@@ -116,6 +116,8 @@ class FakeGraph:
         self._fail_parts = 0
         self._drop_send = 0
         self.send_error: int | None = None  # the next send answers this, not carried out
+        self.outbox_next = False  # the next send waits in the Outbox (neither folder) until
+        # deliver_outbox(); its answer is dropped
         self._send_hold: threading.Event | None = None
         self.send_reached = threading.Event()
         self.sends = 0
@@ -216,6 +218,12 @@ class FakeGraph:
     def hold_send(self) -> threading.Event:
         self._send_hold = threading.Event()
         return self._send_hold
+
+    def deliver_outbox(self) -> None:
+        with self.lock:
+            for m in self.in_folder("outbox"):
+                m.folder = "sentitems"
+                self._change(m.id)
 
     def fail_parts(self, times: int) -> None:
         self._fail_parts = times
@@ -441,6 +449,10 @@ class FakeGraph:
             m.is_draft, m.folder, m.received = False, "sentitems", time.time()
             self.sends += 1
             self._change(m.id)
+            if self.outbox_next:
+                self.outbox_next = False
+                m.folder = "outbox"
+                return -1, None, {}
             if self._drop_send:
                 self._drop_send -= 1
                 return -1, None, {}  # carried out; the answer is lost

@@ -33,7 +33,8 @@ def account_yaml(fake: FakeGraph, root: Path, extra: str = "") -> str:
 
 def write_deployment(root: Path, fake: FakeGraph, *,
                      sender: str = "{type: microsoft_reply, account: office}",
-                     source_extra: str = "", account_extra: str = "", thread: int = 0) -> Path:
+                     source_extra: str = "", account_extra: str = "", thread: int = 0,
+                     pipeline_extra: str = "") -> Path:
     (root / "pipelines").mkdir(exist_ok=True)
     (root / "reply.txt").write_text("Hi {first_name},\n\nthanks for writing about {subject}.\n"
                                     "{thread}\n")
@@ -43,7 +44,7 @@ def write_deployment(root: Path, fake: FakeGraph, *,
     (root / "pipelines" / "office.yaml").write_text(
         f"name: office\nschedule: 5m\nsource: {{type: microsoft, account: office"
         f"{source_extra}}}\ndrafter: {{model: template, prompt: reply.txt, thread: {thread}}}\n"
-        f"approval: {{channel: console}}\nsender: {sender}\n")
+        f"approval: {{channel: console}}\nsender: {sender}\n{pipeline_extra}")
     return root / "draftgate.yaml"
 
 
