@@ -255,3 +255,18 @@ async def test_backfill_and_a_tick_limit_take_everything_once(tmp_path, fake):
             [1] * 5
     finally:
         await w.close()
+
+
+async def test_an_access_token_graph_refuses_is_replaced_once(tmp_path, fake):
+    """Graph answers 401 to a token the cache still holds as valid (revoked early): a
+    new one is fetched with the refresh token and the tick goes on."""
+    w = await world(tmp_path, fake, auto_approve=False)
+    try:
+        await w.tick()
+        fake.deliver(customer_mail(11))
+        fake.expire_tokens()
+        mark = fake.mark()
+        assert (await w.tick()).new == 1
+        assert [c.path for c in fake.calls[mark:] if c.route == "token"] == ["refresh_token"]
+    finally:
+        await w.close()

@@ -130,8 +130,9 @@ class Tokens:
                 found.update(str(entry.get("target", "")).split())
         return sorted(found)
 
-    def token(self, scopes: list[str]) -> str:
-        """An access token for ``scopes`` (raises AuthError naming the command to run)."""
+    def token(self, scopes: list[str], force: bool = False) -> str:
+        """An access token for ``scopes`` (raises AuthError naming the command to run);
+        ``force``: a new one even if the cached one looks valid (Graph refused it)."""
         with self._lock:
             app = self.app()
             accounts = app.get_accounts()
@@ -140,7 +141,8 @@ class Tokens:
                         else f"token file {self.path} holds no account")
                 raise auth_error(self.account.name, what, self.config_file)
             try:
-                result = app.acquire_token_silent(scopes, account=accounts[0])
+                result = app.acquire_token_silent(scopes, account=accounts[0],
+                                                  force_refresh=force)
             except Exception as exc:  # requests' errors: the authority is unreachable
                 raise AuthError(f"Microsoft account {self.account.name!r}: cannot reach "
                                 f"{self.account.authority_host} to refresh the token "

@@ -80,17 +80,26 @@ class GraphClient:
     def url(self, path: str) -> str:
         return path if path.startswith(("http://", "https://")) else self.base + path.lstrip("/")
 
-    async def _headers(self) -> dict[str, str]:
+    async def _headers(self, force: bool = False) -> dict[str, str]:
         if self._scopes is None:
             granted = await asyncio.to_thread(self.tokens.scopes)
             self._scopes = [s for s in granted if s.lower() not in RESERVED] or [READ_WRITE, SEND]
-        token = await asyncio.to_thread(self.tokens.token, self._scopes)
+        token = await asyncio.to_thread(self.tokens.token, self._scopes, force)
         return {"Authorization": f"Bearer {token}"}
 
     async def _once(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        headers = {**await self._headers(), **kwargs.pop("headers", {})}
+        extra = kwargs.pop("headers", {})
         self.calls += 1
-        return await self.http.request(method, self.url(path), headers=headers, **kwargs)
+        resp = await self.http.request(method, self.url(path),
+                                       headers={**await self._headers(), **extra}, **kwargs)
+        if resp.status_code == 401:
+            # Graph refused a token the cache still holds as valid (revoked, or its clock
+            # differs): one new token, and the request again. Not sent: 401 comes first.
+            self.calls += 1
+            resp = await self.http.request(method, self.url(path),
+                                           headers={**await self._headers(True), **extra},
+                                           **kwargs)
+        return resp
 
     async def read(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """A request that may be repeated; returns the first answer that is not a
