@@ -16,13 +16,12 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..redact import register as redact_register
+from . import microsoft as _ms
 from . import options as _options
 from .checker import CLOCK_RE, DURATION_RE, Checker, kind_of, parse_duration
 from .files import load_yaml, pipeline_files
 from .gmail import GmailAccount, parse_account
 from .imap import Accounts, ImapAccount, parse_accounts
-from .microsoft import MicrosoftAccount
-from .microsoft import parse_accounts as parse_microsoft
 from .options import (
     ApprovalOptions,
     DrafterOptions,
@@ -93,7 +92,7 @@ class Settings:
     telegram: TelegramConfig | None = None
     gmail_accounts: dict[str, GmailAccount] = field(default_factory=dict)
     imap_accounts: dict[str, ImapAccount] = field(default_factory=dict)
-    microsoft_accounts: dict[str, MicrosoftAccount] = field(default_factory=dict)
+    microsoft_accounts: dict[str, _ms.MicrosoftAccount] = field(default_factory=dict)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     max_in_flight: int = 8
     seen_ttl_days: float = 90.0
@@ -179,9 +178,7 @@ def collect_settings(config_file: str | os.PathLike, *,
     seen_names: dict[str, str] = {}
     imap_accounts = Accounts(settings.imap_accounts)
     imap_accounts.names = imap_names
-    settings.microsoft_accounts, ms_names = parse_microsoft(ck, data.get("microsoft"))
-    ms_accounts = Accounts(settings.microsoft_accounts)
-    ms_accounts.names = ms_names
+    settings.microsoft_accounts = ms_accounts = _ms.parse_accounts(ck, data.get("microsoft"))
     for f in pipeline_files(ck, data, base):
         rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
         pck = Checker(rel, errors)

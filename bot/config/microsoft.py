@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .checker import Checker, closest, parse_duration, parse_size
+from .imap import Accounts
 
 GRAPH = "https://graph.microsoft.com/v1.0/"
 AUTHORITY = "https://login.microsoftonline.com/"
@@ -54,9 +55,9 @@ class MicrosoftAccount:
 _ACCOUNT_KEYS = tuple(f.name for f in fields(MicrosoftAccount) if f.name != "name")
 
 
-def parse_accounts(ck: Checker, raw: Any, path: str = "microsoft"
-                   ) -> tuple[dict[str, MicrosoftAccount], set[str]]:
-    """``microsoft:`` -> (name -> account for the valid ones, every name written)."""
+def parse_accounts(ck: Checker, raw: Any, path: str = "microsoft") -> Accounts:
+    """``microsoft:`` -> name -> account for the valid ones, and ``names``: every name
+    written (a pipeline naming one with errors is told so)."""
     section = ck.mapping(raw, path)
     ck.unknown(section, {"accounts"}, path)
     out: dict[str, MicrosoftAccount] = {}
@@ -66,7 +67,9 @@ def parse_accounts(ck: Checker, raw: Any, path: str = "microsoft"
                           f"{path}.accounts.{name}")
         if parsed is not None:
             out[str(name)] = parsed
-    return out, {str(n) for n in accounts}
+    found = Accounts(out)
+    found.names = {str(n) for n in accounts}
+    return found
 
 
 def _unknown(ck: Checker, data: dict, path: str) -> None:

@@ -164,10 +164,11 @@ class GraphClient:
             url = page.get("@odata.nextLink")
         return out, None
 
-    async def mime(self, ids: list[str]) -> dict[str, bytes]:
-        """The MIME source of each message (``/me/messages/{id}/$value``), 20 to a JSON
-        ``$batch``, the batches at once; a part that failed goes again alone."""
-        chunks = [ids[i:i + BATCH_MAX] for i in range(0, len(ids), BATCH_MAX)]
+    async def mime(self, ids: list[str], batch: int = BATCH_MAX) -> dict[str, bytes]:
+        """The MIME source of each message (``/me/messages/{id}/$value``), ``batch`` (at
+        most 20) to a JSON ``$batch``, the batches at once; a failed part goes again alone."""
+        step = max(1, min(batch, BATCH_MAX))
+        chunks = [ids[i:i + step] for i in range(0, len(ids), step)]
         found: dict[str, bytes] = {}
         for got in await asyncio.gather(*(self._batch(c) for c in chunks)):
             found.update(got)

@@ -168,7 +168,7 @@ class MicrosoftSource:
         todo = todo[:ctx.limit] if more and ctx.limit is not None else todo
         if not todo:
             return [], more
-        raws = await self.client.mime([e["id"] for e in todo])
+        raws = await self.client.mime([e["id"] for e in todo], self.options.batch)
         if ctx.progress:
             ctx.progress(len(raws), len(todo))
         # Parsing is CPU work: off the event loop, the whole lot in one thread hop.
