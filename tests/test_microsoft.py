@@ -270,3 +270,24 @@ async def test_an_access_token_graph_refuses_is_replaced_once(tmp_path, fake):
         assert [c.path for c in fake.calls[mark:] if c.route == "token"] == ["refresh_token"]
     finally:
         await w.close()
+
+
+async def test_a_reply_to_mail_moved_to_another_folder_still_threads(tmp_path, fake):
+    """A person files the original in Archive before approving (its Graph id changes):
+    the reply is created on the message found by its internetMessageId."""
+    w = await world(tmp_path, fake, auto_approve=False)
+    try:
+        await w.tick()
+        original = fake.deliver(customer_mail(12))
+        await w.tick()
+        fake.move(original.id, "archive")
+        (d,) = await w.drafts("<order-12@customer.test>")
+        await w.desk.approve(CONSOLE, d.id, d.version)
+        await w.tick()
+        (d,) = await w.drafts("<order-12@customer.test>")
+        assert d.status == Status.SENT, d.error
+        (reply,) = fake.sent
+        assert reply.conversation == original.conversation
+        assert reply.in_reply_to == "<order-12@customer.test>"
+    finally:
+        await w.close()

@@ -82,12 +82,7 @@ class MicrosoftSender:
             if existing is not None:
                 draft_id = existing["id"]
             else:
-                original = quote(draft.message.source_id, safe="")
-                resp = await self.client.send_once("POST", f"me/messages/{original}/createReply")
-                if resp.status_code >= 300:
-                    raise SendFailed(f"Graph createReply: {resp.status_code} "
-                                     f"{' '.join(_error(resp))}".strip())
-                draft_id = resp.json()["id"]
+                draft_id = await self._create_reply(draft)
             patch = {"body": {"contentType": "Text", "content": text},
                      "toRecipients": [{"emailAddress": {"address": draft.message.reply_to}}],
                      "internetMessageId": mid}
@@ -100,6 +95,28 @@ class MicrosoftSender:
             # Nothing was sent yet: a draft at most, found and reused by the next try.
             raise SendFailed(f"the reply could not be prepared: {exc}") from None
         return draft_id, mid
+
+    async def _create_reply(self, draft: Draft) -> str:
+        """createReply on the original; where Graph no longer knows its id (a person
+        moved it to another folder, which gives a message a new id), on the message
+        found by its internetMessageId."""
+        original = draft.message.source_id
+        for attempt in (1, 2):
+            resp = await self.client.send_once(
+                "POST", f"me/messages/{quote(original, safe='')}/createReply")
+            if resp.status_code == 404 and attempt == 1 and draft.message.message_id:
+                quoted = draft.message.message_id.replace("'", "''")
+                page = await self.client.get_json(
+                    f"me/messages?$filter=internetMessageId eq '{quoted}'&$select=id,isDraft")
+                found = [m["id"] for m in page.get("value") or [] if not m.get("isDraft")]
+                if found:
+                    original = found[0]
+                    continue
+            if resp.status_code >= 300:
+                raise SendFailed(f"Graph createReply: {resp.status_code} "
+                                 f"{' '.join(_error(resp))}".strip())
+            return str(resp.json()["id"])
+        raise AssertionError("unreachable")
 
     async def send(self, draft: Draft) -> SendResult:
         draft_id, mid = await self._prepare(draft)

@@ -181,6 +181,15 @@ class FakeGraph:
             self._change(m.id)
         return m
 
+    def move(self, mid: str, folder: str) -> Msg:
+        """A person moves the message: Exchange gives it a new id (without ImmutableId)."""
+        with self.lock:
+            m = self.messages.pop(mid)
+            m.id, m.folder = f"AAMk{next(self._ids):06d}", folder
+            self.messages[m.id] = m
+            self._change(m.id)
+            return m
+
     def touch(self, mid: str) -> None:
         """A change that is not new mail (read, flagged): delta lists it again."""
         with self.lock:
