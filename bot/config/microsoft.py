@@ -10,7 +10,7 @@ frozen objects below.
           client_id: 00000000-0000-0000-0000-000000000000   # the app registration
           tenant: common            # or organizations, consumers, the tenant id or domain
           token_file: secrets/office-token.json   # written by `draftgate auth microsoft`
-          address: support@contoso.example        # the From of replies (optional)
+          address: support@contoso.example        # the mailbox's address (skip_own)
 
 The token file is MSAL's token cache, written by ``draftgate auth microsoft`` (the
 device-code flow) and refreshed in place; no secret is written in the YAML.
@@ -37,7 +37,7 @@ class MicrosoftAccount:
     client_id: str
     tenant: str = "common"
     token_file: str = ""  # default: secrets/<name>-microsoft-token.json
-    address: str = ""  # the From of replies; default: the signed-in user's address
+    address: str = ""  # the mailbox's address: its own mail is never answered (skip_own)
     folder: str = "inbox"
     graph_endpoint: str = GRAPH
     authority_host: str = AUTHORITY

@@ -36,7 +36,7 @@ from ..config.load import PipelineConfig, Settings
 from ..config.microsoft import MicrosoftAccount, MicrosoftSenderOptions
 from ..config.options import expect
 from ..errors import AuthError, SendFailed, SendUnknown, SourceError
-from ..mail.reply import build_reply, reply_message_id
+from ..mail.reply import reply_message_id
 from ..microsoft import client as graph
 from ..microsoft.client import GraphClient, _error
 from ..models import Draft, SendResult
@@ -59,13 +59,14 @@ class MicrosoftSender:
         return self._client
 
     def _text(self, draft: Draft) -> str:
-        if draft.message.kind == "slot" or not draft.message.source_id:
+        """The approved text, exactly as the operator saw it (line ends normalised)."""
+        m = draft.message
+        if m.kind == "slot" or not m.source_id:
             raise SendFailed("microsoft senders reply to a message read by a microsoft source")
-        try:
-            reply = build_reply(draft, self.account.address or draft.message.reply_to)
-        except ValueError as exc:
-            raise SendFailed(f"cannot build the reply: {exc}") from None
-        return reply.get_content()
+        if not m.reply_to:
+            raise SendFailed("cannot build the reply: the original message has no address to "
+                             "reply to")
+        return draft.body.replace("\r\n", "\n").replace("\r", "\n")
 
     async def _find(self, folder: str, mid: str) -> dict | None:
         quoted = mid.replace("'", "''")
