@@ -59,6 +59,15 @@ class AuthError(SourceError):
     pass
 
 
+class Throttled(SourceError):
+    """The mail service asked to wait (429 / 503 with Retry-After) longer than a tick
+    waits: the tick is recorded failed and the pipeline shows as held until ``until``."""
+
+    def __init__(self, message: str, until: float):
+        super().__init__(message)
+        self.until = until
+
+
 class DrafterError(DraftgateError):
     tokens: int = 0  # what an unusable answer still cost; the engine counts it
 

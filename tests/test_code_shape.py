@@ -22,7 +22,7 @@ MAX_MODULE, MAX_FUNCTION = 500, 60
 
 #: Lowest first. A module may import its own package and the packages before it.
 LAYERS = ["redact", "errors", "models", "clock", "stages", "scheduler", "store", "mail",
-          "config", "service", "gmail", "drafters", "context", "imap", "sources", "senders",
+          "config", "service", "gmail", "drafters", "context", "imap", "microsoft", "sources", "senders",
           "engine", "desk", "approvals", "app", "cli", "__main__"]
 #: Modules a handler or command may import from the store or the engine: pure helpers
 #: with no I/O (the audit chain's hashing; building stages for `validate`/`doctor`).

@@ -22,6 +22,7 @@ from ..errors import ConfigError, DraftgateError
 from ..gmail import auth as gmail_auth
 from ..service import logfmt
 from . import audit as cli_audit
+from . import auth_microsoft as ms_auth
 from . import demo, migrate
 from . import ops as cli_ops
 from . import quality as cli_quality
@@ -281,8 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     for add_cli in (_add_run, demo.add_cli, cli_ops.add_cli, cli_quality.add_cli,
                     cli_audit.add_cli):  # in `--help` order
         add_cli(sub)
-    for module in (gmail_auth, migrate):  # their own -c (or none), the shared -v
-        module.add_cli(sub, parents=[verbose_option()])
+    kinds = gmail_auth.add_cli(sub, parents=[verbose_option()])  # its own -c, the shared -v
+    ms_auth.add_cli(kinds, parents=[verbose_option()])
+    migrate.add_cli(sub, parents=[verbose_option()])
     return parser
 
 

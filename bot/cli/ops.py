@@ -338,8 +338,10 @@ async def _doctor(args) -> int:
     from ..approvals.telegram import doctor as telegram
     from ..gmail import doctor as gmail
     from ..imap import doctor as imap
+    from ..microsoft import doctor as microsoft
 
     for module, check in (("bot.gmail.doctor", gmail.check), ("bot.imap.doctor", imap.check),
+                          ("bot.microsoft.doctor", microsoft.check),
                           ("bot.approvals.telegram.doctor", telegram.doctor)):
         try:
             results.extend(await check(settings))

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..redact import register as redact_register
+from . import microsoft as _ms
 from . import options as _options
 from .approval import parse_approval
 from .checker import CLOCK_RE, DURATION_RE, Checker, kind_of, parse_duration
@@ -36,8 +37,9 @@ from .options import (
 from .outage import OutageOptions, parse_outage
 from .telegram import TelegramConfig, parse_telegram
 
-SOURCE_TYPES = ("maildir", "schedule", "gmail", "imap")
-SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft", "smtp_reply", "imap_draft")
+SOURCE_TYPES = ("maildir", "schedule", "gmail", "imap", "microsoft")
+SENDER_TYPES = ("outbox", "webhook", "gmail_reply", "gmail_draft", "smtp_reply", "imap_draft",
+                "microsoft_reply", "microsoft_draft")
 MARK_SEEN = ("at_fetch", "on_success")
 
 
@@ -86,6 +88,7 @@ class Settings:
     telegram: TelegramConfig | None = None
     gmail_accounts: dict[str, GmailAccount] = field(default_factory=dict)
     imap_accounts: dict[str, ImapAccount] = field(default_factory=dict)
+    microsoft_accounts: dict[str, _ms.MicrosoftAccount] = field(default_factory=dict)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     max_in_flight: int = 8
     seen_ttl_days: float = 90.0
@@ -117,8 +120,8 @@ def _resolve(base: Path, value: str) -> Path:
     return p if p.is_absolute() else base / p
 
 
-_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "imap", "models", "max_in_flight",
-             "sweep", "observability", "logging", "outage"}
+_TOP_KEYS = {"store", "pipelines", "telegram", "gmail", "imap", "microsoft", "models",
+             "max_in_flight", "sweep", "observability", "logging", "outage"}
 _PIPELINE_KEYS = {"name", "schedule", "source", "filters", "drafter", "recipe", "approval",
                   "sender", "lease", "max_attempts", "mark_seen", "catchup",
                   "daily_token_budget", "enabled", "max_per_tick", "triage", "timezone",
@@ -168,10 +171,11 @@ def collect_settings(config_file: str | os.PathLike, *,
     seen_names: dict[str, str] = {}
     imap_accounts = Accounts(settings.imap_accounts)
     imap_accounts.names = imap_names
+    settings.microsoft_accounts = ms_accounts = _ms.parse_accounts(ck, data.get("microsoft"))
     for f in pipeline_files(ck, data, base):
         rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)
         pck = Checker(rel, errors)
-        p = _pipeline(pck, load_yaml(f, pck), settings, base, imap_accounts)
+        p = parse_pipeline(pck, load_yaml(f, pck), settings, base, (imap_accounts, ms_accounts))
         if p is None or (only_pipelines is not None and p.name not in only_pipelines):
             continue
         if p.name in seen_names:
@@ -259,8 +263,8 @@ def _models(ck: Checker, models: dict, settings: Settings) -> None:
         settings.models["template"] = ModelConfig("template", "template")
 
 
-def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
-              imap_accounts: Any = ()) -> PipelineConfig | None:
+def parse_pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
+                   accounts: tuple[Any, Any] = ((), ())) -> PipelineConfig | None:
     if raw is None and ck.errors:
         return None
     data = ck.mapping(raw, "")
@@ -276,7 +280,7 @@ def _pipeline(ck: Checker, raw: Any, settings: Settings, base: Path,
     raw_source = data.get("source")  # its account is the default of sender.account
     ctx = _options.Context(settings.file, settings.gmail_accounts, interval, cron,
                            raw_source.get("account") if isinstance(raw_source, dict) else None, tz,
-                           imap_accounts=imap_accounts)
+                           imap_accounts=accounts[0], microsoft_accounts=accounts[1])
     source = _stage(ck, data, "source", SOURCE_TYPES, ctx)
     filters = _options.parse_filters(ck, ck.mapping(data.get("filters"), "filters"))
     drafter = _drafter(ck, data, settings, base)

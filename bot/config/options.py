@@ -16,8 +16,10 @@ from .. import scheduler
 from ..mail.mime import DEFAULT_MAX_BODY
 from ..mail.reply import parse_from
 from . import imap as _imap
+from . import microsoft as _ms
 from .checker import Checker, parse_duration, parse_size, url_problem
 from .imap import ImapSourceOptions, SmtpSenderOptions
+from .microsoft import MicrosoftSenderOptions, MicrosoftSourceOptions
 
 DEFAULT_SLOT_FORMAT = "%Y-%m-%dT%H:%M"
 # A fixed reference (Monday 2026-01-05 00:00 UTC) for checking slot_format without I/O.
@@ -166,9 +168,9 @@ class GmailSenderOptions:
 
 
 SourceOptions = Union[MaildirSourceOptions, ScheduleSourceOptions, GmailSourceOptions,
-                      ImapSourceOptions]
+                      ImapSourceOptions, MicrosoftSourceOptions]
 SenderOptions = Union[OutboxSenderOptions, WebhookSenderOptions, GmailSenderOptions,
-                      SmtpSenderOptions]
+                      SmtpSenderOptions, MicrosoftSenderOptions]
 
 _O = TypeVar("_O")
 
@@ -191,6 +193,7 @@ class Context:  # what a stage's options are checked against besides themselves
     source_account: Any = None  # the default of sender.account
     timezone: str = "UTC"  # the pipeline's, for cron and slot ids
     imap_accounts: Any = ()  # imap.accounts: name -> ImapAccount
+    microsoft_accounts: Any = ()  # microsoft.accounts: name -> MicrosoftAccount
 
 
 def parse_filters(ck: Checker, raw: dict, path: str = "filters") -> FilterOptions:
@@ -395,6 +398,11 @@ _PARSERS: dict[str, tuple[set[str], Callable[[Checker, dict, Context], Any]]] = 
         ck, raw, ctx.imap_accounts, ctx.settings_file, ctx.source_account)),
     "imap_draft": (_imap.SENDER_KEYS, lambda ck, raw, ctx: _imap.parse_sender(
         ck, raw, ctx.imap_accounts, ctx.settings_file, ctx.source_account)),
+    "microsoft": (_ms.SOURCE_KEYS, lambda ck, raw, ctx: _ms.parse_source(
+        ck, raw, ctx.microsoft_accounts, ctx.settings_file)),
+    **{kind: (_ms.SENDER_KEYS, lambda ck, raw, ctx: _ms.parse_sender(
+        ck, raw, ctx.microsoft_accounts, ctx.settings_file, ctx.source_account))
+       for kind in ("microsoft_reply", "microsoft_draft")},
 }
 
 

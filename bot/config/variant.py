@@ -11,7 +11,7 @@ from ..errors import ConfigError
 from .checker import Checker
 from .files import load_yaml
 from .imap import Accounts
-from .load import PipelineConfig, Settings, _pipeline
+from .load import PipelineConfig, Settings, parse_pipeline
 
 
 def load_variant(settings: Settings, file: str | os.PathLike) -> PipelineConfig:
@@ -25,7 +25,8 @@ def load_variant(settings: Settings, file: str | os.PathLike) -> PipelineConfig:
     ck = Checker(str(file), errors)
     accounts = Accounts(settings.imap_accounts)
     accounts.names = set(settings.imap_accounts)
-    p = _pipeline(ck, load_yaml(path, ck), settings, settings.base_dir, accounts)
+    p = parse_pipeline(ck, load_yaml(path, ck), settings, settings.base_dir,
+                       (accounts, settings.microsoft_accounts))
     if errors or p is None:
         raise ConfigError(errors or [f"{file}: not a pipeline file"])
     return p

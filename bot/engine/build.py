@@ -20,10 +20,13 @@ from ..service import metrics
 from ..stages import Drafter, Sender, Source, Triager
 
 _SOURCES = {"maildir": "bot.sources.maildir", "schedule": "bot.sources.schedule",
-            "gmail": "bot.sources.gmail", "imap": "bot.sources.imap"}
+            "gmail": "bot.sources.gmail", "imap": "bot.sources.imap",
+            "microsoft": "bot.sources.microsoft"}
 _SENDERS = {"outbox": "bot.senders.outbox", "webhook": "bot.senders.webhook",
             "gmail_reply": "bot.senders.gmail", "gmail_draft": "bot.senders.gmail",
-            "smtp_reply": "bot.senders.smtp", "imap_draft": "bot.senders.smtp"}
+            "smtp_reply": "bot.senders.smtp", "imap_draft": "bot.senders.smtp",
+            "microsoft_reply": "bot.senders.microsoft",
+            "microsoft_draft": "bot.senders.microsoft"}
 _DRAFTERS = {"template": "bot.drafters.template", "openai": "bot.drafters.openai",
              "anthropic": "bot.drafters.anthropic"}
 
@@ -126,6 +129,7 @@ def missing_env(settings: Settings, pipelines: list[PipelineConfig] | None = Non
             out.append(f"{p.file}: sender.secret_env: environment variable "
                        f"{secret_env} is not set; export it with the webhook's token")
     out += _missing_imap_env(settings, pipelines)
+    out += _missing_microsoft_tokens(settings, pipelines)
     for name, users in by_model.items():
         p = next(q for q in pipelines if q.name == users[0])
         try:  # the drafter's model or the triage's: built the same way
@@ -164,6 +168,19 @@ def _missing_imap_env(settings: Settings, pipelines: list[PipelineConfig]) -> li
             if var and not os.environ.get(var, ""):
                 out.append(f"{settings.file}: imap.accounts.{name}.{key}: environment variable "
                            f"{var} is not set; export it with the account's (app) password")
+    return out
+
+
+def _missing_microsoft_tokens(settings: Settings, pipelines: list[PipelineConfig]) -> list[str]:
+    """The token files of the Microsoft accounts ``pipelines`` use that do not exist."""
+    used = {getattr(stage, "account", None) for p in pipelines for stage in (p.source, p.sender)
+            if stage is not None and stage.type.startswith("microsoft")}
+    out = []
+    for name in sorted(n for n in used if n in settings.microsoft_accounts):
+        path = settings.resolve(settings.microsoft_accounts[name].token_file)
+        if not path.exists():
+            out.append(f"{settings.file}: microsoft.accounts.{name}.token_file: {path} not found; "
+                       f"run `draftgate auth microsoft -c {settings.file} --account {name}`")
     return out
 
 
@@ -209,3 +226,7 @@ def register_secrets(settings: Settings) -> None:
         except (OSError, ValueError, TypeError):
             continue
         redact.register_oauth(info, f"gmail {name}")
+    from ..microsoft.auth import register_file
+
+    for name, ms in settings.microsoft_accounts.items():
+        register_file(settings.resolve(os.path.expanduser(ms.token_file)), f"microsoft {name}")

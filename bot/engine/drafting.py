@@ -112,6 +112,10 @@ class Drafting:
             raise DrafterRetryable(f"Not regenerated: the model asked to wait; try again in "
                                    f"{max(1, round(wait / 60))} min.")
 
+    async def hold(self, p: PipelineConfig, reason: str, until: float) -> None:
+        """Record that ``p`` waits for its mail service (throttled) until ``until``."""
+        await self._hold(p, reason, until)
+
     async def _hold(self, p: PipelineConfig, reason: str | None, until: float | None = None) -> None:
         """Record in the store why drafting of ``p`` is held (``None``: it is not), so
         `status` in any process shows it. "Not held" is written once per process."""

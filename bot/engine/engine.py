@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable
 from .. import scheduler
 from ..clock import wall
 from ..config.load import PipelineConfig, Settings
-from ..errors import DraftgateError, StoreError, StoreUnavailable, describe_error
+from ..errors import DraftgateError, StoreError, StoreUnavailable, Throttled, describe_error
 from ..models import RunCounts
 from ..service import logfmt, metrics
 from ..sources import filters as _filters
@@ -272,6 +272,8 @@ class Engine:
                 error = describe_error(exc)
                 log.warning("%s: fetch failed: %s", p.name, error,
                             exc_info=not isinstance(exc, DraftgateError))
+                if isinstance(exc, Throttled):  # `status` says held, until Retry-After
+                    await self.drafting.hold(p, error, exc.until)
             await self._followups(p)
             try:
                 # A post that failed early is the one try of this tick (see _drain).

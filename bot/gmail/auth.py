@@ -186,8 +186,9 @@ def granted_scopes(path: str | os.PathLike) -> list[str]:
 # -- CLI ------------------------------------------------------------------------------------
 
 
-def add_cli(subparsers, parents=()) -> None:
-    """Register ``auth gmail`` (and the ``parents``' options) on the CLI's subparsers."""
+def add_cli(subparsers, parents=()):
+    """Register ``auth gmail`` (and the ``parents``' options) on the CLI's subparsers;
+    returns the ``auth`` kinds, for the other providers' ``auth`` commands."""
     auth = subparsers.add_parser("auth", help="authorise access to a mail account",
                                  description="Authorise draftgate to use a mail account.")
     kinds = auth.add_subparsers(dest="auth_kind", metavar="KIND", required=True)
@@ -225,6 +226,7 @@ def add_cli(subparsers, parents=()) -> None:
                         "its pipelines need (default: draftgate.yaml; required with "
                         "--account unless --scopes and --token are given)")
     g.set_defaults(func=run_cli)
+    return kinds
 
 
 _SHORT = {"readonly": SCOPE_READONLY, "send": SCOPE_SEND, "compose": SCOPE_COMPOSE,

@@ -28,7 +28,7 @@ def test_missing_field_names_file_and_path(tmp_path):
     cfg = write(tmp_path, {"a.yaml": "name: a\nschedule: 5m\nsource: {type: maildir, path: x}\n"})
     assert errors_of(cfg) == [
         "pipelines/a.yaml: sender: missing; expected a mapping with type: "
-        "outbox | webhook | gmail_reply | gmail_draft | smtp_reply | imap_draft"]
+        "outbox | webhook | gmail_reply | gmail_draft | smtp_reply | imap_draft | microsoft_reply | microsoft_draft"]
 
 
 def test_wrong_type_names_file_path_and_expectation(tmp_path):
@@ -41,7 +41,7 @@ def test_unknown_source_type_lists_the_known_ones(tmp_path):
     cfg = write(tmp_path, {"a.yaml": GOOD.format(name="a").replace("maildir", "pop3")})
     [err] = errors_of(cfg)
     assert err == ("pipelines/a.yaml: source.type: expected one of maildir, schedule, gmail, "
-                   "imap, got 'pop3'")
+                   "imap, microsoft, got 'pop3'")
 
 
 def test_duplicate_pipeline_name_names_both_files(tmp_path):
