@@ -29,12 +29,12 @@ from ...config.load import Settings, TelegramConfig, env_secret
 from ...desk.desk import OperatorDesk
 from ...errors import ApprovalError, ConfigError, DraftgateError, StoreUnavailable
 from ...models import TERMINAL_STATUSES, Draft, StyleNotes
-from ...service import health, metrics
+from ...service import metrics
 from ...stages import PostedRef
 from .. import cards
 from ..base import DeskChannel
 from . import commands as tg_commands
-from . import notes
+from . import notes, webhook
 from . import request as tg_request
 from . import taps as tg_taps
 from .commands import COMMANDS
@@ -49,21 +49,6 @@ def create(settings: Settings) -> "TelegramChannel":
         raise ConfigError(f"{settings.file}: telegram: missing; add a telegram: section with "
                           f"token_env, operators and approvals_chat")
     return TelegramChannel(settings.telegram, settings)
-
-
-async def _answers(host: str, port: int, request: bytes) -> bool:
-    """Does the HTTP server at ``host:port`` answer ``request`` within 5 s?"""
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
-    except (OSError, asyncio.TimeoutError):
-        return False
-    try:
-        writer.write(request)
-        return (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/")
-    except (OSError, asyncio.TimeoutError):
-        return False
-    finally:
-        writer.close()
 
 
 def _markup(card: cards.Card) -> InlineKeyboardMarkup | None:
@@ -184,15 +169,11 @@ class TelegramChannel(DeskChannel):
         an answer (a GET, which it refuses with 405: no update is made). An answer, or
         a reconnect still trying to reach Telegram, is the receiver's sign of life, as
         getUpdates' answers are when polling; a dead server makes /healthz fail."""
-        wh = self.config.webhook
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(wh.listen, wh.listen)
-        request = (f"GET /{wh.path.lstrip('/')} HTTP/1.1\r\nHost: localhost\r\n"
-                   f"Connection: close\r\n\r\n").encode()
-        while True:
+        def alive() -> bool:  # a reconnect still trying to reach Telegram
             trying = self._connect_task is not None and not self._connect_task.done()
-            if (trying and not self._connected) or await _answers(host, wh.port, request):
-                metrics.progress(health.WEBHOOK)
-            await asyncio.sleep(health.WEBHOOK_PROBE_EVERY)
+            return trying and not self._connected
+
+        await webhook.watch(self.config.webhook, alive)
 
     async def _connect(self) -> None:
         app = self._app

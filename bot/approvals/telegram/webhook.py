@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 from telegram import Update
 from telegram.ext import ExtBot
 
+from ...service import health, metrics
 from ...service.listener import Listener, bind
 
 log = logging.getLogger("draftgate.telegram")
@@ -126,3 +127,32 @@ def _reply(status: int) -> bytes:
     body = json.dumps({"ok": True} if status == 200 else {"error": _REASONS.get(status, "")}).encode()
     return (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: application/json"
             f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+async def _answers(host: str, port: int, request: bytes) -> bool:
+    """Does the HTTP server at ``host:port`` answer ``request`` within 5 s?"""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    try:
+        writer.write(request)
+        return (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/")
+    except (OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+async def watch(wh: Any, alive: Callable[[], bool]) -> None:
+    """Ask our own webhook server for an answer every
+    :data:`~bot.service.health.WEBHOOK_PROBE_EVERY` seconds (a GET, which it refuses
+    with 405: no update is made); an answer, or ``alive()`` (a reconnect still trying),
+    is the receiver's sign of life for /healthz and the systemd watchdog."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(wh.listen, wh.listen)
+    request = (f"GET /{wh.path.lstrip('/')} HTTP/1.1\r\nHost: localhost\r\n"
+               f"Connection: close\r\n\r\n").encode()
+    while True:
+        if alive() or await _answers(host, wh.port, request):
+            metrics.progress(health.WEBHOOK)
+        await asyncio.sleep(health.WEBHOOK_PROBE_EVERY)
