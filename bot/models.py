@@ -364,3 +364,4 @@ class AuditEntry:
     draft_key: str | None
     text_sha256: str | None
     detail: str | None
+    seq: int | None = None  # chain position: the order of the audit (ids are not)

@@ -255,17 +255,26 @@ async def history(store: Store, settings: Settings, pipeline: str, item_id: str)
     """Every audit row of every draft of ``item_id`` in ``pipeline`` (any recipe)."""
     drafts = await store.item_drafts(pipeline, item_id)
     events: list[dict[str, Any]] = []
+    order: list[tuple] = []
     for d in drafts:
         for e in reversed(await store.audit_log(d.key, limit=1000)):
             events.append({"at": e.at, "actor": e.actor, "action": e.action,
                            "detail": e.detail, "text_sha256": e.text_sha256,
                            "draft_id": d.id, "audit_id": e.id})
-    events.sort(key=lambda e: e["audit_id"])
+            order.append(_chain_position(e.seq, e.id))
+    # In chain order: the hashes cover a row's position, not its id.
+    events = [e for _, e in sorted(zip(order, events, strict=True), key=lambda oe: oe[0])]
     tz = settings.pipeline(pipeline).timezone if settings.has_pipeline(pipeline) else "UTC"
     return History(pipeline, item_id, tz, [
         {"id": d.id, "status": d.status, "version": d.version, "subject": d.message.subject,
          "from": d.message.from_addr, "error": d.error, "sent_id": d.sent_id}
         for d in drafts], events)
+
+
+def _chain_position(seq: Any, row_id: int) -> tuple:
+    """Sort key of an audit row: its chain position; a row outside the chain (or one
+    whose position was tampered with into something else) after every chained one."""
+    return (0, seq, row_id) if isinstance(seq, int) and not isinstance(seq, bool) else (1, 0, row_id)
 
 
 #: How the known audit actions read in a history; others are shown by their name.
@@ -287,11 +296,19 @@ def format_history(h: History) -> str:
             f" ({d['error']})" if d["error"] else "")
         lines.append(f"{state} · {d['subject'] or '(no subject)'} · from {d['from'] or '?'}")
     for e in h.events:
-        when = datetime.fromtimestamp(e["at"], tz).strftime("%Y-%m-%d %H:%M:%S")
+        when = _stamp(e["at"], tz)
         who = "" if e["actor"] == SYSTEM else f" by {e['actor']}"
         what = f": {e['detail']}" if e["detail"] else ""
         lines.append(f"{when} {_DID.get(e['action'], e['action'])}{who}{what}")
     return "\n".join(lines)
+
+
+def _stamp(at: Any, tz) -> str:
+    """A history row's time; one that is no time (a tampered row) is shown as such."""
+    try:
+        return datetime.fromtimestamp(at, tz).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return f"{'(bad time)':19}"
 
 
 # -- formatting ----------------------------------------------------------------------------
