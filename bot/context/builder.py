@@ -4,8 +4,9 @@ files (see DESIGN.md, "Context and triage").
 
 * **Thread** (``drafter.thread``): the source's ``thread(message, limit)``: Gmail's
   ``threads.get``, a maildir's earlier files by References / In-Reply-To; the newest
-  ``limit`` messages before the new one, both sides, oldest first. Only asked for a
-  message that answers another one (it has References or In-Reply-To).
+  ``limit`` messages before the new one, both sides, oldest first, only those the new
+  mail's sender took part in (:mod:`bot.context.thread`; the card counts the rest).
+  Only asked for a message that answers another one (it has References or In-Reply-To).
 * **Examples** (``drafter.examples``): the store's full-text search of past originals
   of this pipeline only (:meth:`bot.store.context_sql.ContextSql.examples_for`).
 * **Knowledge** (``drafter.knowledge``): :class:`bot.context.knowledge.Knowledge`, re-indexed
@@ -30,6 +31,7 @@ from ..models import Context, Draft, Example, Message, Passage, ThreadMessage
 from ..stages import Source
 from .knowledge import Knowledge
 from .retrieval import Retrieval
+from .thread import Thread
 
 log = logging.getLogger("draftgate.context")
 
@@ -38,13 +40,6 @@ MIN_PART = 200  # characters below which a part is left out rather than cut
 _OVERHEAD = 40  # labels and separators around each part
 #: Longest the context may take to read, as a share of the pipeline's lease.
 _SHARE_OF_LEASE = 0.25
-
-
-def thread_message(m: Message, ours: bool) -> ThreadMessage:
-    """An earlier message as the model sees it: its sender, date and new text (what it
-    quoted of the thread before it is there already)."""
-    sender = f"{m.from_name} <{m.from_addr}>" if m.from_name else m.from_addr
-    return ThreadMessage(sender or "unknown", m.date, split_quoted(m.body or "")[0].strip(), ours)
 
 
 def query_text(m: Message) -> str:
@@ -77,11 +72,12 @@ class ContextBuilder:
         # examples and knowledge from the store.
         o, query = p.drafter, query_text(m)
         thread, examples, passages = await asyncio.gather(
-            self.thread(p, m) if o.thread and m.kind == "email" and m.references else _none(),
+            self.thread(p, m) if o.thread and m.kind == "email" and m.references
+            else _no_thread(),
             self.retrieval.examples(p, query, o.examples)
             if o.examples and m.kind == "email" else _none(),
             self._passages(p, query) if o.knowledge else _none())
-        return Context(thread, examples, passages)
+        return Context(thread.messages, examples, passages, thread_left_out=thread.left_out)
 
     async def _passages(self, p: PipelineConfig, query: str) -> list[Passage]:
         knowledge = self._knowledge.get(p.name)
@@ -94,22 +90,30 @@ class ContextBuilder:
         """Stop the background embedding (at shutdown)."""
         await self.retrieval.close()
 
-    async def thread(self, p: PipelineConfig, m: Message) -> list[ThreadMessage]:
-        """The earlier messages of ``m``'s thread from the pipeline's source (a source
-        without threads gives none). A failure is logged; the draft goes on without."""
+    async def thread(self, p: PipelineConfig, m: Message) -> Thread:
+        """The earlier messages of ``m``'s thread from the pipeline's source that its
+        sender took part in (:mod:`bot.context.thread`; a source without threads gives
+        none). A failure is logged; the draft goes on without."""
         read = getattr(self._source(p), "thread", None)
         if read is None:
-            return []
+            return Thread()
         try:
-            return list(await read(m, p.drafter.thread))[-p.drafter.thread:]
+            found = await read(m, p.drafter.thread)
         except Exception as exc:
             log.warning("%s: thread of %s not read, drafting without it: %s", p.name,
                         m.source_id or m.message_id, describe_error(exc))
-            return []
+            return Thread()
+        if not isinstance(found, Thread):  # a source that gives a plain list
+            found = Thread(list(found))
+        return Thread(found.messages[-p.drafter.thread:], found.left_out)
 
 
 async def _none() -> list:
     return []
+
+
+async def _no_thread() -> Thread:
+    return Thread()
 
 
 def fit(ctx: Context, m: Message, max_input: int) -> Context:
@@ -138,7 +142,7 @@ def fit(ctx: Context, m: Message, max_input: int) -> Context:
             break
         passages.append(Passage(ps.path, ps.heading, text))
         left -= len(ps.name) + _OVERHEAD + len(text)
-    return Context(thread, examples, passages)
+    return Context(thread, examples, passages, thread_left_out=ctx.thread_left_out)
 
 
 def _within(text: str, room: int) -> str | None:

@@ -73,12 +73,12 @@ from collections.abc import Sequence
 
 from ..config.load import PipelineConfig, Settings
 from ..config.options import FilterOptions, GmailSourceOptions, expect
-from ..context.builder import thread_message
+from ..context.thread import Thread, participants_only
 from ..errors import SourceError
 from ..gmail.batch import MAX_PARTS
 from ..gmail.client import Cancelled, GmailClient, NotFound, RateLimited
 from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
-from ..models import FetchResult, Item, Message, ThreadMessage
+from ..models import FetchResult, Item, Message
 from ..stages import FetchContext
 from . import filters as _filters
 from .gmail_cursor import Cursor, join_queues
@@ -485,23 +485,26 @@ class GmailSource:
                            note=f"history expired: resynced by query since {when}, "
                                 f"{len(items)} new{later}")
 
-    async def thread(self, message: Message, limit: int) -> list[ThreadMessage]:
-        """The earlier messages of ``message``'s thread, oldest first (see
-        ``_thread_resources``); ours are those sent from one of our addresses."""
+    async def thread(self, message: Message, limit: int) -> Thread:
+        """The earlier messages of ``message``'s thread (Gmail's, by References and
+        subject) its sender took part in (bot.context.thread), oldest first; ours: sent."""
         if not message.thread_id or limit < 1:
-            return []
+            return Thread()
         resources = await self.client.run(_thread_resources, self.client, message.thread_id,
                                           message.source_id, limit)
-        out = []
+        found = []
         for r in resources:
             try:
                 raw = base64.urlsafe_b64decode(_padded(r.get("raw") or ""))
                 m = parse_email(raw, max_body=THREAD_MAX_BODY, source_id=str(r.get("id")))
             except (ValueError, TypeError, UnparseableMessage):
                 continue  # an unreadable old message is left out, not the draft
-            ours = "SENT" in (r.get("labelIds") or ()) or m.from_addr.lower() in self._own
-            out.append(thread_message(m, ours))
-        return out
+            found.append((m, "SENT" in (r.get("labelIds") or ()) or m.from_addr.lower() in self._own))
+        result = participants_only(found, message.from_addr)
+        if result.left_out:
+            log.info("gmail %s: %d message(s) of thread %s left out: the sender took no part",
+                     self.client.name, result.left_out, message.thread_id)
+        return result
 
     async def close(self) -> None:
         await self.client.aclose()
