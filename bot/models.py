@@ -182,6 +182,9 @@ class Draft:
     triage: str | None = None  # reply | notify | skip, decided for version 1; None: not triaged
     triage_reason: str | None = None  # the model's one sentence (or why triage failed)
     used: dict[str, Any] = field(default_factory=dict)  # what its request was given (Context.used)
+    #: The random part of its reply's Message-ID (bot.mail.reply), drawn at the first
+    #: `approved -> sending`; "" or None: the id derived from the key alone (older rows).
+    reply_nonce: str | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ does differently (admit, claim, migrations, the lease clock, row locks).
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from typing import Any, Callable, Iterable
 
@@ -333,11 +334,14 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
     # -- sending ---------------------------------------------------------------------
     async def begin_send(self, draft_id: int, holder: str | None = None) -> Draft | None:
         """CAS ``approved -> sending``, committed before the send call, recording the
-        sending process (``holder``, as in the locks table) in ``send_holder``."""
+        sending process (``holder``, as in the locks table) in ``send_holder``. The
+        first one draws the random part of the reply's Message-ID (``reply_nonce``);
+        a retry keeps it, so every check looks for the same id."""
         # updated_at by the store's clock for leases: recover_abandoned_sends ages rows with it.
         clock, arg = self._db_clock(None)
         return await self._change(_one(Step(
-            BEGIN_SEND, f"send_holder = ?, updated_at = {clock}", (holder, arg),
+            BEGIN_SEND, f"send_holder = ?, reply_nonce = COALESCE(reply_nonce, ?), "
+                        f"updated_at = {clock}", (holder, secrets.token_hex(16), arg),
             "id = ?", (draft_id,))))
 
     async def mark_sent(self, draft_id: int, sent_id: str,
