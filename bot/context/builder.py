@@ -54,13 +54,13 @@ class ContextBuilder:
                  settings: Settings | None = None, retrieval: Retrieval | None = None):
         self.store, self._source = store, source
         self._knowledge: dict[str, Knowledge] = {}
+        self._generation: dict[str, int] = {}  # the Knowledge.generation last searched
         self.retrieval = retrieval or Retrieval(store, settings)
 
     async def build(self, p: PipelineConfig, d: Draft) -> Context:
         """The context of ``d``'s request, cut to fit; empty parts where off or unreadable."""
         try:
-            ctx = await asyncio.wait_for(self._gather(p, d.message),
-                                         timeout=max(5.0, p.lease * _SHARE_OF_LEASE))
+            ctx = await asyncio.wait_for(self._gather(p, d.message), timeout=_context_time(p))
         except Exception as exc:
             log.warning("%s: context for %s not read, drafting without it: %s", p.name, d.key,
                         describe_error(exc) if not isinstance(exc, TimeoutError) else "timed out")
@@ -83,11 +83,20 @@ class ContextBuilder:
         knowledge = self._knowledge.get(p.name)
         if knowledge is None or knowledge.pipeline is not p:
             knowledge = self._knowledge[p.name] = Knowledge(self.store, p)
-        changed = await knowledge.sync()
-        return await self.retrieval.passages(p, query, PASSAGES, reread=changed > 0)
+            self._generation.pop(p.name, None)  # a new index object: search it afresh
+        # A draft waits for an index pass it started at most half the time its context
+        # may take; for one already running, not at all (see Knowledge.refresh).
+        await knowledge.refresh(wait=_context_time(p) / 2)
+        # The searches' in-memory index is read again after any pass that changed the
+        # store's, also one that ended after the draft that started it went on.
+        reread = self._generation.get(p.name) != knowledge.generation
+        self._generation[p.name] = knowledge.generation
+        return await self.retrieval.passages(p, query, PASSAGES, reread=reread)
 
     async def close(self) -> None:
-        """Stop the background embedding (at shutdown)."""
+        """Stop the background embedding and index passes (at shutdown)."""
+        for knowledge in self._knowledge.values():
+            await knowledge.close()
         await self.retrieval.close()
 
     async def thread(self, p: PipelineConfig, m: Message) -> Thread:
@@ -106,6 +115,11 @@ class ContextBuilder:
         if not isinstance(found, Thread):  # a source that gives a plain list
             found = Thread(list(found))
         return Thread(found.messages[-p.drafter.thread:], found.left_out)
+
+
+def _context_time(p: PipelineConfig) -> float:
+    """Seconds a draft's context may take to read."""
+    return max(5.0, p.lease * _SHARE_OF_LEASE)
 
 
 async def _none() -> list:

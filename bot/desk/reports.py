@@ -8,6 +8,8 @@ audit tables, never from process memory, so every host gives the same answer.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -15,6 +17,7 @@ from typing import Any, overload
 
 from .. import scheduler
 from ..clock import hhmm, utc_day
+from ..config import knowledge
 from ..config.load import PipelineConfig, Settings
 from ..models import PENDING_STATUSES, STATUSES, Draft, Run, Status
 from ..store import ReplayResult, Store, SweepResult
@@ -125,7 +128,19 @@ async def _health(store: Store, p: PipelineConfig, paused: bool, runs: list[Run]
                   holds: dict, now: float) -> tuple[str, str, dict | None]:
     """(health, problem, hold in force) of a configured pipeline."""
     hold = _hold(holds, p.name, now)
-    return (*_assess(p, paused, runs, hold, await store.waiting(p.name), now), hold)
+    health, problem = _assess(p, paused, runs, hold, await store.waiting(p.name), now)
+    left_out = await asyncio.to_thread(_knowledge_left_out, p) if p.drafter.knowledge else ""
+    return health, "; ".join(x for x in (problem, left_out) if x), hold
+
+
+def _knowledge_left_out(p: PipelineConfig) -> str:
+    """The knowledge files the index leaves out (too big, linked from outside), named."""
+    skipped = knowledge.scan(p.base_dir, p.drafter.knowledge, p.drafter.knowledge_max_file).skipped
+    if not skipped:
+        return ""
+    named = ", ".join(f"{os.path.relpath(path, p.base_dir)} ({why})" for path, why in skipped[:5])
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    return f"knowledge file(s) left out of the index: {named}{more}"
 
 
 async def status_all(store: Store, settings: Settings, now: float | None = None) -> list[PipelineStatus]:
