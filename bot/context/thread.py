@@ -10,11 +10,14 @@ included). The rest is left out, and the card says how many (``Context.used``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..drafters.prompt import split_quoted
 from ..models import Message, ThreadMessage
+
+log = logging.getLogger("draftgate.context")
 
 
 def thread_message(m: Message, ours: bool) -> ThreadMessage:
@@ -40,13 +43,17 @@ class Thread:
     left_out: int = 0
 
 
-def participants_only(found: Iterable[tuple[Message, bool]], sender: str) -> Thread:
+def participants_only(found: Iterable[tuple[Message, bool]], sender: str,
+                      where: str = "") -> Thread:
     """``found`` (earlier message, ours?) in order, without those ``sender`` took no
-    part in (see the module docstring)."""
+    part in (see the module docstring); how many were left out is logged for ``where``."""
     kept, left_out = [], 0
     for m, ours in found:
         if took_part(m, sender):
             kept.append(thread_message(m, ours))
         else:
             left_out += 1
+    if left_out:
+        log.info("%s: %d earlier message(s) of the thread left out of the context: the "
+                 "sender took no part in them", where or "thread", left_out)
     return Thread(kept, left_out)

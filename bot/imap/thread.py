@@ -9,7 +9,6 @@ that must not pull another customer's mail into this draft.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from ..config.imap import ImapAccount
 from ..context.thread import Thread, participants_only
@@ -17,8 +16,6 @@ from ..errors import SourceError
 from ..mail.mime import UnparseableMessage, parse_email
 from ..models import Message
 from .client import ImapClient
-
-log = logging.getLogger("draftgate.imap")
 
 THREAD_MAX_BODY = 20_000
 _MAX_REFS = 20  # the newest references looked up; older ones rarely add anything
@@ -57,9 +54,5 @@ async def thread(client: ImapClient, account: ImapAccount, folder: str, message:
             break
     order = {r: i for i, r in enumerate(refs)}
     ordered = sorted(found.items(), key=lambda rm: order[rm[0]])
-    result = participants_only(((m, m.from_addr.lower() in own) for _, m in ordered),
-                               message.from_addr)
-    if result.left_out:
-        log.info("imap %s: %d message(s) named in References left out of the thread "
-                 "context: the sender took no part in them", account.name, result.left_out)
-    return result
+    return participants_only(((m, m.from_addr.lower() in own) for _, m in ordered),
+                             message.from_addr, f"imap {account.name}")

@@ -500,11 +500,7 @@ class GmailSource:
             except (ValueError, TypeError, UnparseableMessage):
                 continue  # an unreadable old message is left out, not the draft
             found.append((m, "SENT" in (r.get("labelIds") or ()) or m.from_addr.lower() in self._own))
-        result = participants_only(found, message.from_addr)
-        if result.left_out:
-            log.info("gmail %s: %d message(s) of thread %s left out: the sender took no part",
-                     self.client.name, result.left_out, message.thread_id)
-        return result
+        return participants_only(found, message.from_addr, f"gmail {self.client.name}")
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -139,10 +139,7 @@ class MaildirSource:
             except (OSError, mime.UnparseableMessage):
                 continue
             found.append((m, False))
-        result = participants_only(found, sender)
-        if result.left_out:
-            log.info("%s: %d file(s) named in References left out of the thread context: "
-                     "the sender took no part in them", self._where, result.left_out)
+        result = participants_only(found, sender, self._where)
         return Thread(result.messages[-limit:], result.left_out)
 
     # -- runs in a worker thread -------------------------------------------------
