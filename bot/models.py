@@ -186,6 +186,9 @@ class Draft:
     used: dict[str, Any] = field(default_factory=dict)  # what its request was given (Context.used)
     send_after: float | None = None  # approved: not sent before this (undo, later); None: at once
     attached: list[str] = field(default_factory=list)  # paths of files sent with the reply
+    #: The random part of its reply's Message-ID (bot.mail.reply), drawn at the first
+    #: `approved -> sending`; "" or None: the id derived from the key alone (older rows).
+    reply_nonce: str | None = None
 
 
 @dataclass(frozen=True)
@@ -233,11 +236,17 @@ class Context:
     thread: list[ThreadMessage] = field(default_factory=list)
     examples: list[Example] = field(default_factory=list)
     passages: list[Passage] = field(default_factory=list)
+    #: Earlier messages of the thread found but not given: the sender took no part in them.
+    thread_left_out: int = 0
 
     def used(self) -> dict[str, Any]:
         """What the draft used, kept with it: for the card and ``pending --json``."""
-        return {"thread": len(self.thread), "examples": [e.item_id for e in self.examples],
-                "knowledge": [p.name for p in self.passages]}
+        used: dict[str, Any] = {"thread": len(self.thread),
+                                "examples": [e.item_id for e in self.examples],
+                                "knowledge": [p.name for p in self.passages]}
+        if self.thread_left_out:
+            used["thread_left_out"] = self.thread_left_out
+        return used
 
 
 def unsupported_of(used: dict[str, Any] | None) -> list[str]:
@@ -268,6 +277,10 @@ def used_line(used: dict[str, Any] | None) -> str:
     if n:
         parts.append(f"{n} past repl{'y' if n == 1 else 'ies'}")
     parts += [str(k) for k in dict.fromkeys(used.get("knowledge") or [])]
+    left_out = used.get("thread_left_out")
+    if isinstance(left_out, int) and left_out > 0:
+        parts.append(f"{left_out} earlier message{'s' if left_out > 1 else ''} left out "
+                     f"(the sender took no part)")
     return "📎 " + " · ".join(parts) if parts else ""
 
 
@@ -371,6 +384,7 @@ class AuditEntry:
     draft_key: str | None
     text_sha256: str | None
     detail: str | None
+    seq: int | None = None  # chain position: the order of the audit (ids are not)
 
 
 @dataclass

@@ -144,6 +144,7 @@ async def _memory_forget(args) -> int:
 
 async def _validate(args) -> int:
     from .. import scheduler
+    from ..config import knowledge
     from ..config.load import collect_settings
     from ..engine.build import check_all, missing_env
 
@@ -151,7 +152,8 @@ async def _validate(args) -> int:
     # checked too, so fixing one typo does not reveal the next.
     settings, problems = collect_settings(args.config)
     if settings is not None:
-        problems += [e for e in check_all(settings) + _not_folders(settings) if e not in problems]
+        problems += [e for e in check_all(settings) + _not_folders(settings)
+                     + knowledge.problems(settings.pipelines) if e not in problems]
     if problems or settings is None:
         raise ConfigError(problems)
     print(f"{settings.file}: OK, {len(settings.pipelines)} pipeline(s)")

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..redact import register as redact_register
+from . import knowledge
 from . import microsoft as _ms
 from . import options as _options
 from .approval import parse_approval
@@ -388,7 +389,8 @@ def _drafter(ck: Checker, data: dict, settings: Settings, base: Path) -> Drafter
         elif not found.is_file():
             ck.error("drafter.prompt", f"file not found: {drafter.prompt} (looked for {found})")
     for i, pattern in enumerate(drafter.knowledge):
-        if not knowledge_files(base, (pattern,)):
+        matched = knowledge.scan(base, (pattern,), drafter.knowledge_max_file)
+        if not matched.files and not matched.skipped:
             ck.error(f"drafter.knowledge[{i}]", f"no file matches {pattern} (looked in "
                                                 f"{_resolve(base, pattern).parent}); fix the "
                                                 f"path or remove the entry")
@@ -402,16 +404,6 @@ def _drafter(ck: Checker, data: dict, settings: Settings, base: Path) -> Drafter
     return drafter
 
 
-def knowledge_files(base: Path, patterns: tuple[str, ...]) -> list[Path]:
-    """The files ``drafter.knowledge`` globs match (relative to ``base``), sorted, each
-    once: what the knowledge index holds for the pipeline."""
-    import glob
-
-    found: set[Path] = set()
-    for pattern in patterns:
-        where = str(_resolve(base, pattern))
-        found.update(Path(f) for f in glob.glob(where, recursive=True) if os.path.isfile(f))
-    return sorted(found)
 
 
 def _stage(ck: Checker, data: dict, key: str, types: tuple, ctx: _options.Context) -> Any:

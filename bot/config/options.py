@@ -71,6 +71,7 @@ class DrafterOptions:
     thread: int = 6  # earlier messages of the thread; 0 = off
     examples: int = 3  # past sent replies of this pipeline; 0 = off
     knowledge: tuple[str, ...] = ()  # globs of files searched for passages; none by default
+    knowledge_max_file: int = 2_000_000  # bytes; a bigger knowledge file is left out, named
     # Grounded drafts (issue 24; bot/context/retrieval.py, bot/context/grounding.py):
     retrieval: str = "hybrid"  # hybrid: words and meaning | lexical: words only
     embeddings: str = "local"  # local: the bundled model | a models: entry serving embeddings
@@ -244,7 +245,14 @@ def parse_drafter(ck: Checker, raw: dict) -> DrafterOptions:
     retrieval = ck.get(raw, "retrieval", "drafter", str, default=d.retrieval, choices=RETRIEVALS)
     grounding = ck.get(raw, "grounding", "drafter", str, default=d.grounding, choices=GROUNDINGS)
     embeddings = ck.get(raw, "embeddings", "drafter", str, default=d.embeddings)
-    return DrafterOptions(
+    max_file = ck.convert(raw, "knowledge_max_file", "drafter", parse_size,
+                          default=d.knowledge_max_file)
+    if not isinstance(max_file, int) or max_file < 1:
+        if isinstance(max_file, int):
+            ck.error("drafter.knowledge_max_file", f"expected a size of at least 1 byte like "
+                                                   f"2MB or 500kB, got {raw['knowledge_max_file']!r}")
+        max_file = d.knowledge_max_file
+    return DrafterOptions(knowledge_max_file=max_file,
         embeddings=(embeddings or "").strip() or d.embeddings,
         retrieval=retrieval or d.retrieval, grounding=grounding or d.grounding,
         model=ck.get(raw, "model", "drafter", str, default=d.model),

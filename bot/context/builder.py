@@ -4,8 +4,9 @@ files (see DESIGN.md, "Context and triage").
 
 * **Thread** (``drafter.thread``): the source's ``thread(message, limit)``: Gmail's
   ``threads.get``, a maildir's earlier files by References / In-Reply-To; the newest
-  ``limit`` messages before the new one, both sides, oldest first. Only asked for a
-  message that answers another one (it has References or In-Reply-To).
+  ``limit`` messages before the new one, both sides, oldest first, only those the new
+  mail's sender took part in (:mod:`bot.context.thread`; the card counts the rest).
+  Only asked for a message that answers another one (it has References or In-Reply-To).
 * **Examples** (``drafter.examples``): the store's full-text search of past originals
   of this pipeline only (:meth:`bot.store.context_sql.ContextSql.examples_for`).
 * **Knowledge** (``drafter.knowledge``): :class:`bot.context.knowledge.Knowledge`, re-indexed
@@ -30,6 +31,7 @@ from ..models import Context, Draft, Example, Message, Passage, ThreadMessage
 from ..stages import Source
 from .knowledge import Knowledge
 from .retrieval import Retrieval
+from .thread import Thread
 
 log = logging.getLogger("draftgate.context")
 
@@ -38,13 +40,6 @@ MIN_PART = 200  # characters below which a part is left out rather than cut
 _OVERHEAD = 40  # labels and separators around each part
 #: Longest the context may take to read, as a share of the pipeline's lease.
 _SHARE_OF_LEASE = 0.25
-
-
-def thread_message(m: Message, ours: bool) -> ThreadMessage:
-    """An earlier message as the model sees it: its sender, date and new text (what it
-    quoted of the thread before it is there already)."""
-    sender = f"{m.from_name} <{m.from_addr}>" if m.from_name else m.from_addr
-    return ThreadMessage(sender or "unknown", m.date, split_quoted(m.body or "")[0].strip(), ours)
 
 
 def query_text(m: Message) -> str:
@@ -59,6 +54,7 @@ class ContextBuilder:
                  settings: Settings | None = None, retrieval: Retrieval | None = None):
         self.store, self._source = store, source
         self._knowledge: dict[str, Knowledge] = {}
+        self._generation: dict[str, int] = {}  # the Knowledge.generation last searched
         self.retrieval = retrieval or Retrieval(store, settings)
 
     async def build(self, p: PipelineConfig, d: Draft,
@@ -69,14 +65,14 @@ class ContextBuilder:
         try:
             # With ``keep``, a few more are asked for, as some may be left out.
             ctx = await asyncio.wait_for(self._gather(p, d.message, 0 if keep is None else 5),
-                                         timeout=max(5.0, p.lease * _SHARE_OF_LEASE))
+                                         timeout=_context_time(p))
         except Exception as exc:
             log.warning("%s: context for %s not read, drafting without it: %s", p.name, d.key,
                         describe_error(exc) if not isinstance(exc, TimeoutError) else "timed out")
             return Context()
         if keep is not None:
             ctx = Context(ctx.thread, [e for e in ctx.examples if keep(e)][:p.drafter.examples],
-                          ctx.passages)
+                          ctx.passages, thread_left_out=ctx.thread_left_out)
         return fit(ctx, d.message, p.drafter.max_input)
 
     async def _gather(self, p: PipelineConfig, m: Message, extra: int = 0) -> Context:
@@ -84,39 +80,62 @@ class ContextBuilder:
         # examples and knowledge from the store.
         o, query = p.drafter, query_text(m)
         thread, examples, passages = await asyncio.gather(
-            self.thread(p, m) if o.thread and m.kind == "email" and m.references else _none(),
+            self.thread(p, m) if o.thread and m.kind == "email" and m.references
+            else _no_thread(),
             self.retrieval.examples(p, query, o.examples + extra)
             if o.examples and m.kind == "email" else _none(),
             self._passages(p, query) if o.knowledge else _none())
-        return Context(thread, examples, passages)
+        return Context(thread.messages, examples, passages, thread_left_out=thread.left_out)
 
     async def _passages(self, p: PipelineConfig, query: str) -> list[Passage]:
         knowledge = self._knowledge.get(p.name)
         if knowledge is None or knowledge.pipeline is not p:
             knowledge = self._knowledge[p.name] = Knowledge(self.store, p)
-        changed = await knowledge.sync()
-        return await self.retrieval.passages(p, query, PASSAGES, reread=changed > 0)
+            self._generation.pop(p.name, None)  # a new index object: search it afresh
+        # A draft waits for an index pass it started at most half the time its context
+        # may take; for one already running, not at all (see Knowledge.refresh).
+        await knowledge.refresh(wait=_context_time(p) / 2)
+        # The searches' in-memory index is read again after any pass that changed the
+        # store's, also one that ended after the draft that started it went on.
+        reread = self._generation.get(p.name) != knowledge.generation
+        self._generation[p.name] = knowledge.generation
+        return await self.retrieval.passages(p, query, PASSAGES, reread=reread)
 
     async def close(self) -> None:
-        """Stop the background embedding (at shutdown)."""
+        """Stop the background embedding and index passes (at shutdown)."""
+        for knowledge in self._knowledge.values():
+            await knowledge.close()
         await self.retrieval.close()
 
-    async def thread(self, p: PipelineConfig, m: Message) -> list[ThreadMessage]:
-        """The earlier messages of ``m``'s thread from the pipeline's source (a source
-        without threads gives none). A failure is logged; the draft goes on without."""
+    async def thread(self, p: PipelineConfig, m: Message) -> Thread:
+        """The earlier messages of ``m``'s thread from the pipeline's source that its
+        sender took part in (:mod:`bot.context.thread`; a source without threads gives
+        none). A failure is logged; the draft goes on without."""
         read = getattr(self._source(p), "thread", None)
         if read is None:
-            return []
+            return Thread()
         try:
-            return list(await read(m, p.drafter.thread))[-p.drafter.thread:]
+            found = await read(m, p.drafter.thread)
         except Exception as exc:
             log.warning("%s: thread of %s not read, drafting without it: %s", p.name,
                         m.source_id or m.message_id, describe_error(exc))
-            return []
+            return Thread()
+        if not isinstance(found, Thread):  # a source that gives a plain list
+            found = Thread(list(found))
+        return Thread(found.messages[-p.drafter.thread:], found.left_out)
+
+
+def _context_time(p: PipelineConfig) -> float:
+    """Seconds a draft's context may take to read."""
+    return max(5.0, p.lease * _SHARE_OF_LEASE)
 
 
 async def _none() -> list:
     return []
+
+
+async def _no_thread() -> Thread:
+    return Thread()
 
 
 def fit(ctx: Context, m: Message, max_input: int) -> Context:
@@ -145,7 +164,7 @@ def fit(ctx: Context, m: Message, max_input: int) -> Context:
             break
         passages.append(Passage(ps.path, ps.heading, text))
         left -= len(ps.name) + _OVERHEAD + len(text)
-    return Context(thread, examples, passages)
+    return Context(thread, examples, passages, thread_left_out=ctx.thread_left_out)
 
 
 def _within(text: str, room: int) -> str | None:

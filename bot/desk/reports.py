@@ -8,6 +8,8 @@ audit tables, never from process memory, so every host gives the same answer.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -15,6 +17,7 @@ from typing import Any, overload
 
 from .. import scheduler
 from ..clock import hhmm, utc_day
+from ..config import knowledge
 from ..config.load import PipelineConfig, Settings
 from ..context.embedders import LOCAL_MODEL  # a name: nothing is imported or loaded
 from ..models import PENDING_STATUSES, STATUSES, Draft, Run, Status
@@ -129,7 +132,19 @@ async def _health(store: Store, p: PipelineConfig, paused: bool, runs: list[Run]
                   holds: dict, now: float) -> tuple[str, str, dict | None]:
     """(health, problem, hold in force) of a configured pipeline."""
     hold = _hold(holds, p.name, now)
-    return (*_assess(p, paused, runs, hold, await store.waiting(p.name), now), hold)
+    health, problem = _assess(p, paused, runs, hold, await store.waiting(p.name), now)
+    left_out = await asyncio.to_thread(_knowledge_left_out, p) if p.drafter.knowledge else ""
+    return health, "; ".join(x for x in (problem, left_out) if x), hold
+
+
+def _knowledge_left_out(p: PipelineConfig) -> str:
+    """The knowledge files the index leaves out (too big, linked from outside), named."""
+    skipped = knowledge.scan(p.base_dir, p.drafter.knowledge, p.drafter.knowledge_max_file).skipped
+    if not skipped:
+        return ""
+    named = ", ".join(f"{os.path.relpath(path, p.base_dir)} ({why})" for path, why in skipped[:5])
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    return f"knowledge file(s) left out of the index: {named}{more}"
 
 
 async def status_all(store: Store, settings: Settings, now: float | None = None) -> list[PipelineStatus]:
@@ -260,17 +275,26 @@ async def history(store: Store, settings: Settings, pipeline: str, item_id: str)
     """Every audit row of every draft of ``item_id`` in ``pipeline`` (any recipe)."""
     drafts = await store.item_drafts(pipeline, item_id)
     events: list[dict[str, Any]] = []
+    order: list[tuple] = []
     for d in drafts:
         for e in reversed(await store.audit_log(d.key, limit=1000)):
             events.append({"at": e.at, "actor": e.actor, "action": e.action,
                            "detail": e.detail, "text_sha256": e.text_sha256,
                            "draft_id": d.id, "audit_id": e.id})
-    events.sort(key=lambda e: e["audit_id"])
+            order.append(_chain_position(e.seq, e.id))
+    # In chain order: the hashes cover a row's position, not its id.
+    events = [e for _, e in sorted(zip(order, events, strict=True), key=lambda oe: oe[0])]
     tz = settings.pipeline(pipeline).timezone if settings.has_pipeline(pipeline) else "UTC"
     return History(pipeline, item_id, tz, [
         {"id": d.id, "status": d.status, "version": d.version, "subject": d.message.subject,
          "from": d.message.from_addr, "error": d.error, "sent_id": d.sent_id}
         for d in drafts], events)
+
+
+def _chain_position(seq: Any, row_id: int) -> tuple:
+    """Sort key of an audit row: its chain position; a row outside the chain (or one
+    whose position was tampered with into something else) after every chained one."""
+    return (0, seq, row_id) if isinstance(seq, int) and not isinstance(seq, bool) else (1, 0, row_id)
 
 
 #: How the known audit actions read in a history; others are shown by their name.
@@ -292,11 +316,19 @@ def format_history(h: History) -> str:
             f" ({d['error']})" if d["error"] else "")
         lines.append(f"{state} · {d['subject'] or '(no subject)'} · from {d['from'] or '?'}")
     for e in h.events:
-        when = datetime.fromtimestamp(e["at"], tz).strftime("%Y-%m-%d %H:%M:%S")
+        when = _stamp(e["at"], tz)
         who = "" if e["actor"] == SYSTEM else f" by {e['actor']}"
         what = f": {e['detail']}" if e["detail"] else ""
         lines.append(f"{when} {_DID.get(e['action'], e['action'])}{who}{what}")
     return "\n".join(lines)
+
+
+def _stamp(at: Any, tz) -> str:
+    """A history row's time; one that is no time (a tampered row) is shown as such."""
+    try:
+        return datetime.fromtimestamp(at, tz).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return f"{'(bad time)':19}"
 
 
 # -- formatting ----------------------------------------------------------------------------

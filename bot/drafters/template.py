@@ -107,7 +107,8 @@ class TemplateDrafter:
             body += f"\n\n[Note: {values['instruction']}]"
         ctx = request.context  # a template uses only the fields it has
         used = Context(ctx.thread if "{thread}" in template else [], [],
-                       ctx.passages if "{knowledge}" in template else []).used()
+                       ctx.passages if "{knowledge}" in template else [],
+                       thread_left_out=ctx.thread_left_out).used()
         return DraftResult(body=body + "\n", tokens_in=0, tokens_out=0,
                            model=f"template:{self.path.name}", used=used)
 

@@ -1,43 +1,33 @@
 """Thread context for an IMAP message: the messages its References / In-Reply-To name,
 found by ``UID SEARCH HEADER Message-ID`` in the source folder and in the Sent folder.
 
-Only messages the new mail's sender took part in are given (they sent it, or it was
-sent or copied to them): anyone can write ``References: <someone else's id>``, and
+Only messages the new mail's sender took part in are given (the one rule of
+:mod:`bot.context.thread`): anyone can write ``References: <someone else's id>``, and
 that must not pull another customer's mail into this draft.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from ..config.imap import ImapAccount
-from ..context.builder import thread_message
+from ..context.thread import Thread, participants_only
 from ..errors import SourceError
 from ..mail.mime import UnparseableMessage, parse_email
-from ..models import Message, ThreadMessage
+from ..models import Message
 from .client import ImapClient
-
-log = logging.getLogger("draftgate.imap")
 
 THREAD_MAX_BODY = 20_000
 _MAX_REFS = 20  # the newest references looked up; older ones rarely add anything
 
 
-def took_part(earlier: Message, sender: str) -> bool:
-    """Whether ``sender`` wrote ``earlier`` or was among its recipients."""
-    who = {a.strip().lower() for a in (earlier.from_addr, earlier.reply_to, *earlier.to,
-                                       *earlier.cc) if a}
-    return bool(sender) and sender.strip().lower() in who
-
-
 async def thread(client: ImapClient, account: ImapAccount, folder: str, message: Message,
-                 limit: int) -> list[ThreadMessage]:
+                 limit: int) -> Thread:
     """The earlier messages of ``message``'s thread the sender took part in, the newest
     ``limit``, oldest first (in References order)."""
     refs = [r for r in message.references if r and r != message.message_id][-_MAX_REFS:]
     if not refs or limit < 1:
-        return []
+        return Thread()
     try:
         sent = await client.special_folder("\\Sent", account.sent_folder)
     except SourceError:
@@ -62,11 +52,7 @@ async def thread(client: ImapClient, account: ImapAccount, folder: str, message:
                 break
             found[ref] = m
             break
-    kept = [(ref, m) for ref, m in found.items() if took_part(m, message.from_addr)]
-    if len(kept) < len(found):
-        log.info("imap %s: %d message(s) named in References left out of the thread "
-                 "context: the sender took no part in them", account.name,
-                 len(found) - len(kept))
     order = {r: i for i, r in enumerate(refs)}
-    kept.sort(key=lambda rm: order[rm[0]])
-    return [thread_message(m, ours=m.from_addr.lower() in own) for _, m in kept]
+    ordered = sorted(found.items(), key=lambda rm: order[rm[0]])
+    return participants_only(((m, m.from_addr.lower() in own) for _, m in ordered),
+                             message.from_addr, f"imap {account.name}")

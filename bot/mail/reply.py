@@ -27,8 +27,21 @@ _BARE_ID = re.compile(r"^[\x21-\x3b\x3d\x3f-\x7e]{1,450}@[\x21-\x3b\x3d\x3f-\x7e
 _MAX_REFERENCES = 20  # keep the header bounded on very long threads
 
 
-def reply_message_id(key: str) -> str:
-    """The Message-ID of the reply for draft ``key``: the same key, the same id."""
+def reply_message_id(draft: Draft) -> str:
+    """The Message-ID of ``draft``'s reply: the same draft, the same id, for every
+    attempt and check of its send. Nobody outside can work it out in advance: it
+    holds the random part drawn when the draft first moved to ``sending``
+    (``Draft.reply_nonce``); only a row already sending before that part existed
+    keeps the id derived from its key alone (its send is checked with that id)."""
+    if draft.reply_nonce:
+        mark = hashlib.sha256(f"{draft.key}\0{draft.reply_nonce}".encode("utf-8")).hexdigest()
+        return f"<dg.{mark[:32]}@draftgate.local>"
+    return legacy_message_id(draft.key)
+
+
+def legacy_message_id(key: str) -> str:
+    """The id before it had a random part: sha256 of the key, which anyone who knows
+    the key (pipeline, item, recipe) could compute and plant in a References header."""
     return f"<dg.{hashlib.sha256(key.encode('utf-8')).hexdigest()[:24]}@draftgate.local>"
 
 
@@ -75,7 +88,7 @@ def build_reply(draft: Draft, from_addr: str | Address) -> EmailMessage:
             refs = [r for r in map(_msg_id, m.references) if r and r != original]
             msg["References"] = " ".join([*refs[-(_MAX_REFERENCES - 1):], original])
     msg["Date"] = email.utils.formatdate(draft.decided_at or time.time(), usegmt=True)
-    msg["Message-ID"] = reply_message_id(draft.key)
+    msg["Message-ID"] = reply_message_id(draft)
     msg["X-Draftgate-Key"] = _one_line(draft.key)[:900]
     msg["Auto-Submitted"] = "no"  # a person approved it; it is not an auto-reply
     msg.set_content(draft.body.replace("\r\n", "\n").replace("\r", "\n"), charset="utf-8")

@@ -1,7 +1,7 @@
 """Thread context for a Graph message: the earlier messages of its ``conversationId``
 (in any folder, so our own replies in Sent Items too), read as MIME through the same
 parser. Only messages the new mail's sender took part in are given (the participant
-rule of :func:`bot.imap.thread.took_part`): a conversation id is the server's, but a
+rule of :mod:`bot.context.thread`): a conversation id is the server's, but a
 message can join a conversation by its References, and another customer's mail must
 not reach this draft."""
 
@@ -11,10 +11,9 @@ import asyncio
 import logging
 
 from ..config.microsoft import MicrosoftAccount
-from ..context.builder import thread_message
-from ..imap.thread import took_part
+from ..context.thread import Thread, participants_only
 from ..mail.mime import UnparseableMessage, parse_email
-from ..models import Message, ThreadMessage
+from ..models import Message
 from .client import GraphClient
 
 log = logging.getLogger("draftgate.microsoft")
@@ -24,12 +23,12 @@ _MAX_LISTED = 50
 
 
 async def thread(client: GraphClient, account: MicrosoftAccount, message: Message,
-                 limit: int) -> list[ThreadMessage]:
+                 limit: int) -> Thread:
     """The newest ``limit`` earlier messages of the conversation the sender took part
     in, oldest first."""
     cid = message.thread_id
     if not cid or limit < 1:
-        return []
+        return Thread()
     quoted = cid.replace("'", "''")
     page = await client.get_json(
         f"me/messages?$filter=conversationId eq '{quoted}'&$select=id,internetMessageId,"
@@ -49,10 +48,7 @@ async def thread(client: GraphClient, account: MicrosoftAccount, message: Messag
                                                   source_id=e["id"]))
         except UnparseableMessage:
             continue
-    kept = [m for m in parsed if took_part(m, message.from_addr)]
-    if len(kept) < len(parsed):
-        log.info("microsoft %s: %d message(s) of the conversation left out of the thread "
-                 "context: the sender took no part in them", account.name,
-                 len(parsed) - len(kept))
     own = {account.address.lower()} if account.address else set()
-    return [thread_message(m, ours=m.from_addr.lower() in own) for m in kept[-limit:]]
+    found = participants_only(((m, m.from_addr.lower() in own) for m in parsed),
+                              message.from_addr, f"microsoft {account.name}")
+    return Thread(found.messages[-limit:], found.left_out)

@@ -110,7 +110,7 @@ class _GmailSender:
         carrying that Message-ID (it lands in the inbox, spam or trash); counting it
         would mark an unsent reply sent, so only Gmail's own SENT label or a draft in
         the same thread counts."""
-        q = f"rfc822msgid:{reply_message_id(draft.key).strip('<>')}"
+        q = f"rfc822msgid:{reply_message_id(draft).strip('<>')}"
         try:
             if drafts:
                 resp = await self.client.aread(
@@ -156,7 +156,7 @@ class GmailReplySender(_GmailSender):
         if found or not draft.message.thread_id:
             return found
         thread_id = draft.message.thread_id
-        mid = reply_message_id(draft.key)
+        mid = reply_message_id(draft)
         try:
             thread = await self.client.aread(
                 lambda s: s.users().threads().get(

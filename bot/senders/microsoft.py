@@ -77,7 +77,7 @@ class MicrosoftSender:
 
     async def _prepare(self, draft: Draft) -> tuple[str, str]:
         """(the Graph id of the reply draft, its internetMessageId): steps 1 and 2."""
-        text, mid = self._text(draft), reply_message_id(draft.key)
+        text, mid = self._text(draft), reply_message_id(draft)
         try:
             existing = await self._find("drafts", mid)
             if existing is not None:
@@ -142,7 +142,7 @@ class MicrosoftSender:
         """The id when the reply is in Sent Items (or, for microsoft_draft, in Drafts);
         None when it is certainly not sent (still a draft, or no draft at all for
         microsoft_draft); SendUnknown when Graph cannot tell yet."""
-        mid = reply_message_id(draft.key)
+        mid = reply_message_id(draft)
         try:
             if not self.sends:
                 return mid if await self._find("drafts", mid) is not None else None

@@ -65,7 +65,7 @@ class _ImapSender:
 
     async def _find(self, use: str, configured: str, draft: Draft) -> str | None:
         """This draft's Message-ID if a message carrying it is in the ``use`` folder."""
-        mid = reply_message_id(draft.key)
+        mid = reply_message_id(draft)
         try:
             folder = await self.client.special_folder(use, configured)
             uid = await self.client.find_message_id(folder, mid)
@@ -126,7 +126,7 @@ class SmtpReplySender(_ImapSender):
         finally:
             await _quit(smtp)
         await self._file_in_sent(draft, raw)
-        return SendResult(sent_id=reply_message_id(draft.key))
+        return SendResult(sent_id=reply_message_id(draft))
 
     async def _file_in_sent(self, draft: Draft, raw: bytes) -> None:
         if self.account.saves_sent:
@@ -169,7 +169,7 @@ class ImapDraftSender(_ImapSender):
         except Exception as exc:  # lost before the answer: check() looks for it
             raise SendUnknown(f"IMAP APPEND to {folder} cut off: {type(exc).__name__}: "
                               f"{exc}") from None
-        return SendResult(sent_id=reply_message_id(draft.key))
+        return SendResult(sent_id=reply_message_id(draft))
 
     async def check(self, draft: Draft) -> str | None:
         """The Message-ID when the draft is in Drafts, else None (an APPEND either

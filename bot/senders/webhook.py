@@ -59,7 +59,7 @@ def payload(draft: Draft) -> dict:
             "to": "" if slot else m.reply_to,
             "subject": m.subject if slot else reply_subject(m.subject),
             "in_reply_to": "" if slot else m.message_id,
-            "message_id": reply_message_id(draft.key), "body": draft.body,
+            "message_id": reply_message_id(draft), "body": draft.body,
             "version": draft.version}
 
 

@@ -73,14 +73,14 @@ from collections.abc import Sequence
 
 from ..config.load import PipelineConfig, Settings
 from ..config.options import FilterOptions, GmailSourceOptions, expect
-from ..context.builder import thread_message
+from ..context.thread import Thread, participants_only
 from ..errors import SourceError
 from ..gmail.batch import MAX_PARTS
 from ..gmail.client import GmailClient
 from ..gmail.errors import Cancelled, NotFound, RateLimited
 from ..gmail.files import attachment_files
 from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
-from ..models import FetchResult, Item, Message, ThreadMessage
+from ..models import FetchResult, Item, Message
 from ..stages import FetchContext
 from . import filters as _filters
 from .gmail_cursor import Cursor, join_queues
@@ -499,23 +499,22 @@ class GmailSource:
         """The attachments of a message this source admitted (📎 Files)."""
         return await attachment_files(self.client, message.source_id)
 
-    async def thread(self, message: Message, limit: int) -> list[ThreadMessage]:
-        """The earlier messages of ``message``'s thread, oldest first (see
-        ``_thread_resources``); ours are those sent from one of our addresses."""
+    async def thread(self, message: Message, limit: int) -> Thread:
+        """The earlier messages of ``message``'s thread (Gmail's, by References and
+        subject) its sender took part in (bot.context.thread), oldest first; ours: sent."""
         if not message.thread_id or limit < 1:
-            return []
+            return Thread()
         resources = await self.client.run(_thread_resources, self.client, message.thread_id,
                                           message.source_id, limit)
-        out = []
+        found = []
         for r in resources:
             try:
                 raw = base64.urlsafe_b64decode(_padded(r.get("raw") or ""))
                 m = parse_email(raw, max_body=THREAD_MAX_BODY, source_id=str(r.get("id")))
             except (ValueError, TypeError, UnparseableMessage):
                 continue  # an unreadable old message is left out, not the draft
-            ours = "SENT" in (r.get("labelIds") or ()) or m.from_addr.lower() in self._own
-            out.append(thread_message(m, ours))
-        return out
+            found.append((m, "SENT" in (r.get("labelIds") or ()) or m.from_addr.lower() in self._own))
+        return participants_only(found, message.from_addr, f"gmail {self.client.name}")
 
     async def close(self) -> None:
         await self.client.aclose()

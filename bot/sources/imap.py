@@ -32,10 +32,11 @@ from dataclasses import dataclass
 
 from ..config.load import PipelineConfig, Settings
 from ..config.options import FilterOptions, ImapSourceOptions, expect
+from ..context.thread import Thread
 from ..imap import idle, pool
 from ..imap.client import ImapClient
 from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
-from ..models import FetchResult, Item, Message, ThreadMessage
+from ..models import FetchResult, Item, Message
 from ..stages import FetchContext
 from . import filters as _filters
 
@@ -207,7 +208,7 @@ class ImapSource:
         return Item(iid, msg, skip_reason=_filters.own_reason(msg, self.filters,
                                                               own_addresses=self._own))
 
-    async def thread(self, message: Message, limit: int) -> list[ThreadMessage]:
+    async def thread(self, message: Message, limit: int) -> Thread:
         from ..imap.thread import thread
 
         return await thread(self.client, self.account, self.folder, message, limit)

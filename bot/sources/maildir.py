@@ -35,11 +35,11 @@ from pathlib import Path
 
 from ..config.load import PipelineConfig, Settings
 from ..config.options import MaildirSourceOptions, expect
-from ..context.builder import thread_message
+from ..context.thread import Thread, participants_only
 from ..errors import SourceError
 from ..mail import mime
 from ..mail.attachments import files_of
-from ..models import FetchResult, Item, Message, ThreadMessage
+from ..models import FetchResult, Item, Message
 from ..scheduler import duration_text
 from .filters import too_big
 
@@ -118,17 +118,18 @@ class MaildirSource:
     async def close(self) -> None:
         return None
 
-    async def thread(self, message: Message, limit: int) -> list[ThreadMessage]:
+    async def thread(self, message: Message, limit: int) -> Thread:
         """The files of the folder that ``message`` answers, by its References (or
-        In-Reply-To): the newest ``limit``, oldest first."""
+        In-Reply-To), that its sender took part in (:mod:`bot.context.thread`): the
+        newest ``limit``, oldest first."""
         refs = [r for r in message.references if r != message.message_id]
         if not refs or limit < 1:
-            return []
-        return await asyncio.to_thread(self._thread, refs, limit)
+            return Thread()
+        return await asyncio.to_thread(self._thread, refs, limit, message.from_addr)
 
-    def _thread(self, refs: list[str], limit: int) -> list[ThreadMessage]:
+    def _thread(self, refs: list[str], limit: int, sender: str) -> Thread:
         by_id = {item_id: f for f, item_id in self._identify()}
-        out = []
+        found = []
         for ref in refs:  # References lists the thread oldest first
             f = by_id.get(ref)
             if f is None:
@@ -138,8 +139,9 @@ class MaildirSource:
                                      max_body=_THREAD_MAX_BODY, source_id=f.name)
             except (OSError, mime.UnparseableMessage):
                 continue
-            out.append(thread_message(m, ours=False))
-        return out[-limit:]
+            found.append((m, False))
+        result = participants_only(found, sender, self._where)
+        return Thread(result.messages[-limit:], result.left_out)
 
     # -- runs in a worker thread -------------------------------------------------
     def _files(self) -> list[_File]:

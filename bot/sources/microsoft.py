@@ -35,10 +35,11 @@ from urllib.parse import quote
 from ..config.load import PipelineConfig, Settings
 from ..config.microsoft import MicrosoftSourceOptions
 from ..config.options import FilterOptions, expect
+from ..context.thread import Thread
 from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..microsoft import client as graph
 from ..microsoft.client import GraphClient, GraphError
-from ..models import FetchResult, Item, Message, ThreadMessage
+from ..models import FetchResult, Item, Message
 from ..stages import FetchContext
 from . import filters as _filters
 
@@ -191,7 +192,7 @@ class MicrosoftSource:
         return Item(iid, msg, skip_reason=_filters.own_reason(msg, self.filters,
                                                               own_addresses=self._own))
 
-    async def thread(self, message: Message, limit: int) -> list[ThreadMessage]:
+    async def thread(self, message: Message, limit: int) -> Thread:
         from ..microsoft.thread import thread
 
         return await thread(self.client, self.account, message, limit)

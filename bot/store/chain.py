@@ -37,6 +37,9 @@ ADOPT_HEAD_SQL = (
     "UPDATE audit_head SET seq = coalesce((SELECT max(seq) FROM audit), 0), hash = coalesce("
     "(SELECT hash FROM audit WHERE seq = (SELECT max(seq) FROM audit)), '" + GENESIS + "') "
     "WHERE one = 1")
+#: SQLite: the first chained row whose position is not a whole number (text, a real).
+ODD_SEQ_SQL = ("SELECT id, seq FROM audit WHERE seq IS NOT NULL AND typeof(seq) <> 'integer' "
+               "ORDER BY id LIMIT 1")
 WALK_SQL = f"SELECT {', '.join(CHAIN_COLS)} FROM audit WHERE seq IS NOT NULL ORDER BY seq, id"
 #: The first row outside the chain (inserted without a position or hash), if any.
 LOOSE_SQL = "SELECT min(id) FROM audit WHERE seq IS NULL OR hash IS NULL"
@@ -156,10 +159,17 @@ class Walker:
         return False
 
     def feed(self, row: Any) -> bool:
-        """Check one row (``CHAIN_COLS``, by name); False once a problem is found."""
+        """Check one row (``CHAIN_COLS``, by name); False once a problem is found. A row
+        that cannot be read (a position that is not a whole number, a time that is not
+        a finite number) is named as changed: it was not written by draftgate."""
         if self.report.problem:
             return False
-        rid, seq = row["id"], int(row["seq"])
+        bad = unreadable(row)
+        if bad:
+            return self._fail(row["id"], bad)
+        return self._check(row["id"], int(row["seq"]), row)
+
+    def _check(self, rid: Any, seq: int, row: Any) -> bool:
         after = f"#{self._prev_id}" if self._prev_id is not None else "the start"
         if seq <= self._prev_seq:
             return self._fail(rid, f"audit row #{rid} was inserted: chain position {seq} "
@@ -215,8 +225,38 @@ class Walker:
         return r
 
 
-def conclude(w: Walker, head: tuple | None, loose: int | None) -> Report:
-    """The report of a whole-store walk; ``head`` None: the head row is gone."""
+def unreadable(row: Any) -> str | None:
+    """Why chained ``row`` cannot be checked (no hash can be computed for it), or None."""
+    rid, seq, at = row["id"], row["seq"], row["at"]
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        return (f"audit row #{rid} was changed: its chain position is {_shown(seq)}, "
+                "not a whole number")
+    try:
+        ok = not isinstance(at, (bool, str)) and math.isfinite(float(at))
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        return f"audit row #{rid} was changed: its time is {_shown(at)}, not a finite number"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A tampered value as a message shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def conclude(w: Walker, head: tuple | None, loose: int | None,
+             odd: tuple[Any, Any] | None = None) -> Report:
+    """The report of a whole-store walk; ``head`` None: the head row is gone. ``odd``:
+    (id, seq) of a row whose position is not a whole number, if any (SQLite stores what
+    it is given; such a row sorts after every number, so the walk first meets a gap
+    where it belongs): it is named, not the gap."""
+    if odd is not None:
+        w.report.problem, w.report.row_id = (
+            f"audit row #{odd[0]} was changed: its chain position is {_shown(odd[1])}, "
+            "not a whole number"), odd[0]
+        return w.report
     if head is None and w.report.ok:
         w.report.problem = "the chain head (the one row of table audit_head) was removed"
         return w.report

@@ -399,4 +399,13 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
         );
         """,
     ),
+    (
+        14,
+        "unguessable reply Message-IDs (issue 22): see schema.py _V_REPLY_NONCE",
+        """
+        ALTER TABLE drafts ADD COLUMN reply_nonce TEXT;
+        UPDATE drafts SET reply_nonce = ''
+            WHERE status IN ('sending', 'send_unknown', 'send_failed');
+        """,
+    ),
 ]

@@ -20,7 +20,7 @@ DRAFT_COLUMNS = (
     "lease_until", "fence", "body", "version", "instruction", "approval_chat",
     "approval_message_id", "decided_by", "decided_at", "sent_id", "error", "tokens_in",
     "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "triage",
-    "triage_reason", "used", "send_after", "attached",
+    "triage_reason", "used", "send_after", "attached", "reply_nonce",
 )
 DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
 SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly

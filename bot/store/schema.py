@@ -354,12 +354,22 @@ _V_STYLE_NOTES = [
         UNIQUE (pipeline, version))""",
 ]
 
+# Unguessable reply Message-IDs (issue 22): a random part, drawn when a draft first
+# moves to `sending` and kept for every later check and retry of that send. A row that
+# was already in a send state before this version keeps the id derived from its key
+# alone (marked ''), so its unknown-send check still finds what it sent.
+_V_REPLY_NONCE = [
+    "ALTER TABLE drafts ADD COLUMN reply_nonce TEXT",
+    "UPDATE drafts SET reply_nonce = '' WHERE status IN ('sending', 'send_unknown', "
+    "'send_failed')",
+]
+
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).
 MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
                         _V_PROMPTS, _V_VECTORS, _V_SEND_AFTER,
-                        _V_ATTACHED, _V_EMBED_PROGRESS, _V_STYLE_NOTES]
+                        _V_ATTACHED, _V_EMBED_PROGRESS, _V_STYLE_NOTES, _V_REPLY_NONCE]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

@@ -8,6 +8,7 @@ does differently (admit, claim, migrations, the lease clock, row locks).
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from typing import Any, Callable, Iterable
 
@@ -346,11 +347,14 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
                          now: float | None = None) -> Draft | None:
         """CAS ``approved -> sending`` once its ``send_after`` has passed at ``now``,
         committed before the send call, recording the sending process (``holder``, as
-        in the locks table) in ``send_holder``. The only way to send."""
+        in the locks table) in ``send_holder``. The only way to send. The first one
+        draws the random part of the reply's Message-ID (``reply_nonce``); a retry
+        keeps it, so every check looks for the same id."""
         # updated_at by the store's clock for leases: recover_abandoned_sends ages rows with it.
         clock, arg = self._db_clock(None)
         return await self._change(_one(Step(
-            BEGIN_SEND, f"send_holder = ?, updated_at = {clock}", (holder, arg),
+            BEGIN_SEND, f"send_holder = ?, reply_nonce = COALESCE(reply_nonce, ?), "
+                        f"updated_at = {clock}", (holder, secrets.token_hex(16), arg),
             "id = ? AND (send_after IS NULL OR send_after <= ?)",
             (draft_id, self._now(now)))))
 

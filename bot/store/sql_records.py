@@ -86,11 +86,12 @@ class SqlRecords(Backend):
 
     async def audit_log(self, draft_key: str | None = None,
                         limit: int = 100) -> list[AuditEntry]:
-        """Newest first."""
+        """Newest first: in chain order (``seq``), which the chain's hashes cover; the
+        row ids do not (swapping two ids would reorder a history undetected)."""
         where, args = ("WHERE draft_key = ?", (draft_key,)) if draft_key is not None else ("", ())
         rows = await self._query(
-            "SELECT id, at, actor, action, draft_key, text_sha256, detail FROM audit "
-            f"{where} ORDER BY id DESC LIMIT ?", (*args, int(limit)))
+            "SELECT id, at, actor, action, draft_key, text_sha256, detail, seq FROM audit "
+            f"{where} ORDER BY seq DESC NULLS LAST, id DESC LIMIT ?", (*args, int(limit)))
         return [AuditEntry(*tuple(r)) for r in rows]
 
     async def count_audit(self, action: str, key_prefix: str, since: float,

@@ -351,13 +351,15 @@ class SQLiteStore(SqlStore):
             await db.run("BEGIN")  # one snapshot (WAL): appends meanwhile are not seen
             try:
                 loose = (await db.rows(chain.LOOSE_SQL))[0][0]
+                odd = await db.rows(chain.ODD_SEQ_SQL)
                 found = await db.rows(chain.HEAD_SQL)
                 walker = chain.Walker()  # rows streamed, never all in memory
                 async with db.conn.execute(chain.WALK_SQL) as cursor:
                     async for row in cursor:
                         if not walker.feed(row):
                             break
-                return chain.conclude(walker, tuple(found[0]) if found else None, loose)
+                return chain.conclude(walker, tuple(found[0]) if found else None, loose,
+                                      tuple(odd[0]) if odd else None)
             finally:
                 await db.run("COMMIT")
 

@@ -88,8 +88,10 @@ async def test_a_gmail_reply_gets_the_earlier_messages_of_its_thread_oldest_firs
     with FakeGmail(address="support@shop.example") as gmail:
         first = gmail.add_message(eml(1, "Boots size", "Do the Alpine boots run small?"))
         tid = gmail.messages[first].thread_id
-        gmail.add_message(eml(2, "Re: Boots size", "They run half a size small, go up one.",
-                              sender="Shop <support@shop.example>", refs="<m1@customer.example>"),
+        ours = eml(2, "Re: Boots size", "They run half a size small, go up one.",
+                   sender="Shop <support@shop.example>", refs="<m1@customer.example>")
+        gmail.add_message(ours.replace(b"To: support@shop.example",  # our reply, to her
+                                       b"To: alice@customer.example"),
                           labels=["SENT"], thread_id=tid)
         w = await deployments(fake, provider, f"sqlite:///{tmp_path}/s.db",
                               drafter=f"thread: {thread}", extra_yaml=_gmail_yaml(tmp_path, gmail),
@@ -126,6 +128,68 @@ async def test_a_maildir_reply_gets_the_files_its_references_name(tmp_path, fake
                                              refs="<m1@customer.example>"))
     assert "My parcel 77 has not arrived." in block(req, "THREAD")
     assert "My parcel 77" not in block(req, "EMAIL")
+
+
+VICTORIA = "Victoria Client <victoria@customer.example>"
+MALLORY = "Mallory <mallory@stranger.example>"
+SECRET = "card 4929 1234 5678 9012, billing address 12 Elm Row"
+
+
+@pytest.mark.parametrize("model", ["llm", "template"])
+async def test_a_strangers_references_do_not_pull_another_customers_mail_into_a_maildir_draft(
+        tmp_path, fake, deployments, model):
+    """Mallory writes with References: <Victoria's Message-ID> and her subject: none of
+    Victoria's text reaches the model request or the template's card, and the card
+    says one earlier message was left out. Victoria's own follow-up still gets it."""
+    if model == "template":
+        (tmp_path / "t.txt").write_text("Hi {first_name},\n{thread}\nThanks\n")
+    w = await deployments(fake, "openai", f"sqlite:///{tmp_path}/s.db", model=model,
+                          drafter="prompt: t.txt" if model == "template" else "")
+    await w.draft("support", 1, eml(1, "Double charge", f"You charged my {SECRET} twice.",
+                                    sender=VICTORIA))
+    d, req = await w.draft("support", 2, eml(2, "Re: Double charge", "Any news on this?",
+                                             sender=MALLORY, refs="<m1@customer.example>"))
+    card = render_card(d).text
+    assert "4929" not in d.body and "Elm Row" not in d.body and "4929" not in card
+    if req is not None:
+        assert block(req, "THREAD") is None and "4929" not in json.dumps(req.body)
+    assert used_line(d.used) == "📎 1 earlier message left out (the sender took no part)"
+    assert "1 earlier message left out" in card
+    mine, req = await w.draft("support", 3, eml(3, "Re: Double charge", "Any news?",
+                                                sender=VICTORIA, refs="<m1@customer.example>"))
+    assert "4929" in (mine.body if req is None else block(req, "THREAD"))
+    assert used_line(mine.used) == "📎 thread 1"
+
+
+async def test_a_strangers_mail_in_a_gmail_thread_gets_none_of_it(tmp_path, fake, deployments):
+    """Gmail threads Mallory's mail with Victoria's (References and subject): the real
+    googleapiclient reads the thread from the fake Gmail, and the model request holds
+    neither Victoria's message nor our reply to her; the card counts both left out."""
+    with FakeGmail(address="support@shop.example") as gmail:
+        first = gmail.add_message(eml(1, "Double charge", f"You charged my {SECRET} twice.",
+                                      sender=VICTORIA))
+        tid = gmail.messages[first].thread_id
+        reply = eml(2, "Re: Double charge", "Sorry Victoria, the refund for 4929 is on its way.",
+                    sender="Shop <support@shop.example>", refs="<m1@customer.example>")
+        gmail.add_message(reply.replace(b"To: support@shop.example",
+                                        b"To: victoria@customer.example"),
+                          labels=["SENT"], thread_id=tid)
+        w = await deployments(fake, "openai", f"sqlite:///{tmp_path}/s.db",
+                              extra_yaml=_gmail_yaml(tmp_path, gmail),
+                              source="{type: gmail, account: support}")
+        await w.engine.tick("support")  # the first run records the cursor
+        gmail.add_message(eml(3, "Re: Double charge", "Any news on this?", sender=MALLORY,
+                              refs="<m1@customer.example> <m2@customer.example>"),
+                          thread_id=tid)
+        await w.engine.tick("support")
+        [d] = await w.store.pending("support")
+        await w.close()
+    assert gmail.calls_to("threads.get")
+    [req] = fake.requests
+    assert block(req, "THREAD") is None
+    assert "4929" not in json.dumps(req.body) and "Elm Row" not in json.dumps(req.body)
+    assert used_line(d.used) == "📎 2 earlier messages left out (the sender took no part)"
+    assert "2 earlier messages left out" in render_card(d).text
 
 
 # -- team memory -------------------------------------------------------------------------------
@@ -268,9 +332,10 @@ async def test_hostile_text_in_a_past_reply_knowledge_and_thread_stays_data(
     edited = await w.desk.edit(op("anna"), d.id, d.version, "order refund\n" + "\n".join(texts))
     await w.desk.approve(op("anna"), edited.id, edited.version)
     refs = " ".join(f"<h{i}@customer.example>" for i in range(len(HOSTILE)))
-    for i, f in enumerate(HOSTILE):  # thread messages the new email answers
+    for i, f in enumerate(HOSTILE):  # thread messages the new email answers, Bob in copy
         raw = re.sub(rb"(?im)^Message-ID:.*$", f"Message-ID: <h{i}@customer.example>".encode(),
                      f.read_bytes(), count=1)
+        raw = b"Cc: bob@customer.example\n" + raw.lstrip()
         (w.tmp / "inbox" / f"h{i}.eml").write_bytes(raw)
     await w.engine.tick("support")  # the hostile emails themselves are drafted too
     fake.requests.clear()

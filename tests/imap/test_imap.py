@@ -57,7 +57,7 @@ async def test_new_mail_is_drafted_once_and_stays_unread(tmp_path, dovecot, rela
         (reply,) = [parsed(m) for m in dovecot.messages(ALICE)]
         assert reply["In-Reply-To"] == "<order-2@customer.test>"
         assert reply["Subject"] == "Re: Where is my order #2?"
-        assert reply["Message-ID"] == reply_message_id(d.key)
+        assert reply["Message-ID"] == reply_message_id(d)
         assert "Hi Alice," in reply.get_content()
         (filed,) = [parsed(m) for m in dovecot.messages(USERS[0], "Sent")]
         assert filed["Message-ID"] == reply["Message-ID"]
@@ -173,7 +173,7 @@ async def test_imap_draft_saves_the_reply_in_drafts_once(tmp_path, dovecot):
         dovecot.deliver(order_mail(9))
         await w.tick()
         (d,) = await w.drafts("<order-9@customer.test>")
-        assert d.status == Status.SENT and d.sent_id == reply_message_id(d.key)
+        assert d.status == Status.SENT and d.sent_id == reply_message_id(d)
         (saved,) = [parsed(m) for m in dovecot.messages(USERS[0], "Drafts")]
         assert saved["To"] == "Alice Buyer <alice@customer.test>"
         assert saved["In-Reply-To"] == "<order-9@customer.test>"

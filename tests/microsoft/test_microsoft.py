@@ -45,9 +45,9 @@ async def test_new_mail_is_answered_once_threaded_in_sent_items(tmp_path, fake):
         assert (counts.fetched, counts.new, counts.drafted) == (1, 1, 1)
         (d,) = await w.drafts("<order-2@customer.test>")
         assert d.status == Status.SENT
-        assert d.sent_id == reply_message_id(d.key)
+        assert d.sent_id == reply_message_id(d)
         (reply,) = fake.sent
-        assert reply.internet_id == reply_message_id(d.key)
+        assert reply.internet_id == reply_message_id(d)
         assert reply.conversation == original.conversation
         assert reply.to == ["alice@customer.test"]
         mime = parsed(reply.mime())
@@ -171,7 +171,7 @@ async def test_microsoft_draft_saves_the_reply_in_drafts_and_sends_nothing(tmp_p
         (d,) = await w.drafts("<order-6@customer.test>")
         assert d.status == Status.SENT
         (saved,) = fake.in_folder("drafts")
-        assert saved.is_draft and saved.internet_id == reply_message_id(d.key)
+        assert saved.is_draft and saved.internet_id == reply_message_id(d)
         assert saved.conversation == original.conversation and "Hi Alice," in saved.body
         assert fake.sent == [] and fake.sends == 0
     finally:

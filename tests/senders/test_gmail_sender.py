@@ -59,7 +59,7 @@ async def test_reply_mime_is_threaded_to_the_original_sender(world):
     assert m["In-Reply-To"] == "<order-1@customer.example>"
     assert m["References"].split() == ["<a@x.example>", "<b@x.example>",
                                        "<order-1@customer.example>"]
-    assert m["Message-ID"] == reply_message_id(d.key)
+    assert m["Message-ID"] == reply_message_id(after)
     assert m.get_content().replace("\r\n", "\n").strip() == d.body.strip()
     (sent,) = world.fake.sent()
     assert sent.thread_id == d.message.thread_id and after.sent_id == sent.id
@@ -119,7 +119,7 @@ async def test_ambiguous_send_is_posted_once_and_ends_sent_after_the_check(world
     assert len(world.fake.calls_to("messages.send")) == 1
     assert len(world.fake.sent()) == 1 and final.sent_id == world.fake.sent()[0].id
     (check,) = world.fake.calls_to("messages.list")[-1:]
-    assert check.query["q"] == [f"rfc822msgid:{reply_message_id(d.key).strip('<>')}"]
+    assert check.query["q"] == [f"rfc822msgid:{reply_message_id(final).strip('<>')}"]
     # Control: the same fault on the library's default path makes a second POST.
     before = len(world.fake.calls_to("messages.send"))
     if fault == "drop":
@@ -155,11 +155,17 @@ async def test_a_planted_message_with_the_replys_message_id_does_not_mark_it_sen
     delivery must stay unknown, and the operator hears it is not in Sent: counted as
     sent, the reply would never go out and nobody would know."""
     (d,) = await _awaiting(world, simple_message(16))
-    planted = simple_message(99, sender="Mallory <m@evil.example>").replace(
-        b"<order-99@customer.example>", reply_message_id(d.key).encode())
-    world.fake.add_message(planted, labels=labels, thread_id=d.message.thread_id)
+    # The id is unguessable until the send begins: planted while the send is in flight.
+    release = world.fake.hold("messages.send")
     world.fake.fail("messages.send", 503)
-    assert (await world.desk.approve(op("op"), d.id, d.version)).status == "send_unknown"
+    approving = asyncio.create_task(world.desk.approve(op("op"), d.id, d.version))
+    assert await asyncio.to_thread(world.fake.reached("messages.send").wait, 60)
+    sending = await world.store.get_draft(d.id)
+    planted = simple_message(99, sender="Mallory <m@evil.example>").replace(
+        b"<order-99@customer.example>", reply_message_id(sending).encode())
+    world.fake.add_message(planted, labels=labels, thread_id=d.message.thread_id)
+    release.set()
+    assert (await asyncio.wait_for(approving, 60)).status == "send_unknown"
     await world.engine.drain("support")
     assert (await world.store.get_draft(d.id)).status == "send_unknown"
     assert world.fake.sent() == [] and "not in Sent" in world.out.getvalue()
@@ -321,3 +327,40 @@ async def test_retry_after_reauthorising_sends_without_a_restart(world, tmp_path
     assert (await world.desk.retry_send(op("op"), d.id)).status == Status.SENT
     assert len(world.fake.calls_to("messages.send")) == 2  # the 401, then the reply
     assert len(world.fake.sent()) == 1
+
+
+async def test_a_send_begun_before_the_upgrade_is_still_found_by_its_old_message_id(tmp_path):
+    """A reply sent by the version before random Message-IDs, whose outcome was unknown
+    when the upgrade came: the migration keeps that row on the id derived from its key,
+    so the rfc822msgid: check finds what it sent and marks it sent, without resending."""
+    import sqlite3
+
+    from bot.mail.reply import legacy_message_id
+    from bot.store.schema import LATEST
+
+    w = await GmailWorld(tmp_path).open()
+    fake = w.fake
+    try:
+        (d,) = await _awaiting(w, simple_message(21))
+        fake.fail("messages.send", 503)
+        assert (await w.desk.approve(op("op"), d.id, d.version)).status == "send_unknown"
+        await w.engine.drain("support")
+    finally:
+        await w.engine.stop()
+        await w.store.close()
+    # The store as the previous version left it (no random part), and the reply that
+    # version had sent, in Sent under the id derived from the key alone.
+    with sqlite3.connect(tmp_path / "state.db", isolation_level=None) as db:
+        db.execute("ALTER TABLE drafts DROP COLUMN reply_nonce")
+        db.execute(f"PRAGMA user_version = {LATEST - 1}")
+    ours = simple_message(21, sender=f"Support <{fake.address}>").replace(
+        b"<order-21@customer.example>", legacy_message_id(d.key).encode())
+    fake.add_message(ours, labels=["SENT"], thread_id=d.message.thread_id)
+    w = await GmailWorld(tmp_path, fake=fake).open()
+    try:
+        await w.tick()
+        after = await w.store.get_draft(d.id)
+        assert after.status == Status.SENT and after.reply_nonce == ""
+        assert len(fake.calls_to("messages.send")) == 1  # the failed one; nothing resent
+    finally:
+        await w.close()

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import email
 import email.policy
+import re
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from bot.config.load import PipelineConfig, Settings
 from bot.errors import ConfigError, SendFailed
-from bot.mail.reply import build_reply, reply_message_id, reply_subject
+from bot.mail.reply import build_reply, legacy_message_id, reply_message_id, reply_subject
 from bot.models import Draft, Message, draft_key
 from bot.senders import outbox
 from bot.stages import Sender
@@ -58,7 +60,7 @@ async def test_writes_a_threaded_reply(tmp_path):
     assert msg["Subject"] == "Re: Where is my order #1234?"
     assert msg["In-Reply-To"] == "<order-1234@customer.example>"
     assert msg["References"] == "<a@x> <b@x> <order-1234@customer.example>"
-    assert msg["Message-ID"] == reply_message_id(d.key)
+    assert msg["Message-ID"] == reply_message_id(d)
     assert msg.get_content().replace("\r\n", "\n") == "Hi Alice,\n\nIt ships today.\n"
     assert b"\r\n" in files[0].read_bytes()  # RFC 5322 line endings
 
@@ -155,9 +157,14 @@ def test_reply_subject(subject, expected):
     assert reply_subject(subject) == expected
 
 
-def test_reply_message_id_is_stable_per_key():
-    assert reply_message_id("k|1") == reply_message_id("k|1") != reply_message_id("k|2")
-    assert reply_message_id("k|1").startswith("<dg.") and reply_message_id("k|1").endswith("@draftgate.local>")
+def test_reply_message_id_is_stable_per_draft_and_needs_its_random_part():
+    a, b = _draft(), _draft()
+    a.reply_nonce, b.reply_nonce = "1" * 32, "2" * 32
+    assert reply_message_id(a) == reply_message_id(a) != reply_message_id(b)
+    assert reply_message_id(a).startswith("<dg.") and reply_message_id(a).endswith("@draftgate.local>")
+    assert reply_message_id(a) != legacy_message_id(a.key)
+    a.reply_nonce = ""  # a row that was sending before the random part existed
+    assert reply_message_id(a) == legacy_message_id(a.key)
 
 
 def test_build_reply_without_original_message_id_has_no_threading_headers():
@@ -196,3 +203,51 @@ def test_create_reports_bad_options(tmp_path, opts, expected):
     with pytest.raises(ConfigError) as err:
         _sender(tmp_path, **opts)
     assert err.value.errors[0].startswith(expected), err.value.errors
+
+
+def _demo_replies(tmp_path: Path) -> dict[str, str]:
+    """The demo deployment flowed once in ``tmp_path`` (its own store): In-Reply-To ->
+    Message-ID of every reply written to the outbox."""
+    import asyncio
+    import io
+    import shutil
+
+    from bot.approvals.console import ConsoleChannel
+    from bot.config.load import load_settings
+    from bot.store import create_store
+    from tests.support.desk import started
+
+    root = Path(__file__).resolve().parent.parent
+    shutil.copytree(root / "demo", tmp_path / "demo")
+    (tmp_path / "pipelines").mkdir()
+    shutil.copy(root / "pipelines" / "demo.yaml", tmp_path / "pipelines" / "demo.yaml")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text("store: sqlite:///state.db\npipelines: pipelines/*.yaml\n")
+
+    async def flow():
+        settings = load_settings(cfg)
+        async with create_store(settings.store) as store:
+            engine = (await started(settings, store, {"console": ConsoleChannel(
+                auto_approve=True, out=io.StringIO())})).engine
+            await engine.tick("demo")
+            await engine.stop()
+
+    asyncio.run(flow())
+    replies = [_read(f) for f in (tmp_path / "var" / "demo" / "outbox").iterdir()]
+    return {str(m["In-Reply-To"]): str(m["Message-ID"]) for m in replies}
+
+
+def test_two_stores_give_the_same_item_different_unguessable_message_ids(tmp_path):
+    """The same deployment on two stores answers the same mails (the same draft keys):
+    the replies' Message-IDs differ, and none is the sha256 of the key that anyone who
+    knows the pipeline and the item could compute (and plant in a References header)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = _demo_replies(tmp_path / "a"), _demo_replies(tmp_path / "b")
+    assert len(a) >= 3 and a.keys() == b.keys()
+    assert all(a[k] != b[k] for k in a)
+    with sqlite3.connect(tmp_path / "a" / "state.db") as db:
+        keys = [k for (k,) in db.execute("SELECT key FROM drafts WHERE status = 'sent'")]
+    assert len(keys) == len(a)
+    assert not {legacy_message_id(k) for k in keys} & {*a.values(), *b.values()}
+    assert all(re.fullmatch(r"<dg\.[0-9a-f]{32}@draftgate\.local>", v) for v in a.values())

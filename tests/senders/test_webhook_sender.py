@@ -62,7 +62,7 @@ async def test_posts_json_with_idempotency_key(hook, sender, monkeypatch):
     assert req.json() == {
         "key": d.key, "pipeline": "support", "item_id": "<order-1234@customer.example>",
         "to": "alice@customer.example", "subject": "Re: Where is my order #1234?",
-        "in_reply_to": "<order-1234@customer.example>", "message_id": reply_message_id(d.key),
+        "in_reply_to": "<order-1234@customer.example>", "message_id": reply_message_id(d),
         "body": "Hi Alice,\n\nIt ships today.\n", "version": 2}
 
 

@@ -156,6 +156,73 @@ def test_verify_names_a_removed_row_and_an_inserted_one(flowed, capsys):
     assert code == 1 and "audit chain's head (the one row of table audit_head) is missing" in err
 
 
+def _swap_ids(db, a: int, b: int) -> None:
+    """Swap two audit rows' ids (which the chain does not cover)."""
+    db.execute("UPDATE audit SET id = -1 WHERE id = ?", (a,))
+    db.execute("UPDATE audit SET id = ? WHERE id = ?", (a, b))
+    db.execute("UPDATE audit SET id = ? WHERE id = -1", (b,))
+
+
+def _show_actions(capsys, cfg: Path) -> list[str]:
+    code, out, _ = run(capsys, "audit", "show", "demo", ORDER, "--json", "-c", str(cfg))
+    assert code == 0, out
+    return [e["action"] for e in json.loads(out)["events"]]
+
+
+def test_verify_names_a_row_it_cannot_read_instead_of_crashing(flowed, capsys):
+    """A chain position that is text, or a time of 9e999 (infinity): verify names the
+    row and exits 1; it does not crash with a traceback."""
+    with _db(flowed) as db:
+        db.execute("DROP TRIGGER audit_no_update")
+        db.execute("UPDATE audit SET seq = 'five' WHERE id = 5")
+    code, out, err = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1, (out, err)
+    assert out.startswith("audit chain broken (store): audit row #5 was changed: its chain "
+                          "position is 'five', not a whole number"), out
+    assert "Traceback" not in err
+    with _db(flowed) as db:
+        db.execute("UPDATE audit SET seq = 5 WHERE id = 5")
+        db.execute("UPDATE audit SET at = 9e999 WHERE id = 6")
+    code, out, err = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1 and "Traceback" not in err
+    assert out.startswith("audit chain broken (store): audit row #6 was changed: its time is "
+                          "inf, not a finite number. 5 row(s) before it are intact."), out
+    with _db(flowed) as db:
+        db.execute("UPDATE audit SET at = 'noon' WHERE id = 6")
+    code, out, _ = run(capsys, "audit", "verify", "-c", str(flowed))
+    assert code == 1 and "audit row #6 was changed: its time is 'noon'" in out
+
+
+def test_an_export_with_an_unreadable_row_is_named_not_a_crash(flowed, capsys, tmp_path):
+    target = tmp_path / "audit.jsonl"
+    assert run(capsys, "audit", "export", "--since", "2000-01-01", "-o", str(target),
+               "-c", str(flowed))[0] == 0
+    rows = [json.loads(line) for line in target.read_text().splitlines()]
+    rows[2]["at"] = "9e999"
+    target.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, _ = run(capsys, "audit", "verify", "--file", str(target))
+    assert code == 1 and f"audit row #{rows[2]['id']} was changed: its time is '9e999'" in out
+    target.write_text("".join(json.dumps(r) + "\n" for r in rows).replace('"9e999"', "9e999"))
+    code, out, _ = run(capsys, "audit", "verify", "--file", str(target))
+    assert code == 1 and f"audit row #{rows[2]['id']} was changed: its time is inf" in out
+
+
+def test_swapping_row_ids_does_not_change_the_order_shown(flowed, capsys):
+    """`audit show` orders by chain position: the ids, which the hashes do not cover,
+    can be swapped and the history still reads approved before sent."""
+    assert _show_actions(capsys, flowed) == ["admit", "draft", "approve", "sent"]
+    with _db(flowed) as db:
+        key = db.execute("SELECT key FROM drafts WHERE item_id = ?", (ORDER,)).fetchone()[0]
+        ids = dict(db.execute("SELECT action, id FROM audit WHERE draft_key = ?", (key,)))
+        db.execute("DROP TRIGGER audit_no_update")
+        _swap_ids(db, ids["approve"], ids["sent"])
+        _swap_ids(db, ids["admit"], ids["draft"])
+    assert _show_actions(capsys, flowed) == ["admit", "draft", "approve", "sent"]
+    code, out, _ = run(capsys, "audit", "show", "demo", ORDER, "-c", str(flowed))
+    assert [line[20:].split(":")[0] for line in out.splitlines()[2:]] == [
+        "admitted", "drafted", "approved by demo-auto-approve", "sent by demo-auto-approve"]
+
+
 def test_export_writes_json_lines_that_verify_anywhere(flowed, capsys, tmp_path):
     total = _rows(flowed)
     target = tmp_path / "audit.jsonl"
@@ -425,3 +492,62 @@ def test_the_canonical_row_is_the_json_array_the_readme_describes():
         assert chain.canonical(i + 1, r) == want
         assert chain.row_hash(chain.GENESIS, i + 1, r) == hashlib.sha256(
             (chain.GENESIS + want).encode()).hexdigest()
+
+
+@pytest.fixture
+async def pg_flowed(pg_url, tmp_path):
+    """The demo flow of ``flowed`` on a PostgreSQL store."""
+    from bot.approvals.console import ConsoleChannel
+    from bot.config.load import load_settings
+
+    shutil.copytree(ROOT / "demo", tmp_path / "demo")
+    (tmp_path / "pipelines").mkdir()
+    shutil.copy(ROOT / "pipelines" / "demo.yaml", tmp_path / "pipelines" / "demo.yaml")
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text(f"store: {pg_url}\npipelines: pipelines/*.yaml\n")
+    settings = load_settings(cfg)
+    async with create_store(settings.store) as store:
+        engine = (await started(settings, store, {"console": ConsoleChannel(
+            auto_approve=True, out=io.StringIO())})).engine
+        await engine.tick("demo")
+        await engine.stop()
+    return cfg
+
+
+async def _run_async(capsys, *argv: str) -> tuple[int, str, str]:
+    """The CLI in a thread (it runs its own event loop)."""
+    code = await asyncio.to_thread(main, list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.postgres
+async def test_postgres_verify_names_an_unreadable_row_and_show_keeps_chain_order(
+        pg_flowed, pg_url, capsys):
+    """PostgreSQL: a time of infinity is named by `audit verify` (exit 1, no crash);
+    swapped row ids leave `audit show`'s order as the chain's."""
+    code, out, err = await _run_async(capsys, "audit", "show", "demo", ORDER, "--json",
+                                      "-c", str(pg_flowed))
+    assert [e["action"] for e in json.loads(out)["events"]] == ["admit", "draft", "approve",
+                                                                 "sent"]
+    [ids] = await _pg_exec(pg_url, (
+        "SELECT action, id FROM audit WHERE draft_key = (SELECT key FROM drafts "
+        "WHERE item_id = $1)", ORDER))
+    ids = {r["action"]: r["id"] for r in ids}
+    a, b = ids["approve"], ids["sent"]
+    await _pg_exec(pg_url, "ALTER TABLE audit DISABLE TRIGGER audit_no_update",
+                   f"UPDATE audit SET id = -1 WHERE id = {a}",
+                   f"UPDATE audit SET id = {a} WHERE id = {b}",
+                   f"UPDATE audit SET id = {b} WHERE id = -1")
+    code, out, err = await _run_async(capsys, "audit", "show", "demo", ORDER, "--json",
+                                      "-c", str(pg_flowed))
+    assert code == 0 and [e["action"] for e in json.loads(out)["events"]] == [
+        "admit", "draft", "approve", "sent"]
+    await _pg_exec(pg_url, "UPDATE audit SET at = 'Infinity' WHERE id = 6")
+    code, out, err = await _run_async(capsys, "audit", "verify", "-c", str(pg_flowed))
+    assert code == 1 and "Traceback" not in err
+    assert out.startswith("audit chain broken (store): audit row #6 was changed: its time "
+                          "is inf, not a finite number. 5 row(s) before it are intact."), out
+    await _pg_exec(pg_url, "UPDATE audit SET at = 'NaN' WHERE id = 6")
+    code, out, _ = await _run_async(capsys, "audit", "verify", "-c", str(pg_flowed))
+    assert code == 1 and "audit row #6 was changed: its time is nan" in out
