@@ -564,7 +564,7 @@ def test_nested_aliases_are_refused_at_once_with_a_short_error(tmp_path):
     assert len(_LAUGHS) < 500
     done = subprocess.run([sys.executable, "-m", "bot", "validate", "-c", str(cfg)],
                           capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=Path(__file__).resolve().parents[2])
     out = done.stdout + done.stderr
     assert done.returncode != 0
     assert len(out) < 1000, out[:2000]

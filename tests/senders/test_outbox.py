@@ -217,7 +217,7 @@ def _demo_replies(tmp_path: Path) -> dict[str, str]:
     from bot.store import create_store
     from tests.support.desk import started
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     shutil.copytree(root / "demo", tmp_path / "demo")
     (tmp_path / "pipelines").mkdir()
     shutil.copy(root / "pipelines" / "demo.yaml", tmp_path / "pipelines" / "demo.yaml")
