@@ -73,7 +73,7 @@ from collections.abc import Sequence
 
 from ..config.load import PipelineConfig, Settings
 from ..config.options import FilterOptions, GmailSourceOptions, expect
-from ..context.thread import Thread, participants_only
+from ..context.thread import Thread
 from ..errors import SourceError
 from ..gmail.batch import MAX_PARTS
 from ..gmail.client import GmailClient
@@ -83,9 +83,10 @@ from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message
 from ..stages import FetchContext
 from . import filters as _filters
+from . import gmail_thread
 from .gmail_cursor import Cursor, join_queues
 from .gmail_labels import NEVER as _NEVER
-from .gmail_labels import entering_labels, history_ids, label_terms
+from .gmail_labels import bounded, by_labels, entering_labels, history_ids, label_terms
 
 log = logging.getLogger("draftgate.sources.gmail")
 
@@ -93,7 +94,6 @@ _PAGE = 500  # Gmail's maximum page size for list and history
 # How far before the last successful sync the history-expired fallback still lists:
 # clock differences between this host and Gmail, and mail stamped before it arrived.
 RESYNC_MARGIN = 600.0
-THREAD_MAX_BODY = 20_000  # characters of an earlier message of a thread read for context
 # How long after it arrived (internalDate) a candidate the query's search did not
 # return is searched for again. Gmail's index usually catches up within seconds and
 # rarely takes minutes; 15 minutes leaves a wide margin while keeping the cost (one
@@ -208,7 +208,7 @@ class GmailSource:
         if set(labels) & _NEVER:
             return None  # our own sent mail and drafts, spam, trash: not work
         try:
-            raw = base64.urlsafe_b64decode(_padded(resource.get("raw") or ""))
+            raw = base64.urlsafe_b64decode(gmail_thread.padded(resource.get("raw") or ""))
         except (ValueError, TypeError):
             raw = b""
         stub = Message(source_id=gid, thread_id=str(resource.get("threadId") or ""),
@@ -388,7 +388,7 @@ class GmailSource:
             return [], []
         items, resources = await self._fetch_items(ids, ctx) if ids else ([], [])
         if terms is not None:
-            return self._by_labels(items, resources, terms), []
+            return by_labels(items, resources, terms, self.account, self.query), []
         if not items and not pending:
             return [], []  # nothing that is work (sent, drafts, spam): no search
         # An arrival "in the future" (imported mail dated by its header, a clock ahead)
@@ -419,30 +419,7 @@ class GmailSource:
                      "arrival, so not a match", self.account, ", ".join(expired), self.query,
                      _minutes(self.recheck_window))
         keep += [(gid, d) for gid, d in pending.items() if gid not in found and d >= cutoff]
-        return items, self._bounded(keep)
-
-    def _by_labels(self, items: list[Item], resources: list[dict],
-                   terms: tuple[set[str], set[str]]) -> list[Item]:
-        """The items whose labels match a query of label terms only."""
-        need, forbid = terms
-        found = {str(r.get("id")) for r in resources
-                 if need <= set(r.get("labelIds") or []) and
-                 not forbid & set(r.get("labelIds") or [])}
-        missed = [it.item_id for it in items if it.item_id not in found]
-        if missed:
-            log.info("gmail %s: %d of %d new message(s) do not match the query %r: %s",
-                     self.account, len(missed), len(items), self.query, ", ".join(missed))
-        return [it for it in items if it.item_id in found]
-
-    def _bounded(self, keep: list[tuple[str, int]]) -> list[tuple[str, int]]:
-        """The ids to search for again, oldest first, at most :data:`RECHECK_MAX`."""
-        keep.sort(key=lambda e: e[1])
-        if len(keep) > RECHECK_MAX:
-            over, keep = keep[:-RECHECK_MAX], keep[-RECHECK_MAX:]
-            log.warning("gmail %s: more than %d messages to search for again; dropped the "
-                        "oldest, not returned by the query %r: %s", self.account,
-                        RECHECK_MAX, self.query, ", ".join(gid for gid, _ in over))
-        return keep
+        return items, bounded(keep, self.account, self.query, RECHECK_MAX)
 
     async def _first_run(self, ctx: FetchContext) -> FetchResult:
         label_id = await self._label()
@@ -500,21 +477,8 @@ class GmailSource:
         return await attachment_files(self.client, message.source_id)
 
     async def thread(self, message: Message, limit: int) -> Thread:
-        """The earlier messages of ``message``'s thread (Gmail's, by References and
-        subject) its sender took part in (bot.context.thread), oldest first; ours: sent."""
-        if not message.thread_id or limit < 1:
-            return Thread()
-        resources = await self.client.run(_thread_resources, self.client, message.thread_id,
-                                          message.source_id, limit)
-        found = []
-        for r in resources:
-            try:
-                raw = base64.urlsafe_b64decode(_padded(r.get("raw") or ""))
-                m = parse_email(raw, max_body=THREAD_MAX_BODY, source_id=str(r.get("id")))
-            except (ValueError, TypeError, UnparseableMessage):
-                continue  # an unreadable old message is left out, not the draft
-            found.append((m, "SENT" in (r.get("labelIds") or ()) or m.from_addr.lower() in self._own))
-        return participants_only(found, message.from_addr, f"gmail {self.client.name}")
+        """The earlier messages of ``message``'s thread its sender took part in."""
+        return await gmail_thread.read(self.client, self._own, message, limit)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -524,33 +488,9 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g}s"
 
 
-def _padded(data: str) -> str:
-    return data + "=" * (-len(data) % 4)
-
-
 def create(pipeline: PipelineConfig, settings: Settings) -> GmailSource:
     """Build the source from its checked ``source:`` options (no I/O)."""
     o = expect(pipeline.source, GmailSourceOptions)
     client = GmailClient(o.account, settings.gmail_accounts[o.account], base_dir=settings.base_dir,
                          workers=max(1, o.concurrency), config_file=os.path.abspath(settings.file))
     return GmailSource(client, o, pipeline.filters)
-
-
-def _thread_resources(client: GmailClient, thread_id: str, before: str, limit: int,
-                      cancel: threading.Event | None = None) -> list[dict]:
-    """The messages of Gmail thread ``thread_id`` that came before message
-    ``before`` (all of them if it is not in the thread), the newest ``limit``, oldest
-    first, as ``messages.get(format=raw)`` resources: one ``threads.get`` (which has
-    no raw format, so ``minimal``: ids, labels, dates), then the messages in batches.
-    Drafts, spam and trash are left out; our own sent replies are kept."""
-    listing = client.read(lambda s: s.users().threads().get(
-        userId="me", id=thread_id, format="minimal"), "threads.get", cancel)
-    found = sorted((m for m in listing.get("messages") or []
-                    if not set(m.get("labelIds") or ()) & {"DRAFT", "SPAM", "TRASH"}),
-                   key=lambda m: int(m.get("internalDate") or 0))
-    ids = [str(m["id"]) for m in found if m.get("id")]  # one without an id is not a message
-    if before in ids:
-        ids = ids[:ids.index(before)]
-    ids = ids[-limit:] if limit > 0 else []
-    got = client.get_many("messages", ids, cancel, format="raw")
-    return [got[gid] for gid in ids if gid in got]

@@ -4,6 +4,11 @@ page names (see :mod:`bot.sources.gmail`)."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+log = logging.getLogger("draftgate.sources.gmail")
+
 # Our own sent mail and drafts, spam, trash, chats: never work.
 NEVER = {"SENT", "DRAFT", "SPAM", "TRASH", "CHAT"}
 
@@ -49,3 +54,30 @@ def label_terms(query: str) -> tuple[set[str], set[str]] | None:
             return None
         (forbid if neg else need).add(label)
     return need, forbid
+
+
+def by_labels(items: list[Any], resources: list[dict], terms: tuple[set[str], set[str]],
+              account: str, query: str) -> list[Any]:
+    """The items whose labels match a query of label terms only (:func:`label_terms`)."""
+    need, forbid = terms
+    found = {str(r.get("id")) for r in resources
+             if need <= set(r.get("labelIds") or []) and
+             not forbid & set(r.get("labelIds") or [])}
+    missed = [it.item_id for it in items if it.item_id not in found]
+    if missed:
+        log.info("gmail %s: %d of %d new message(s) do not match the query %r: %s",
+                 account, len(missed), len(items), query, ", ".join(missed))
+    return [it for it in items if it.item_id in found]
+
+
+def bounded(keep: list[tuple[str, int]], account: str, query: str,
+            most: int) -> list[tuple[str, int]]:
+    """The ids to search for again, oldest first, at most ``most`` (the oldest over
+    it are dropped, logged)."""
+    keep.sort(key=lambda e: e[1])
+    if len(keep) > most:
+        over, keep = keep[:-most], keep[-most:]
+        log.warning("gmail %s: more than %d messages to search for again; dropped the "
+                    "oldest, not returned by the query %r: %s", account, most, query,
+                    ", ".join(gid for gid, _ in over))
+    return keep
