@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .checker import Checker, closest, parse_duration, parse_size
+from .checker import Checker, closest, parse_duration
+from .mailbox import known_account, source_fields
 
 SECURITY = ("tls", "starttls", "plain")
 _IMAP_PORTS = {"tls": 993, "starttls": 143, "plain": 143}
@@ -186,35 +187,13 @@ SOURCE_KEYS = {f.name for f in fields(ImapSourceOptions)}
 SENDER_KEYS = {f.name for f in fields(SmtpSenderOptions)}
 
 
-def _known(ck: Checker, account: Any, path: str, accounts: Any, settings_file: str) -> None:
-    names = getattr(accounts, "names", accounts)
-    if account is not None and account not in names:
-        ck.error(path, f"unknown IMAP account {account!r}; add it under imap.accounts in "
-                       f"{settings_file}")
-    elif account is not None and account not in accounts:  # written, with errors
-        ck.error(path, f"IMAP account {account!r} cannot be used until the errors of "
-                       f"imap.accounts.{account} in {settings_file} are fixed")
-
-
 def parse_source(ck: Checker, raw: dict, imap_accounts: Any, settings_file: str
                  ) -> ImapSourceOptions:
     d = ImapSourceOptions(account="")
     account = ck.get(raw, "account", "source", str)
-    _known(ck, account, "source.account", imap_accounts, settings_file)
-    backfill = ck.get(raw, "backfill", "source", int, default=0)
-    if backfill is not None and backfill < 0:
-        ck.error("source.backfill", "expected 0 or a positive number of messages")
-    batch = ck.get(raw, "batch", "source", int, default=d.batch)
-    if batch is not None and not 1 <= batch <= 500:
-        ck.error("source.batch", f"expected a number of messages from 1 to 500, got {batch}")
-        batch = d.batch
-    return ImapSourceOptions(
-        account=account or "", folder=ck.get(raw, "folder", "source", str, default="") or "",
-        backfill=backfill or 0,
-        max_body=ck.convert(raw, "max_body", "source", parse_size, default=None),
-        resync_window=ck.convert(raw, "resync_window", "source", parse_duration,
-                                 default=d.resync_window) or d.resync_window,
-        batch=batch or d.batch)
+    known_account(ck, account, "source.account", imap_accounts, settings_file, "IMAP", "imap")
+    return ImapSourceOptions(account=account or "", **source_fields(
+        ck, raw, d, max_backfill=None, max_batch=500, batch_what='messages'))
 
 
 def parse_sender(ck: Checker, raw: dict, imap_accounts: Any, settings_file: str,
@@ -222,7 +201,7 @@ def parse_sender(ck: Checker, raw: dict, imap_accounts: Any, settings_file: str,
     account = ck.get(raw, "account", "sender", str, default=source_account)
     if not account:
         ck.error("sender.account", "missing; expected the name of an imap.accounts entry")
-    _known(ck, account or None, "sender.account", imap_accounts, settings_file)
+    known_account(ck, account or None, "sender.account", imap_accounts, settings_file, "IMAP", "imap")
     acc = imap_accounts.get(account) if hasattr(imap_accounts, "get") else None
     if raw["type"] == "smtp_reply" and acc is not None and acc.smtp is None:
         ck.error("sender.type", f"smtp_reply needs imap.accounts.{account}.smtp in "

@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .checker import Checker, closest, parse_duration, parse_size
+from .checker import Checker, closest, parse_duration
 from .imap import Accounts
+from .mailbox import known_account, source_fields
 
 GRAPH = "https://graph.microsoft.com/v1.0/"
 AUTHORITY = "https://login.microsoftonline.com/"
@@ -157,36 +158,13 @@ SOURCE_KEYS = {f.name for f in fields(MicrosoftSourceOptions)}
 SENDER_KEYS = {f.name for f in fields(MicrosoftSenderOptions)}
 
 
-def _known(ck: Checker, account: Any, path: str, accounts: Any, settings_file: str) -> None:
-    names = getattr(accounts, "names", accounts)
-    if account is not None and account not in names:
-        ck.error(path, f"unknown Microsoft account {account!r}; add it under "
-                       f"microsoft.accounts in {settings_file}")
-    elif account is not None and account not in accounts:
-        ck.error(path, f"Microsoft account {account!r} cannot be used until the errors of "
-                       f"microsoft.accounts.{account} in {settings_file} are fixed")
-
-
 def parse_source(ck: Checker, raw: dict, accounts: Any, settings_file: str
                  ) -> MicrosoftSourceOptions:
     d = MicrosoftSourceOptions(account="")
     account = ck.get(raw, "account", "source", str)
-    _known(ck, account, "source.account", accounts, settings_file)
-    backfill = ck.get(raw, "backfill", "source", int, default=0)
-    if backfill is not None and not 0 <= backfill <= 1000:
-        ck.error("source.backfill", "expected 0 or a number of messages up to 1000")
-    batch = ck.get(raw, "batch", "source", int, default=d.batch)
-    if batch is not None and not 1 <= batch <= 20:
-        ck.error("source.batch", f"expected a number of requests from 1 to 20 (Graph's "
-                                 f"$batch limit), got {batch}")
-        batch = d.batch
-    return MicrosoftSourceOptions(
-        account=account or "", folder=ck.get(raw, "folder", "source", str, default="") or "",
-        backfill=backfill or 0,
-        max_body=ck.convert(raw, "max_body", "source", parse_size, default=None),
-        resync_window=ck.convert(raw, "resync_window", "source", parse_duration,
-                                 default=d.resync_window) or d.resync_window,
-        batch=batch or d.batch)
+    known_account(ck, account, "source.account", accounts, settings_file, "Microsoft", "microsoft")
+    return MicrosoftSourceOptions(account=account or "", **source_fields(
+        ck, raw, d, max_backfill=1000, max_batch=20, batch_what="requests"))
 
 
 def parse_sender(ck: Checker, raw: dict, accounts: Any, settings_file: str,
@@ -194,5 +172,5 @@ def parse_sender(ck: Checker, raw: dict, accounts: Any, settings_file: str,
     account = ck.get(raw, "account", "sender", str, default=source_account)
     if not account:
         ck.error("sender.account", "missing; expected the name of a microsoft.accounts entry")
-    _known(ck, account or None, "sender.account", accounts, settings_file)
+    known_account(ck, account or None, "sender.account", accounts, settings_file, "Microsoft", "microsoft")
     return MicrosoftSenderOptions(account or "", raw["type"])
