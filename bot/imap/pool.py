@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 
 from ..config.imap import ImapAccount
+from ..shared import Shared
 from .client import ImapClient
 
-_clients: dict[tuple[int, str], tuple[ImapClient, int]] = {}
+_clients: Shared[ImapClient] = Shared()
 
 
 def _key(account: ImapAccount) -> tuple[int, str]:
@@ -25,19 +26,10 @@ def _key(account: ImapAccount) -> tuple[int, str]:
 
 
 def acquire(account: ImapAccount) -> ImapClient:
-    key = _key(account)
-    client, users = _clients.get(key, (None, 0))
-    if client is None or client.account != account:
-        client, users = ImapClient(account), 0
-    _clients[key] = (client, users + 1)
-    return client
+    return _clients.acquire(_key(account), lambda: ImapClient(account),
+                            lambda c: c.account == account)
 
 
 async def release(client: ImapClient) -> None:
-    for key, (c, users) in list(_clients.items()):
-        if c is client:
-            if users > 1:
-                _clients[key] = (c, users - 1)
-                return
-            del _clients[key]
-    await client.close()
+    if _clients.release(client):
+        await client.close()

@@ -24,6 +24,7 @@ import httpx
 
 from ..config.microsoft import MicrosoftAccount
 from ..errors import AuthError, SourceError, Throttled
+from ..shared import Shared
 from .auth import READ_WRITE, RESERVED, SEND, Tokens
 
 log = logging.getLogger("draftgate.microsoft")
@@ -215,23 +216,16 @@ class GraphClient:
             await http.aclose()
 
 
-_clients: dict[tuple, tuple[GraphClient, int]] = {}
+_clients: Shared[GraphClient] = Shared()
 
 
 def acquire(account: MicrosoftAccount, token_path: str) -> GraphClient:
     """The one client of ``account`` in this process (its source and sender share it,
     with one token cache); give it back with :func:`release`."""
-    key = (account, token_path)
-    client, users = _clients.get(key) or (GraphClient(account, Tokens(account, token_path)), 0)
-    _clients[key] = (client, users + 1)
-    return client
+    return _clients.acquire((account, token_path),
+                            lambda: GraphClient(account, Tokens(account, token_path)))
 
 
 async def release(client: GraphClient) -> None:
-    for key, (c, users) in list(_clients.items()):
-        if c is client:
-            if users > 1:
-                _clients[key] = (c, users - 1)
-                return
-            del _clients[key]
-    await client.close()
+    if _clients.release(client):
+        await client.close()
