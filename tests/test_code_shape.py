@@ -21,7 +21,7 @@ TESTS = ROOT / "tests"
 MAX_MODULE, MAX_FUNCTION = 500, 60
 
 #: Lowest first. A module may import its own package and the packages before it.
-LAYERS = ["redact", "errors", "models", "clock", "stages", "scheduler", "store", "mail",
+LAYERS = ["redact", "errors", "models", "clock", "scoreboard", "stages", "scheduler", "store", "mail",
           "config", "service", "gmail", "drafters", "context", "imap", "sources", "senders",
           "engine", "desk", "approvals", "app", "cli", "__main__"]
 #: Modules a handler or command may import from the store or the engine: pure helpers

@@ -24,6 +24,7 @@ from ..service import logfmt
 from . import audit as cli_audit
 from . import demo, migrate
 from . import ops as cli_ops
+from . import stats as cli_stats
 from .common import load, options, say, verbose_option, version
 
 log = logging.getLogger("draftgate")
@@ -277,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="deployment file, for every command except migrate-store (also "
                              "accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add_cli in (_add_run, demo.add_cli, cli_ops.add_cli, cli_audit.add_cli):  # in `--help` order
+    for add_cli in (_add_run, demo.add_cli, cli_ops.add_cli, cli_stats.add_cli,
+                    cli_audit.add_cli):  # in `--help` order
         add_cli(sub)
     for module in (gmail_auth, migrate):  # their own -c (or none), the shared -v
         module.add_cli(sub, parents=[verbose_option()])

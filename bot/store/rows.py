@@ -22,6 +22,25 @@ DRAFT_COLUMNS = (
     "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "triage",
     "triage_reason", "used",
 )
+#: The scoreboard's columns (schema migration _V_QUALITY); not part of a Draft.
+QUALITY_COLS = ("pipeline, decided_by, status, decided_at, posted_at, edits, regenerations, "
+                "flagged, unsupported")
+#: SET clause of a move that drafts a new version over the current one (a replay, a
+#: /reply): a drafted body counts as a regeneration and the first version's text is
+#: kept; an item triage skipped or sent as an FYI is an override of the triage, by the
+#: operator (args: when, who).
+REDRAFT_SET = (
+    "regenerations = regenerations + CASE WHEN body <> '' THEN 1 ELSE 0 END, "
+    "first_body = COALESCE(first_body, NULLIF(body, '')), "
+    "overridden_at = CASE WHEN status IN ('skipped', 'notified') AND triage IN ('skip', 'notify') "
+    "THEN CAST(? AS DOUBLE PRECISION) ELSE overridden_at END, "
+    "overridden_by = CASE WHEN status IN ('skipped', 'notified') AND triage IN ('skip', 'notify') "
+    "THEN CAST(? AS TEXT) ELSE overridden_by END")
+
+
+def unsupported_count(used: dict[str, Any] | None) -> int:
+    """How many claims the grounding check found in no source (``used["unsupported"]``)."""
+    return len((used or {}).get("unsupported") or [])
 DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
 SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
 TOKENS_SQL = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES (?, ?, ?) "

@@ -312,11 +312,39 @@ _V_VECTORS = [
         PRIMARY KEY (model, sha256))""",
 ]
 
+# The scoreboard (issue 25): what the quality figures are read from. An edit, a
+# regenerate or a replay replaces the body; the first version's text is kept in
+# first_body the first time (NULL: the body is still the first version), so the edit
+# size between the first draft and what was sent can be measured. The counts are
+# kept with the row (not counted from the audit at read time), so a month of
+# decisions is one range read of drafts_decided. Drafts decided before this version
+# get their edits and regenerations counted from the audit here; their first text and
+# their card's time were never kept.
+_V_QUALITY = [
+    "ALTER TABLE drafts ADD COLUMN first_body TEXT",
+    "ALTER TABLE drafts ADD COLUMN edits INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE drafts ADD COLUMN regenerations INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE drafts ADD COLUMN posted_at REAL",  # the first card of the draft went up
+    # An operator answered the triage (Draft a reply on an FYI card; /reply or /replay
+    # of an item triage skipped): when, and who.
+    "ALTER TABLE drafts ADD COLUMN overridden_at REAL",
+    "ALTER TABLE drafts ADD COLUMN overridden_by TEXT",
+    # Unsupported claims (the grounding check) of the first version, and of the current one.
+    "ALTER TABLE drafts ADD COLUMN flagged INTEGER",
+    "ALTER TABLE drafts ADD COLUMN unsupported INTEGER NOT NULL DEFAULT 0",
+    "CREATE INDEX drafts_decided ON drafts (decided_at) WHERE decided_at IS NOT NULL",
+    "CREATE INDEX drafts_overridden ON drafts (overridden_at) WHERE overridden_at IS NOT NULL",
+    "UPDATE drafts SET edits = (SELECT COUNT(*) FROM audit WHERE audit.draft_key = drafts.key "
+    "AND audit.action = 'edit'), regenerations = (SELECT COUNT(*) FROM audit "
+    "WHERE audit.draft_key = drafts.key AND audit.action = 'regenerate') "
+    "WHERE decided_at IS NOT NULL",
+]
+
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).
 MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
-                        _V_PROMPTS, _V_VECTORS]
+                        _V_PROMPTS, _V_VECTORS, _V_QUALITY]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

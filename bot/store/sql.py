@@ -18,6 +18,7 @@ from .context_sql import ContextSql
 from .rows import (
     BEFORE_SQL,
     DRAFT_COLS,
+    REDRAFT_SET,
     SYSTEM,
     Change,
     Db,
@@ -26,6 +27,7 @@ from .rows import (
     draft_from_row,
     example_row,
     status_where,
+    unsupported_count,
     unsupported_note,
 )
 from .sql_ops import SqlOps
@@ -123,9 +125,10 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         return await self._change(_one(Step(
             FINISH, f"body = ?, lease_until = {lease_sql}, error = NULL, "
                     "tokens_in = tokens_in + ?, tokens_out = tokens_out + ?, updated_at = ?, "
-                    "used = ?",
+                    "used = ?, flagged = COALESCE(flagged, ?), unsupported = ?",
             (self._clean(body), *lease_args, int(tokens_in), int(tokens_out), t,
-             self._clean(json.dumps(used)) if used else None),
+             self._clean(json.dumps(used)) if used else None, unsupported_count(used),
+             unsupported_count(used)),
             "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out,
             action="draft", actor=SYSTEM, detail=lambda d, _: draft_detail(
                 d.version, model, int(tokens_in), int(tokens_out), used)))
@@ -195,8 +198,10 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         ``updated_at`` becomes ``now`` (reminders count from it)."""
         # updated_at is when the card went up: reminders count from it. lease_until: a
         # post lease (finish_draft's post_lease) ends with the post.
-        assign = "approval_chat = ?, approval_message_id = ?, lease_until = NULL, updated_at = ?"
-        args = (str(chat), str(message_id), self._now(now))
+        # posted_at: the first card, where the time to a decision starts.
+        assign = ("approval_chat = ?, approval_message_id = ?, lease_until = NULL, "
+                  "updated_at = ?, posted_at = COALESCE(posted_at, ?)")
+        args = (str(chat), str(message_id), self._now(now), self._now(now))
         where = "id = ? AND version = ?", (draft_id, version)
         # A draft's card (ready -> awaiting), or an FYI card (stays notified).
         return await self._change(Change((Step(POST, assign, args, *where),
@@ -209,7 +214,8 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         t = self._now(now)
         return await self._decide(Step(
             DRAFT_REPLY, "version = version + 1, attempt = 0, lease_until = NULL, "
-                         "error = NULL, updated_at = ?", (t,),
+                         "error = NULL, updated_at = ?, overridden_at = ?, overridden_by = ?",
+            (t, t, actor),
             "id = ? AND version = ?", (draft_id, version)),
             "draft_reply", actor, t, lambda d, _: f"v{version} -> v{d.version}")
 
@@ -272,9 +278,10 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         ``queued`` with version + 1 and ``instruction`` for the drafter. Audited."""
         t = self._now(now)
         return await self._decide(Step(
-            ON_DEMAND, "version = version + 1, instruction = ?, attempt = 0, lease_until = NULL, "
-                       "error = NULL, decided_by = NULL, decided_at = NULL, updated_at = ?",
-            (self._clean(instruction), t), "id = ?", (draft_id,)),
+            ON_DEMAND, f"{REDRAFT_SET}, version = version + 1, instruction = ?, attempt = 0, "
+                       "lease_until = NULL, error = NULL, decided_by = NULL, decided_at = NULL, "
+                       "updated_at = ?",
+            (t, actor, self._clean(instruction), t), "id = ?", (draft_id,)),
             "reply", actor, t, lambda d, old: f"v{d.version - 1} -> v{d.version} (was "
             f"{old['status']})" + (f": {instruction}" if instruction else ""), before=draft_id)
 
@@ -299,9 +306,13 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         so the card is re-rendered (the approval message id is kept). Audited.
         ``used``: the new version's (its grounding re-checked); None keeps it."""
         t = self._now(now)
-        sets, args = "body = ?, version = version + 1, updated_at = ?", [self._clean(body), t]
+        # first_body: the old body, if it was still the first version.
+        sets = ("first_body = COALESCE(first_body, body), edits = edits + 1, body = ?, "
+                "version = version + 1, updated_at = ?")
+        args: list[Any] = [self._clean(body), t]
         if used is not None:
-            sets, args = sets + ", used = ?", [*args, self._clean(json.dumps(used))]
+            sets, args = sets + ", used = ?, unsupported = ?", [
+                *args, self._clean(json.dumps(used)), unsupported_count(used)]
         return await self._decide(Step(EDIT, sets, tuple(args), "id = ? AND version = ?",
                                        (draft_id, version)),
                                   "edit", actor, t, lambda d, _: f"v{version} -> v{d.version}"
@@ -314,7 +325,9 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         t = self._now(now)
         # The audit hash is of the body the operator saw when asking for another one.
         return await self._decide(Step(
-            REGENERATE, "version = version + 1, instruction = ?, attempt = 0, "
+            REGENERATE, "first_body = COALESCE(first_body, body), "
+                        "regenerations = regenerations + 1, "
+                        "version = version + 1, instruction = ?, attempt = 0, "
                         "lease_until = NULL, error = NULL, updated_at = ?",
             (self._clean(instruction), t), "id = ? AND version = ?", (draft_id, version)),
             "regenerate", actor, t, lambda d, _: f"v{version} -> v{d.version}"
