@@ -203,3 +203,38 @@ def build(decisions: list[Decision], overrides: list[Override], *, since: float,
             [o for o in overrides if start <= o.at < end])))
         start = end
     return board
+
+
+# -- as text (the CLI, /stats, the digest) ----------------------------------------------
+def pct(x: float | None) -> str:
+    return "–" if x is None else f"{x * 100:.0f}%"
+
+
+def duration(seconds: float | None) -> str:
+    """``45s``, ``12m``, ``3h 10m``, ``2d 4h``; ``–`` for none."""
+    if seconds is None:
+        return "–"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def figures_line(f: Figures) -> str:
+    """The one line of a slice: the digest's, and each line of the summary."""
+    edit = f" (median edit {pct(f.edit_size_median)})" if f.edited else ""
+    regen = "–" if f.regenerations_per_sent is None else f"{f.regenerations_per_sent:.2f}"
+    return (f"decided {f.decided} · sent as drafted {pct(f.as_drafted_share)} "
+            f"({f.sent_as_drafted}/{f.sent}) · edited {f.edited}{edit} · "
+            f"regenerations/sent {regen} · rejected {f.rejected} · "
+            f"decision p50 {duration(f.decision_p50)} p90 {duration(f.decision_p90)} · "
+            f"triage overridden {f.overridden}")
+
+
+def claims_line(f: Figures) -> str:
+    per = "–" if f.flagged_per_draft is None else f"{f.flagged_per_draft:.2f}"
+    return f"unsupported claims {per}/draft ({f.flagged}), {f.flagged_sent} sent unchanged"

@@ -120,6 +120,26 @@ async def test_a_sent_draft_nobody_touched_keeps_no_second_copy_of_its_text(stor
         None, None, 0, 0)
 
 
+async def test_metrics_carry_the_scoreboard_of_each_pipeline_as_gauges(store):
+    """/metrics: draftgate_scoreboard{pipeline, figure}, the same figures as the board;
+    no item id, draft id or address in a label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from bot.service.metrics import Metrics, Observer
+
+    await history(store)
+    observer = Observer(Metrics("test"))
+    await observer.refresh_store(store, now=T0 + 14 * DAY)
+    [family] = [f for f in text_string_to_metric_families(observer.exposition().decode())
+                if f.name == "draftgate_scoreboard"]
+    got = {(s.labels["pipeline"], s.labels["figure"]): s.value for s in family.samples}
+    # 30 days back from T0 + 14 days: m8, before the 14-day window, is in this one.
+    assert got[("support", "decided")] == 4 and got[("sales", "decided")] == 2
+    assert got[("support", "as_drafted_share")] == pytest.approx(1 / 3)
+    assert got[("support", "decision_p90")] == 7200 and got[("support", "overridden")] == 2
+    assert {k for k, _ in got} == {"support", "sales"}
+
+
 def test_the_summary_says_what_the_window_holds():
     board = scoreboard.build([], [], since=T0, until=T0 + 30 * DAY, pipeline="support")
     assert "no draft decided in this window" in stats.summary(board)

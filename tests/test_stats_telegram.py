@@ -13,9 +13,9 @@ import threading
 import pytest
 from PIL import Image
 
+from bot import scoreboard
 from bot.__main__ import main
 from bot.approvals.telegram import chart
-from bot.desk import stats
 from bot.scoreboard import Figures
 from tests.fakes.telegram import FakeTelegram
 from tests.support.team import team_config
@@ -77,8 +77,8 @@ async def test_stats_sends_a_chart_and_the_summary_the_cli_agrees_with(
     total = {k: v for k, v in board["total"].items() if k != "as_drafted_share"}
     assert (total["decided"], total["sent"], total["sent_as_drafted"], total["edited"]) == (
         2, 2, 1, 1)
-    assert caption[1:] == [stats.figures_line(Figures(**total)),
-                           stats.claims_line(Figures(**total))]
+    assert caption[1:] == [scoreboard.figures_line(Figures(**total)),
+                           scoreboard.claims_line(Figures(**total))]
 
 
 async def test_a_tap_is_answered_while_a_chart_renders(tmp_path, fake, monkeypatch, worlds):

@@ -276,6 +276,9 @@ async def test_the_digest_goes_to_the_ops_chat_once_per_slot(
     assert line == ("support: drafted 2 · sent 1 · rejected 0 · failed 0 · waiting 1 "
                     "(oldest 1h) · tokens 60")
     assert "sales: drafted 0" in digest and waiting.status == "awaiting"
+    # The scoreboard's line (issue 25): the 30 days before the slot, every pipeline.
+    assert digest.splitlines()[-1].startswith(
+        "📈 last 30 days: decided 1 · sent as drafted 100% (1/1) · edited 0 · ")
 
 
 async def test_draftgate_run_sends_reminders_on_its_own(tmp_path, fake, monkeypatch, stop_worlds):
