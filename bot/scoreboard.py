@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
@@ -50,9 +50,7 @@ class Decision:
     regenerations: int
     flagged: int  # unsupported claims of its first version
     unsupported: int  # ... of the version decided
-    first: str | None = None  # edited and sent: the first version's text
-    sent: str | None = None  # ... and the text sent
-    size: float | None = None  # their edit size (see :func:`measured`)
+    size: float | None = None  # edited and sent: its edit size (:func:`edit_size`)
 
 
 @dataclass(frozen=True)
@@ -159,13 +157,6 @@ def figures(decisions: Iterable[Decision], overrides: Iterable[Override]) -> Fig
     return f
 
 
-def measured(decisions: Iterable[Decision]) -> list[Decision]:
-    """``decisions`` with the edit size of each edited one measured (once), their texts
-    let go."""
-    return [replace(d, size=edit_size(d.first, d.sent), first=None, sent=None)
-            if d.first is not None and d.sent is not None else d for d in decisions]
-
-
 def week_start(t: float) -> float:
     """Monday 00:00 UTC of the week holding ``t``."""
     day = datetime.fromtimestamp(t, timezone.utc).replace(hour=0, minute=0, second=0,
@@ -180,28 +171,33 @@ def _day(t: float) -> str:
 def build(decisions: list[Decision], overrides: list[Override], *, since: float,
           until: float, pipeline: str | None = None) -> Scoreboard:
     """The scoreboard of ``[since, until)``: in total, per pipeline, per operator and
-    per week (Monday 00:00 UTC; the first and last may be partial)."""
-    decisions = measured(d for d in decisions if since <= d.decided_at < until)
-    overrides = [o for o in overrides if since <= o.at < until]
-    board = Scoreboard(since, until, pipeline, figures(decisions, overrides))
-    for name in sorted({d.pipeline for d in decisions} | {o.pipeline for o in overrides}):
-        board.pipelines[name] = figures([d for d in decisions if d.pipeline == name],
-                                        [o for o in overrides if o.pipeline == name])
-    for d in sorted(decisions, key=lambda d: d.decided_at):
-        board.names[operator_id(d.decided_by)] = d.decided_by
-    for o in sorted(overrides, key=lambda o: o.at):
-        board.names.setdefault(operator_id(o.by), o.by)
-    for op in sorted(board.names):
-        board.operators[op] = figures(
-            [d for d in decisions if operator_id(d.decided_by) == op],
-            [o for o in overrides if operator_id(o.by) == op])
-    start = week_start(since)
-    while start < until:
-        end = start + WEEK
-        board.weeks.append((start, figures(
-            [d for d in decisions if start <= d.decided_at < end],
-            [o for o in overrides if start <= o.at < end])))
-        start = end
+    per week (Monday 00:00 UTC; the first and last may be partial). One pass sorts the
+    rows into their slices (a month is ~10k rows: no slice scans them all again)."""
+    first = week_start(since)
+    weeks = max(1, math.ceil((until - first) / WEEK))
+    slices: dict[tuple[str, Any], tuple[list[Decision], list[Override]]] = {}
+    kept: tuple[list[Decision], list[Override]] = ([], [])
+    names: dict[str, str] = {}
+
+    def into(row: Any, at: float, pipeline: str, actor: str, which: int) -> None:
+        kept[which].append(row)
+        op = operator_id(actor)
+        names.setdefault(op, actor)
+        for key in (("p", pipeline), ("o", op), ("w", int((at - first) // WEEK))):
+            slices.setdefault(key, ([], []))[which].append(row)
+
+    for d in sorted(decisions, key=lambda d: -d.decided_at):  # names: the newest actor
+        if since <= d.decided_at < until:
+            into(d, d.decided_at, d.pipeline, d.decided_by, 0)
+    for o in sorted(overrides, key=lambda o: -o.at):
+        if since <= o.at < until:
+            into(o, o.at, o.pipeline, o.by, 1)
+    board = Scoreboard(since, until, pipeline, figures(*kept), names=dict(sorted(names.items())))
+    for kind, target in (("p", board.pipelines), ("o", board.operators)):
+        for key in sorted(k for k in slices if k[0] == kind):
+            target[key[1]] = figures(*slices[key])
+    board.weeks = [(first + i * WEEK, figures(*slices.get(("w", i), ([], []))))
+                   for i in range(weeks)]
     return board
 
 

@@ -86,11 +86,13 @@ async def test_the_scoreboard_counts_the_history_the_store_kept(store):
     await history(store)
     since, until = T0, T0 + 14 * DAY
     decisions, overrides = await store.quality(since, until)
-    edited = [d for d in decisions if d.first is not None]
-    assert [(d.first, d.sent) for d in edited] == [(FIRST, EDITED)]
+    size = levenshtein(FIRST, EDITED) / max(len(FIRST), len(EDITED))
+    # Measured when it was sent, from the first version's text the edit kept.
+    assert [d.size for d in decisions if d.size is not None] == [pytest.approx(size)]
+    assert [tuple(r) for r in await store._query(
+        "SELECT first_body FROM drafts WHERE item_id = 'm2'")] == [(FIRST,)]
     board = scoreboard.build(decisions, overrides, since=since, until=until)
     t = board.total
-    size = levenshtein(FIRST, EDITED) / max(len(FIRST), len(EDITED))
     assert (t.decided, t.sent, t.sent_as_drafted, t.edited, t.rejected) == (5, 4, 2, 1, 1)
     assert t.edit_size_median == pytest.approx(size)
     assert (t.regenerations, t.regenerations_per_sent) == (1, 0.25)
@@ -116,8 +118,8 @@ async def test_a_sent_draft_nobody_touched_keeps_no_second_copy_of_its_text(stor
     d = await posted(store, await drafted(store, "m1", T0), T0 + 1)
     await sent(store, d, ANNA, T0 + 2)
     [decision], _ = await store.quality(T0, T0 + DAY)
-    assert (decision.first, decision.sent, decision.edits, decision.regenerations) == (
-        None, None, 0, 0)
+    assert (decision.size, decision.edits, decision.regenerations) == (None, 0, 0)
+    assert [tuple(r) for r in await store._query("SELECT first_body FROM drafts")] == [(None,)]
 
 
 async def test_metrics_carry_the_scoreboard_of_each_pipeline_as_gauges(store):

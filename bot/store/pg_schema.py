@@ -359,6 +359,7 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
         ALTER TABLE drafts ADD COLUMN first_body TEXT;
         ALTER TABLE drafts ADD COLUMN edits INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE drafts ADD COLUMN regenerations INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE drafts ADD COLUMN edit_size DOUBLE PRECISION;
         ALTER TABLE drafts ADD COLUMN posted_at DOUBLE PRECISION;
         ALTER TABLE drafts ADD COLUMN overridden_at DOUBLE PRECISION;
         ALTER TABLE drafts ADD COLUMN overridden_by TEXT;

@@ -22,9 +22,6 @@ DRAFT_COLUMNS = (
     "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "triage",
     "triage_reason", "used",
 )
-#: The scoreboard's columns (schema migration _V_QUALITY); not part of a Draft.
-QUALITY_COLS = ("pipeline, decided_by, status, decided_at, posted_at, edits, regenerations, "
-                "flagged, unsupported")
 #: SET clause of a move that drafts a new version over the current one (a replay, a
 #: /reply): a drafted body counts as a regeneration and the first version's text is
 #: kept; an item triage skipped or sent as an FYI is an override of the triage, by the
@@ -150,7 +147,9 @@ class Change:
     #: to ``missed``, which gives the audit rows to append when no step matched.
     prelude: tuple[tuple[str, tuple], ...] = ()
     missed: Callable[[list[list[Any]], Callable], list[Record]] | None = None
-    then: Callable[[Draft], list[tuple[str, tuple]]] | None = None  # more, same transaction
+    #: More statements, same transaction, from the draft after the change and the
+    #: prelude's rows.
+    then: Callable[[Draft, list[list[Any]]], list[tuple[str, tuple]]] | None = None
 
     def __post_init__(self) -> None:
         for step in self.steps:
@@ -165,7 +164,7 @@ class Change:
         return (self.action is None and not self.tokens and self.before is None
                 and not self.prelude and self.then is None and self.missed is None)
 
-    def followups(self, d: Draft, old: Any, clean: Callable
+    def followups(self, d: Draft, old: Any, clean: Callable, pre: list[list[Any]]
                   ) -> tuple[list[tuple[str, tuple]], list[Record], Tokens | None]:
         """The statements, the audit rows and the token count that go with the change
         (the count is added with the audit rows: see ``Backend._append``)."""
@@ -176,7 +175,7 @@ class Change:
                                      self.action, d.key, d.body, self.detail(d, old), clean))
         tokens = Tokens(d.pipeline, utc_day(self.at), int(self.tokens)) if self.tokens else None
         if self.then is not None:
-            out += self.then(d)
+            out += self.then(d, pre)
         return out, records, tokens
 
 

@@ -315,7 +315,7 @@ _V_VECTORS = [
 # The scoreboard (issue 25): what the quality figures are read from. An edit, a
 # regenerate or a replay replaces the body; the first version's text is kept in
 # first_body the first time (NULL: the body is still the first version), so the edit
-# size between the first draft and what was sent can be measured. The counts are
+# size between the first draft and what was sent is measured when it is sent. The counts are
 # kept with the row (not counted from the audit at read time), so a month of
 # decisions is one range read of drafts_decided. Drafts decided before this version
 # get their edits and regenerations counted from the audit here; their first text and
@@ -324,6 +324,9 @@ _V_QUALITY = [
     "ALTER TABLE drafts ADD COLUMN first_body TEXT",
     "ALTER TABLE drafts ADD COLUMN edits INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE drafts ADD COLUMN regenerations INTEGER NOT NULL DEFAULT 0",
+    # Measured when an edited draft is sent (bot.scoreboard.edit_size): no read of the
+    # scoreboard compares texts.
+    "ALTER TABLE drafts ADD COLUMN edit_size REAL",
     "ALTER TABLE drafts ADD COLUMN posted_at REAL",  # the first card of the draft went up
     # An operator answered the triage (Draft a reply on an FYI card; /reply or /replay
     # of an item triage skipped): when, and who.

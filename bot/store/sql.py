@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 
 from ..models import PENDING_STATUSES, Draft, Status, Vote, operator_id
 from ..redact import scrub
+from ..scoreboard import edit_size
 from .chain import Record
 from .context_sql import ContextSql
 from .rows import (
@@ -89,7 +90,7 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
                 await self._append(db, change.missed(pre, self._clean) if change.missed else [])
                 return None
             draft = draft_from_row(rows[0])
-            statements, records, tokens = change.followups(draft, old, self._clean)
+            statements, records, tokens = change.followups(draft, old, self._clean, pre)
             for sql, args in statements:
                 await db.run(sql, args)
             await self._append(db, records, tokens)
@@ -357,13 +358,23 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
                         now: float | None = None, actor: str | None = None) -> Draft | None:
         """CAS ``sending|send_unknown -> sent``; audit row with the sent text's hash
         (``actor``: the operator who said so, for an unknown send); the reply and its
-        original kept as an example of the pipeline (same transaction)."""
+        original kept as an example of the pipeline, and an edited one's edit size
+        (the first version against the text sent) measured (same transaction)."""
         t = self._now(now)
+
+        def then(d: Draft, pre: list[list[Any]]) -> list[tuple[str, tuple]]:
+            out = example_row(d, t, self._clean)
+            if pre[0]:  # edited: its first version's text, for the scoreboard
+                out.append(("UPDATE drafts SET edit_size = ? WHERE id = ?",
+                            (edit_size(pre[0][0][0], d.body), d.id)))
+            return out
+
         return await self._change(_one(Step(
             MARK_SENT, "sent_id = ?, error = NULL, updated_at = ?", (str(sent_id), t),
             "id = ?", (draft_id,)), action="sent", at=t, actor=actor,
             detail=lambda d, _: f"v{d.version}, message id {sent_id}",
-            then=lambda d: example_row(d, t, self._clean)))
+            prelude=(("SELECT first_body FROM drafts WHERE id = ? AND edits > 0 "
+                      "AND first_body IS NOT NULL", (draft_id,)),), then=then))
 
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
         """CAS ``sending -> send_failed``."""

@@ -201,23 +201,20 @@ class SqlOps(Backend):
     async def quality(self, since: float, until: float, pipeline: str | None = None
                       ) -> tuple[list[Decision], list[Override]]:
         """The drafts decided in ``[since, until)`` (approved or rejected; an edited and
-        sent one with its first version's text and the text sent) and the triage
-        overrides in it, of one pipeline or all: two range reads of partial indexes
+        sent one with its edit size, measured when it was sent) and the triage overrides
+        in it, of one pipeline or all: two range reads of partial indexes
         (``drafts_decided``, ``drafts_overridden``), for :mod:`bot.scoreboard`."""
         only, args = ("AND pipeline = ? ", (pipeline,)) if pipeline is not None else ("", ())
         states = ", ".join("?" * len(DECIDED))
-        # Texts only where an edit size is measured: a month of bodies is megabytes.
         rows = await self._query(
             "SELECT pipeline, decided_by, status, decided_at, posted_at, edits, regenerations, "
-            "COALESCE(flagged, 0), unsupported, "
-            "CASE WHEN status = 'sent' AND edits > 0 THEN first_body END, "
-            "CASE WHEN status = 'sent' AND edits > 0 AND first_body IS NOT NULL THEN body END "
-            "FROM drafts WHERE decided_at IS NOT NULL AND decided_at >= ? AND decided_at < ? "
+            "COALESCE(flagged, 0), unsupported, edit_size FROM drafts WHERE decided_at IS NOT NULL AND decided_at >= ? AND decided_at < ? "
             f"AND status IN ({states}) {only}",
             (float(since), float(until), *DECIDED, *args))
         decided = [Decision(r[0], r[1] or "", r[2], float(r[3]),
                             None if r[4] is None else float(r[4]), int(r[5]), int(r[6]),
-                            int(r[7]), int(r[8]), r[9], r[10]) for r in rows]
+                            int(r[7]), int(r[8]),
+                            size=None if r[9] is None else float(r[9])) for r in rows]
         rows = await self._query(
             "SELECT pipeline, overridden_by, overridden_at FROM drafts WHERE overridden_at "
             f"IS NOT NULL AND overridden_at >= ? AND overridden_at < ? {only}",
