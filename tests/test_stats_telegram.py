@@ -113,3 +113,17 @@ async def test_an_operator_not_on_the_pipeline_is_refused_its_stats(
     assert _photos(fake) == []
     refused = [e.detail for e in await w.store.audit_log() if e.action == "refused"]
     assert refused == ["stats: not in approval.operators of support"]
+
+
+def test_status_does_not_import_matplotlib_nor_rapidfuzz():
+    """The chart's and the edit size's libraries load when a chart is drawn or a draft is
+    measured, never for `draftgate status` (nor when the Telegram channel is built)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, bot.__main__, bot.approvals.telegram.channel, bot.desk.desk; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('matplotlib', 'rapidfuzz', 'PIL')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
