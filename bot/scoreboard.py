@@ -25,7 +25,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from .models import Status, operator_id
 
@@ -37,9 +37,8 @@ APPROVED = (Status.APPROVED, Status.SENDING, Status.SENT, Status.SEND_FAILED,
 DECIDED = (*APPROVED, Status.REJECTED)
 
 
-@dataclass(frozen=True)
-class Decision:
-    """One decided draft, as the store gives it."""
+class Decision(NamedTuple):
+    """One decided draft, as the store gives it (a tuple: a month is ~10k of them)."""
 
     pipeline: str
     decided_by: str
@@ -53,8 +52,7 @@ class Decision:
     size: float | None = None  # edited and sent: its edit size (:func:`edit_size`)
 
 
-@dataclass(frozen=True)
-class Override:
+class Override(NamedTuple):
     """A triage answered by an operator (Draft a reply on an FYI; /reply or replay of a
     skipped item)."""
 
@@ -174,28 +172,33 @@ def build(decisions: list[Decision], overrides: list[Override], *, since: float,
     per week (Monday 00:00 UTC; the first and last may be partial). One pass sorts the
     rows into their slices (a month is ~10k rows: no slice scans them all again)."""
     first = week_start(since)
-    weeks = max(1, math.ceil((until - first) / WEEK))
-    slices: dict[tuple[str, Any], tuple[list[Decision], list[Override]]] = {}
-    kept: tuple[list[Decision], list[Override]] = ([], [])
-    names: dict[str, str] = {}
-
-    def into(row: Any, at: float, pipeline: str, actor: str, which: int) -> None:
-        kept[which].append(row)
-        op = operator_id(actor)
-        names.setdefault(op, actor)
-        for key in (("p", pipeline), ("o", op), ("w", int((at - first) // WEEK))):
-            slices.setdefault(key, ([], []))[which].append(row)
-
-    for d in sorted(decisions, key=lambda d: -d.decided_at):  # names: the newest actor
-        if since <= d.decided_at < until:
-            into(d, d.decided_at, d.pipeline, d.decided_by, 0)
-    for o in sorted(overrides, key=lambda o: -o.at):
-        if since <= o.at < until:
-            into(o, o.at, o.pipeline, o.by, 1)
+    slices: dict[tuple[str, Any], tuple[list, list]] = {}
+    kept: tuple[list, list] = ([], [])
+    ops: dict[str, str] = {}  # actor as recorded -> operator id
+    latest: dict[str, float] = {}  # actor as recorded -> its newest row
+    sources: tuple[tuple[int, list[Any], int], ...] = ((0, decisions, 3), (1, overrides, 2))
+    for which, rows, at_index in sources:
+        for row in rows:
+            at = row[at_index]
+            if not since <= at < until:
+                continue
+            actor = row[1]
+            if (op := ops.get(actor)) is None:
+                op = ops[actor] = operator_id(actor)
+            if at > latest.get(actor, -1.0):
+                latest[actor] = at
+            kept[which].append(row)
+            week: Any = int((at - first) // WEEK)
+            for key in (("p", row[0]), ("o", op), ("w", week)):
+                if (found := slices.get(key)) is None:
+                    found = slices[key] = ([], [])
+                found[which].append(row)
+    names = {ops[a]: a for a, _ in sorted(latest.items(), key=lambda kv: kv[1])}
     board = Scoreboard(since, until, pipeline, figures(*kept), names=dict(sorted(names.items())))
     for kind, target in (("p", board.pipelines), ("o", board.operators)):
         for key in sorted(k for k in slices if k[0] == kind):
             target[key[1]] = figures(*slices[key])
+    weeks = max(1, math.ceil((until - first) / WEEK))
     board.weeks = [(first + i * WEEK, figures(*slices.get(("w", i), ([], []))))
                    for i in range(weeks)]
     return board

@@ -207,16 +207,13 @@ class SqlOps(Backend):
         only, args = ("AND pipeline = ? ", (pipeline,)) if pipeline is not None else ("", ())
         states = ", ".join("?" * len(DECIDED))
         rows = await self._query(
-            "SELECT pipeline, decided_by, status, decided_at, posted_at, edits, regenerations, "
-            "COALESCE(flagged, 0), unsupported, edit_size FROM drafts WHERE decided_at IS NOT NULL AND decided_at >= ? AND decided_at < ? "
+            "SELECT pipeline, COALESCE(decided_by, ''), status, decided_at, posted_at, edits, "
+            "regenerations, COALESCE(flagged, 0), unsupported, edit_size FROM drafts WHERE decided_at IS NOT NULL AND decided_at >= ? AND decided_at < ? "
             f"AND status IN ({states}) {only}",
             (float(since), float(until), *DECIDED, *args))
-        decided = [Decision(r[0], r[1] or "", r[2], float(r[3]),
-                            None if r[4] is None else float(r[4]), int(r[5]), int(r[6]),
-                            int(r[7]), int(r[8]),
-                            size=None if r[9] is None else float(r[9])) for r in rows]
+        decided = [Decision(*r) for r in rows]  # the columns in Decision's order
         rows = await self._query(
-            "SELECT pipeline, overridden_by, overridden_at FROM drafts WHERE overridden_at "
+            "SELECT pipeline, COALESCE(overridden_by, ''), overridden_at FROM drafts WHERE overridden_at "
             f"IS NOT NULL AND overridden_at >= ? AND overridden_at < ? {only}",
             (float(since), float(until), *args))
-        return decided, [Override(r[0], r[1] or "", float(r[2])) for r in rows]
+        return decided, [Override(*r) for r in rows]
