@@ -79,6 +79,11 @@ async def test_stats_sends_a_chart_and_the_summary_the_cli_agrees_with(
         2, 2, 1, 1)
     assert caption[1:] == [scoreboard.figures_line(Figures(**total)),
                            scoreboard.claims_line(Figures(**total))]
+    # What is wrong with a command line, and what to give instead.
+    for argv, said in ((["stats", "--since", "3 months"], "expected a window like 30d, 8w"),
+                       (["stats", "nosuch"], "nosuch")):
+        assert await asyncio.to_thread(main, ["-c", str(w.cfg), *argv]) == 2
+        assert said in capsys.readouterr().err
 
 
 async def test_a_tap_is_answered_while_a_chart_renders(tmp_path, fake, monkeypatch, worlds):
