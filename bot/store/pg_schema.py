@@ -365,7 +365,9 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
         ALTER TABLE drafts ADD COLUMN overridden_by TEXT;
         ALTER TABLE drafts ADD COLUMN flagged INTEGER;
         ALTER TABLE drafts ADD COLUMN unsupported INTEGER NOT NULL DEFAULT 0;
-        CREATE INDEX drafts_decided ON drafts (decided_at) WHERE decided_at IS NOT NULL;
+        CREATE INDEX drafts_decided ON drafts (decided_at) INCLUDE (status, pipeline, decided_by,
+            posted_at, edits, regenerations, flagged, unsupported, edit_size)
+            WHERE decided_at IS NOT NULL;
         CREATE INDEX drafts_overridden ON drafts (overridden_at) WHERE overridden_at IS NOT NULL;
         UPDATE drafts SET edits = (SELECT COUNT(*) FROM audit WHERE audit.draft_key = drafts.key
             AND audit.action = 'edit'), regenerations = (SELECT COUNT(*) FROM audit

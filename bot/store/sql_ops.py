@@ -208,12 +208,14 @@ class SqlOps(Backend):
         states = ", ".join("?" * len(DECIDED))
         rows = await self._query(
             "SELECT pipeline, COALESCE(decided_by, ''), status, decided_at, posted_at, edits, "
-            "regenerations, COALESCE(flagged, 0), unsupported, edit_size FROM drafts WHERE decided_at IS NOT NULL AND decided_at >= ? AND decided_at < ? "
-            f"AND status IN ({states}) {only}",
+            "regenerations, COALESCE(flagged, 0), unsupported, edit_size "
+            f"FROM {self.DRAFTS_BY.format('drafts_decided')} WHERE decided_at IS NOT NULL AND decided_at >= ? "
+            f"AND decided_at < ? AND status IN ({states}) {only}",
             (float(since), float(until), *DECIDED, *args))
         decided = [Decision(*r) for r in rows]  # the columns in Decision's order
         rows = await self._query(
-            "SELECT pipeline, COALESCE(overridden_by, ''), overridden_at FROM drafts WHERE overridden_at "
+            "SELECT pipeline, COALESCE(overridden_by, ''), overridden_at FROM "
+            f"{self.DRAFTS_BY.format('drafts_overridden')} WHERE overridden_at "
             f"IS NOT NULL AND overridden_at >= ? AND overridden_at < ? {only}",
             (float(since), float(until), *args))
         return decided, [Override(*r) for r in rows]
