@@ -10,7 +10,8 @@ and under whom it happened. Definitions (README "Scoreboard"):
 * *sent as drafted*: sent with no edit and no regenerate (the first version went out);
 * *edited*: sent after at least one edit; its *edit size* is the normalised character
   edit distance (Levenshtein distance / length of the longer text, 0 to 1) between the
-  first version drafted and the text sent;
+  text the model drafted (its first version, or after a regenerate the newest one the
+  operators edited) and the text sent;
 * *regenerations per sent*: regenerations (and re-drafts by /reply or replay) of the
   drafts sent, per draft sent;
 * *time to decision*: from the draft's first card to the decision (p50, p90: nearest

@@ -18,7 +18,7 @@ def add_cli(subparsers) -> None:
         description="Per pipeline, per operator (who decided) and per week (Monday 00:00 "
                     "UTC) over a window (default 30 days): drafts decided; sent as first "
                     "drafted (no edit, no regenerate); edited, with the median edit size "
-                    "(normalised character edit distance between the first version and "
+                    "(normalised character edit distance between the model's text and "
                     "what was sent); regenerations per sent reply; rejected; time from the "
                     "first card to the decision (p50, p90); triage overridden by an operator "
                     "(Draft a reply on an FYI card, /reply or replay of a skipped item); "

@@ -23,12 +23,12 @@ DRAFT_COLUMNS = (
     "triage_reason", "used",
 )
 #: SET clause of a move that drafts a new version over the current one (a replay, a
-#: /reply): a drafted body counts as a regeneration and the first version's text is
-#: kept; an item triage skipped or sent as an FYI is an override of the triage, by the
-#: operator (args: when, who).
+#: /reply): a drafted body counts as a regeneration (and, as after Regenerate, the
+#: model's next text is the one an edit is measured from); an item triage skipped or
+#: sent as an FYI is an override of the triage, by the operator (args: when, who).
 REDRAFT_SET = (
     "regenerations = regenerations + CASE WHEN body <> '' THEN 1 ELSE 0 END, "
-    "first_body = COALESCE(first_body, NULLIF(body, '')), "
+    "first_body = NULL, "
     "overridden_at = CASE WHEN status IN ('skipped', 'notified') AND triage IN ('skip', 'notify') "
     "THEN CAST(? AS DOUBLE PRECISION) ELSE overridden_at END, "
     "overridden_by = CASE WHEN status IN ('skipped', 'notified') AND triage IN ('skip', 'notify') "

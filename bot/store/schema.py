@@ -312,10 +312,11 @@ _V_VECTORS = [
         PRIMARY KEY (model, sha256))""",
 ]
 
-# The scoreboard (issue 25): what the quality figures are read from. An edit, a
-# regenerate or a replay replaces the body; the first version's text is kept in
-# first_body the first time (NULL: the body is still the first version), so the edit
-# size between the first draft and what was sent is measured when it is sent. The counts are
+# The scoreboard (issue 25): what the quality figures are read from. An operator's edit
+# replaces the model's text; that text is kept in first_body at the first edit (NULL:
+# not edited since the model drafted it; a regenerate starts over), so the edit size
+# between what the model drafted and what was sent is measured when it is sent (the
+# same column and meaning as style notes' edit pairs on main). The counts are
 # kept with the row (not counted from the audit at read time), so a month of
 # decisions is one range read of drafts_decided. Drafts decided before this version
 # get their edits and regenerations counted from the audit here; their first text and

@@ -307,7 +307,7 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         so the card is re-rendered (the approval message id is kept). Audited.
         ``used``: the new version's (its grounding re-checked); None keeps it."""
         t = self._now(now)
-        # first_body: the old body, if it was still the first version.
+        # first_body: the model's text, at the first edit since it was drafted.
         sets = ("first_body = COALESCE(first_body, body), edits = edits + 1, body = ?, "
                 "version = version + 1, updated_at = ?")
         args: list[Any] = [self._clean(body), t]
@@ -326,8 +326,7 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         t = self._now(now)
         # The audit hash is of the body the operator saw when asking for another one.
         return await self._decide(Step(
-            REGENERATE, "first_body = COALESCE(first_body, body), "
-                        "regenerations = regenerations + 1, "
+            REGENERATE, "first_body = NULL, regenerations = regenerations + 1, "
                         "version = version + 1, instruction = ?, attempt = 0, "
                         "lease_until = NULL, error = NULL, updated_at = ?",
             (self._clean(instruction), t), "id = ? AND version = ?", (draft_id, version)),
@@ -359,12 +358,12 @@ class SqlStore(SqlOps, ContextSql, VectorSql, SqlRecords):
         """CAS ``sending|send_unknown -> sent``; audit row with the sent text's hash
         (``actor``: the operator who said so, for an unknown send); the reply and its
         original kept as an example of the pipeline, and an edited one's edit size
-        (the first version against the text sent) measured (same transaction)."""
+        (the model's text against the text sent) measured (same transaction)."""
         t = self._now(now)
 
         def then(d: Draft, pre: list[list[Any]]) -> list[tuple[str, tuple]]:
             out = example_row(d, t, self._clean)
-            if pre[0]:  # edited: its first version's text, for the scoreboard
+            if pre[0]:  # edited: the model's text it replaced, for the scoreboard
                 out.append(("UPDATE drafts SET edit_size = ? WHERE id = ?",
                             (edit_size(pre[0][0][0], d.body), d.id)))
             return out
