@@ -21,8 +21,9 @@ TESTS = ROOT / "tests"
 MAX_MODULE, MAX_FUNCTION = 500, 60
 
 #: Lowest first. A module may import its own package and the packages before it.
-LAYERS = ["redact", "errors", "models", "clock", "shared", "stages", "scheduler", "store", "mail",
-          "config", "service", "gmail", "drafters", "context", "imap", "microsoft", "sources", "senders",
+LAYERS = ["redact", "errors", "models", "clock", "shared", "scoreboard", "stages", "scheduler",
+          "store", "mail", "config", "service", "gmail", "drafters", "context", "imap", "microsoft",
+          "sources", "senders",
           "engine", "desk", "approvals", "app", "cli", "__main__"]
 #: Modules a handler or command may import from the store or the engine: pure helpers
 #: with no I/O (the audit chain's hashing; building stages for `validate`/`doctor`).

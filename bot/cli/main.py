@@ -26,6 +26,7 @@ from . import auth_microsoft as ms_auth
 from . import demo, migrate
 from . import ops as cli_ops
 from . import quality as cli_quality
+from . import stats as cli_stats
 from .common import load, options, say, verbose_option, version
 
 log = logging.getLogger("draftgate")
@@ -279,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="deployment file, for every command except migrate-store (also "
                              "accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add_cli in (_add_run, demo.add_cli, cli_ops.add_cli, cli_quality.add_cli,
+    for add_cli in (_add_run, demo.add_cli, cli_ops.add_cli, cli_quality.add_cli, cli_stats.add_cli,
                     cli_audit.add_cli):  # in `--help` order
         add_cli(sub)
     kinds = gmail_auth.add_cli(sub, parents=[verbose_option()])  # its own -c, the shared -v

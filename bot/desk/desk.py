@@ -11,15 +11,18 @@ decisions that send or draft need the engine of a running process (``bot.app.App
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, Callable
 
+from .. import scoreboard
 from ..clock import wall
 from ..config.load import Settings
 from ..engine import notes
 from ..errors import NotAllowed, SourceError
 from ..models import Draft, Example, RunCounts, Status, StyleNotes
+from ..scoreboard import Scoreboard
 from ..store import ReplayResult, Store, SweepResult
-from . import reports
+from . import reports, stats
 from .decisions import Decisions
 from .evaluate import EvalItem, Evaluation
 from .operator import Operator, refusal
@@ -236,6 +239,23 @@ class OperatorDesk:
             drafts = [d for d in drafts if d.pipeline not in hidden]
             total = len(drafts)
         return (drafts if limit is None else drafts[:limit]), total
+
+    async def stats(self, op: Operator, pipeline: str | None = None,
+                    days: float = stats.DEFAULT_DAYS) -> Scoreboard:
+        """The scoreboard of the last ``days`` (:mod:`bot.scoreboard`): of ``pipeline``,
+        or of every pipeline ``op`` sees. Read from the store in two queries; the edit
+        sizes are measured off the event loop."""
+        if pipeline is not None:
+            self.settings.pipeline(pipeline)
+        await self.authorize(op, pipeline, "stats")
+        until = self.clock()
+        since = until - days * scoreboard.DAY
+        decisions, overrides = await self.store.quality(since, until, pipeline)
+        if pipeline is None and (hidden := self._hidden(op)):
+            decisions = [d for d in decisions if d.pipeline not in hidden]
+            overrides = [o for o in overrides if o.pipeline not in hidden]
+        return await asyncio.to_thread(scoreboard.build, decisions, overrides, since=since,
+                                       until=until, pipeline=pipeline)
 
     async def holds(self, op: Operator) -> dict[str, str]:
         await self.authorize(op, None, "pending")

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from typing import Callable
 
-from .. import scheduler
+from .. import scheduler, scoreboard
 from ..config.load import PipelineConfig, Settings
 from ..errors import StoreUnavailable, describe_error
 from ..models import Draft, Status
@@ -26,6 +26,8 @@ log = logging.getLogger("draftgate.engine")
 MAX_REMINDERS = 3
 #: A digest slot missed by more than this (draftgate was down) is skipped, not sent late.
 DIGEST_GRACE = 3600.0
+#: The window of the digest's scoreboard line (and of the /metrics scoreboard gauges).
+DIGEST_DAYS = 30
 _RUNS = 5000  # runs read for one digest period (a 1m schedule makes 1,440 a day)
 
 
@@ -129,4 +131,14 @@ class Reminders:
                 if waiting else ""
             lines.append(f"{p.name}: drafted {made} · sent {sent} · rejected {rejected} · "
                          f"failed {failed} · waiting {len(waiting)}{oldest} · tokens {_k(tokens)}")
+        lines.append(await self.scoreboard_line(until))
         return "\n".join(lines)
+
+    async def scoreboard_line(self, until: float) -> str:
+        """The digest's line of the scoreboard: every pipeline, the DIGEST_DAYS before
+        ``until`` (what `draftgate stats --since 30d` shows in full)."""
+        since = until - DIGEST_DAYS * scoreboard.DAY
+        decisions, overrides = await self.store.quality(since, until)
+        board = await asyncio.to_thread(scoreboard.build, decisions, overrides, since=since,
+                                        until=until)
+        return f"📈 last {DIGEST_DAYS} days: {scoreboard.figures_line(board.total)}"

@@ -29,11 +29,20 @@ from prometheus_client import (
     generate_latest,
 )
 
+from .. import scoreboard
 from ..models import Draft, DraftRequest, DraftResult, Status
 from .health import Health, pipeline_bound
 
 #: Store-read gauges are refreshed at most this often, however often /metrics is scraped.
 STORE_CACHE_SECONDS = 5.0
+#: The scoreboard gauges (a month of decisions, edit sizes measured) less often.
+SCOREBOARD_CACHE_SECONDS = 300.0
+SCOREBOARD_DAYS = 30
+#: The scoreboard figures exported as gauges (a fixed set: the ``figure`` label).
+SCOREBOARD_FIGURES = ("decided", "sent", "sent_as_drafted", "as_drafted_share", "edited",
+                      "edit_size_median", "regenerations_per_sent", "rejected",
+                      "decision_p50", "decision_p90", "overridden", "flagged_per_draft",
+                      "flagged_sent")
 _SHARED = " Read from the store: with several hosts on one store, every host reports " \
           "the same value."
 _SEND_OUTCOME: dict[str, str] = {Status.SENT: "sent", Status.SEND_FAILED: "failed", Status.SEND_UNKNOWN: "unknown"}
@@ -88,6 +97,12 @@ class Metrics:
         self.oldest_card = Gauge("draftgate_oldest_undecided_card_age_seconds",
                                  "Age of the oldest draft awaiting a decision (0: none)."
                                  + _SHARED, pl, registry=r)
+        self.scoreboard = Gauge(
+            "draftgate_scoreboard", "The scoreboard of the last 30 days by pipeline (what "
+            "`draftgate stats --json` gives as total; README \"Scoreboard\"): figure is one "
+            f"of {', '.join(SCOREBOARD_FIGURES)}; seconds for decision_p50/p90, 0-1 for "
+            "shares and the edit size. Refreshed at most every "
+            f"{SCOREBOARD_CACHE_SECONDS:g}s." + _SHARED, pl + ["figure"], registry=r)
         self._children: dict[tuple, Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
@@ -108,10 +123,12 @@ class Observer:
         self.metrics = metrics
         self.health = health or Health()
         self._store_read = -STORE_CACHE_SECONDS
+        self._scoreboard_read = -SCOREBOARD_CACHE_SECONDS
         self._store_lock = asyncio.Lock()
 
-    async def refresh_store(self, store: Any) -> None:
-        """Update the store-read gauges, at most every :data:`STORE_CACHE_SECONDS`."""
+    async def refresh_store(self, store: Any, now: float | None = None) -> None:
+        """Update the store-read gauges, at most every :data:`STORE_CACHE_SECONDS` (the
+        scoreboard's every :data:`SCOREBOARD_CACHE_SECONDS`); ``now``: the wall clock."""
         m = self.metrics
         async with self._store_lock:
             if m is None or time.monotonic() - self._store_read < STORE_CACHE_SECONDS:
@@ -121,10 +138,26 @@ class Observer:
             for (pipeline, status), n in counts.items():
                 m.drafts.labels(pipeline, status).set(n)
             m.oldest_card.clear()
-            now = time.time()
+            now = time.time() if now is None else now
             for pipeline, _status in {k for k in counts if k[1] == Status.AWAITING}:
                 m.oldest_card.labels(pipeline).set(max(0.0, now - oldest[pipeline]))
             self._store_read = time.monotonic()
+            if self._store_read - self._scoreboard_read >= SCOREBOARD_CACHE_SECONDS:
+                await self._refresh_scoreboard(m, store, now)
+                self._scoreboard_read = time.monotonic()
+
+    @staticmethod
+    async def _refresh_scoreboard(m: Metrics, store: Any, now: float) -> None:
+        since = now - SCOREBOARD_DAYS * scoreboard.DAY
+        decisions, overrides = await store.quality(since, now)
+        board = await asyncio.to_thread(scoreboard.build, decisions, overrides, since=since,
+                                        until=now)
+        m.scoreboard.clear()
+        for pipeline, f in board.pipelines.items():
+            values = f.to_dict()
+            for figure in SCOREBOARD_FIGURES:
+                if values[figure] is not None:
+                    m.scoreboard.labels(pipeline, figure).set(values[figure])
 
     def exposition(self) -> bytes:
         assert self.metrics is not None

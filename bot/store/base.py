@@ -77,6 +77,10 @@ class Backend(abc.ABC):
     url: str
     #: SQL giving a draft a fence token no earlier claim of it had.
     NEXT_FENCE: str = "fence + 1"
+    #: The drafts table read through the index named by ``{}`` (the scoreboard's reads).
+    #: SQLite is told (``INDEXED BY``): its planner, without fresh statistics, takes a
+    #: status or pipeline index and walks a year of drafts.
+    DRAFTS_BY: str = "drafts"
     #: What a read that precedes a write in the same transaction appends to lock its
     #: rows (SQLite's BEGIN IMMEDIATE already holds the only write lock).
     FOR_UPDATE: str = ""

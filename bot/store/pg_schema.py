@@ -408,4 +408,26 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
             WHERE status IN ('sending', 'send_unknown', 'send_failed');
         """,
     ),
+    (
+        15,
+        "the scoreboard (issue 25): see schema.py _V_QUALITY",
+        """
+        ALTER TABLE drafts ADD COLUMN edits INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE drafts ADD COLUMN regenerations INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE drafts ADD COLUMN edit_size DOUBLE PRECISION;
+        ALTER TABLE drafts ADD COLUMN posted_at DOUBLE PRECISION;
+        ALTER TABLE drafts ADD COLUMN overridden_at DOUBLE PRECISION;
+        ALTER TABLE drafts ADD COLUMN overridden_by TEXT;
+        ALTER TABLE drafts ADD COLUMN flagged INTEGER;
+        ALTER TABLE drafts ADD COLUMN unsupported INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX drafts_decided ON drafts (decided_at) INCLUDE (status, pipeline, decided_by,
+            posted_at, edits, regenerations, flagged, unsupported, edit_size)
+            WHERE decided_at IS NOT NULL;
+        CREATE INDEX drafts_overridden ON drafts (overridden_at) WHERE overridden_at IS NOT NULL;
+        UPDATE drafts SET edits = (SELECT COUNT(*) FROM audit WHERE audit.draft_key = drafts.key
+            AND audit.action = 'edit'), regenerations = (SELECT COUNT(*) FROM audit
+            WHERE audit.draft_key = drafts.key AND audit.action = 'regenerate')
+            WHERE decided_at IS NOT NULL;
+        """,
+    ),
 ]

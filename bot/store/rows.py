@@ -22,6 +22,22 @@ DRAFT_COLUMNS = (
     "tokens_out", "created_at", "updated_at", "card_stale", "send_holder", "triage",
     "triage_reason", "used", "send_after", "attached", "reply_nonce",
 )
+#: SET clause of a move that drafts a new version over the current one (a replay, a
+#: /reply): a drafted body counts as a regeneration (and, as after Regenerate, the
+#: model's next text is the one an edit is measured from); an item triage skipped or
+#: sent as an FYI is an override of the triage, by the operator (args: when, who).
+REDRAFT_SET = (
+    "regenerations = regenerations + CASE WHEN body <> '' THEN 1 ELSE 0 END, "
+    "first_body = NULL, "
+    "overridden_at = CASE WHEN status IN ('skipped', 'notified') AND triage IN ('skip', 'notify') "
+    "THEN CAST(? AS DOUBLE PRECISION) ELSE overridden_at END, "
+    "overridden_by = CASE WHEN status IN ('skipped', 'notified') AND triage IN ('skip', 'notify') "
+    "THEN CAST(? AS TEXT) ELSE overridden_by END")
+
+
+def unsupported_count(used: dict[str, Any] | None) -> int:
+    """How many claims the grounding check found in no source (``used["unsupported"]``)."""
+    return len((used or {}).get("unsupported") or [])
 DRAFT_COLS = ", ".join(DRAFT_COLUMNS)
 SYSTEM = "draftgate"  # audit actor for transitions no operator caused directly
 TOKENS_SQL = ("INSERT INTO token_usage (pipeline, day, tokens) VALUES (?, ?, ?) "
@@ -132,7 +148,9 @@ class Change:
     #: to ``missed``, which gives the audit rows to append when no step matched.
     prelude: tuple[tuple[str, tuple], ...] = ()
     missed: Callable[[list[list[Any]], Callable], list[Record]] | None = None
-    then: Callable[[Draft], list[tuple[str, tuple]]] | None = None  # more, same transaction
+    #: More statements, same transaction, from the draft after the change and the
+    #: prelude's rows.
+    then: Callable[[Draft, list[list[Any]]], list[tuple[str, tuple]]] | None = None
 
     def __post_init__(self) -> None:
         for step in self.steps:
@@ -147,7 +165,7 @@ class Change:
         return (self.action is None and not self.tokens and self.before is None
                 and not self.prelude and self.then is None and self.missed is None)
 
-    def followups(self, d: Draft, old: Any, clean: Callable
+    def followups(self, d: Draft, old: Any, clean: Callable, pre: list[list[Any]]
                   ) -> tuple[list[tuple[str, tuple]], list[Record], Tokens | None]:
         """The statements, the audit rows and the token count that go with the change
         (the count is added with the audit rows: see ``Backend._append``)."""
@@ -158,7 +176,7 @@ class Change:
                                      self.action, d.key, d.body, self.detail(d, old), clean))
         tokens = Tokens(d.pipeline, utc_day(self.at), int(self.tokens)) if self.tokens else None
         if self.then is not None:
-            out += self.then(d)
+            out += self.then(d, pre)
         return out, records, tokens
 
 

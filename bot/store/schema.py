@@ -364,12 +364,50 @@ _V_REPLY_NONCE = [
     "'send_failed')",
 ]
 
+# The scoreboard (issue 25): what the quality figures are read from. An operator's edit
+# replaces the model's text; that text is kept in first_body at the first edit (NULL:
+# not edited since the model drafted it; a regenerate starts over), so the edit size
+# between what the model drafted and what was sent is measured when it is sent (the
+# same column and meaning as style notes' edit pairs on main). The counts are
+# kept with the row (not counted from the audit at read time), so a month of
+# decisions is one range read of drafts_decided. Drafts decided before this version
+# get their edits and regenerations counted from the audit here; their first text and
+# their card's time were never kept.
+# (first_body came with the style notes, _V_STYLE_NOTES, with the same meaning.)
+_V_QUALITY = [
+    "ALTER TABLE drafts ADD COLUMN edits INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE drafts ADD COLUMN regenerations INTEGER NOT NULL DEFAULT 0",
+    # Measured when an edited draft is sent (bot.scoreboard.edit_size): no read of the
+    # scoreboard compares texts.
+    "ALTER TABLE drafts ADD COLUMN edit_size REAL",
+    "ALTER TABLE drafts ADD COLUMN posted_at REAL",  # the first card of the draft went up
+    # An operator answered the triage (Draft a reply on an FYI card; /reply or /replay
+    # of an item triage skipped): when, and who.
+    "ALTER TABLE drafts ADD COLUMN overridden_at REAL",
+    "ALTER TABLE drafts ADD COLUMN overridden_by TEXT",
+    # Unsupported claims (the grounding check) of the first version, and of the current one.
+    "ALTER TABLE drafts ADD COLUMN flagged INTEGER",
+    "ALTER TABLE drafts ADD COLUMN unsupported INTEGER NOT NULL DEFAULT 0",
+    # Covering (every column Store.quality reads): a month is ~10k rows, read from the
+    # index alone, not looked up one by one among a year of drafts with their bodies.
+    # Only decided drafts have an entry, so edits and regenerations before a decision
+    # write nothing here.
+    "CREATE INDEX drafts_decided ON drafts (decided_at, status, pipeline, decided_by, posted_at, "
+    "edits, regenerations, flagged, unsupported, edit_size) WHERE decided_at IS NOT NULL",
+    "CREATE INDEX drafts_overridden ON drafts (overridden_at) WHERE overridden_at IS NOT NULL",
+    "UPDATE drafts SET edits = (SELECT COUNT(*) FROM audit WHERE audit.draft_key = drafts.key "
+    "AND audit.action = 'edit'), regenerations = (SELECT COUNT(*) FROM audit "
+    "WHERE audit.draft_key = drafts.key AND audit.action = 'regenerate') "
+    "WHERE decided_at IS NOT NULL",
+]
+
 #: Each entry is the list of statements of one migration, in order (a callable is a
 #: step written in Python, awaited with the connection (a ``rows.Db``) inside the
 #: migration).
 MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
                         _V_PROMPTS, _V_VECTORS, _V_SEND_AFTER,
-                        _V_ATTACHED, _V_EMBED_PROGRESS, _V_STYLE_NOTES, _V_REPLY_NONCE]
+                        _V_ATTACHED, _V_EMBED_PROGRESS, _V_STYLE_NOTES, _V_REPLY_NONCE,
+                        _V_QUALITY]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)

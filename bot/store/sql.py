@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 
 from ..models import PENDING_STATUSES, Draft, Status, Vote, operator_id
 from ..redact import scrub
+from ..scoreboard import edit_size
 from .chain import Record
 from .context_sql import ContextSql
 from .followups_sql import FollowupSql
@@ -21,6 +22,7 @@ from .notes_sql import NotesSql
 from .rows import (
     BEFORE_SQL,
     DRAFT_COLS,
+    REDRAFT_SET,
     SYSTEM,
     Change,
     Db,
@@ -29,6 +31,7 @@ from .rows import (
     draft_from_row,
     example_row,
     status_where,
+    unsupported_count,
     unsupported_note,
 )
 from .sql_ops import SqlOps
@@ -91,7 +94,7 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
                 await self._append(db, change.missed(pre, self._clean) if change.missed else [])
                 return None
             draft = draft_from_row(rows[0])
-            statements, records, tokens = change.followups(draft, old, self._clean)
+            statements, records, tokens = change.followups(draft, old, self._clean, pre)
             for sql, args in statements:
                 await db.run(sql, args)
             await self._append(db, records, tokens)
@@ -127,9 +130,10 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
         return await self._change(_one(Step(
             FINISH, f"body = ?, lease_until = {lease_sql}, error = NULL, "
                     "tokens_in = tokens_in + ?, tokens_out = tokens_out + ?, updated_at = ?, "
-                    "used = ?",
+                    "used = ?, flagged = COALESCE(flagged, ?), unsupported = ?",
             (self._clean(body), *lease_args, int(tokens_in), int(tokens_out), t,
-             self._clean(json.dumps(used)) if used else None),
+             self._clean(json.dumps(used)) if used else None, unsupported_count(used),
+             unsupported_count(used)),
             "id = ? AND fence = ?", (draft_id, fence)), at=t, tokens=tokens_in + tokens_out,
             action="draft", actor=SYSTEM, detail=lambda d, _: draft_detail(
                 d.version, model, int(tokens_in), int(tokens_out), used)))
@@ -199,8 +203,10 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
         ``updated_at`` becomes ``now`` (reminders count from it)."""
         # updated_at is when the card went up: reminders count from it. lease_until: a
         # post lease (finish_draft's post_lease) ends with the post.
-        assign = "approval_chat = ?, approval_message_id = ?, lease_until = NULL, updated_at = ?"
-        args = (str(chat), str(message_id), self._now(now))
+        # posted_at: the first card, where the time to a decision starts.
+        assign = ("approval_chat = ?, approval_message_id = ?, lease_until = NULL, "
+                  "updated_at = ?, posted_at = COALESCE(posted_at, ?)")
+        args = (str(chat), str(message_id), self._now(now), self._now(now))
         where = "id = ? AND version = ?", (draft_id, version)
         # A draft's card (ready -> awaiting), or an FYI card (stays notified).
         return await self._change(Change((Step(POST, assign, args, *where),
@@ -213,7 +219,8 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
         t = self._now(now)
         return await self._decide(Step(
             DRAFT_REPLY, "version = version + 1, attempt = 0, lease_until = NULL, "
-                         "error = NULL, updated_at = ?", (t,),
+                         "error = NULL, updated_at = ?, overridden_at = ?, overridden_by = ?",
+            (t, t, actor),
             "id = ? AND version = ?", (draft_id, version)),
             "draft_reply", actor, t, lambda d, _: f"v{version} -> v{d.version}")
 
@@ -281,9 +288,10 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
         ``queued`` with version + 1 and ``instruction`` for the drafter. Audited."""
         t = self._now(now)
         return await self._decide(Step(
-            ON_DEMAND, "version = version + 1, instruction = ?, attempt = 0, lease_until = NULL, "
-                       "error = NULL, decided_by = NULL, decided_at = NULL, updated_at = ?",
-            (self._clean(instruction), t), "id = ?", (draft_id,)),
+            ON_DEMAND, f"{REDRAFT_SET}, version = version + 1, instruction = ?, attempt = 0, "
+                       "lease_until = NULL, error = NULL, decided_by = NULL, decided_at = NULL, "
+                       "updated_at = ?",
+            (t, actor, self._clean(instruction), t), "id = ?", (draft_id,)),
             "reply", actor, t, lambda d, old: f"v{d.version - 1} -> v{d.version} (was "
             f"{old['status']})" + (f": {instruction}" if instruction else ""), before=draft_id)
 
@@ -308,12 +316,13 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
         so the card is re-rendered (the approval message id is kept). Audited.
         ``used``: the new version's (its grounding re-checked); None keeps it."""
         t = self._now(now)
-        # first_body keeps what the model wrote before the first edit (style notes).
-        sets = "first_body = COALESCE(first_body, body), body = ?, version = version + 1, " \
-               "updated_at = ?"
-        args = [self._clean(body), t]
+        # first_body: the model's text, at the first edit since it was drafted.
+        sets = ("first_body = COALESCE(first_body, body), edits = edits + 1, body = ?, "
+                "version = version + 1, updated_at = ?")
+        args: list[Any] = [self._clean(body), t]
         if used is not None:
-            sets, args = sets + ", used = ?", [*args, self._clean(json.dumps(used))]
+            sets, args = sets + ", used = ?, unsupported = ?", [
+                *args, self._clean(json.dumps(used)), unsupported_count(used)]
         return await self._decide(Step(EDIT, sets, tuple(args), "id = ? AND version = ?",
                                        (draft_id, version)),
                                   "edit", actor, t, lambda d, _: f"v{version} -> v{d.version}"
@@ -326,7 +335,8 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
         t = self._now(now)
         # The audit hash is of the body the operator saw when asking for another one.
         return await self._decide(Step(
-            REGENERATE, "version = version + 1, instruction = ?, attempt = 0, first_body = NULL, "
+            REGENERATE, "first_body = NULL, regenerations = regenerations + 1, "
+                        "version = version + 1, instruction = ?, attempt = 0, "
                         "lease_until = NULL, error = NULL, updated_at = ?",
             (self._clean(instruction), t), "id = ? AND version = ?", (draft_id, version)),
             "regenerate", actor, t, lambda d, _: f"v{version} -> v{d.version}"
@@ -368,20 +378,30 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
             UNDO, "decided_by = NULL, decided_at = NULL, send_after = NULL, updated_at = ?",
             (t,), "id = ? AND version = ? AND send_after IS NOT NULL", (draft_id, version)),),
             action=action, actor=actor, at=t, detail=lambda d, _: f"v{version}: not sent",
-            then=lambda d: [("DELETE FROM approvals WHERE draft_id = ? AND version = ?",
+            then=lambda d, _: [("DELETE FROM approvals WHERE draft_id = ? AND version = ?",
                              (d.id, d.version))]))
 
     async def mark_sent(self, draft_id: int, sent_id: str,
                         now: float | None = None, actor: str | None = None) -> Draft | None:
         """CAS ``sending|send_unknown -> sent``; audit row with the sent text's hash
         (``actor``: the operator who said so, for an unknown send); the reply and its
-        original kept as an example of the pipeline (same transaction)."""
+        original kept as an example of the pipeline, and an edited one's edit size
+        (the model's text against the text sent) measured (same transaction)."""
         t = self._now(now)
+
+        def then(d: Draft, pre: list[list[Any]]) -> list[tuple[str, tuple]]:
+            out = example_row(d, t, self._clean)
+            if pre[0]:  # edited: the model's text it replaced, for the scoreboard
+                out.append(("UPDATE drafts SET edit_size = ? WHERE id = ?",
+                            (edit_size(pre[0][0][0], d.body), d.id)))
+            return out
+
         return await self._change(_one(Step(
             MARK_SENT, "sent_id = ?, error = NULL, updated_at = ?", (str(sent_id), t),
             "id = ?", (draft_id,)), action="sent", at=t, actor=actor,
             detail=lambda d, _: f"v{d.version}, message id {sent_id}",
-            then=lambda d: example_row(d, t, self._clean)))
+            prelude=(("SELECT first_body FROM drafts WHERE id = ? AND edits > 0 "
+                      "AND first_body IS NOT NULL", (draft_id,)),), then=then))
 
     async def mark_send_failed(self, draft_id: int, reason: str) -> Draft | None:
         """CAS ``sending -> send_failed``."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ..models import REPLAYABLE_STATUSES, STATUSES, TERMINAL_STATUSES, Status
+from ..scoreboard import DECIDED, Decision, Override
 from .base import ABANDONED_SEND, HEARTBEAT_PREFIX, Backend, ReplayResult, SweepResult
-from .rows import DRAFT_COLS, Db, draft_from_row, select_drafts, status_where
+from .rows import DRAFT_COLS, REDRAFT_SET, Db, draft_from_row, select_drafts, status_where
 from .transitions import EXPIRE, LEASE_FAIL, LEASE_RETRY, RECOVER_SEND, REPLAY, cas
 
 DAY = 86400.0
@@ -53,10 +54,11 @@ class SqlOps(Backend):
                 # version + 1 makes the old card's buttons stale; the card's chat and
                 # message id stay so the channel can edit that same card.
                 rows = await db.rows(*cas(
-                    REPLAY, "attempt = 0, version = version + 1, lease_until = NULL, "
-                            "error = NULL, decided_by = NULL, decided_at = NULL, "
-                            "instruction = '', updated_at = ?",
-                    (t,), "id = ?", (old.id,), src=(old.status,), returning=DRAFT_COLS))
+                    REPLAY, f"{REDRAFT_SET}, attempt = 0, version = version + 1, "
+                            "lease_until = NULL, error = NULL, decided_by = NULL, "
+                            "decided_at = NULL, instruction = '', updated_at = ?",
+                    (t, actor, t), "id = ?", (old.id,), src=(old.status,),
+                    returning=DRAFT_COLS))
                 draft = draft_from_row(rows[0])  # the rows are locked: nothing else moved it
                 detail = f"requeued from {old.status}" + (f" ({old.error})" if old.error else "")
                 result, key = ReplayResult("requeued", f"{where}: {detail}", draft), draft.key
@@ -194,3 +196,26 @@ class SqlOps(Backend):
                                  "GROUP BY pipeline, status HAVING SUM(n) > 0")
         return ({(r[0], r[1]): int(r[2]) for r in [*rows, *done]},
                 {r[0]: float(r[3]) for r in rows if r[1] == Status.AWAITING})
+
+    # -- the scoreboard ----------------------------------------------------------------
+    async def quality(self, since: float, until: float, pipeline: str | None = None
+                      ) -> tuple[list[Decision], list[Override]]:
+        """The drafts decided in ``[since, until)`` (approved or rejected; an edited and
+        sent one with its edit size, measured when it was sent) and the triage overrides
+        in it, of one pipeline or all: two range reads of partial indexes
+        (``drafts_decided``, ``drafts_overridden``), for :mod:`bot.scoreboard`."""
+        only, args = ("AND pipeline = ? ", (pipeline,)) if pipeline is not None else ("", ())
+        states = ", ".join("?" * len(DECIDED))
+        rows = await self._query(
+            "SELECT pipeline, COALESCE(decided_by, ''), status, decided_at, posted_at, edits, "
+            "regenerations, COALESCE(flagged, 0), unsupported, edit_size "
+            f"FROM {self.DRAFTS_BY.format('drafts_decided')} WHERE decided_at IS NOT NULL AND decided_at >= ? "
+            f"AND decided_at < ? AND status IN ({states}) {only}",
+            (float(since), float(until), *DECIDED, *args))
+        decided = [Decision(*r) for r in rows]  # the columns in Decision's order
+        rows = await self._query(
+            "SELECT pipeline, COALESCE(overridden_by, ''), overridden_at FROM "
+            f"{self.DRAFTS_BY.format('drafts_overridden')} WHERE overridden_at "
+            f"IS NOT NULL AND overridden_at >= ? AND overridden_at < ? {only}",
+            (float(since), float(until), *args))
+        return decided, [Override(*r) for r in rows]

@@ -173,6 +173,8 @@ async def _run_migrations(db: Db, path: str) -> None:
 class SQLiteStore(SqlStore):
     """The embedded store: ``SQLiteStore("sqlite:////var/lib/draftgate/state.db")``."""
 
+    DRAFTS_BY = "drafts INDEXED BY {}"
+
     def __init__(self, url: str, *, busy_timeout_ms: int = 5000, retry_for: float = 60.0):
         self.url = url
         self.path = _path_from_url(url)

@@ -317,6 +317,9 @@ async def test_the_digest_goes_to_the_ops_chat_once_per_slot(
     assert line == ("support: drafted 2 · sent 1 · rejected 0 · failed 0 · waiting 1 "
                     "(oldest 1h) · tokens 60")
     assert "sales: drafted 0" in digest and waiting.status == "awaiting"
+    # The scoreboard's line (issue 25): the 30 days before the slot, every pipeline.
+    assert digest.splitlines()[-1].startswith(
+        "📈 last 30 days: decided 1 · sent as drafted 100% (1/1) · edited 0 · ")
 
 
 async def test_the_digest_follows_telegram_timezone_for_its_slot_window_and_header(

@@ -113,7 +113,7 @@ class StoredMessage:
     html: str  # what was sent
     reply_markup: dict | None
     reply_to: int | None
-    kind: str = "text"  # text | document
+    kind: str = "text"  # text | document | photo
     document: bytes | None = None
     filename: str | None = None
     edits: int = 0
@@ -284,6 +284,15 @@ class FakeTelegram:
         if m.kind == "document":
             out["document"] = {"file_id": f"doc{m.message_id}", "file_unique_id":
                                f"u{m.message_id}", "file_name": m.filename}
+        elif m.kind == "photo":
+            # A PNG's width and height are in its IHDR chunk, at bytes 16-24.
+            png = m.document or b""
+            w, h = (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")) \
+                if png.startswith(b"\x89PNG") else (0, 0)
+            out["photo"] = [{"file_id": f"photo{m.message_id}", "file_unique_id":
+                             f"p{m.message_id}", "width": w, "height": h}]
+            if m.text:
+                out["caption"] = m.text
         else:
             out["text"] = m.text
         if m.reply_markup is not None and "inline_keyboard" in m.reply_markup:
@@ -633,6 +642,25 @@ class FakeTelegram:
         m = StoredMessage(chat_id, self._new_mid(chat_id), p.get("caption", ""), "",
                           None, self._reply_to(p), kind="document",
                           document=doc["content"], filename=doc["filename"])
+        self.messages[(chat_id, m.message_id)] = m
+        return 200, {"ok": True, "result": self.message_json(m)}
+
+    def _m_sendPhoto(self, p: dict) -> tuple[int, Any]:
+        """A photo uploaded as multipart (a file id or URL is not accepted here)."""
+        chat_id = self._chat_id(p)
+        photo = p.get("photo")
+        if not isinstance(photo, dict) or not photo.get("content"):
+            raise _ApiError(400, "Bad Request: there is no photo in the request")
+        if p.get("caption"):
+            self._text(p, "caption")
+            if _utf16_len(p["caption"]) > 1024:
+                raise _ApiError(400, "Bad Request: message caption is too long")
+        limited = self._rate_limited()
+        if limited:
+            return 429, limited
+        m = StoredMessage(chat_id, self._new_mid(chat_id), p.get("caption", ""), "",
+                          None, self._reply_to(p), kind="photo",
+                          document=photo["content"], filename=photo["filename"])
         self.messages[(chat_id, m.message_id)] = m
         return 200, {"ok": True, "result": self.message_json(m)}
 

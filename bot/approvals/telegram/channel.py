@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from telegram import BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
 from telegram.constants import ParseMode
@@ -33,8 +33,8 @@ from ...service import metrics
 from ...stages import PostedRef
 from .. import cards
 from ..base import DeskChannel
+from . import chart, notes, webhook
 from . import commands as tg_commands
-from . import notes, webhook
 from . import request as tg_request
 from . import taps as tg_taps
 from .commands import COMMANDS
@@ -71,8 +71,9 @@ class TelegramChannel(DeskChannel):
 
     def __init__(self, config: TelegramConfig, settings: Settings, *,
                  token: str | None = None, reconnect_delay: float = 1.0,
-                 answer_within: float = 4.0):
+                 answer_within: float = 4.0, render_chart: Callable[[Any], bytes] | None = None):
         self.config = config
+        self.render_chart = render_chart or chart.render  # /stats's PNG, in a worker thread
         # A tap whose decision takes longer (a slow send) is answered at this point, so
         # the operator's spinner ends; the card then shows the outcome.
         self.answer_within = answer_within

@@ -1,9 +1,10 @@
-"""The operator commands /status /pending /replay /sweep /audit /pause /resume /run /help: each
+"""The operator commands /status /pending /replay /stats /sweep /audit /pause /resume /run /help: each
 parses its arguments (a bad one gets a usage line), asks the operator desk (which checks
 who may do it, audits a refusal, and is the only way to change state), and replies."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import html
 from typing import Any, Callable, Coroutine
@@ -13,6 +14,7 @@ from telegram.constants import ParseMode
 from telegram.ext import BaseHandler, CommandHandler
 
 from ...desk import reports as ops
+from ...desk import stats as desk_stats
 from ...errors import ConfigError, DrafterError, NotAllowed
 from ...models import Draft
 from .. import cards
@@ -26,6 +28,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("reply", "<pipeline> <item_id> [instruction]",
      "draft a reply to any admitted item now (also a skipped one), with an instruction"),
     ("emails", "<pipeline> [n]", "the newest admitted items with their ids, status and subject"),
+    ("stats", "[pipeline]", "the scoreboard of the last 30 days: a chart and a summary"),
     ("sweep", "[days]", "delete old seen marks, requeue expired leases, prune runs"),
     ("audit", "<pipeline> <item_id>", "one item's history: admitted, drafted, approved, sent"),
     ("pause", "<pipeline>", "stop ticking a pipeline"),
@@ -122,6 +125,21 @@ async def emails(update: Update, context: Context) -> None:
     await reply(update, ops.format_emails(args[0], found), pre=True)
 
 
+async def stats(update: Update, context: Context) -> None:
+    """/stats [pipeline]: the chart (drawn in a worker thread: taps go on meanwhile) with
+    the summary as its caption."""
+    args = context.args or []
+    if len(args) > 1:
+        return await reply(update, _USAGE["stats"])
+    if args and (problem := _unknown(context, args[0])) is not None:
+        return await reply(update, problem)
+    ch = channel_of(context)
+    board = await ch.desk.stats(operator(update), args[0] if args else None)
+    png = await asyncio.to_thread(ch.render_chart, board)
+    await message_of(update).reply_photo(png, caption=desk_stats.summary(board)[:1024],
+                                         do_quote=True)
+
+
 def _pipeline_and_item(update: Update, context: Context) -> tuple[str, str] | None:
     """``<pipeline> <item_id>`` of /replay and /audit, split once on the raw text so an
     id with spaces (a slot) stays whole; None when either is missing."""
@@ -209,7 +227,7 @@ async def help_(update: Update, context: Context) -> None:
 def handlers() -> list[BaseHandler]:
     """One CommandHandler per command (/start is /help)."""
     table = {"status": status, "pending": pending, "replay": replay, "sweep": sweep,
-             "reply": reply_cmd, "emails": emails, "audit": audit,
+             "reply": reply_cmd, "emails": emails, "audit": audit, "stats": stats,
              "pause": pause, "resume": resume, "run": run, "help": help_, "start": help_}
     return [CommandHandler(name, _refused(fn)) for name, fn in table.items()]
 

@@ -5,7 +5,7 @@ a card and a plain answer are named, and how a handler finds the channel and its
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from telegram import Bot, LinkPreviewOptions, Message, Update, User
 from telegram.constants import ParseMode
@@ -32,6 +32,7 @@ class ChannelView(Protocol):
 
     settings: Settings
     answer_within: float
+    render_chart: Callable[[Any], bytes]  # /stats's PNG (chart.render)
 
     @property
     def desk(self) -> OperatorDesk: ...
