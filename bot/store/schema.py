@@ -276,7 +276,7 @@ _V_COUNTS = [
         INSERT INTO draft_counts (pipeline, status, n) VALUES (NEW.pipeline, NEW.status, 1)
         ON CONFLICT (pipeline, status) DO UPDATE SET n = n + 1; END""",
     # `pending`: the oldest drafts waiting for a person, without walking a year of
-    # finished ones in id order (the predicate is sql.PENDING_SQL, word for word).
+    # finished ones in id order (the predicate is sql_reads.PENDING_SQL, word for word).
     "CREATE INDEX drafts_pending ON drafts (id) WHERE status IN "
     "('ready', 'awaiting', 'approved', 'sending', 'send_failed', 'send_unknown', 'notified')",
 ]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
-from ..models import PENDING_STATUSES, Draft, Status, Vote, operator_id
+from ..models import Draft, Status, Vote, operator_id
 from ..redact import scrub
 from ..scoreboard import edit_size
 from .chain import Record
@@ -30,11 +30,11 @@ from .rows import (
     draft_detail,
     draft_from_row,
     example_row,
-    status_where,
     unsupported_count,
     unsupported_note,
 )
 from .sql_ops import SqlOps
+from .sql_reads import SqlReads
 from .sql_records import SqlRecords
 from .transitions import (
     APPROVE,
@@ -68,13 +68,12 @@ from .transitions import (
 from .vectors_sql import VectorSql
 
 #: The predicate of the drafts_pending partial index (its schema migration), word for word.
-PENDING_SQL = "status IN ({})".format(", ".join(f"'{s}'" for s in PENDING_STATUSES))
 
 def _one(*steps: Step, **kw: Any) -> Change:
     return Change(steps, **kw)
 
 
-class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql):
+class SqlStore(SqlOps, SqlReads, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql):
     """Durable state of draftgate (``bot.store.Store``): the shared half of
     :class:`SQLiteStore` and :class:`PostgresStore`. Open once at start, close at shutdown."""
 
@@ -424,80 +423,3 @@ class SqlStore(SqlOps, ContextSql, VectorSql, NotesSql, SqlRecords, FollowupSql)
             (draft_id,)),
             action="retry_send", actor=actor, at=t, before=draft_id,
             detail=lambda d, old: f"after {old['status']}: {old['error'] or ''}".rstrip(": ")))
-
-    # -- reading drafts --------------------------------------------------------------
-    async def get_draft(self, draft_id: int) -> Draft | None:
-        found = await self._select_drafts("id = ?", (draft_id,))
-        return found[0] if found else None
-
-    async def item_drafts(self, pipeline: str, item_id: str) -> list[Draft]:
-        """Every draft of ``item_id`` in ``pipeline`` (any scope or recipe), oldest first."""
-        return await self._select_drafts("pipeline = ? AND item_id = ?", (pipeline, item_id))
-
-    async def _by_status(self, statuses: Iterable[str], pipeline: str | None,
-                         tail: str = "ORDER BY id") -> list[Draft]:
-        return await self._select_drafts(*status_where(statuses, pipeline), tail)
-
-    async def pending(self, pipeline: str | None = None, limit: int | None = None) -> list[Draft]:
-        """Drafts in PENDING_STATUSES, oldest first (the oldest ``limit``, if given)."""
-        tail = "ORDER BY id" if limit is None else f"ORDER BY id LIMIT {int(limit)}"
-        if pipeline is not None:
-            return await self._by_status(PENDING_STATUSES, pipeline, tail)
-        # Written out (no parameters) so the planner sees the drafts_pending index's
-        # predicate in it and reads that index in id order.
-        return await self._select_drafts(PENDING_SQL, (), tail)
-
-    async def unposted(self, pipeline: str | None = None, limit: int = 100,
-                       now: float | None = None) -> list[Draft]:
-        """Drafts in ``ready`` (never posted, or re-drafted) and ``notified`` ones whose
-        FYI card was never posted, oldest first; not those whose post lease (see
-        ``finish_draft``) runs at ``now`` (the lease clock): their drafter posts them."""
-        clock, arg = self._db_clock(now)
-        where = ("(status = ? OR (status = ? AND approval_message_id IS NULL))"
-                 f" AND (lease_until IS NULL OR lease_until <= {clock})")
-        args: tuple = (Status.READY, Status.NOTIFIED, arg)
-        if pipeline is not None:
-            where, args = "pipeline = ? AND " + where, (pipeline, *args)
-        return await self._select_drafts(where, args, f"ORDER BY id LIMIT {int(limit)}")
-
-    async def approved(self, pipeline: str | None = None, now: float | None = None) -> list[Draft]:
-        """Drafts in ``approved`` (approved but the send was not begun); with ``now``,
-        only those due then (``send_after`` passed or none)."""
-        if now is None:
-            return await self._by_status((Status.APPROVED,), pipeline)
-        where, args = status_where((Status.APPROVED,), pipeline)
-        return await self._select_drafts(f"{where} AND (send_after IS NULL OR send_after <= ?)",
-                                         (*args, float(now)))
-
-    async def due_sends(self, now: float) -> list[Draft]:
-        """Approved drafts whose ``send_after`` has passed at ``now`` (deferred sends)."""
-        return await self._select_drafts(
-            "status = ? AND send_after IS NOT NULL AND send_after <= ?",
-            (Status.APPROVED, float(now)), "ORDER BY send_after, id LIMIT 200")
-
-    async def next_send_after(self, after: float) -> float | None:
-        """The earliest ``send_after`` later than ``after`` of an approved draft (None:
-        none waits)."""
-        rows = await self._query("SELECT MIN(send_after) FROM drafts WHERE status = ? "
-                                 "AND send_after > ?", (Status.APPROVED, float(after)))
-        return None if not rows or rows[0][0] is None else float(rows[0][0])
-
-    async def send_unknown(self, pipeline: str | None = None) -> list[Draft]:
-        return await self._by_status((Status.SEND_UNKNOWN,), pipeline)
-
-    async def waiting(self, pipeline: str | None = None, limit: int = 100) -> list[Draft]:
-        """Drafts not drafted yet (``queued`` or ``drafting``), oldest first."""
-        return await self._by_status((Status.QUEUED, Status.DRAFTING), pipeline,
-                                     f"ORDER BY id LIMIT {int(limit)}")
-
-    async def recent(self, pipeline: str, statuses: Iterable[str], limit: int = 10) -> list[Draft]:
-        """The newest ``limit`` drafts of ``pipeline`` in ``statuses``, newest first (what
-        ``status`` lists with item ids and reasons, for ``replay``)."""
-        wanted = tuple(dict.fromkeys(statuses))
-        if not wanted:
-            return []
-        return await self._by_status(wanted, pipeline, f"ORDER BY id DESC LIMIT {int(limit)}")
-
-    async def stale_cards(self, limit: int = 50) -> list[Draft]:
-        """Drafts whose card is marked stale, oldest id first."""
-        return await self._select_drafts("card_stale = 1", (), f"ORDER BY id LIMIT {int(limit)}")
