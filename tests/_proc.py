@@ -54,6 +54,25 @@ def telegram_maildir_config(tmp_path: Path, fake: Any, operator: int, chat: int,
     return cfg
 
 
+def gmail_every_second(tmp_path: Path, gmail: Any) -> Path:
+    """The fake-Gmail deployment of ``tests.fakes.gmail`` with its pipeline ticking every
+    second; returns the config path."""
+    from tests.fakes.gmail import write_deployment
+
+    cfg = Path(write_deployment(tmp_path, gmail))
+    pipe = tmp_path / "pipelines" / "support.yaml"
+    pipe.write_text(pipe.read_text().replace("schedule: 5m", "schedule: 1s"))
+    return cfg
+
+
+def rows_once_migrated(db: Path, sql: str) -> list[tuple]:
+    """:func:`sqlite_rows`, or no rows while the store is not created or migrated yet."""
+    try:
+        return sqlite_rows(db, sql)
+    except sqlite3.OperationalError:
+        return []
+
+
 def start_bot(cfg: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m bot run -c cfg`` with no stdin, output appended to ``log``."""
     with log.open("ab") as out:  # the child keeps its own copy of the descriptor
