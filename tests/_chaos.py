@@ -40,7 +40,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,8 +48,8 @@ from typing import Any, Callable
 
 from bot.approvals import cards
 from bot.models import sha256_text
-from tests.fakes.gmail import write_token_file
 from tests.fakes.telegram import FakeTelegram
+from tests.support.gmail_telegram import gmail_telegram_deployment
 
 from ._chaos_parts import (
     ChaosGmail,
@@ -237,10 +236,7 @@ class Soak:
     # -- set-up and tear-down ----------------------------------------------------------------
     def _deploy(self, store: str) -> Path:
         tmp = self.workdir
-        (tmp / "pipelines").mkdir()
-        write_token_file(tmp / "support-token.json", self.gmail)
-        (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
-        (tmp / "pipelines" / "support.yaml").write_text(textwrap.dedent("""\
+        return gmail_telegram_deployment(tmp, """\
             name: support
             schedule: 1s
             source: {type: gmail, account: support, query: "in:inbox"}
@@ -249,36 +245,9 @@ class Soak:
             sender: {type: gmail_reply, account: support}
             lease: 10s
             max_attempts: 3
-            """))
-        cfg = tmp / "draftgate.yaml"
-        cfg.write_text(textwrap.dedent(f"""\
-            store: {store}
-            pipelines: pipelines/*.yaml
-            telegram:
-              token_env: {TOKEN_ENV}
-              base_url: {self.tg.base_url}
-              base_file_url: {self.tg.base_file_url}
-              operators: [{ANNA}, {BOB}]
-              approvals_chat: {CHAT}
-              ops_chat: {OPS_CHAT}
-              poll_timeout: 2s
-            gmail:
-              accounts:
-                support:
-                  token_file: support-token.json
-                  api_endpoint: {self.gmail.url}
-                  address: {self.gmail.address}
-                  backoff: 0.01
-                  timeout: 10s
-            models:
-              local:
-                provider: openai
-                base_url: {self.llm.openai_url}
-                model: fake-model
-                timeout: 4s
-                retries: 0
-            """))
-        return cfg
+            """, store=store, tg=self.tg, gmail=self.gmail, llm=self.llm, token_env=TOKEN_ENV,
+            operators=[ANNA, BOB], chat=CHAT, ops_chat=OPS_CHAT, account={"timeout": "10s"},
+            model={"timeout": "4s"})
 
     def _start_host(self, i: int) -> None:
         log = self.cfg.parent / f"host{i + 1}.log"

@@ -3,7 +3,6 @@ server, with the real SQLite store and Engine (template drafter, console channel
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
@@ -57,30 +56,18 @@ class ImapWorld:
         self.engine = self.store = None
 
     async def open(self) -> "ImapWorld":
-        from bot.approvals.console import ConsoleChannel
-        from bot.config.load import load_settings
-        from bot.store import create_store
-        from tests.support.desk import started
+        from tests.support.desk import open_console_world
 
         os.environ[PASSWORD_ENV] = PASSWORD
-        self.settings = load_settings(self.config)
-        self.store = create_store(self.settings.store)
-        await self.store.open()
-        self.out = io.StringIO()
-        self.channel = ConsoleChannel(auto_approve=self.auto_approve, interactive=False,
-                                      out=self.out)
-        self.app = await started(self.settings, self.store, {"console": self.channel},
-                                 send_check_delay=0.0)
-        self.engine, self.desk = self.app.engine, self.app.desk
+        await open_console_world(self)
         return self
 
     async def close(self) -> None:
+        from tests.support.desk import close_console_world
+
         try:
-            if self.engine:
-                await self.engine.stop()
+            await close_console_world(self)
         finally:
-            if self.store:
-                await self.store.close()
             os.environ.pop(PASSWORD_ENV, None)
 
     async def tick(self):

@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -21,9 +20,10 @@ from typing import Any, Awaitable, Callable
 import asyncpg
 
 from bot.store.postgres import parse_pg_url
-from tests.fakes.gmail import FakeGmail, write_token_file
+from tests.fakes.gmail import FakeGmail
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
+from tests.support.gmail_telegram import gmail_telegram_deployment
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN_ENV = "DG_MULTIHOST_TELEGRAM_TOKEN"
@@ -71,10 +71,7 @@ def write_deployment(tmp: Path, *, store: str, gmail: FakeGmail, tg: FakeTelegra
     """draftgate.yaml and pipelines/support.yaml: Gmail in, openai-compatible model,
     Telegram approvals, Gmail reply out, ticking every second. ``max_in_flight``:
     drafts in flight per process (default: draftgate's)."""
-    (tmp / "pipelines").mkdir()
-    write_token_file(tmp / "support-token.json", gmail)
-    (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
-    (tmp / "pipelines" / "support.yaml").write_text(textwrap.dedent(f"""\
+    cfg = gmail_telegram_deployment(tmp, f"""\
         name: support
         schedule: 1s
         source: {{type: gmail, account: support, query: "in:inbox"}}
@@ -83,34 +80,8 @@ def write_deployment(tmp: Path, *, store: str, gmail: FakeGmail, tg: FakeTelegra
         sender: {{type: gmail_reply, account: support}}
         lease: {lease}
         max_attempts: 3
-        """))
-    cfg = tmp / "draftgate.yaml"
-    cfg.write_text(textwrap.dedent(f"""\
-        store: {store}
-        pipelines: pipelines/*.yaml
-        telegram:
-          token_env: {TOKEN_ENV}
-          base_url: {tg.base_url}
-          base_file_url: {tg.base_file_url}
-          operators: [{ANNA}]
-          approvals_chat: {CHAT}
-          ops_chat: {OPS_CHAT}
-          poll_timeout: 2s
-        gmail:
-          accounts:
-            support:
-              token_file: support-token.json
-              api_endpoint: {gmail.url}
-              address: {gmail.address}
-              backoff: 0.01
-        models:
-          local:
-            provider: openai
-            base_url: {llm.openai_url}
-            model: fake-model
-            timeout: {model_timeout}
-            retries: 0
-        """))
+        """, store=store, tg=tg, gmail=gmail, llm=llm, token_env=TOKEN_ENV, operators=[ANNA],
+        chat=CHAT, ops_chat=OPS_CHAT, model={"timeout": model_timeout})
     if max_in_flight is not None:
         cfg.write_text(cfg.read_text() + f"max_in_flight: {max_in_flight}\n")
     return cfg

@@ -6,7 +6,9 @@ import os
 import sqlite3
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,6 +20,57 @@ Date: Sun, 29 Nov 2026 10:02:00 +0000
 
 Hi, where is my order #1234? It was due Friday.
 """
+
+
+def telegram_maildir_config(tmp_path: Path, fake: Any, operator: int, chat: int, *,
+                            approval: str = "{channel: telegram}") -> Path:
+    """A deployment in ``tmp_path``: one maildir pipeline holding ``ORDER_EMAIL``, a
+    template drafter, ``approval`` on the Telegram channel of ``fake`` (token in
+    ``DG_CRASH_TELEGRAM_TOKEN``) and an outbox sender; returns the config path."""
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / "1.eml").write_bytes(ORDER_EMAIL)
+    (tmp_path / "reply.txt").write_text("Hi {first_name},\n\nthanks for writing about {subject}.\n")
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "support.yaml").write_text(textwrap.dedent(f"""\
+        name: support
+        schedule: 1h
+        source: {{type: maildir, path: inbox}}
+        drafter: {{model: template, prompt: reply.txt}}
+        approval: {approval}
+        sender: {{type: outbox, path: outbox, from: "Acme <support@acme.example>"}}
+        """))
+    cfg = tmp_path / "draftgate.yaml"
+    cfg.write_text(textwrap.dedent(f"""\
+        store: sqlite:///{tmp_path}/state.db
+        pipelines: pipelines/*.yaml
+        telegram:
+          token_env: DG_CRASH_TELEGRAM_TOKEN
+          base_url: {fake.base_url}
+          base_file_url: {fake.base_file_url}
+          operators: [{operator}]
+          approvals_chat: {chat}
+          poll_timeout: 2s
+        """))
+    return cfg
+
+
+def gmail_every_second(tmp_path: Path, gmail: Any) -> Path:
+    """The fake-Gmail deployment of ``tests.fakes.gmail`` with its pipeline ticking every
+    second; returns the config path."""
+    from tests.fakes.gmail import write_deployment
+
+    cfg = Path(write_deployment(tmp_path, gmail))
+    pipe = tmp_path / "pipelines" / "support.yaml"
+    pipe.write_text(pipe.read_text().replace("schedule: 5m", "schedule: 1s"))
+    return cfg
+
+
+def rows_once_migrated(db: Path, sql: str) -> list[tuple]:
+    """:func:`sqlite_rows`, or no rows while the store is not created or migrated yet."""
+    try:
+        return sqlite_rows(db, sql)
+    except sqlite3.OperationalError:
+        return []
 
 
 def start_bot(cfg: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -30,10 +30,11 @@ from bot.models import Draft, Message, draft_key
 from bot.senders import webhook
 from tests import _stage
 from tests._proc import ROOT, sqlite_rows
-from tests.fakes.gmail import FakeGmail, simple_message, write_token_file
+from tests.fakes.gmail import FakeGmail, simple_message
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.webhook import FakeWebhook
+from tests.support.gmail_telegram import gmail_telegram_deployment
 
 ANNA, STRANGER, CHAT, OPS = 42, 666, 1001, 1002
 TOKEN = "123456:SECRET-bot-token-AAAA"
@@ -59,46 +60,17 @@ def _leaks(text: str, extra: tuple[str, ...] = ()) -> list[str]:
 
 def _deployment(tmp: Path, tg: FakeTelegram, gmail: FakeGmail, llm: FakeLLM,
                 hook: FakeWebhook, *, expired: bool) -> Path:
-    (tmp / "pipelines").mkdir()
-    write_token_file(tmp / "support-token.json", gmail, expired=expired, token=ACCESS,
-                     refresh_token=REFRESH)
-    (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
-    (tmp / "pipelines" / "support.yaml").write_text(textwrap.dedent(f"""\
+    return gmail_telegram_deployment(tmp, f"""\
         name: support
         schedule: 1h
         source: {{type: gmail, account: support, query: "in:inbox", backfill: 5}}
         drafter: {{model: local, prompt: prompt.md}}
         approval: {{channel: telegram}}
         sender: {{type: webhook, url: "{hook.url}/hooks/draftgate", secret_env: DG_RD_HOOK}}
-        """))
-    cfg = tmp / "draftgate.yaml"
-    cfg.write_text(textwrap.dedent(f"""\
-        store: sqlite:///{tmp}/state.db
-        pipelines: pipelines/*.yaml
-        telegram:
-          token_env: DG_RD_TOKEN
-          base_url: {tg.base_url}
-          base_file_url: {tg.base_file_url}
-          operators: [{ANNA}]
-          approvals_chat: {CHAT}
-          ops_chat: {OPS}
-          poll_timeout: 2s
-        gmail:
-          accounts:
-            support:
-              token_file: support-token.json
-              api_endpoint: {gmail.url}
-              address: {gmail.address}
-              backoff: 0.01
-        models:
-          local:
-            provider: openai
-            base_url: {llm.openai_url}
-            model: fake-model
-            api_key_env: DG_RD_MODEL_KEY
-            retries: 0
-        """))
-    return cfg
+        """, store=f"sqlite:///{tmp}/state.db", tg=tg, gmail=gmail, llm=llm,
+        token_env="DG_RD_TOKEN", operators=[ANNA], chat=CHAT, ops_chat=OPS,
+        token={"expired": expired, "token": ACCESS, "refresh_token": REFRESH},
+        model={"api_key_env": "DG_RD_MODEL_KEY"})
 
 
 def _env() -> dict[str, str]:

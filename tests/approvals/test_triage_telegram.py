@@ -12,7 +12,6 @@ import pytest
 from bot.desk import reports as ops
 from bot.engine.build import build_drafter
 from tests.fakes.llm import FakeLLM
-from tests.fakes.telegram import FakeTelegram
 from tests.support.telegram_world import (
     ANNA,
     BO,
@@ -31,12 +30,6 @@ NOTIFY = json.dumps({"action": "notify", "reason": "An invoice <b>from</b> a sup
 @pytest.fixture
 def llm():
     with FakeLLM() as f:
-        yield f
-
-
-@pytest.fixture
-def fake():
-    with FakeTelegram() as f:
         yield f
 
 

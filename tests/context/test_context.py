@@ -21,7 +21,7 @@ from bot.cli.main import main
 from bot.mail.mime import parse_email
 from bot.models import used_line
 from tests.fakes.gmail import FakeGmail, write_token_file
-from tests.fakes.llm import FakeLLM, Request
+from tests.fakes.llm import Request
 from tests.support.context_world import (  # noqa: F401
     KNOWLEDGE,
     PROVIDERS,
@@ -34,8 +34,6 @@ from tests.support.desk import op
 HOSTILE = sorted((Path(__file__).parents[1] / "corpus_hostile").glob("*.eml"))
 
 
-
-
 def block(req: Request, label: str) -> str | None:
     """The text between the request's ``<<<LABEL code>>>`` and its END line, or None."""
     system, user = req.texts()
@@ -44,30 +42,6 @@ def block(req: Request, label: str) -> str | None:
     found = re.search(rf"^<<<{label} {m.group(1)}>>>\n(.*?)\n<<<END {label} {m.group(1)}>>>$",
                       user, re.S | re.M)
     return found.group(1) if found else None
-
-
-
-
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
-
-
-@pytest.fixture
-async def deployments(tmp_path):
-    made: list[Deployment] = []
-
-    async def make(*args, **kw) -> Deployment:
-        d = await Deployment(tmp_path, *args, **kw).open()
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        await d.close()
 
 
 # -- thread ---------------------------------------------------------------------------------
@@ -254,7 +228,6 @@ async def test_an_edited_reply_becomes_an_example_for_the_same_question_in_its_p
 
 
 # -- knowledge ---------------------------------------------------------------------------------
-
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

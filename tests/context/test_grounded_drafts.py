@@ -12,32 +12,11 @@ import json
 import pytest
 
 from bot.approvals.cards import render_card
-from tests.fakes.llm import FakeLLM
-from tests.support.context_world import KNOWLEDGE, PROVIDERS, Deployment, cli, eml
+from tests.support.context_world import KNOWLEDGE, PROVIDERS, cli, eml
 from tests.support.desk import op
 
 DRAFT = ("Hi Alice, your refund reaches you within 5 business days. As a thank-you we "
          "take €25 off your next order, and refunds are paid within 14 days.")
-
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
-
-
-@pytest.fixture
-async def deployments(tmp_path):
-    made: list[Deployment] = []
-
-    async def make(*args, **kw) -> Deployment:
-        made.append(await Deployment(tmp_path, *args, **kw).open())
-        return made[-1]
-
-    yield make
-    for d in made:
-        await d.close()
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -15,25 +15,6 @@ from tests.retrieval_corpus import CORPUS
 from tests.support.context_world import KNOWLEDGE, PROVIDERS, Deployment, cli, eml
 
 
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
-
-
-@pytest.fixture
-async def deployments(tmp_path):
-    made: list[Deployment] = []
-
-    async def make(*args, **kw) -> Deployment:
-        made.append(await Deployment(tmp_path, *args, **kw).open())
-        return made[-1]
-
-    yield make
-    for d in made:
-        await d.close()
-
-
 def _retrieval(w: Deployment) -> Retrieval:
     return w.engine.drafting.context.retrieval
 

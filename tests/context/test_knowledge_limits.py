@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from bot.cli.main import main
-from tests.fakes.llm import FakeLLM
 from tests.support.context_world import KNOWLEDGE, Deployment, cli, eml
 
 ZEBRA = "## Zebra crossing\n\nThe zebra code for the back door is ZEBRA-991.\n\n"
@@ -87,12 +86,6 @@ def test_the_default_limit_is_2_mb_and_a_bad_limit_is_explained(tmp_path, capsys
         (tmp_path / "pipelines" / "a.yaml").write_text(
             (tmp_path / "pipelines" / "a.yaml").read_text().replace(
                 f", knowledge_max_file: {bad}", ""))
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
 
 
 async def test_a_running_service_leaves_big_files_and_links_out_and_status_names_them(

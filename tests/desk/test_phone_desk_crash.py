@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests._proc import ORDER_EMAIL, reap, sqlite_rows, start_bot
+from tests._proc import reap, sqlite_rows, start_bot, telegram_maildir_config
 from tests.fakes.telegram import FakeTelegram
 
 pytestmark = pytest.mark.slow
@@ -22,31 +21,8 @@ ANNA, CHAT = 42, 1001
 
 
 def _config(tmp_path: Path, fake: FakeTelegram) -> Path:
-    (tmp_path / "inbox").mkdir()
-    (tmp_path / "inbox" / "1.eml").write_bytes(ORDER_EMAIL)
-    (tmp_path / "reply.txt").write_text("Hi {first_name},\n\nthanks for writing about {subject}.\n")
-    (tmp_path / "pipelines").mkdir()
-    (tmp_path / "pipelines" / "support.yaml").write_text(textwrap.dedent("""\
-        name: support
-        schedule: 1h
-        source: {type: maildir, path: inbox}
-        drafter: {model: template, prompt: reply.txt}
-        approval: {channel: telegram, undo: 4s}
-        sender: {type: outbox, path: outbox, from: "Acme <support@acme.example>"}
-        """))
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text(textwrap.dedent(f"""\
-        store: sqlite:///{tmp_path}/state.db
-        pipelines: pipelines/*.yaml
-        telegram:
-          token_env: DG_CRASH_TELEGRAM_TOKEN
-          base_url: {fake.base_url}
-          base_file_url: {fake.base_file_url}
-          operators: [{ANNA}]
-          approvals_chat: {CHAT}
-          poll_timeout: 2s
-        """))
-    return cfg
+    return telegram_maildir_config(tmp_path, fake, ANNA, CHAT,
+                                   approval="{channel: telegram, undo: 4s}")
 
 
 def test_sigkill_inside_the_undo_window_then_a_restart_sends_once_when_due(tmp_path):

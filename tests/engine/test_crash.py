@@ -19,7 +19,14 @@ import pytest
 from bot.config.load import load_settings
 from bot.models import TERMINAL_STATUSES
 from bot.store import create_store
-from tests._proc import ORDER_EMAIL, reap, sqlite_rows, start_bot
+from tests._proc import (
+    ORDER_EMAIL,
+    gmail_every_second,
+    reap,
+    rows_once_migrated,
+    sqlite_rows,
+    start_bot,
+)
 from tests.fakes.llm import FakeLLM
 from tests.support.desk import op, started
 
@@ -125,21 +132,15 @@ async def test_sigkill_during_a_gmail_send_is_checked_and_finished_within_30s(tm
     the reply in Sent and marks it sent within 30 s (not after a five-minute grace),
     without a second messages.send."""
     import asyncio
-    import sqlite3
 
-    from tests.fakes.gmail import FakeGmail, simple_message, write_deployment
+    from tests.fakes.gmail import FakeGmail, simple_message
 
     with FakeGmail() as gmail:
-        cfg = Path(write_deployment(tmp_path, gmail))
-        pipe = tmp_path / "pipelines" / "support.yaml"
-        pipe.write_text(pipe.read_text().replace("schedule: 5m", "schedule: 1s"))
+        cfg = gmail_every_second(tmp_path, gmail)
         log, db = tmp_path / "bot.log", tmp_path / "state.db"
 
         def rows(sql: str) -> list[tuple]:
-            try:
-                return sqlite_rows(db, sql)
-            except sqlite3.OperationalError:  # not created or migrated yet
-                return []
+            return rows_once_migrated(db, sql)
 
         first = _start(cfg, log)
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._proc import reap, sqlite_rows, start_bot
+from tests._proc import gmail_every_second, reap, rows_once_migrated, sqlite_rows, start_bot
 from tests.fakes.gmail import FakeGmail, simple_message, write_deployment
 
 pytestmark = pytest.mark.slow
@@ -60,23 +60,17 @@ def test_sigterm_during_a_send_leaves_it_send_unknown_and_tells_the_operator(tmp
     is send_unknown ('interrupted during send', so the next start checks it and never
     sends it blindly), the operator's card says so, and only one send was made."""
     import asyncio
-    import sqlite3
     import time
 
     from bot.config.load import load_settings
     from bot.store import create_store
 
     with FakeGmail() as gmail:
-        cfg = Path(write_deployment(tmp_path, gmail))
-        pipe = tmp_path / "pipelines" / "support.yaml"
-        pipe.write_text(pipe.read_text().replace("schedule: 5m", "schedule: 1s"))
+        cfg = gmail_every_second(tmp_path, gmail)
         log, db = tmp_path / "bot.log", tmp_path / "state.db"
 
         def rows(sql: str) -> list[tuple]:
-            try:
-                return sqlite_rows(db, sql)
-            except sqlite3.OperationalError:  # not created or migrated yet
-                return []
+            return rows_once_migrated(db, sql)
 
         def wait_for(cond, what: str, timeout: float = 60) -> None:
             deadline = time.monotonic() + timeout

@@ -882,30 +882,16 @@ class GmailWorld:
         self.store = None
 
     async def open(self) -> "GmailWorld":
-        import io
+        from tests.support.desk import open_console_world
 
-        from bot.approvals.console import ConsoleChannel
-        from bot.config.load import load_settings
-        from bot.store import create_store
-        from tests.support.desk import started
-
-        self.settings = load_settings(self.config)
-        self.store = create_store(self.settings.store)
-        await self.store.open()
-        self.out = io.StringIO()
-        self.channel = ConsoleChannel(auto_approve=self.auto_approve, interactive=False,
-                                      out=self.out)
-        self.app = await started(self.settings, self.store, {"console": self.channel},
-                                 send_check_delay=0.0)
-        self.engine, self.desk = self.app.engine, self.app.desk
+        await open_console_world(self)
         return self
 
     async def close(self) -> None:
+        from tests.support.desk import close_console_world
+
         try:
-            if self.engine:
-                await self.engine.stop()
-            if self.store:
-                await self.store.close()
+            await close_console_world(self)
         finally:
             self.fake.stop()
 

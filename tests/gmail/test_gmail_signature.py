@@ -14,17 +14,12 @@ from bot.errors import ConfigError
 from bot.store import create_store
 from tests.fakes.gmail import GmailWorld, simple_message
 from tests.fakes.llm import FakeLLM
+from tests.support.clock import Clock
 from tests.support.desk import started
 
 T0 = 1796396400.0
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture

@@ -208,31 +208,9 @@ def test_create_reports_bad_options(tmp_path, opts, expected):
 def _demo_replies(tmp_path: Path) -> dict[str, str]:
     """The demo deployment flowed once in ``tmp_path`` (its own store): In-Reply-To ->
     Message-ID of every reply written to the outbox."""
-    import asyncio
-    import io
-    import shutil
+    from tests.support.demo import demo_deployment, flow_demo
 
-    from bot.approvals.console import ConsoleChannel
-    from bot.config.load import load_settings
-    from bot.store import create_store
-    from tests.support.desk import started
-
-    root = Path(__file__).resolve().parents[2]
-    shutil.copytree(root / "demo", tmp_path / "demo")
-    (tmp_path / "pipelines").mkdir()
-    shutil.copy(root / "pipelines" / "demo.yaml", tmp_path / "pipelines" / "demo.yaml")
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text("store: sqlite:///state.db\npipelines: pipelines/*.yaml\n")
-
-    async def flow():
-        settings = load_settings(cfg)
-        async with create_store(settings.store) as store:
-            engine = (await started(settings, store, {"console": ConsoleChannel(
-                auto_approve=True, out=io.StringIO())})).engine
-            await engine.tick("demo")
-            await engine.stop()
-
-    asyncio.run(flow())
+    asyncio.run(flow_demo(demo_deployment(tmp_path)))
     replies = [_read(f) for f in (tmp_path / "var" / "demo" / "outbox").iterdir()]
     return {str(m["In-Reply-To"]): str(m["Message-ID"]) for m in replies}
 

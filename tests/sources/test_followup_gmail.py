@@ -13,17 +13,12 @@ from bot.approvals.console import ConsoleChannel
 from bot.config.load import load_settings
 from bot.store import create_store
 from tests.fakes.gmail import GmailWorld, simple_message
+from tests.support.clock import Clock
 from tests.support.desk import started
 
 T0 = 1796396400.0  # Fri 2026-12-04 15:00 UTC
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 async def _open(tmp_path):

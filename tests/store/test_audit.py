@@ -5,10 +5,8 @@ module, rows written before the chain existed, and /audit in Telegram."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import re
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 from bot.__main__ import main
 from bot.store import chain, create_store
 from bot.store.schema import MIGRATIONS
-from tests.support.desk import started
+from tests.support.demo import demo_deployment, flow_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = "<CAF1234.order-question@mail.customer.example>"
@@ -33,24 +31,8 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def flowed(tmp_path: Path) -> Path:
     """The demo deployment after a full flow: 8 mails admitted (3 skipped), 5 drafted by
     the template model, approved and sent through the outbox."""
-    from bot.approvals.console import ConsoleChannel
-    from bot.config.load import load_settings
-
-    shutil.copytree(ROOT / "demo", tmp_path / "demo")
-    (tmp_path / "pipelines").mkdir()
-    shutil.copy(ROOT / "pipelines" / "demo.yaml", tmp_path / "pipelines" / "demo.yaml")
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text("store: sqlite:///state.db\npipelines: pipelines/*.yaml\n")
-
-    async def flow():
-        settings = load_settings(cfg)
-        async with create_store(settings.store) as store:
-            engine = (await started(settings, store, {"console": ConsoleChannel(
-                auto_approve=True, out=io.StringIO())})).engine
-            await engine.tick("demo")
-            await engine.stop()
-
-    asyncio.run(flow())
+    cfg = demo_deployment(tmp_path)
+    asyncio.run(flow_demo(cfg))
     return cfg
 
 
@@ -497,20 +479,8 @@ def test_the_canonical_row_is_the_json_array_the_readme_describes():
 @pytest.fixture
 async def pg_flowed(pg_url, tmp_path):
     """The demo flow of ``flowed`` on a PostgreSQL store."""
-    from bot.approvals.console import ConsoleChannel
-    from bot.config.load import load_settings
-
-    shutil.copytree(ROOT / "demo", tmp_path / "demo")
-    (tmp_path / "pipelines").mkdir()
-    shutil.copy(ROOT / "pipelines" / "demo.yaml", tmp_path / "pipelines" / "demo.yaml")
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text(f"store: {pg_url}\npipelines: pipelines/*.yaml\n")
-    settings = load_settings(cfg)
-    async with create_store(settings.store) as store:
-        engine = (await started(settings, store, {"console": ConsoleChannel(
-            auto_approve=True, out=io.StringIO())})).engine
-        await engine.tick("demo")
-        await engine.stop()
+    cfg = demo_deployment(tmp_path, pg_url)
+    await flow_demo(cfg)
     return cfg
 
 

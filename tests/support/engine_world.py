@@ -10,17 +10,15 @@ from bot.engine.engine import Engine
 from bot.stages import PostedRef
 from bot.store import create_store
 from tests.fakes.llm import FakeLLM
+from tests.support.clock import Clock as ManualClock
 from tests.support.desk import started
 
 T0 = 1_764_410_400.0  # 2025-11-29T10:00:00Z, on the hour
 
 
-class Clock:
-    def __init__(self, t: float = T0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+class Clock(ManualClock):
+    def __init__(self, t: float = T0) -> None:
+        super().__init__(t)
 
 
 class Cards(DeskChannel):

@@ -4,7 +4,6 @@ SQLite store and Engine (template drafter, console channel)."""
 
 from __future__ import annotations
 
-import io
 import io as _io
 from pathlib import Path
 
@@ -75,31 +74,17 @@ class MicrosoftWorld:
     async def open(self, sign: bool = True) -> "MicrosoftWorld":
         import asyncio
 
-        from bot.approvals.console import ConsoleChannel
-        from bot.config.load import load_settings
-        from bot.store import create_store
-        from tests.support.desk import started
+        from tests.support.desk import open_console_world
 
         if sign:
             await asyncio.to_thread(sign_in, self.fake, self.config)
-        self.settings = load_settings(self.config)
-        self.store = create_store(self.settings.store)
-        await self.store.open()
-        self.out = io.StringIO()
-        self.channel = ConsoleChannel(auto_approve=self.auto_approve, interactive=False,
-                                      out=self.out)
-        self.app = await started(self.settings, self.store, {"console": self.channel},
-                                 send_check_delay=0.0)
-        self.engine, self.desk = self.app.engine, self.app.desk
+        await open_console_world(self)
         return self
 
     async def close(self) -> None:
-        try:
-            if self.engine:
-                await self.engine.stop()
-        finally:
-            if self.store:
-                await self.store.close()
+        from tests.support.desk import close_console_world
+
+        await close_console_world(self)
 
     async def tick(self):
         return await self.engine.tick("office")
