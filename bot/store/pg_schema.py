@@ -401,15 +401,6 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
     ),
     (
         14,
-        "unguessable reply Message-IDs (issue 22): see schema.py _V_REPLY_NONCE",
-        """
-        ALTER TABLE drafts ADD COLUMN reply_nonce TEXT;
-        UPDATE drafts SET reply_nonce = ''
-            WHERE status IN ('sending', 'send_unknown', 'send_failed');
-        """,
-    ),
-    (
-        15,
         "the scoreboard (issue 25): see schema.py _V_QUALITY",
         """
         ALTER TABLE drafts ADD COLUMN edits INTEGER NOT NULL DEFAULT 0;
@@ -428,6 +419,15 @@ MIGRATIONS: list[tuple[int, str, Any]] = [
             AND audit.action = 'edit'), regenerations = (SELECT COUNT(*) FROM audit
             WHERE audit.draft_key = drafts.key AND audit.action = 'regenerate')
             WHERE decided_at IS NOT NULL;
+        """,
+    ),
+    (
+        15,
+        "unguessable reply Message-IDs (issue 22): see schema.py _V_REPLY_NONCE",
+        """
+        ALTER TABLE drafts ADD COLUMN reply_nonce TEXT;
+        UPDATE drafts SET reply_nonce = ''
+            WHERE status IN ('sending', 'send_unknown', 'send_failed');
         """,
     ),
 ]

@@ -406,8 +406,8 @@ _V_QUALITY = [
 #: migration).
 MIGRATIONS: list[list] = [_V1, _V2, _V_DESK, _V_TRIAGE, _V_CONTEXT, _V_CHAIN, _V_COUNTS,
                         _V_PROMPTS, _V_VECTORS, _V_SEND_AFTER,
-                        _V_ATTACHED, _V_EMBED_PROGRESS, _V_STYLE_NOTES, _V_REPLY_NONCE,
-                        _V_QUALITY]
+                        _V_ATTACHED, _V_EMBED_PROGRESS, _V_STYLE_NOTES, _V_QUALITY,
+                        _V_REPLY_NONCE]
 
 #: The schema version this code writes and understands.
 LATEST = len(MIGRATIONS)
