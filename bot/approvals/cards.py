@@ -41,9 +41,12 @@ ATTACH_PICKS = ("qa", "qb", "qc", "qd", "qe", "qf")  # the first to sixth file s
 ATTACH_PAGE = len(ATTACH_PICKS)
 LATER_CHOICES = {"lh": "hour", "lm": "tomorrow", "lw": "monday"}  # scheduler.later's names
 CONFIRM = "ac"  # Send anyway: on the question an Approve asks under grounding: confirm
+# Send anyway on the question a 🕘 Later choice asks: the data carries the choice, so the
+# confirmed approval keeps its send time (the question is a message apart from the card).
+CONFIRM_LATER = {"ah": "hour", "am": "tomorrow", "aw": "monday"}
 ACTIONS = (APPROVE, EDIT, REGENERATE, REJECT, RETRY, FULL_TEXT, REPLAY, DRAFT_REPLY, DISMISS,
-           CHECK_SEND, MARK_SENT, CONFIRM, UNDO, LATER, LATER_BACK, *LATER_CHOICES, FILES, ATTACH,
-           ATTACH_NEXT, ATTACH_BACK, *ATTACH_PICKS)
+           CHECK_SEND, MARK_SENT, CONFIRM, *CONFIRM_LATER, UNDO, LATER, LATER_BACK, *LATER_CHOICES,
+           FILES, ATTACH, ATTACH_NEXT, ATTACH_BACK, *ATTACH_PICKS)
 #: A send that waits longer than this after its approval is a scheduled one (🕘 Later,
 #: the sending hours): its card names the time; a shorter wait is the undo window.
 UNDO_WINDOW_MAX = 600.0
@@ -251,6 +254,12 @@ def attach_buttons(draft: Draft, names: list[str], page: int) -> list[list[Butto
     return rows + [last]
 
 
+def later_of(action: str) -> str | None:
+    """The 🕘 Later choice (``hour``...) a tap approves with: one on the card, or Send
+    anyway on the question it asked; None: an Approve without one."""
+    return LATER_CHOICES.get(action) or CONFIRM_LATER.get(action)
+
+
 def later_buttons(draft: Draft) -> list[list[Button]]:
     """The choices 🕘 Later opens on the card: each approves with that send time."""
     return [[(scheduler.LATER[name], callback_data(action, draft.id, draft.version))
@@ -390,15 +399,18 @@ def unknown_send_buttons(draft: Draft) -> list[list[Button]]:
             [("⚠️ Send again (may duplicate)", callback_data(RETRY, draft.id, draft.version))]]
 
 
-def confirm_question(draft: Draft, claims: list[str]) -> Card:
+def confirm_question(draft: Draft, claims: list[str], later: str | None = None) -> Card:
     """What Approve asks under ``grounding: confirm`` when the version makes claims its
     sources do not support: the claims (escaped, cut) and one button, Send anyway,
-    for this version only (a tap on it after an edit is refused as an old version)."""
+    for this version only (a tap on it after an edit is refused as an old version).
+    ``later``: the 🕘 Later choice that asked, which its button carries."""
     listed = clip(" · ".join(claims), _FIELD["used"])[0]
+    when = f" (🕘 {scheduler.LATER[later]})" if later else ""
     text = (f"⚠️ {tag(draft)} says what its sources do not support: {listed}\n"
-            "Send anyway? Nothing counts until you tap ⚠️ Send anyway; Edit on the card "
+            f"Send anyway?{when} Nothing counts until you tap ⚠️ Send anyway; Edit on the card "
             "changes the text instead.")
-    return Card(text, [[("⚠️ Send anyway", callback_data(CONFIRM, draft.id, draft.version))]])
+    action = CONFIRM if later is None else {v: k for k, v in CONFIRM_LATER.items()}[later]
+    return Card(text, [[(f"⚠️ Send anyway{when}", callback_data(action, draft.id, draft.version))]])
 
 
 def notice_button(draft: Draft) -> Button | None:

@@ -179,3 +179,40 @@ async def test_the_console_review_asks_send_anyway(worlds, fake, monkeypatch, su
     assert status == ("awaiting" if sure == "n" else "sent")
     approvals = [a for a in await w.store.audit_log(d.key) if a.action == "approve"]
     assert [a.detail for a in approvals] == (["v1; sent anyway: €25 · 14 days"] if sure == "y" else [])
+
+
+FRI_1500, MON_0900 = 1796396400.0, 1796634000.0  # Fri 2026-12-04 15:00 UTC, the next Monday 09:00
+
+
+@pytest.mark.parametrize("quorum", [1, 2])
+async def test_send_anyway_after_later_approves_for_the_chosen_time(worlds, fake, quorum):
+    """🕘 Later → Monday 09:00 on a card that asks Send anyway?: the question's button
+    carries the choice, so its tap approves for Monday 09:00 (the deciding vote of a
+    quorum likewise), and nothing is sent before then."""
+    from tests.support.clock import Clock
+
+    w = await worlds("confirm", quorum=quorum)
+    w.now = clock = Clock(FRI_1500)
+    d = await w.deliver(1)
+    if quorum == 2:  # Anna's vote first (confirmed), so Bo's Later is the deciding one
+        await w.tap(d, "ap")
+        assert (await _tap_message(w, _question(fake, d), f"ac:{d.id}:1")).startswith(
+            "✅ Your approval counts (1/2)")
+    assert await w.tap(d, "lt", user=BO, first_name="Bo") == "🕘 When should it be sent?"
+    assert (await w.tap(d, "lw", user=BO, first_name="Bo")).startswith("⚠️ Not approved yet")
+    q = _question(fake, d)
+    [data] = _buttons(q.reply_markup)
+    assert "(🕘 Monday 09:00)" in q.text and len(data.encode()) <= 64
+    assert await _tap_message(w, q, data, BO, "Bo") == \
+        "✅ Approved. 🕘 Sends Mon 09:00 · ↩️ Cancel on the card stops it."
+    approved = await w.draft(d)
+    assert approved.status == "approved" and approved.send_after == MON_0900
+    for t in (FRI_1500 + 3600, MON_0900 - 1):  # the due-time loop passes: nothing goes
+        clock.t = t
+        ticket = w.engine.sends.wake()
+        await fake.await_for(lambda ticket=ticket: w.engine.sends.due_served >= ticket, 30)
+    assert w.sender.sent == [] and (await w.draft(d)).status == "approved"
+    clock.t = MON_0900
+    w.engine.sends.wake()
+    await fake.await_for(lambda: w.sender.sent, 30)
+    assert w.sender.sent == [(d.id, 1, CLAIMS)]

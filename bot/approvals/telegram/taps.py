@@ -143,7 +143,7 @@ async def _tap(ch: ChannelView, query: Any, decide: Decide) -> str:
 
 #: Actions whose button is on a message of ours other than the card: an ops notice's
 #: Retry send and Replay, the question an Approve asks under grounding: confirm.
-_ON_NOTICES = (cards.RETRY, cards.REPLAY, cards.CONFIRM)
+_ON_NOTICES = (cards.RETRY, cards.REPLAY, cards.CONFIRM, *cards.CONFIRM_LATER)
 
 
 def _ours(query: Any, cb: cards.Callback) -> bool:
@@ -188,14 +188,14 @@ async def _approve(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft
     version's claims are not in its sources (``grounding: confirm``)."""
     if draft.status != Status.AWAITING:
         return already(draft)
-    confirmed = cb.action == cards.CONFIRM
+    confirmed = cb.action in (cards.CONFIRM, *cards.CONFIRM_LATER)
+    # A 🕘 Later choice is an approval with its send time; so is Send anyway after one.
+    later = cards.later_of(cb.action)
     try:  # the draft read to check the tap goes with it: the decision does not read it again
-        # A 🕘 Later choice is an approval with its send time.
         after = await ch.desk.approve(actor(query.from_user), draft.id, cb.version, draft,
-                                      later=cards.LATER_CHOICES.get(cb.action),
-                                      confirmed=confirmed)
+                                      later=later, confirmed=confirmed)
     except NeedsConfirmation as exc:
-        await _ask_confirmation(ch, query, draft, chat_id, exc.claims)
+        await _ask_confirmation(ch, query, draft, chat_id, exc.claims, later)
         return "⚠️ Not approved yet: some claims are not in the sources. Send anyway? " \
                "See the question under the card."
     if confirmed and query.message is not None:  # the question is answered: its button goes
@@ -216,9 +216,10 @@ async def _approve(ch: ChannelView, query: Any, cb: cards.Callback, draft: Draft
 
 
 async def _ask_confirmation(ch: ChannelView, query: Any, draft: Draft, chat_id: int,
-                            claims: list[str]) -> None:
-    """The question, as a reply to the tapped card, with its one button."""
-    question = cards.confirm_question(draft, claims)
+                            claims: list[str], later: str | None) -> None:
+    """The question, as a reply to the tapped card, with its one button (which carries
+    the 🕘 Later choice ``later`` that asked, if one did)."""
+    question = cards.confirm_question(draft, claims, later)
     label, data = question.buttons[0][0]
     message = query.message
     await ch.bot.send_message(
@@ -397,7 +398,8 @@ async def _full_text(ch: ChannelView, query: Any, cb: cards.Callback, draft: Dra
 
 
 _FAMILIES: list[tuple[tuple[str, ...], Decide]] = [
-    ((cards.APPROVE, cards.CONFIRM), _approve), ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
+    ((cards.APPROVE, cards.CONFIRM, *cards.CONFIRM_LATER), _approve),
+    ((cards.EDIT, cards.REGENERATE, cards.REJECT), _prompt),
     ((cards.RETRY,), _retry), ((cards.REPLAY,), _replay), ((cards.FULL_TEXT,), _full_text),
     ((cards.DRAFT_REPLY, cards.DISMISS), _fyi), ((cards.CHECK_SEND, cards.MARK_SENT), _unknown_send),
     ((cards.UNDO,), _undo), ((cards.LATER, cards.LATER_BACK, *cards.LATER_CHOICES), _later),
