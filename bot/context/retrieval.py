@@ -47,7 +47,10 @@ CANDIDATES = 12
 #: its cosine similarity to the email plus LEXICAL_BONUS * its coverage / (1 + its rank
 #: among the full-text matches). It is given when the score reaches FLOOR and lies within
 #: MARGIN of the best score: an unrelated text is not given just because it ranks
-#: first among unrelated ones, nor because slots are left.
+#: first among unrelated ones, nor because slots are left. Measured worse with the
+#: bundled model, so not used: token-level late interaction (each query token's best
+#: cosine to the passage's tokens, IDF-weighted) as a reranker, the best of a passage's
+#: sentence vectors, reciprocal rank fusion; the bonus by rank alone (before coverage).
 LEXICAL_BONUS, FLOOR, MARGIN = 0.10, 0.15, 0.08
 #: The similarity assumed for a full-text match that has no vector yet (its words decide).
 UNEMBEDDED = 0.25
