@@ -1,8 +1,9 @@
 """Hybrid retrieval (issue 24, ``drafter.retrieval: hybrid``): knowledge passages and
 team-memory examples found by their words (the store's full-text search, as with
 ``lexical``) and by their meaning (cosine similarity of embeddings), fused by
-:func:`fuse` (similarity plus a bonus for the full-text rank), with a floor and a
-margin to the best so an unrelated text is not given just because it ranks first
+:func:`fuse` (similarity plus a bonus for the full-text rank, in proportion to the
+share of the email's rarer words the text contains: :func:`coverage`), with a floor
+and a margin to the best so an unrelated text is not given just because it ranks first
 among unrelated ones.
 
 * Vectors live in the store beside the texts (:mod:`bot.store.vectors_sql`), keyed by
@@ -23,9 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
+import math
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -39,10 +44,13 @@ log = logging.getLogger("draftgate.retrieval")
 #: Lexical candidates taken for fusion, per search.
 CANDIDATES = 12
 #: Fusion (measured with scripts/eval_retrieval, see :func:`fuse`): a text's score is
-#: its cosine similarity to the email plus LEXICAL_BONUS / (1 + its rank among the
-#: full-text matches). It is given when the score reaches FLOOR and lies within
+#: its cosine similarity to the email plus LEXICAL_BONUS * its coverage / (1 + its rank
+#: among the full-text matches). It is given when the score reaches FLOOR and lies within
 #: MARGIN of the best score: an unrelated text is not given just because it ranks
-#: first among unrelated ones, nor because slots are left.
+#: first among unrelated ones, nor because slots are left. Measured worse with the
+#: bundled model, so not used: token-level late interaction (each query token's best
+#: cosine to the passage's tokens, IDF-weighted) as a reranker, the best of a passage's
+#: sentence vectors, reciprocal rank fusion; the bonus by rank alone (before coverage).
 LEXICAL_BONUS, FLOOR, MARGIN = 0.10, 0.15, 0.08
 #: The similarity assumed for a full-text match that has no vector yet (its words decide).
 UNEMBEDDED = 0.25
@@ -51,6 +59,7 @@ UNEMBEDDED = 0.25
 EXAMPLES_TTL = 30.0
 BATCH = 64  # texts per embedding call in the background
 QUERIES_KEPT = 64  # query vectors remembered (a draft's searches share its query's)
+_WORD = re.compile(r"\w+")
 
 
 def sha(text: str) -> str:
@@ -61,8 +70,34 @@ def passage_text(p: Passage) -> str:
     return f"{p.heading}\n{p.text}" if p.heading else p.text
 
 
+@functools.lru_cache(maxsize=1024)  # the same passages compete for many emails
+def words(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text.lower()))
+
+
+def coverage(query: str, texts: list[str], pool: list[str]) -> list[float]:
+    """The share of ``query``'s words, each weighted by its inverse document frequency
+    among the ``pool`` of texts that compete for it (the full-text matches and the
+    nearest by meaning), that each of ``texts`` (of the pool) contains. A full-text
+    match on a word that the competing texts share (a product's name, "order") earns
+    little of the lexical bonus, one on the email's rarer words all of it: the
+    full-text rank alone says neither."""
+    have = {t: words(t) for t in pool}
+    df = Counter(w for t in have.values() for w in t)
+    idf = {w: math.log((len(have) + 1) / (df[w] + 0.5)) for w in words(query)}
+    weights = {w: v for w, v in idf.items() if v > 0}
+    total = sum(weights.values())
+    if not total:
+        return [0.0] * len(texts)
+    return [sum(v for w, v in weights.items() if w in have[t]) / total for t in texts]
+
+
 def _passage_key(p: Passage) -> tuple:
     return (p.path, p.heading, p.text)
+
+
+def _text(x: Passage | Example) -> str:
+    return passage_text(x) if isinstance(x, Passage) else x.original
 
 
 def _example_key(e: Example) -> tuple:
@@ -84,13 +119,15 @@ class _Index:
 
 
 def fuse(lexical_sims: list[float | None], sims: dict[Any, float], lexical: list[Any],
-         limit: int) -> list[Any]:
+         limit: int, covered: list[float] | None = None) -> list[Any]:
     """The keys to give, best first: ``lexical`` are the full-text matches' keys in rank
-    order (``lexical_sims`` their similarities, None: not embedded yet), ``sims`` the
-    similarity of the best embedded texts by key."""
+    order (``lexical_sims`` their similarities, None: not embedded yet; ``covered``
+    their :func:`coverage`, None: all of the email's words), ``sims`` the similarity of
+    the best embedded texts by key."""
     scores = dict(sims)
-    for rank, (k, s) in enumerate(zip(lexical, lexical_sims, strict=True)):
-        scores[k] = (UNEMBEDDED if s is None else s) + LEXICAL_BONUS / (1 + rank)
+    covered = [1.0] * len(lexical) if covered is None else covered
+    for rank, (k, s, c) in enumerate(zip(lexical, lexical_sims, covered, strict=True)):
+        scores[k] = (UNEMBEDDED if s is None else s) + LEXICAL_BONUS * c / (1 + rank)
     if not scores:
         return []
     best = max(scores.values())
@@ -190,8 +227,10 @@ class Retrieval:
                 top[key(item)] = float(scores[r])
                 found.setdefault(key(item), item)
         rows = [index.row_of.get(index.position.get(key(x), -1)) for x in lexical]
+        covered = coverage(query, [_text(x) for x in lexical],
+                           [_text(x) for x in found.values()])
         ranked = fuse([None if r is None else float(scores[r]) for r in rows], top,
-                      [key(x) for x in lexical], limit)
+                      [key(x) for x in lexical], limit, covered)
         return [found[k] for k in ranked]
 
     async def _scores(self, emb: Any, index: _Index, query: str) -> Any:

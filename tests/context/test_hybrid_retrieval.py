@@ -139,3 +139,23 @@ def test_fusion_gives_nothing_unrelated_just_because_it_ranks_first():
     assert fuse([], strong, [], 3) == ["answer", "near"]
     assert fuse([None], {}, ["new passage"], 3) == ["new passage"]
     assert fuse([0.3, 0.05], {"x": 0.35, "lex": 0.3}, ["lex", "unrelated words"], 3)[0] == "lex"
+
+
+def test_a_full_text_match_on_words_its_rivals_share_earns_little_of_the_bonus():
+    """The lexical bonus of the fusion goes with the share of the email's rarer words a
+    match contains (bot.context.retrieval.coverage), not with its full-text rank alone:
+    a match on a word every competing text has (a product's name) does not outrank the
+    one that has the words only it shares with the email."""
+    from bot.context.retrieval import coverage, fuse
+
+    pool = ["Rain jacket: a light jacket with a hood.", "Fleece jacket, warm and soft.",
+            "Returns: send an item back within 30 days for a refund.",
+            "Down jacket for cold mornings."]
+    email = "Can I send the jacket back?"
+    covered = coverage(email, pool, pool)
+    assert covered[2] > max(covered[0], covered[1], covered[3])
+    # Full-text search ranked the rain jacket first; both are as near by meaning.
+    ranked = fuse([0.3, 0.3], {}, ["rain jacket", "returns"], 1, [covered[0], covered[2]])
+    assert ranked == ["returns"]
+    assert fuse([0.3, 0.3], {}, ["rain jacket", "returns"], 1) == ["rain jacket"]
+    assert coverage("?!", ["the end"], ["the end", "the start"]) == [0.0]  # no words
