@@ -77,8 +77,8 @@ def parse_accounts(ck: Checker, raw: Any, path: str = "imap") -> mailbox.Account
 
 def _unknown(ck: Checker, data: dict, known: tuple[str, ...], path: str) -> None:
     mailbox.unknown_keys(ck, data, known, path, ("password", "pass"),
-                 "a password does not belong in YAML; set password_env to the name of an "
-                 "environment variable that holds it")
+                         "a password does not belong in YAML; set password_env to the name "
+                         "of an environment variable that holds it")
 
 
 def _security(ck: Checker, data: dict, path: str, allow_plain: bool) -> str:

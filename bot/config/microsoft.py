@@ -65,9 +65,9 @@ def parse_accounts(ck: Checker, raw: Any, path: str = "microsoft") -> mailbox.Ac
 
 def _unknown(ck: Checker, data: dict, path: str) -> None:
     mailbox.unknown_keys(ck, data, _ACCOUNT_KEYS, path, ("client_secret", "password", "secret"),
-                 "secrets do not belong in YAML; draftgate uses the device-code flow of a "
-                 "public client: register the app with 'Allow public client flows' (README) "
-                 "and run `draftgate auth microsoft`")
+                         "secrets do not belong in YAML; draftgate uses the device-code flow "
+                         "of a public client: register the app with 'Allow public client "
+                         "flows' (README) and run `draftgate auth microsoft`")
 
 
 def _url(ck: Checker, acc: dict, key: str, path: str, default: str, https: bool) -> str:
