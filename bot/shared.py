@@ -4,7 +4,7 @@ Microsoft Graph clients are pooled this way (``bot.imap.pool``, ``bot.microsoft.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Hashable, TypeVar
+from typing import Any, Awaitable, Callable, Generic, Hashable, TypeVar
 
 C = TypeVar("C")
 
@@ -34,3 +34,23 @@ class Shared(Generic[C]):
                     return False
                 del self._clients[key]
         return True
+
+
+class Lease(Generic[C]):
+    """One user's hold on a shared client (a source's, a sender's): taken at first use
+    with ``acquire``, handed back by :meth:`close` with ``release``."""
+
+    def __init__(self, acquire: Callable[[], C], release: Callable[[C], Awaitable[None]]) -> None:
+        self._acquire, self._release = acquire, release
+        self._client: C | None = None
+
+    @property
+    def client(self) -> C:
+        if self._client is None:
+            self._client = self._acquire()
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await self._release(client)

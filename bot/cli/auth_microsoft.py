@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import AuthError, ConfigError
+from ..gmail.auth import fail, report_grant
 
 
 def add_cli(kinds, parents=()) -> None:
@@ -38,31 +39,22 @@ def run_cli(args, out=None) -> int:
     try:
         settings = load_settings(config)
     except ConfigError as exc:
-        return _fail(f"error: {exc}")
+        return fail(f"error: {exc}")
     account = settings.microsoft_accounts.get(args.account)
     if account is None:
-        return _fail(f"error: {config}: microsoft.accounts: no account {args.account!r}; known: "
-                     f"{', '.join(sorted(settings.microsoft_accounts)) or 'none'}")
+        return fail(f"error: {config}: microsoft.accounts: no account {args.account!r}; known: "
+                    f"{', '.join(sorted(settings.microsoft_accounts)) or 'none'}")
     token = args.token or str(settings.resolve(account.token_file))
     scopes = required_scopes(settings, args.account)
     print("Requesting scopes: " + ", ".join([*scopes, "offline_access"]), file=out)
     try:
         granted = device_flow(account, token, scopes, out)
     except AuthError as exc:
-        return _fail(f"error: {exc}", 1)
+        return fail(f"error: {exc}", 1)
     except (ValueError, OSError) as exc:  # MSAL: the authority unreachable or refused
         from .. import redact
 
-        return _fail(f"error: the sign-in service at {account.authority} could not be used: "
-                     f"{redact.scrub(str(exc))[:300]}", 1)
-    print(f"Token written to {token} (mode 0600).", file=out)
-    missing = missing_scopes(granted, scopes)
-    if missing:
-        return _fail("error: access was granted without " + ", ".join(missing) + "; ask an "
-                     "administrator to consent, or run this command again", 1)
-    return 0
-
-
-def _fail(message: str, code: int = 2) -> int:
-    print(message, file=sys.stderr)
-    return code
+        return fail(f"error: the sign-in service at {account.authority} could not be used: "
+                    f"{redact.scrub(str(exc))[:300]}", 1)
+    return report_grant(token, missing_scopes(granted, scopes), out,
+                        "ask an administrator to consent, or run this command again")

@@ -130,11 +130,16 @@ def _start(text: str) -> str:
     return line if len(line) <= 100 else line[:99] + "…"
 
 
-async def _memory_forget(args) -> int:
+def _item_desk(args):
+    """The operator desk, for a command on one item (``args.pipeline`` and
+    ``args.item_id``, checked first)."""
     text_argument("pipeline", args.pipeline)
     text_argument("item_id", args.item_id)
-    settings = load(args.config)
-    async with open_desk(settings) as desk:
+    return open_desk(load(args.config))
+
+
+async def _memory_forget(args) -> int:
+    async with _item_desk(args) as desk:
         n = await desk.forget_example(CONSOLE, args.pipeline, args.item_id)
     print(say(f"{args.pipeline} {args.item_id}: " + (
         "example removed; later drafts no longer see it" if n else
@@ -249,10 +254,7 @@ async def _pending(args) -> int:
 
 
 async def _replay(args) -> int:
-    text_argument("pipeline", args.pipeline)
-    text_argument("item_id", args.item_id)
-    settings = load(args.config)
-    async with open_desk(settings) as desk:
+    async with _item_desk(args) as desk:
         result = await desk.replay(CONSOLE, args.pipeline, args.item_id)
         print(ops.format_replay(args.pipeline, args.item_id, result))
         return 0 if result.outcome in ("requeued", "unseen") else 1

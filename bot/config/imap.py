@@ -25,8 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .checker import Checker, closest, parse_duration
-from .mailbox import known_account, source_fields
+from . import mailbox
+from .checker import Checker, parse_duration
+
+_PROVIDER = ("IMAP", "imap")
 
 SECURITY = ("tls", "starttls", "plain")
 _IMAP_PORTS = {"tls": 993, "starttls": 143, "plain": 143}
@@ -63,41 +65,20 @@ class ImapAccount:
     address: str = ""  # the From of replies; default the username when it is an address
 
 
-class Accounts(dict):
-    """The valid accounts by name, and ``names``: every account written (valid or not)."""
-
-    names: set[str] = set()
-
-
 _ACCOUNT_KEYS = tuple(f.name for f in fields(ImapAccount) if f.name != "name")
 _SMTP_KEYS = tuple(f.name for f in fields(SmtpServer))
 
 
-def parse_accounts(ck: Checker, raw: Any, path: str = "imap"
-                   ) -> tuple[dict[str, ImapAccount], set[str]]:
-    """``imap:`` -> (account name -> :class:`ImapAccount` for the valid ones, every
-    name written); each problem recorded in ``ck``."""
-    section = ck.mapping(raw, path)
-    ck.unknown(section, {"accounts"}, path)
-    out: dict[str, ImapAccount] = {}
-    accounts = ck.mapping(section.get("accounts"), f"{path}.accounts")
-    for name, acc in accounts.items():
-        parsed = _account(ck, str(name), ck.mapping(acc, f"{path}.accounts.{name}"),
-                          f"{path}.accounts.{name}")
-        if parsed is not None:
-            out[str(name)] = parsed
-    return out, {str(n) for n in accounts}
+def parse_accounts(ck: Checker, raw: Any, path: str = "imap") -> mailbox.Accounts:
+    """``imap:`` -> account name -> :class:`ImapAccount` for the valid ones, and
+    ``names``: every name written; each problem recorded in ``ck``."""
+    return mailbox.parse_section(ck, raw, path, _account)
 
 
 def _unknown(ck: Checker, data: dict, known: tuple[str, ...], path: str) -> None:
-    for key in data:
-        if key in ("password", "pass"):
-            ck.error(f"{path}.{key}", "a password does not belong in YAML; set password_env to "
-                                      "the name of an environment variable that holds it")
-        elif key not in known:
-            hint = closest(str(key), known)
-            ck.error(f"{path}.{key}", "unknown key" + (f"; did you mean {hint!r}?" if hint else "")
-                     + f" Known keys: {', '.join(known)}")
+    mailbox.unknown_keys(ck, data, known, path, ("password", "pass"),
+                         "a password does not belong in YAML; set password_env to the name "
+                         "of an environment variable that holds it")
 
 
 def _security(ck: Checker, data: dict, path: str, allow_plain: bool) -> str:
@@ -167,43 +148,29 @@ def _smtp(ck: Checker, raw: Any, path: str, allow_plain: bool) -> SmtpServer | N
 # -- pipeline stages ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ImapSourceOptions:
-    account: str
-    folder: str = ""  # default: the account's folder
-    backfill: int = 0
-    max_body: int | None = None
-    resync_window: float = 30 * 86400.0
+class ImapSourceOptions(mailbox.SourceOptions):
     batch: int = 50  # messages per UID FETCH
     type: str = "imap"
 
 
-@dataclass(frozen=True)
-class SmtpSenderOptions:
-    account: str
-    type: str = "smtp_reply"  # or imap_draft
-
-
-SOURCE_KEYS = {f.name for f in fields(ImapSourceOptions)}
-SENDER_KEYS = {f.name for f in fields(SmtpSenderOptions)}
-
-
 def parse_source(ck: Checker, raw: dict, imap_accounts: Any, settings_file: str
                  ) -> ImapSourceOptions:
-    d = ImapSourceOptions(account="")
-    account = ck.get(raw, "account", "source", str)
-    known_account(ck, account, "source.account", imap_accounts, settings_file, "IMAP", "imap")
-    return ImapSourceOptions(account=account or "", **source_fields(
-        ck, raw, d, max_backfill=None, max_batch=500, batch_what='messages'))
+    return mailbox.parse_source(ImapSourceOptions, ck, raw, imap_accounts, settings_file,
+                                _PROVIDER, max_backfill=None, max_batch=500,
+                                batch_what="messages")
+
+
+@dataclass(frozen=True)
+class SmtpSenderOptions(mailbox.SenderOptions):
+    type: str = "smtp_reply"  # or imap_draft
 
 
 def parse_sender(ck: Checker, raw: dict, imap_accounts: Any, settings_file: str,
                  source_account: Any) -> SmtpSenderOptions:
-    account = ck.get(raw, "account", "sender", str, default=source_account)
-    if not account:
-        ck.error("sender.account", "missing; expected the name of an imap.accounts entry")
-    known_account(ck, account or None, "sender.account", imap_accounts, settings_file, "IMAP", "imap")
+    account = mailbox.sender_account(ck, raw, imap_accounts, settings_file, source_account,
+                                     _PROVIDER)
     acc = imap_accounts.get(account) if hasattr(imap_accounts, "get") else None
     if raw["type"] == "smtp_reply" and acc is not None and acc.smtp is None:
         ck.error("sender.type", f"smtp_reply needs imap.accounts.{account}.smtp in "
                                 f"{settings_file} (host, port, security)")
-    return SmtpSenderOptions(account or "", raw["type"])
+    return SmtpSenderOptions(account, raw["type"])

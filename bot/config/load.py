@@ -24,7 +24,7 @@ from .checker import CLOCK_RE, DURATION_RE, Checker, kind_of, parse_duration
 from .files import load_yaml, pipeline_files
 from .followup import FollowupOptions, parse_followup
 from .gmail import GmailAccount, parse_account
-from .imap import Accounts, ImapAccount, parse_accounts
+from .imap import ImapAccount, parse_accounts
 from .limits import DEFAULT_MAX_PER_TICK, catchup_options, limits
 from .models import ModelConfig, parse_model
 from .options import (
@@ -167,11 +167,9 @@ def collect_settings(config_file: str | os.PathLike, *,
     ck.unknown(gmail, {"accounts"}, "gmail")
     for name, acc in ck.mapping(gmail.get("accounts"), "gmail.accounts").items():
         settings.gmail_accounts[str(name)] = parse_account(ck, acc, f"gmail.accounts.{name}")
-    settings.imap_accounts, imap_names = parse_accounts(ck, data.get("imap"))
+    settings.imap_accounts = imap_accounts = parse_accounts(ck, data.get("imap"))
     _models(ck, ck.mapping(data.get("models"), "models"), settings)
     seen_names: dict[str, str] = {}
-    imap_accounts = Accounts(settings.imap_accounts)
-    imap_accounts.names = imap_names
     settings.microsoft_accounts = ms_accounts = _ms.parse_accounts(ck, data.get("microsoft"))
     for f in pipeline_files(ck, data, base):
         rel = os.path.relpath(f, base) if str(f).startswith(str(base)) else str(f)

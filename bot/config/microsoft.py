@@ -22,9 +22,10 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .checker import Checker, closest, parse_duration
-from .imap import Accounts
-from .mailbox import known_account, source_fields
+from . import mailbox
+from .checker import Checker, parse_duration
+
+_PROVIDER = ("Microsoft", "microsoft")
 
 GRAPH = "https://graph.microsoft.com/v1.0/"
 AUTHORITY = "https://login.microsoftonline.com/"
@@ -56,34 +57,17 @@ class MicrosoftAccount:
 _ACCOUNT_KEYS = tuple(f.name for f in fields(MicrosoftAccount) if f.name != "name")
 
 
-def parse_accounts(ck: Checker, raw: Any, path: str = "microsoft") -> Accounts:
+def parse_accounts(ck: Checker, raw: Any, path: str = "microsoft") -> mailbox.Accounts:
     """``microsoft:`` -> name -> account for the valid ones, and ``names``: every name
     written (a pipeline naming one with errors is told so)."""
-    section = ck.mapping(raw, path)
-    ck.unknown(section, {"accounts"}, path)
-    out: dict[str, MicrosoftAccount] = {}
-    accounts = ck.mapping(section.get("accounts"), f"{path}.accounts")
-    for name, acc in accounts.items():
-        parsed = _account(ck, str(name), ck.mapping(acc, f"{path}.accounts.{name}"),
-                          f"{path}.accounts.{name}")
-        if parsed is not None:
-            out[str(name)] = parsed
-    found = Accounts(out)
-    found.names = {str(n) for n in accounts}
-    return found
+    return mailbox.parse_section(ck, raw, path, _account)
 
 
 def _unknown(ck: Checker, data: dict, path: str) -> None:
-    for key in data:
-        if key in ("client_secret", "password", "secret"):
-            ck.error(f"{path}.{key}", "secrets do not belong in YAML; draftgate uses the "
-                                      "device-code flow of a public client: register the app "
-                                      "with 'Allow public client flows' (README) and run "
-                                      "`draftgate auth microsoft`")
-        elif key not in _ACCOUNT_KEYS:
-            hint = closest(str(key), _ACCOUNT_KEYS)
-            ck.error(f"{path}.{key}", "unknown key" + (f"; did you mean {hint!r}?" if hint else "")
-                     + f" Known keys: {', '.join(_ACCOUNT_KEYS)}")
+    mailbox.unknown_keys(ck, data, _ACCOUNT_KEYS, path, ("client_secret", "password", "secret"),
+                         "secrets do not belong in YAML; draftgate uses the device-code flow "
+                         "of a public client: register the app with 'Allow public client "
+                         "flows' (README) and run `draftgate auth microsoft`")
 
 
 def _url(ck: Checker, acc: dict, key: str, path: str, default: str, https: bool) -> str:
@@ -138,39 +122,26 @@ def _account(ck: Checker, name: str, acc: dict, path: str) -> MicrosoftAccount |
 # -- pipeline stages ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class MicrosoftSourceOptions:
-    account: str
-    folder: str = ""  # default: the account's folder (a well-known name like inbox, or an id)
-    backfill: int = 0
-    max_body: int | None = None
-    resync_window: float = 30 * 86400.0
+class MicrosoftSourceOptions(mailbox.SourceOptions):
+    """``folder``: a well-known name like inbox, or an id."""
+
     batch: int = 20  # requests per JSON $batch (Graph allows 20)
     type: str = "microsoft"
 
 
 @dataclass(frozen=True)
-class MicrosoftSenderOptions:
-    account: str
+class MicrosoftSenderOptions(mailbox.SenderOptions):
     type: str = "microsoft_reply"  # or microsoft_draft
-
-
-SOURCE_KEYS = {f.name for f in fields(MicrosoftSourceOptions)}
-SENDER_KEYS = {f.name for f in fields(MicrosoftSenderOptions)}
 
 
 def parse_source(ck: Checker, raw: dict, accounts: Any, settings_file: str
                  ) -> MicrosoftSourceOptions:
-    d = MicrosoftSourceOptions(account="")
-    account = ck.get(raw, "account", "source", str)
-    known_account(ck, account, "source.account", accounts, settings_file, "Microsoft", "microsoft")
-    return MicrosoftSourceOptions(account=account or "", **source_fields(
-        ck, raw, d, max_backfill=1000, max_batch=20, batch_what="requests"))
+    return mailbox.parse_source(MicrosoftSourceOptions, ck, raw, accounts, settings_file,
+                                _PROVIDER, max_backfill=1000, max_batch=20,
+                                batch_what="requests")
 
 
 def parse_sender(ck: Checker, raw: dict, accounts: Any, settings_file: str,
                  source_account: Any) -> MicrosoftSenderOptions:
-    account = ck.get(raw, "account", "sender", str, default=source_account)
-    if not account:
-        ck.error("sender.account", "missing; expected the name of a microsoft.accounts entry")
-    known_account(ck, account or None, "sender.account", accounts, settings_file, "Microsoft", "microsoft")
-    return MicrosoftSenderOptions(account or "", raw["type"])
+    account = mailbox.sender_account(ck, raw, accounts, settings_file, source_account, _PROVIDER)
+    return MicrosoftSenderOptions(account, raw["type"])

@@ -19,6 +19,7 @@ from . import imap as _imap
 from . import microsoft as _ms
 from .checker import Checker, parse_duration, parse_size, url_problem
 from .imap import ImapSourceOptions, SmtpSenderOptions
+from .mailbox import SENDER_KEYS, SOURCE_KEYS
 from .microsoft import MicrosoftSenderOptions, MicrosoftSourceOptions
 
 DEFAULT_SLOT_FORMAT = "%Y-%m-%dT%H:%M"
@@ -400,15 +401,15 @@ _PARSERS: dict[str, tuple[set[str], Callable[[Checker, dict, Context], Any]]] = 
     "webhook": (_keys(WebhookSenderOptions, "secret"), _webhook),  # secret: its own message
     "gmail_reply": (_keys(GmailSenderOptions), _gmail_sender),
     "gmail_draft": (_keys(GmailSenderOptions), _gmail_sender),
-    "imap": (_imap.SOURCE_KEYS, lambda ck, raw, ctx: _imap.parse_source(
+    "imap": (SOURCE_KEYS, lambda ck, raw, ctx: _imap.parse_source(
         ck, raw, ctx.imap_accounts, ctx.settings_file)),
-    "smtp_reply": (_imap.SENDER_KEYS, lambda ck, raw, ctx: _imap.parse_sender(
+    "smtp_reply": (SENDER_KEYS, lambda ck, raw, ctx: _imap.parse_sender(
         ck, raw, ctx.imap_accounts, ctx.settings_file, ctx.source_account)),
-    "imap_draft": (_imap.SENDER_KEYS, lambda ck, raw, ctx: _imap.parse_sender(
+    "imap_draft": (SENDER_KEYS, lambda ck, raw, ctx: _imap.parse_sender(
         ck, raw, ctx.imap_accounts, ctx.settings_file, ctx.source_account)),
-    "microsoft": (_ms.SOURCE_KEYS, lambda ck, raw, ctx: _ms.parse_source(
+    "microsoft": (SOURCE_KEYS, lambda ck, raw, ctx: _ms.parse_source(
         ck, raw, ctx.microsoft_accounts, ctx.settings_file)),
-    **{kind: (_ms.SENDER_KEYS, lambda ck, raw, ctx: _ms.parse_sender(
+    **{kind: (SENDER_KEYS, lambda ck, raw, ctx: _ms.parse_sender(
         ck, raw, ctx.microsoft_accounts, ctx.settings_file, ctx.source_account))
        for kind in ("microsoft_reply", "microsoft_draft")},
 }

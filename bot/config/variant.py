@@ -10,8 +10,8 @@ from pathlib import Path
 from ..errors import ConfigError
 from .checker import Checker
 from .files import load_yaml
-from .imap import Accounts
 from .load import PipelineConfig, Settings, parse_pipeline
+from .mailbox import Accounts
 
 
 def load_variant(settings: Settings, file: str | os.PathLike) -> PipelineConfig:

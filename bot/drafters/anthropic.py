@@ -20,18 +20,7 @@ from typing import Any
 import anthropic
 
 from ..config.load import ModelConfig, PipelineConfig, Settings
-from .failures import (
-    Answer,
-    AnswerFailed,
-    Failure,
-    error_in_body,
-    json_object,
-    mapping,
-    not_the_api,
-    status_failure,
-    text_field,
-    token_count,
-)
+from .failures import Answer, AnswerFailed, answer_of, error_in_body, json_object, not_the_api
 from .llm import LLMDrafter
 from .prompt import Prompt
 
@@ -40,12 +29,7 @@ __all__ = ["create", "AnthropicDrafter"]
 
 class AnthropicDrafter(LLMDrafter):
     provider = "anthropic"  # its Messages API has no temperature (refused at load)
-
-    def _new_client(self, api_key: str) -> anthropic.AsyncAnthropic:
-        # An explicit api_key and base_url keep the SDK from reading credentials or a
-        # base URL from the environment or from profile files on disk.
-        return anthropic.AsyncAnthropic(api_key=api_key, base_url=self.opts.base_url,
-                                        timeout=self.opts.timeout, max_retries=0)
+    sdk, sdk_error, sdk_client = anthropic, anthropic.AnthropicError, anthropic.AsyncAnthropic
 
     async def _call(self, client: anthropic.AsyncAnthropic, p: Prompt, max_tokens: int,
                     schema: dict[str, Any] | None = None) -> Answer:
@@ -73,28 +57,14 @@ class AnthropicDrafter(LLMDrafter):
             raise AnswerFailed(not_the_api(self.opts, "Anthropic", body, content_type))
         text = "".join(b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
                        and isinstance(b.get("text"), str))
-        usage = mapping(data.get("usage"))
         stop = data.get("stop_reason")
-        return Answer(text=text, cut_off=stop == "max_tokens",
-                      tokens_in=token_count(usage.get("input_tokens")),
-                      tokens_out=token_count(usage.get("output_tokens")),
-                      model=text_field(data.get("model")),
-                      refused="the model refused to write this reply (stop_reason refusal)"
-                      if stop == "refusal" else "")
+        refused = "the model refused to write this reply (stop_reason refusal)" \
+            if stop == "refusal" else ""
+        return answer_of(data, text, stop == "max_tokens", refused,
+                         ("input_tokens", "output_tokens"))
 
-    def _classify(self, exc: BaseException) -> Failure | None:
-        if isinstance(exc, anthropic.APITimeoutError):
-            return Failure(f"no answer within {self.opts.timeout:g}s (timeout)", True)
-        if isinstance(exc, anthropic.APIConnectionError):
-            cause = exc.__cause__ or exc
-            return Failure(f"cannot connect to {self.opts.shown_url}: {cause}", True)
-        if isinstance(exc, anthropic.APIStatusError):
-            message = exc.api_message or exc.message
-            return status_failure(exc.status_code, message, exc.response.headers, self.opts,
-                                  code=exc.error_code or exc.type)
-        if isinstance(exc, anthropic.AnthropicError):
-            return Failure(f"unusable answer: {exc}", False)
-        return None
+    def _status_detail(self, exc: anthropic.APIStatusError) -> tuple[str, str | None]:
+        return exc.api_message or exc.message, exc.error_code or exc.type
 
 
 #: The Messages API's error types and the HTTP status each comes with.

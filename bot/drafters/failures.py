@@ -176,6 +176,16 @@ def error_in_body(opts: ModelConfig, error: Any, *, status: int | None = None) -
                           in_body=True)
 
 
+def answer_of(data: dict[str, Any], text: str | None, cut_off: bool, refused: str,
+              usage: tuple[str, str]) -> Answer:
+    """The answer of the API's JSON ``data``, with the model it names and the token
+    counts its ``usage`` object holds under the keys ``usage`` (input, output)."""
+    counts = mapping(data.get("usage"))
+    return Answer(text=text, cut_off=cut_off, tokens_in=token_count(counts.get(usage[0])),
+                  tokens_out=token_count(counts.get(usage[1])),
+                  model=text_field(data.get("model")), refused=refused)
+
+
 @dataclass
 class Answer:
     """One successful model answer, provider-neutral."""

@@ -33,7 +33,7 @@ from ..config.models import MAX_BACKOFF
 from ..errors import ConfigError, DrafterError, DrafterRetryable, DrafterSetupError
 from ..models import DraftRequest, DraftResult
 from . import prompt as _prompt
-from .failures import Answer, AnswerFailed, Failure
+from .failures import Answer, AnswerFailed, Failure, status_failure
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,11 @@ class LLMDrafter:
     how to build the client, make one call and classify the SDK's errors."""
 
     provider = ""
+    #: The SDK's module (an OpenAI- or Anthropic-style SDK, whose errors are named
+    #: alike), the base class of all its errors and its async client class.
+    sdk: Any = None
+    sdk_error: type[BaseException] = Exception
+    sdk_client: Any = None
 
     def __init__(self, model: ModelConfig, pipeline: PipelineConfig, settings: Settings):
         self.opts = checked(model, pipeline)
@@ -137,7 +142,11 @@ class LLMDrafter:
 
     # -- subclass hooks ---------------------------------------------------------------
     def _new_client(self, api_key: str) -> Any:
-        raise NotImplementedError
+        # max_retries=0: retries are ours (bounded, Retry-After aware, within the lease).
+        # An explicit api_key and base_url keep the SDK from reading credentials or a
+        # base URL from the environment or from profile files on disk.
+        return self.sdk_client(api_key=api_key, base_url=self.opts.base_url,
+                               timeout=self.opts.timeout, max_retries=0)
 
     async def _call(self, client: Any, p: _prompt.Prompt, max_tokens: int,
                     schema: dict[str, Any] | None = None) -> Answer:
@@ -145,8 +154,24 @@ class LLMDrafter:
         structured-output feature."""
         raise NotImplementedError
 
-    def _classify(self, exc: BaseException) -> Failure | None:
+    def _status_detail(self, exc: Any) -> tuple[str, str | None]:
+        """The message and error code of the SDK's ``APIStatusError`` ``exc``."""
         raise NotImplementedError
+
+    def _classify(self, exc: BaseException) -> Failure | None:
+        """The failure an SDK error stands for (None: not the SDK's)."""
+        if isinstance(exc, self.sdk.APITimeoutError):
+            return Failure(f"no answer within {self.opts.timeout:g}s (timeout)", True)
+        if isinstance(exc, self.sdk.APIConnectionError):
+            cause = exc.__cause__ or exc
+            return Failure(f"cannot connect to {self.opts.shown_url}: {cause}", True)
+        if isinstance(exc, self.sdk.APIStatusError):
+            message, code = self._status_detail(exc)
+            return status_failure(exc.status_code, message, exc.response.headers, self.opts,
+                                  code=code)
+        if isinstance(exc, self.sdk_error):
+            return Failure(f"unusable answer: {exc}", False)
+        return None
 
     # -- Drafter ----------------------------------------------------------------------
     def _get_client(self) -> Any:

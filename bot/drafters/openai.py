@@ -23,14 +23,11 @@ from ..config.load import ModelConfig, PipelineConfig, Settings
 from .failures import (
     Answer,
     AnswerFailed,
-    Failure,
+    answer_of,
     error_in_body,
     json_object,
     mapping,
     not_the_api,
-    status_failure,
-    text_field,
-    token_count,
 )
 from .llm import LLMDrafter
 from .prompt import Prompt
@@ -40,11 +37,7 @@ __all__ = ["create", "OpenAIDrafter"]
 
 class OpenAIDrafter(LLMDrafter):
     provider = "openai"
-
-    def _new_client(self, api_key: str) -> openai.AsyncOpenAI:
-        # max_retries=0: retries are ours (bounded, Retry-After aware, within the lease).
-        return openai.AsyncOpenAI(api_key=api_key, base_url=self.opts.base_url,
-                                  timeout=self.opts.timeout, max_retries=0)
+    sdk, sdk_error, sdk_client = openai, openai.OpenAIError, openai.AsyncOpenAI
 
     async def _call(self, client: openai.AsyncOpenAI, p: Prompt, max_tokens: int,
                     schema: dict[str, Any] | None = None) -> Answer:
@@ -78,7 +71,6 @@ class OpenAIDrafter(LLMDrafter):
             raise AnswerFailed(error_in_body(self.opts, choice.get("error") or data.get("error")
                                              or {"message": "finish_reason error"}))
         message = mapping(choice.get("message"))
-        usage = mapping(data.get("usage"))
         refusal = message.get("refusal")
         if isinstance(refusal, str) and refusal.strip():
             refused = "the model refused to write this reply: " + " ".join(refusal.split())[:300]
@@ -87,26 +79,12 @@ class OpenAIDrafter(LLMDrafter):
             refused = "the provider's content filter stopped the answer (finish_reason content_filter)"
         else:
             refused = ""
-        return Answer(
-            text=_text(message.get("content")), cut_off=finish == "length",
-            tokens_in=token_count(usage.get("prompt_tokens")),
-            tokens_out=token_count(usage.get("completion_tokens")),
-            model=text_field(data.get("model")), refused=refused)
+        return answer_of(data, _text(message.get("content")), finish == "length", refused,
+                         ("prompt_tokens", "completion_tokens"))
 
-    def _classify(self, exc: BaseException) -> Failure | None:
-        if isinstance(exc, openai.APITimeoutError):
-            return Failure(f"no answer within {self.opts.timeout:g}s (timeout)", True)
-        if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc
-            return Failure(f"cannot connect to {self.opts.shown_url}: {cause}", True)
-        if isinstance(exc, openai.APIStatusError):
-            body = exc.body if isinstance(exc.body, dict) else {}
-            message = body.get("message") or exc.message
-            return status_failure(exc.status_code, message, exc.response.headers, self.opts,
-                                  code=exc.code or exc.type)
-        if isinstance(exc, openai.OpenAIError):
-            return Failure(f"unusable answer: {exc}", False)
-        return None
+    def _status_detail(self, exc: openai.APIStatusError) -> tuple[str, str | None]:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        return body.get("message") or exc.message, exc.code or exc.type
 
 
 def _text(content: Any) -> str | None:

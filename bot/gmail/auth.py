@@ -270,14 +270,14 @@ def run_cli(args, out=None) -> int:
     try:
         scopes, token = _scopes_for(args, out)
     except ConfigError as exc:
-        return _fail(f"error: {exc}")
+        return fail(f"error: {exc}")
     if not token:
-        return _fail("error: --token FILE is required (or --account NAME with a config that "
-                     "names its token_file)")
+        return fail("error: --token FILE is required (or --account NAME with a config that "
+                    "names its token_file)")
     # Before the browser: a consent given for a token that cannot be saved is wasted.
     problem = token_path_problem(token)
     if problem:
-        return _fail(f"error: --token {token}: {problem}")
+        return fail(f"error: --token {token}: {problem}")
     flow = _flow(args.client_secrets, scopes)
     if isinstance(flow, int):
         return flow
@@ -295,11 +295,11 @@ def run_cli(args, out=None) -> int:
             authorization_prompt_message=prompt, timeout_seconds=args.timeout,
             success_message="draftgate is authorised; you can close this tab.")
     except Exception as exc:  # oauthlib/requests errors: show the kind, never a token
-        return _fail(f"error: authorisation failed: {type(exc).__name__}: "
-                     f"{redact.scrub(str(exc))}", 1)
+        return fail(f"error: authorisation failed: {type(exc).__name__}: "
+                    f"{redact.scrub(str(exc))}", 1)
     if creds is None or not getattr(creds, "refresh_token", None):
-        return _fail("error: Google returned no refresh token; remove draftgate's access at "
-                     "https://myaccount.google.com/permissions and run this command again", 1)
+        return fail("error: Google returned no refresh token; remove draftgate's access at "
+                    "https://myaccount.google.com/permissions and run this command again", 1)
     granted = getattr(creds, "granted_scopes", None) or scopes
     if isinstance(granted, str):
         granted = granted.split()
@@ -308,15 +308,11 @@ def run_cli(args, out=None) -> int:
     try:
         write_token(token, json.dumps(data))
     except OSError as exc:  # checked before the flow; the folder changed since
-        return _fail(f"error: the token could not be written to {token}: "
-                     f"{exc.strerror or exc}; nothing was saved. Fix the folder and run this "
-                     f"command again", 1)
-    print(f"Token written to {token} (mode 0600).", file=out)
-    missing = missing_scopes(granted, scopes)
-    if missing:
-        return _fail("error: access was granted without " + ", ".join(missing) + "; run this "
-                     "command again and leave every requested permission ticked", 1)
-    return 0
+        return fail(f"error: the token could not be written to {token}: "
+                    f"{exc.strerror or exc}; nothing was saved. Fix the folder and run this "
+                    f"command again", 1)
+    return report_grant(token, missing_scopes(granted, scopes), out,
+                        "run this command again and leave every requested permission ticked")
 
 
 def _flow(client_secrets: str, scopes: list[str]):
@@ -328,22 +324,32 @@ def _flow(client_secrets: str, scopes: list[str]):
     try:
         return InstalledAppFlow.from_client_secrets_file(client_secrets, scopes=scopes)
     except FileNotFoundError:
-        return _fail(f"error: client secrets file {client_secrets} not found; {download}")
+        return fail(f"error: client secrets file {client_secrets} not found; {download}")
     except IsADirectoryError:
-        return _fail(f"error: --client-secrets {client_secrets} is a folder; name the JSON "
-                     f"file in it (client_secret_....json)")
+        return fail(f"error: --client-secrets {client_secrets} is a folder; name the JSON "
+                    f"file in it (client_secret_....json)")
     except OSError as exc:
-        return _fail(f"error: cannot read the client secrets file {client_secrets}: "
-                     f"{exc.strerror or exc}")
+        return fail(f"error: cannot read the client secrets file {client_secrets}: "
+                    f"{exc.strerror or exc}")
     except (ValueError, AttributeError, TypeError, KeyError) as exc:
         # JSON that is not {"installed": {...}} reaches the library's own code as an
         # AttributeError or TypeError; the message is the same as for its ValueErrors.
         detail = str(exc) if isinstance(exc, ValueError) else "expected {\"installed\": " \
             "{\"client_id\": ..., \"client_secret\": ..., ...}}"
-        return _fail(f"error: {client_secrets} is not an OAuth client secrets file: {detail}; "
-                     f"{download}")
+        return fail(f"error: {client_secrets} is not an OAuth client secrets file: {detail}; "
+                    f"{download}")
 
 
-def _fail(message: str, code: int = 2) -> int:
+def report_grant(token: str, missing: list[str], out: Any, hint: str) -> int:
+    """The end of an ``auth`` command (Google's or Microsoft's): say where the token was
+    written; exit 1 naming the ``missing`` scopes (``hint``: what to do), else 0."""
+    print(f"Token written to {token} (mode 0600).", file=out)
+    if missing:
+        return fail("error: access was granted without " + ", ".join(missing) + "; " + hint, 1)
+    return 0
+
+
+def fail(message: str, code: int = 2) -> int:
+    """An ``auth`` command's error: ``message`` on stderr, and its exit ``code``."""
     print(message, file=sys.stderr)
     return code

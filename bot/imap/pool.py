@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from ..config.imap import ImapAccount
-from ..shared import Shared
+from ..shared import Lease, Shared
 from .client import ImapClient
 
 _clients: Shared[ImapClient] = Shared()
@@ -33,3 +33,9 @@ def acquire(account: ImapAccount) -> ImapClient:
 async def release(client: ImapClient) -> None:
     if _clients.release(client):
         await client.close()
+
+
+def lease(account: ImapAccount) -> Lease[ImapClient]:
+    """A stage's hold on ``account``'s connection: acquired at first use, released by
+    its ``close()``."""
+    return Lease(lambda: acquire(account), release)

@@ -24,7 +24,7 @@ import httpx
 
 from ..config.microsoft import MicrosoftAccount
 from ..errors import AuthError, SourceError, Throttled
-from ..shared import Shared
+from ..shared import Lease, Shared
 from .auth import READ_WRITE, RESERVED, SEND, Tokens
 
 log = logging.getLogger("draftgate.microsoft")
@@ -229,3 +229,9 @@ def acquire(account: MicrosoftAccount, token_path: str) -> GraphClient:
 async def release(client: GraphClient) -> None:
     if _clients.release(client):
         await client.close()
+
+
+def lease(account: MicrosoftAccount, token_path: str) -> Lease[GraphClient]:
+    """A stage's hold on ``account``'s client: acquired at first use, released by its
+    ``close()``."""
+    return Lease(lambda: acquire(account, token_path), release)

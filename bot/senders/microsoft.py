@@ -50,13 +50,11 @@ class MicrosoftSender:
     def __init__(self, account: MicrosoftAccount, token_path: str, *, send: bool = True):
         self.account, self.token_path, self.sends = account, token_path, send
         self.name = "microsoft_reply" if send else "microsoft_draft"
-        self._client: GraphClient | None = None
+        self._lease = graph.lease(account, token_path)
 
     @property
     def client(self) -> GraphClient:
-        if self._client is None:
-            self._client = graph.acquire(self.account, self.token_path)
-        return self._client
+        return self._lease.client
 
     def _text(self, draft: Draft) -> str:
         """The approved text, exactly as the operator saw it (line ends normalised)."""
@@ -157,9 +155,7 @@ class MicrosoftSender:
                           "send it a second time")
 
     async def close(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            await graph.release(client)
+        await self._lease.close()
 
 
 def create(pipeline: PipelineConfig, settings: Settings) -> MicrosoftSender:

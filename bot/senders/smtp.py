@@ -48,13 +48,11 @@ class _ImapSender:
 
     def __init__(self, account: ImapAccount):
         self.account = account
-        self._client: ImapClient | None = None
+        self._lease = pool.lease(account)
 
     @property
     def client(self) -> ImapClient:
-        if self._client is None:
-            self._client = pool.acquire(self.account)
-        return self._client
+        return self._lease.client
 
     def _raw(self, draft: Draft) -> bytes:
         a = self.account
@@ -74,9 +72,7 @@ class _ImapSender:
         return mid if uid is not None else None
 
     async def close(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            await pool.release(client)
+        await self._lease.close()
 
 
 class SmtpReplySender(_ImapSender):

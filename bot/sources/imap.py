@@ -35,10 +35,9 @@ from ..config.options import FilterOptions, ImapSourceOptions, expect
 from ..context.thread import Thread
 from ..imap import idle, pool
 from ..imap.client import ImapClient
-from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..models import FetchResult, Item, Message
 from ..stages import FetchContext
-from . import filters as _filters
+from .mailbox import MailboxSource, load_cursor
 
 log = logging.getLogger("draftgate.sources.imap")
 
@@ -58,15 +57,9 @@ class Cursor:
 
     @classmethod
     def load(cls, text: str | None) -> "Cursor | None":
-        if not text:
-            return None
-        try:
-            d = json.loads(text)
-            return cls(int(d["uidvalidity"]), int(d["uid"]), float(d.get("synced", 0)),
-                       float(d.get("first", 0)))
-        except (ValueError, KeyError, TypeError):
-            log.warning("imap: unreadable cursor %r; starting as on a first run", text[:80])
-            return None
+        return load_cursor(text, lambda d: cls(int(d["uidvalidity"]), int(d["uid"]),
+                                               float(d.get("synced", 0)),
+                                               float(d.get("first", 0))), log, "imap")
 
 
 def item_id(raw: bytes) -> str:
@@ -81,25 +74,20 @@ def _message_id(raw: bytes) -> str:
     return " ".join(str(parsed.get("Message-ID", "") or "").split())
 
 
-class ImapSource:
+class ImapSource(MailboxSource):
     """See the module docstring."""
+
+    kind, log = "imap", log
+    options: ImapSourceOptions
 
     def __init__(self, options: ImapSourceOptions, account, filters: FilterOptions = FilterOptions(),
                  clock=time.time):
-        self.options, self.account, self.filters = options, account, filters
-        self.folder = options.folder or account.folder
-        self.scope = f"imap:{account.name}:{self.folder}"
-        self.max_body = (filters.max_body if options.max_body is None else options.max_body) \
-            or DEFAULT_MAX_BODY
-        self.clock = clock
-        self._client: ImapClient | None = None
-        self._own = [a for a in (account.address, account.username) if a and "@" in a]
+        super().__init__(options, account, filters, clock, pool.lease(account),
+                         [a for a in (account.address, account.username) if a and "@" in a])
 
     @property
     def client(self) -> ImapClient:
-        if self._client is None:
-            self._client = pool.acquire(self.account)
-        return self._client
+        return self._lease.client
 
     async def fetch(self, ctx: FetchContext) -> FetchResult:
         started = self.clock()
@@ -196,27 +184,14 @@ class ImapSource:
             lambda: [self._item(uidvalidity, uid, raws[uid]) for uid in uids if uid in raws])
 
     def _item(self, uidvalidity: int, uid: int, raw: bytes) -> Item:
-        iid, where = item_id(raw), f"{uidvalidity}:{uid}"
-        stub = Message(source_id=where, size=len(raw), message_id=_message_id(raw))
-        try:
-            msg = parse_email(raw, max_body=self.max_body, source_id=where)
-        except UnparseableMessage as exc:
-            return Item(iid, stub, skip_reason=f"unparseable message: {exc}")
-        except Exception as exc:  # one message never stops the tick
-            log.exception("imap %s: parse failed for UID %d", self.account.name, uid)
-            return Item(iid, stub, skip_reason=f"unparseable message ({type(exc).__name__})")
-        return Item(iid, msg, skip_reason=_filters.own_reason(msg, self.filters,
-                                                              own_addresses=self._own))
+        stub = Message(source_id=f"{uidvalidity}:{uid}", size=len(raw),
+                       message_id=_message_id(raw))
+        return self._parsed(item_id(raw), stub, raw, f"UID {uid}")
 
     async def thread(self, message: Message, limit: int) -> Thread:
         from ..imap.thread import thread
 
         return await thread(self.client, self.account, self.folder, message, limit)
-
-    async def close(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            await pool.release(client)
 
 
 def create(pipeline: PipelineConfig, settings: Settings) -> ImapSource:

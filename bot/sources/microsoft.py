@@ -36,12 +36,11 @@ from ..config.load import PipelineConfig, Settings
 from ..config.microsoft import MicrosoftSourceOptions
 from ..config.options import FilterOptions, expect
 from ..context.thread import Thread
-from ..mail.mime import DEFAULT_MAX_BODY, UnparseableMessage, parse_email
 from ..microsoft import client as graph
 from ..microsoft.client import GraphClient, GraphError
 from ..models import FetchResult, Item, Message
 from ..stages import FetchContext
-from . import filters as _filters
+from .mailbox import MailboxSource, load_cursor
 
 log = logging.getLogger("draftgate.sources.microsoft")
 
@@ -65,14 +64,8 @@ class Cursor:
 
     @classmethod
     def load(cls, text: str | None) -> "Cursor | None":
-        if not text:
-            return None
-        try:
-            d = json.loads(text)
-            return cls(str(d["delta"]), float(d.get("synced", 0)), float(d.get("first", 0)))
-        except (ValueError, KeyError, TypeError):
-            log.warning("microsoft: unreadable cursor %r; starting as on a first run", text[:80])
-            return None
+        return load_cursor(text, lambda d: cls(str(d["delta"]), float(d.get("synced", 0)),
+                                               float(d.get("first", 0))), log, "microsoft")
 
 
 def item_id(entry: dict) -> str:
@@ -80,26 +73,21 @@ def item_id(entry: dict) -> str:
     return mid or f"graph:{entry.get('id')}"
 
 
-class MicrosoftSource:
+class MicrosoftSource(MailboxSource):
     """See the module docstring."""
+
+    kind, log = "microsoft", log
+    options: MicrosoftSourceOptions
 
     def __init__(self, options: MicrosoftSourceOptions, account, token_path: str,
                  filters: FilterOptions = FilterOptions(), clock=time.time):
-        self.options, self.account, self.filters = options, account, filters
-        self.folder = options.folder or account.folder
-        self.scope = f"microsoft:{account.name}:{self.folder}"
+        super().__init__(options, account, filters, clock, graph.lease(account, token_path),
+                         [account.address] if account.address else [])
         self.token_path = token_path
-        self.max_body = (filters.max_body if options.max_body is None else options.max_body) \
-            or DEFAULT_MAX_BODY
-        self.clock = clock
-        self._client: GraphClient | None = None
-        self._own = [account.address] if account.address else []
 
     @property
     def client(self) -> GraphClient:
-        if self._client is None:
-            self._client = graph.acquire(self.account, self.token_path)
-        return self._client
+        return self._lease.client
 
     def _delta(self, since: float) -> str:
         return (f"me/mailFolders/{quote(self.folder, safe='')}/messages/delta?$select={_SELECT}"
@@ -181,26 +169,12 @@ class MicrosoftSource:
         iid, where = item_id(entry), str(entry["id"])
         stub = Message(source_id=where, size=len(raw), message_id=iid,
                        thread_id=str(entry.get("conversationId") or ""))
-        try:
-            msg = parse_email(raw, max_body=self.max_body, source_id=where)
-        except UnparseableMessage as exc:
-            return Item(iid, stub, skip_reason=f"unparseable message: {exc}")
-        except Exception as exc:  # one message never stops the tick
-            log.exception("microsoft %s: parse failed for %s", self.account.name, where)
-            return Item(iid, stub, skip_reason=f"unparseable message ({type(exc).__name__})")
-        msg.thread_id = stub.thread_id
-        return Item(iid, msg, skip_reason=_filters.own_reason(msg, self.filters,
-                                                              own_addresses=self._own))
+        return self._parsed(iid, stub, raw, where, thread_id=stub.thread_id)
 
     async def thread(self, message: Message, limit: int) -> Thread:
         from ..microsoft.thread import thread
 
         return await thread(self.client, self.account, message, limit)
-
-    async def close(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            await graph.release(client)
 
 
 def create(pipeline: PipelineConfig, settings: Settings) -> MicrosoftSource:
