@@ -19,7 +19,7 @@ import pytest
 from bot.approvals.telegram.channel import create
 from bot.config.load import load_settings
 from bot.errors import SendUnknown
-from tests.fakes.telegram import FakeTelegram, parse_html
+from tests.fakes.telegram import parse_html
 from tests.support.desk import SYSTEM, op
 from tests.support.telegram_world import (  # noqa: F401
     ANNA,
@@ -37,12 +37,6 @@ from tests.support.telegram_world import (  # noqa: F401
     eml,
     write_config,
 )
-
-
-@pytest.fixture
-def fake():
-    with FakeTelegram() as f:
-        yield f
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 from bot.models import DraftResult
 from tests.fakes.telegram import FakeTelegram
 from tests.support.desk import op
+from tests.support.fixtures import fake_telegram
 from tests.support.telegram_world import (
     ANNA,
     BO,
@@ -24,6 +25,8 @@ from tests.support.telegram_world import (
     _buttons,
     write_config,
 )
+
+fake = fake_telegram  # the fixture here: a fake Telegram (context/conftest's is a model)
 
 #: "€25" and "14 days" are in no source: the email asks only where the order is.
 CLAIMS = "Hi Alice, your order left today. We take €25 off and refund within 14 days."
@@ -42,12 +45,6 @@ class ClaimingDrafter:
 
     async def close(self):
         pass
-
-
-@pytest.fixture
-def fake():
-    with FakeTelegram() as f:
-        yield f
 
 
 @pytest.fixture

@@ -194,6 +194,19 @@ class World:
         return msgs[-1].text
 
 
+async def start_world(tmp_path: Path, fake: FakeTelegram, monkeypatch, worlds: list,
+                      cfg: Path, now=None) -> World:
+    """Start a :class:`World` of ``cfg`` (its token in the environment, its clock ``now``
+    when given) and add it to ``worlds`` (the fixture that stops them)."""
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    w = World(tmp_path, fake, cfg)
+    if now is not None:
+        w.now = now
+    await w.start()
+    worlds.append(w)
+    return w
+
+
 def _buttons(markup) -> list[str]:
     return [b["callback_data"] for row in (markup or {}).get("inline_keyboard", []) for b in row]
 
