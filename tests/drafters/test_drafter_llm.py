@@ -22,14 +22,6 @@ from tests.support.llm import (  # noqa: F401
 SECRET = "sk-test-secret-value-123"
 
 
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
-
-
-
-
 def make(tmp: Path, provider: str, fake: FakeLLM, **kw):
     url = fake.openai_url if provider == "openai" else fake.url
     settings = load_settings(write_config(tmp, provider, url, **kw))

@@ -87,12 +87,6 @@ class World:
         await self.store.close()
 
 
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
-
-
 @pytest.fixture(params=["openai", "anthropic"])
 async def world(request, tmp_path, fake):
     w = await World(tmp_path, fake, request.param).start()

@@ -14,6 +14,7 @@ from bot.senders import webhook
 from bot.stages import Sender
 from tests._stage import pipeline
 from tests.fakes.webhook import FakeWebhook
+from tests.support.fixtures import fake_webhook
 
 ALICE = Message(message_id="<order-1234@customer.example>", from_name="Alice Buyer",
                 from_addr="alice@customer.example", reply_to="alice@customer.example",
@@ -36,10 +37,7 @@ def _create(**opts) -> webhook.WebhookSender:
                                                       store="x", pipelines=[]))
 
 
-@pytest.fixture
-def hook():
-    with FakeWebhook() as fake:
-        yield fake
+hook = fake_webhook  # the fixture: a fake webhook receiver (support/fixtures.py)
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fakes.gmail import GmailWorld
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.webhook import FakeWebhook
 
 
 @pytest.fixture
@@ -23,6 +25,23 @@ def fake_llm():
     """A fake LLM server (OpenAI and Anthropic APIs) on 127.0.0.1."""
     with FakeLLM() as f:
         yield f
+
+
+@pytest.fixture
+def fake_webhook():
+    """A fake webhook receiver on 127.0.0.1."""
+    with FakeWebhook() as f:
+        yield f
+
+
+@pytest.fixture
+async def gmail_world(tmp_path):
+    """An opened :class:`tests.fakes.gmail.GmailWorld` in ``tmp_path``, closed at the end."""
+    w = await GmailWorld(tmp_path).open()
+    try:
+        yield w
+    finally:
+        await w.close()
 
 
 @pytest.fixture
