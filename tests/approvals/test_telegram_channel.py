@@ -21,6 +21,7 @@ from bot.config.load import load_settings
 from bot.errors import SendUnknown
 from tests.fakes.telegram import parse_html
 from tests.support.desk import SYSTEM, op
+from tests.support.held import Held
 from tests.support.telegram_world import (  # noqa: F401
     ANNA,
     BO,
@@ -128,15 +129,8 @@ async def test_a_slow_send_gets_its_tap_answered_first_and_the_card_shows_the_ou
     world.answer_within = 0.2
     await world.restart()
     d = await world.deliver(1)
-    entered, release = asyncio.Event(), asyncio.Event()
-    plain = world.sender.send
-
-    async def slow(draft):
-        entered.set()
-        await release.wait()
-        return await plain(draft)
-
-    world.sender.send = slow
+    world.sender.send = held = Held(world.sender.send)
+    entered, release = held.entered, held.release
     u = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
     assert (await fake.answered(u))["text"] == "Working on it; the card shows the outcome."
     assert entered.is_set() and world.sender.sent == []
@@ -973,15 +967,8 @@ async def test_stop_lets_an_approval_in_flight_finish(world, fake):
     """SIGTERM while a reply is being sent: the send completes, its card and answer go
     out, then the channel stops."""
     d = await world.deliver(1)
-    entered, release = asyncio.Event(), asyncio.Event()
-    send = world.sender.send
-
-    async def slow_send(draft):
-        entered.set()
-        await release.wait()
-        return await send(draft)
-
-    world.sender.send = slow_send
+    world.sender.send = held = Held(world.sender.send)
+    entered, release = held.entered, held.release
     u = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
     await asyncio.wait_for(entered.wait(), 10)
     stopping = asyncio.create_task(world.channel.stop())
