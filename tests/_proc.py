@@ -54,6 +54,29 @@ def telegram_maildir_config(tmp_path: Path, fake: Any, operator: int, chat: int,
     return cfg
 
 
+def console_model_config(tmp: Path, *, pipeline: str, lease: str, model: str, model_yaml: str,
+                         email: bytes = ORDER_EMAIL, prompt_for: str = "Acme",
+                         sender: str = "Acme <support@acme.example>") -> Path:
+    """A deployment in ``tmp``: one pipeline ``pipeline`` (schedule 1s, ``lease``, 3
+    attempts) reading ``email`` from the maildir inbox/, drafted by the model ``model``
+    (``model_yaml``: its lines under ``models:``, indented four) with a prompt saying it
+    answers for ``prompt_for``, approved on the console and sent from ``sender`` to
+    outbox/; the store is state.db. Returns the config path."""
+    (tmp / "inbox").mkdir()
+    (tmp / "inbox" / "1.eml").write_bytes(email)
+    (tmp / "prompt.md").write_text(f"You answer customer email for {prompt_for}.\n")
+    (tmp / "pipelines").mkdir()
+    (tmp / "pipelines" / f"{pipeline}.yaml").write_text(
+        f"name: {pipeline}\nschedule: 1s\nsource: {{type: maildir, path: inbox}}\n"
+        f"drafter: {{model: {model}, prompt: prompt.md}}\napproval: {{channel: console}}\n"
+        f"sender: {{type: outbox, path: outbox, from: '{sender}'}}\n"
+        f"lease: {lease}\nmax_attempts: 3\n")
+    cfg = tmp / "draftgate.yaml"
+    cfg.write_text(f"store: sqlite:///{tmp}/state.db\npipelines: pipelines/*.yaml\n"
+                   f"models:\n  {model}:\n{model_yaml}")
+    return cfg
+
+
 def gmail_every_second(tmp_path: Path, gmail: Any) -> Path:
     """The fake-Gmail deployment of ``tests.fakes.gmail`` with its pipeline ticking every
     second; returns the config path."""

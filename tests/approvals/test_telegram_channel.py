@@ -22,6 +22,7 @@ from bot.errors import SendUnknown
 from tests.fakes.telegram import parse_html
 from tests.support.desk import SYSTEM, op
 from tests.support.held import Held
+from tests.support.service import _free_port
 from tests.support.telegram_world import (  # noqa: F401
     ANNA,
     BO,
@@ -802,22 +803,23 @@ def test_create_says_what_to_fix(tmp_path, fake, monkeypatch):
         create(settings)
 
 
+def _webhook_config(tmp_path, fake, monkeypatch, port: int, extra: str = ""):
+    """receive: webhook on 127.0.0.1:``port``/tg, its secret (s3cret-Token_1) and the
+    token in the environment, ``extra`` appended to draftgate.yaml; the config's path."""
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
+    return write_config(tmp_path, fake, receive="webhook", webhook=(
+        f"  webhook: {{listen: 127.0.0.1, port: {port}, path: tg, "
+        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n" + extra))
+
+
 async def test_webhook_checks_the_secret_token_on_every_request(tmp_path, fake, monkeypatch):
     """receive: webhook -- a request with a missing or wrong secret gets 403 and changes
     nothing; the right secret delivers the tap."""
-    import socket
-
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
-    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
-    cfg = write_config(tmp_path, fake, receive="webhook", webhook=(
-        f"  webhook: {{listen: 127.0.0.1, port: {port}, path: tg, "
-        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n"))
-    w = await World(tmp_path, fake, cfg).start()
+    port = _free_port()
+    w = await World(tmp_path, fake, _webhook_config(tmp_path, fake, monkeypatch, port)).start()
     try:
         assert fake.webhook["url"] == "https://bot.example/tg"
         assert fake.webhook["secret_token"] == "s3cret-Token_1"
@@ -845,17 +847,8 @@ async def test_the_webhook_refuses_a_strangers_large_post_before_reading_its_bod
     alone, before a byte of its body is sent, and the connection is closed: nothing of
     it is read or buffered (PTB's server read 100 MB first). The right secret with
     100 MB gets 413, a body without a length 411; a real update still works (above)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
-    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
-    cfg = write_config(tmp_path, fake, receive="webhook", webhook=(
-        f"  webhook: {{listen: 127.0.0.1, port: {port}, path: tg, "
-        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n"))
-    w = await World(tmp_path, fake, cfg).start()
+    port = _free_port()
+    w = await World(tmp_path, fake, _webhook_config(tmp_path, fake, monkeypatch, port)).start()
 
     async def head_only(headers: str) -> bytes:
         """The answer to a request's head sent alone, read until the server closes."""
@@ -886,8 +879,6 @@ async def test_healthz_fails_while_the_webhook_server_is_dead(tmp_path, fake, mo
     """receive: webhook, with /healthz served: 200 while the webhook server answers;
     once it is dead (the process lives on) 503 naming the receiver, as for a stuck
     poller; 200 again when it is back."""
-    import socket
-
     import httpx
 
     from bot.service import health
@@ -895,17 +886,9 @@ async def test_healthz_fails_while_the_webhook_server_is_dead(tmp_path, fake, mo
 
     monkeypatch.setattr(health, "WEBHOOK_PROBE_EVERY", 0.05, raising=False)
     monkeypatch.setattr(health, "_TELEGRAM_SLACK", 1.0)  # the bound: 1.05 s
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
-    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
-    cfg = write_config(tmp_path, fake, receive="webhook", webhook=(
-        f"  webhook: {{listen: 127.0.0.1, port: {ports[0]}, path: tg, "
-        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n"
-        f"observability: {{listen: '127.0.0.1:{ports[1]}'}}\n"))
+    ports = [_free_port(), _free_port()]
+    cfg = _webhook_config(tmp_path, fake, monkeypatch, ports[0],
+                          f"observability: {{listen: '127.0.0.1:{ports[1]}'}}\n")
     service = await Service(load_settings(cfg), None).start()
     w = await World(tmp_path, fake, cfg).start()
 
