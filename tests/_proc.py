@@ -77,6 +77,27 @@ def console_model_config(tmp: Path, *, pipeline: str, lease: str, model: str, mo
     return cfg
 
 
+def template_console_config(tmp: Path, name: str, top: str, pipeline: str) -> str:
+    """A deployment in ``tmp``: draftgate.yaml (store s.db, then ``top``) and one pipeline
+    ``name`` (every 5m; ``pipeline``: its source and sender lines), drafted by the template
+    reply.txt, approved on the console. Returns the config path, as a string."""
+    (tmp / "pipelines").mkdir(exist_ok=True)
+    (tmp / "draftgate.yaml").write_text(
+        f"store: sqlite:///{tmp}/s.db\npipelines: pipelines/*.yaml\n{top}")
+    (tmp / "reply.txt").write_text("Hi {first_name}\n")
+    (tmp / "pipelines" / f"{name}.yaml").write_text(
+        f"name: {name}\nschedule: 5m\n{pipeline}drafter: {{model: template, prompt: reply.txt}}\n"
+        "approval: {channel: console}\n")
+    return str(tmp / "draftgate.yaml")
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -m bot *args`` in the repository, its output captured as text."""
+    return subprocess.run([sys.executable, "-m", "bot", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env or dict(os.environ))
+
+
 def gmail_every_second(tmp_path: Path, gmail: Any) -> Path:
     """The fake-Gmail deployment of ``tests.fakes.gmail`` with its pipeline ticking every
     second; returns the config path."""

@@ -14,25 +14,17 @@ import pytest
 
 from tests._dovecot import PASSWORD, USERS, Dovecot, SmtpRelay
 from tests._imap_world import env, order_mail, write_deployment
-from tests._proc import ROOT, reap, sqlite_rows
+from tests._proc import ROOT, reap, run_cli, sqlite_rows, template_console_config
 
 
 def cli(*args: str, environ: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bot", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=environ or env())
+    return run_cli(*args, env=environ or env())
 
 
 def deployment(tmp_path, account: str, pipeline: str = "source: {type: imap, account: shop}\n"
                "sender: {type: smtp_reply, account: shop}\n"):
-    (tmp_path / "pipelines").mkdir()
-    (tmp_path / "draftgate.yaml").write_text(
-        f"store: sqlite:///{tmp_path}/s.db\npipelines: pipelines/*.yaml\n"
-        f"imap:\n  accounts:\n    shop:\n{account}")
-    (tmp_path / "reply.txt").write_text("Hi {first_name}\n")
-    (tmp_path / "pipelines" / "shop.yaml").write_text(
-        f"name: shop\nschedule: 5m\n{pipeline}drafter: {{model: template, prompt: reply.txt}}\n"
-        "approval: {channel: console}\n")
-    return str(tmp_path / "draftgate.yaml")
+    return template_console_config(tmp_path, "shop", f"imap:\n  accounts:\n    shop:\n{account}",
+                                   pipeline)
 
 
 GOOD = ("      host: imap.example.net\n      username: support@shop.example\n"
