@@ -40,17 +40,8 @@ def telegram_maildir_config(tmp_path: Path, fake: Any, operator: int, chat: int,
         sender: {{type: outbox, path: outbox, from: "Acme <support@acme.example>"}}
         """))
     cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text(textwrap.dedent(f"""\
-        store: sqlite:///{tmp_path}/state.db
-        pipelines: pipelines/*.yaml
-        telegram:
-          token_env: DG_CRASH_TELEGRAM_TOKEN
-          base_url: {fake.base_url}
-          base_file_url: {fake.base_file_url}
-          operators: [{operator}]
-          approvals_chat: {chat}
-          poll_timeout: 2s
-        """))
+    cfg.write_text(f"store: sqlite:///{tmp_path}/state.db\npipelines: pipelines/*.yaml\n"
+                   + fake.config_yaml("DG_CRASH_TELEGRAM_TOKEN", [operator], chat, "2s"))
     return cfg
 
 
@@ -96,6 +87,19 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
     """``python -m bot *args`` in the repository, its output captured as text."""
     return subprocess.run([sys.executable, "-m", "bot", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env=env or dict(os.environ))
+
+
+def two_new_mails(cli, cfg, deliver, mail) -> subprocess.CompletedProcess:
+    """``run --once`` (the first run records the cursor), then ``mail(1)`` and ``mail(2)``
+    delivered and ``run --once`` again, which shows both: its result. ``cli`` runs the
+    CLI (as :func:`run_cli`), ``deliver`` puts a raw message in the mailbox."""
+    assert cli("run", "--once", "-c", str(cfg)).returncode == 0  # first run: the cursor
+    deliver(mail(1))
+    deliver(mail(2))
+    r = cli("run", "--once", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert "Where is my order #1?" in r.stdout and "Where is my order #2?" in r.stdout
+    return r
 
 
 def gmail_every_second(tmp_path: Path, gmail: Any) -> Path:

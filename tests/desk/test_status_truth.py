@@ -134,6 +134,12 @@ def _on_store(deployment, fn) -> None:
     asyncio.run(go())
 
 
+async def _tick_ended(store, counts: dict) -> None:
+    """A tick of demo started and ended ok with ``counts``."""
+    run_id = await store.start_run("demo")
+    await store.end_run(run_id, "ok", counts)
+
+
 def test_a_spent_budget_holds_drafting(deployment, capsys):
     async def spend(store):
         await store.add_tokens("demo", 1000)
@@ -154,8 +160,7 @@ def test_items_waiting_longer_than_two_ticks_are_a_backlog(deployment, capsys):
     from bot.models import Item, Message
 
     async def queue_long_ago(store):
-        run_id = await store.start_run("demo")
-        await store.end_run(run_id, "ok", {"fetched": 0})
+        await _tick_ended(store, {"fetched": 0})
         await store.admit("demo", "maildir", "v1", [Item("old", Message(subject="s"))],
                           now=time.time() - 3600)
 
@@ -166,11 +171,8 @@ def test_items_waiting_longer_than_two_ticks_are_a_backlog(deployment, capsys):
 
 
 def test_a_tick_whose_every_draft_failed_is_failing(deployment, capsys):
-    async def record(store):
-        run_id = await store.start_run("demo")
-        await store.end_run(run_id, "ok", {"fetched": 2, "new": 2, "drafted": 0, "failed": 2})
-
-    _on_store(deployment, record)
+    _on_store(deployment, lambda store: _tick_ended(
+        store, {"fetched": 2, "new": 2, "drafted": 0, "failed": 2}))
     row = _status(capsys, deployment)["demo"]
     assert row["health"] == "failing" and "every draft of the last tick failed" in row["problem"]
 

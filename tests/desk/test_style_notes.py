@@ -42,14 +42,7 @@ class Team:
             models:
               llm: {{provider: openai, base_url: {llm.openai_url}, model: m, timeout: 10s,
                      retries: 0}}
-            telegram:
-              token_env: {TOKEN_ENV}
-              base_url: {tg.base_url}
-              base_file_url: {tg.base_file_url}
-              operators: [{ANNA}]
-              approvals_chat: {SUPPORT_CHAT}
-              poll_timeout: 5s
-            """))
+            """) + tg.config_yaml(TOKEN_ENV, [ANNA], SUPPORT_CHAT))
         for name, chat in (("support", SUPPORT_CHAT), ("sales", SALES_CHAT)):
             (tmp / "pipelines" / f"{name}.yaml").write_text(textwrap.dedent(f"""\
                 name: {name}

@@ -218,6 +218,14 @@ class FakeTelegram:
     def base_file_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/file/bot"
 
+    def config_yaml(self, token_env: str, operators: list[int], approvals_chat: int,
+                    poll_timeout: str = "5s", extra: str = "") -> str:
+        """draftgate.yaml's ``telegram:`` section on this fake (its token in ``token_env``),
+        then ``extra`` (more keys of it, indented two)."""
+        return (f"telegram:\n  token_env: {token_env}\n  base_url: {self.base_url}\n"
+                f"  base_file_url: {self.base_file_url}\n  operators: {operators}\n"
+                f"  approvals_chat: {approvals_chat}\n  poll_timeout: {poll_timeout}\n" + extra)
+
     # -- test controls -------------------------------------------------------------
     def fail(self, method: str, status: int, description: str, *, times: int = 1,
              retry_after: int | None = None) -> None:

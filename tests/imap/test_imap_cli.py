@@ -14,7 +14,7 @@ import pytest
 
 from tests._dovecot import PASSWORD, USERS, Dovecot, SmtpRelay
 from tests._imap_world import env, order_mail, write_deployment
-from tests._proc import ROOT, reap, run_cli, sqlite_rows, template_console_config
+from tests._proc import ROOT, reap, run_cli, sqlite_rows, template_console_config, two_new_mails
 
 
 def cli(*args: str, environ: dict | None = None) -> subprocess.CompletedProcess:
@@ -78,12 +78,7 @@ def awaiting(db) -> list[tuple]:
 
 def test_run_gives_new_mail_a_card_and_a_restart_drafts_nothing_twice(tmp_path, dovecot):
     cfg = write_deployment(tmp_path, dovecot, None, sender="{type: imap_draft, account: shop}")
-    assert cli("run", "--once", "-c", str(cfg)).returncode == 0  # first run: the cursor
-    dovecot.deliver(order_mail(1))
-    dovecot.deliver(order_mail(2))
-    r = cli("run", "--once", "-c", str(cfg))
-    assert r.returncode == 0, r.stderr
-    assert "Where is my order #1?" in r.stdout and "Where is my order #2?" in r.stdout
+    r = two_new_mails(cli, cfg, dovecot.deliver, order_mail)
     assert PASSWORD not in r.stdout + r.stderr
     db = tmp_path / "state.db"
     assert awaiting(db) == [("<order-1@customer.test>", "awaiting"),

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests._proc import ROOT, reap, run_cli, sqlite_rows, template_console_config
+from tests._proc import ROOT, reap, run_cli, sqlite_rows, template_console_config, two_new_mails
 from tests.fakes.microsoft import FakeGraph
 from tests.support.microsoft_world import CLIENT_ID, customer_mail, sign_in, write_deployment
 
@@ -120,12 +120,7 @@ def drafts(tmp_path) -> list[tuple]:
 def test_run_gives_new_mail_a_card_and_a_restart_drafts_nothing_twice(tmp_path, fake):
     cfg = write_deployment(tmp_path, fake)
     sign_in(fake, cfg)
-    assert cli("run", "--once", "-c", str(cfg)).returncode == 0  # first run: the cursor
-    fake.deliver(customer_mail(1))
-    fake.deliver(customer_mail(2))
-    r = cli("run", "--once", "-c", str(cfg))
-    assert r.returncode == 0, r.stderr
-    assert "Where is my order #1?" in r.stdout and "Where is my order #2?" in r.stdout
+    two_new_mails(cli, cfg, fake.deliver, customer_mail)
     assert drafts(tmp_path) == [("<order-1@customer.test>", "awaiting"),
                                 ("<order-2@customer.test>", "awaiting")]
     r = cli("run", "--once", "-c", str(cfg))  # a restart
