@@ -20,9 +20,9 @@ from tests.support.telegram_world import (
     ANNA,
     BO,
     SUPPORT_CHAT,
-    TOKEN_ENV,
     World,
     _buttons,
+    start_world,
     write_config,
 )
 
@@ -49,7 +49,6 @@ class ClaimingDrafter:
 
 @pytest.fixture
 async def worlds(tmp_path, fake, monkeypatch):
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
     made: list[World] = []
 
     async def make(grounding: str, quorum: int = 1, body: str = CLAIMS) -> World:
@@ -59,10 +58,8 @@ async def worlds(tmp_path, fake, monkeypatch):
             "approval: {channel: telegram, chat: 1001}",
             f"approval: {{channel: telegram, chat: 1001, quorum: {quorum}}}")
             + f"drafter: {{grounding: {grounding}}}\n")
-        w = World(tmp_path, fake, cfg)
-        w.drafter = ClaimingDrafter(body)  # type: ignore[assignment]
-        made.append(await w.start())
-        return w
+        return await start_world(tmp_path, fake, monkeypatch, made, cfg,
+                                 drafter=lambda w: ClaimingDrafter(body))
 
     yield make
     for w in made:

@@ -7,16 +7,22 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 
+def send_head(h: BaseHTTPRequestHandler, status: int, content_type: str, length: int,
+              headers: dict | None = None) -> None:
+    """The head of ``h``'s answer: ``status``, the body's type and length, ``headers``."""
+    h.send_response(status)
+    h.send_header("Content-Type", content_type)
+    h.send_header("Content-Length", str(length))
+    for k, v in (headers or {}).items():
+        h.send_header(k, v)
+    h.end_headers()
+
+
 def send_json(h: BaseHTTPRequestHandler, status: int, payload: Any, headers: dict | None = None,
               content_type: str = "application/json") -> None:
     """Answer ``h``'s request: ``status``, ``payload`` as JSON, then ``headers``."""
     data = json.dumps(payload).encode()
-    h.send_response(status)
-    h.send_header("Content-Type", content_type)
-    h.send_header("Content-Length", str(len(data)))
-    for k, v in (headers or {}).items():
-        h.send_header(k, v)
-    h.end_headers()
+    send_head(h, status, content_type, len(data), headers)
     h.wfile.write(data)
 
 

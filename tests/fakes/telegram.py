@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qsl
 
-from tests.fakes._common import take_fault
+from tests.fakes._common import send_json, take_fault
 
 MAX_TEXT = 4096
 _ALLOWED_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span",
@@ -457,13 +457,8 @@ class FakeTelegram:
 
     @staticmethod
     def _reply(req: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
         try:
-            req.send_response(status)
-            req.send_header("Content-Type", "application/json")
-            req.send_header("Content-Length", str(len(data)))
-            req.end_headers()
-            req.wfile.write(data)
+            send_json(req, status, payload)
         except OSError:
             pass
 

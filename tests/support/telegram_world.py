@@ -186,13 +186,16 @@ class World:
 
 
 async def start_world(tmp_path: Path, fake: FakeTelegram, monkeypatch, worlds: list,
-                      cfg: Path, now=None) -> World:
+                      cfg: Path, now=None, drafter=None) -> World:
     """Start a :class:`World` of ``cfg`` (its token in the environment, its clock ``now``
-    when given) and add it to ``worlds`` (the fixture that stops them)."""
+    and its drafter ``drafter(world)`` when given) and add it to ``worlds`` (the fixture
+    that stops them)."""
     monkeypatch.setenv(TOKEN_ENV, fake.token)
     w = World(tmp_path, fake, cfg)
     if now is not None:
         w.now = now
+    if drafter is not None:
+        w.drafter = drafter(w)
     await w.start()
     worlds.append(w)
     return w
