@@ -62,3 +62,18 @@ async def drop_schema(dsn: str, schema: str) -> None:
         await con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     finally:
         await con.close()
+
+
+def pg_url_fixture(prefix: str = "t"):
+    """A ``pg_url`` fixture for a module: the URL of a fresh, empty schema named
+    ``prefix_<random>`` on DRAFTGATE_TEST_PG_DSN (skips or fails as described above),
+    dropped after the test. Use: ``pg_url = pg_url_fixture("audit")``."""
+
+    @pytest.fixture
+    async def pg_url():
+        dsn = await require_pg_dsn()
+        schema = new_schema_name(prefix)
+        yield with_schema(dsn, schema)
+        await drop_schema(dsn, schema)
+
+    return pg_url

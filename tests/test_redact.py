@@ -156,6 +156,15 @@ def test_doctor_vv_shows_no_secret(tmp_path):
 
 # -- the webhook sender's own secret ------------------------------------------------------------
 
+def _sending_draft(draft_id: int, item: str) -> Draft:
+    """Draft ``draft_id`` of support's maildir ``item``, v1, being sent."""
+    return Draft(id=draft_id, key=draft_key("support", "maildir", item, "v1"), pipeline="support",
+                 scope="maildir", item_id=item, recipe="v1", status="sending",
+                 message=Message(message_id=item, from_addr="a@customer.example",
+                                 reply_to="a@customer.example", subject="Order"),
+                 body="Hi,\n\nIt ships today.\n", version=1)
+
+
 def _webhook_sender(url: str) -> webhook.WebhookSender:
     pipeline = _stage.pipeline(
         source={"type": "maildir", "path": "inbox"},
@@ -171,12 +180,7 @@ async def test_a_receiver_echoing_our_authorization_in_a_4xx_gets_no_secret_show
     the log) says what the receiver answered, without the secret, however short, and
     without a tail of a long one cut at the excerpt's end."""
     monkeypatch.setenv("DG_RD_SHORT", secret)
-    item = "<order-1@customer.example>"
-    draft = Draft(id=7, key=draft_key("support", "maildir", item, "v1"), pipeline="support",
-                  scope="maildir", item_id=item, recipe="v1", status="sending",
-                  message=Message(message_id=item, from_addr="a@customer.example",
-                                  reply_to="a@customer.example", subject="Order"),
-                  body="Hi,\n\nIt ships today.\n", version=1)
+    draft = _sending_draft(7, "<order-1@customer.example>")
     with FakeWebhook() as hook:
         hook.mode, hook.echo_status = "echo", 400
         sender = _webhook_sender(hook.url + "/hooks")
@@ -452,12 +456,7 @@ async def test_a_huge_hostile_error_page_is_cut_before_it_is_scrubbed(monkeypatc
     seen: list[int] = []
     real = redact.scrub
     monkeypatch.setattr(redact, "scrub", lambda text: seen.append(len(text)) or real(text))
-    item = "<order-2@customer.example>"
-    draft = Draft(id=8, key=draft_key("support", "maildir", item, "v1"), pipeline="support",
-                  scope="maildir", item_id=item, recipe="v1", status="sending",
-                  message=Message(message_id=item, from_addr="a@customer.example",
-                                  reply_to="a@customer.example", subject="Order"),
-                  body="Hi,\n\nIt ships today.\n", version=1)
+    draft = _sending_draft(8, "<order-2@customer.example>")
     monkeypatch.setenv("DG_RD_SHORT", "page-test-secret")
     with FakeWebhook() as hook:
         hook.mode, hook.echo_status = "page", 502

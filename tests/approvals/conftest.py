@@ -1,14 +1,9 @@
-"""The fake Telegram Bot API the tests here share (a module may define its own ``fake``)."""
+"""The fixtures the approval tests share: ``fake`` (a fake Telegram Bot API; a module may
+define its own), ``llm`` (a fake model server) and ``worlds`` (Telegram worlds stopped at
+the end)."""
 
 from __future__ import annotations
 
-import pytest
-
-from tests.fakes.telegram import FakeTelegram
-
-
-@pytest.fixture
-def fake():
-    """A fake Telegram Bot API on 127.0.0.1."""
-    with FakeTelegram() as f:
-        yield f
+from tests.support.fixtures import fake_llm as llm  # noqa: F401
+from tests.support.fixtures import fake_telegram as fake  # noqa: F401
+from tests.support.fixtures import worlds  # noqa: F401

@@ -10,7 +10,6 @@ import io
 import json
 import threading
 
-import pytest
 from PIL import Image
 
 from bot import scoreboard
@@ -19,31 +18,14 @@ from bot.approvals.telegram import chart
 from bot.scoreboard import Figures
 from tests.fakes.telegram import FakeTelegram
 from tests.support.team import team_config
-from tests.support.telegram_world import ANNA, BO, SUPPORT_CHAT, TOKEN_ENV, World
+from tests.support.telegram_world import ANNA, BO, SUPPORT_CHAT, World, start_world
 
 WAIT = 60.0  # the first chart of a process also loads matplotlib and its fonts
 
 
-@pytest.fixture
-def fake():
-    with FakeTelegram() as f:
-        yield f
-
-
-@pytest.fixture
-async def worlds():
-    started: list[World] = []
-    yield started
-    for w in started:
-        await w.stop()
-
-
 async def _world(tmp_path, fake, monkeypatch, worlds, approval: str = "") -> World:
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
-    w = World(tmp_path, fake, team_config(tmp_path, fake, approval))
-    await w.start()
-    worlds.append(w)
-    return w
+    return await start_world(tmp_path, fake, monkeypatch, worlds,
+                             team_config(tmp_path, fake, approval))
 
 
 def _photos(fake: FakeTelegram) -> list:

@@ -19,8 +19,10 @@ import pytest
 from bot.approvals.telegram.channel import create
 from bot.config.load import load_settings
 from bot.errors import SendUnknown
-from tests.fakes.telegram import FakeTelegram, parse_html
+from tests.fakes.telegram import parse_html
 from tests.support.desk import SYSTEM, op
+from tests.support.held import Held
+from tests.support.service import _free_port
 from tests.support.telegram_world import (  # noqa: F401
     ANNA,
     BO,
@@ -37,12 +39,6 @@ from tests.support.telegram_world import (  # noqa: F401
     eml,
     write_config,
 )
-
-
-@pytest.fixture
-def fake():
-    with FakeTelegram() as f:
-        yield f
 
 
 @pytest.fixture
@@ -134,15 +130,8 @@ async def test_a_slow_send_gets_its_tap_answered_first_and_the_card_shows_the_ou
     world.answer_within = 0.2
     await world.restart()
     d = await world.deliver(1)
-    entered, release = asyncio.Event(), asyncio.Event()
-    plain = world.sender.send
-
-    async def slow(draft):
-        entered.set()
-        await release.wait()
-        return await plain(draft)
-
-    world.sender.send = slow
+    world.sender.send = held = Held(world.sender.send)
+    entered, release = held.entered, held.release
     u = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
     assert (await fake.answered(u))["text"] == "Working on it; the card shows the outcome."
     assert entered.is_set() and world.sender.sent == []
@@ -814,22 +803,23 @@ def test_create_says_what_to_fix(tmp_path, fake, monkeypatch):
         create(settings)
 
 
+def _webhook_config(tmp_path, fake, monkeypatch, port: int, extra: str = ""):
+    """receive: webhook on 127.0.0.1:``port``/tg, its secret (s3cret-Token_1) and the
+    token in the environment, ``extra`` appended to draftgate.yaml; the config's path."""
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
+    return write_config(tmp_path, fake, receive="webhook", webhook=(
+        f"  webhook: {{listen: 127.0.0.1, port: {port}, path: tg, "
+        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n" + extra))
+
+
 async def test_webhook_checks_the_secret_token_on_every_request(tmp_path, fake, monkeypatch):
     """receive: webhook -- a request with a missing or wrong secret gets 403 and changes
     nothing; the right secret delivers the tap."""
-    import socket
-
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
-    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
-    cfg = write_config(tmp_path, fake, receive="webhook", webhook=(
-        f"  webhook: {{listen: 127.0.0.1, port: {port}, path: tg, "
-        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n"))
-    w = await World(tmp_path, fake, cfg).start()
+    port = _free_port()
+    w = await World(tmp_path, fake, _webhook_config(tmp_path, fake, monkeypatch, port)).start()
     try:
         assert fake.webhook["url"] == "https://bot.example/tg"
         assert fake.webhook["secret_token"] == "s3cret-Token_1"
@@ -857,17 +847,8 @@ async def test_the_webhook_refuses_a_strangers_large_post_before_reading_its_bod
     alone, before a byte of its body is sent, and the connection is closed: nothing of
     it is read or buffered (PTB's server read 100 MB first). The right secret with
     100 MB gets 413, a body without a length 411; a real update still works (above)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
-    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
-    cfg = write_config(tmp_path, fake, receive="webhook", webhook=(
-        f"  webhook: {{listen: 127.0.0.1, port: {port}, path: tg, "
-        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n"))
-    w = await World(tmp_path, fake, cfg).start()
+    port = _free_port()
+    w = await World(tmp_path, fake, _webhook_config(tmp_path, fake, monkeypatch, port)).start()
 
     async def head_only(headers: str) -> bytes:
         """The answer to a request's head sent alone, read until the server closes."""
@@ -898,8 +879,6 @@ async def test_healthz_fails_while_the_webhook_server_is_dead(tmp_path, fake, mo
     """receive: webhook, with /healthz served: 200 while the webhook server answers;
     once it is dead (the process lives on) 503 naming the receiver, as for a stuck
     poller; 200 again when it is back."""
-    import socket
-
     import httpx
 
     from bot.service import health
@@ -907,17 +886,9 @@ async def test_healthz_fails_while_the_webhook_server_is_dead(tmp_path, fake, mo
 
     monkeypatch.setattr(health, "WEBHOOK_PROBE_EVERY", 0.05, raising=False)
     monkeypatch.setattr(health, "_TELEGRAM_SLACK", 1.0)  # the bound: 1.05 s
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
-    monkeypatch.setenv("DG_TEST_WEBHOOK_SECRET", "s3cret-Token_1")
-    cfg = write_config(tmp_path, fake, receive="webhook", webhook=(
-        f"  webhook: {{listen: 127.0.0.1, port: {ports[0]}, path: tg, "
-        f"url: 'https://bot.example/tg', secret_env: DG_TEST_WEBHOOK_SECRET}}\n"
-        f"observability: {{listen: '127.0.0.1:{ports[1]}'}}\n"))
+    ports = [_free_port(), _free_port()]
+    cfg = _webhook_config(tmp_path, fake, monkeypatch, ports[0],
+                          f"observability: {{listen: '127.0.0.1:{ports[1]}'}}\n")
     service = await Service(load_settings(cfg), None).start()
     w = await World(tmp_path, fake, cfg).start()
 
@@ -979,15 +950,8 @@ async def test_stop_lets_an_approval_in_flight_finish(world, fake):
     """SIGTERM while a reply is being sent: the send completes, its card and answer go
     out, then the channel stops."""
     d = await world.deliver(1)
-    entered, release = asyncio.Event(), asyncio.Event()
-    send = world.sender.send
-
-    async def slow_send(draft):
-        entered.set()
-        await release.wait()
-        return await send(draft)
-
-    world.sender.send = slow_send
+    world.sender.send = held = Held(world.sender.send)
+    entered, release = held.entered, held.release
     u = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
     await asyncio.wait_for(entered.wait(), 10)
     stopping = asyncio.create_task(world.channel.stop())

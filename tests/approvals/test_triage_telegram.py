@@ -11,14 +11,12 @@ import pytest
 
 from bot.desk import reports as ops
 from bot.engine.build import build_drafter
-from tests.fakes.llm import FakeLLM
 from tests.support.telegram_world import (
     ANNA,
     BO,
     SUPPORT_CHAT,
-    TOKEN_ENV,
-    World,
     _buttons,
+    start_world,
     write_config,
 )
 from tests.support.triage import is_triage
@@ -28,14 +26,7 @@ NOTIFY = json.dumps({"action": "notify", "reason": "An invoice <b>from</b> a sup
 
 
 @pytest.fixture
-def llm():
-    with FakeLLM() as f:
-        yield f
-
-
-@pytest.fixture
-async def world(tmp_path, fake, llm, monkeypatch):
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
+async def world(tmp_path, fake, llm, monkeypatch, worlds):
     cfg = write_config(tmp_path, fake)
     cfg.write_text(cfg.read_text() + f"models:\n  cheap:\n    provider: openai\n"
                    f"    base_url: {llm.openai_url}\n    model: m\n    timeout: 10s\n"
@@ -44,14 +35,9 @@ async def world(tmp_path, fake, llm, monkeypatch):
     support.write_text(support.read_text() + "drafter: {model: cheap}\n"
                        "triage:\n  model: cheap\n  rules: |\n"
                        "    Only notify for invoices. Reply to customers.\n")
-    w = World(tmp_path, fake, cfg)
     # Drafting too through the real openai SDK against the fake model server.
-    w.drafter = build_drafter(w.settings.pipeline("support"), w.settings)
-    await w.start()
-    try:
-        yield w
-    finally:
-        await w.stop()
+    return await start_world(tmp_path, fake, monkeypatch, worlds, cfg, drafter=lambda w:
+                             build_drafter(w.settings.pipeline("support"), w.settings))
 
 
 async def test_notify_posts_an_fyi_card_and_draft_a_reply_makes_a_normal_card(world, fake, llm):

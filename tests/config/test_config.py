@@ -13,6 +13,7 @@ from tests.support.configs import (  # noqa: F401
     GOOD,
     errors_of,
     write,
+    write_raw,
 )
 
 
@@ -385,12 +386,8 @@ def test_a_tilde_in_a_relative_sqlite_store_means_the_home_folder(tmp_path, monk
     from bot.config.load import load_settings
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "pipelines").mkdir()
-    (tmp_path / "pipelines" / "p.yaml").write_text(
-        "name: p\nschedule: 5m\nsource: {type: maildir, path: inbox}\n"
-        "sender: {type: outbox, path: out, from: s@shop.example}\n")
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text("store: sqlite:///~/draftgate/state.db\npipelines: pipelines/*.yaml\n")
+    cfg = write_raw(tmp_path, {"p.yaml": GOOD.format(name="p")},
+                    "store: sqlite:///~/draftgate/state.db\npipelines: pipelines/*.yaml\n")
     assert load_settings(cfg).store == f"sqlite:///{tmp_path}/home/draftgate/state.db"
 
 

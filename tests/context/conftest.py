@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes.llm import FakeLLM
 from tests.support.context_world import Deployment
-
-
-@pytest.fixture
-def fake():
-    """A fake LLM server (OpenAI and Anthropic APIs) on 127.0.0.1."""
-    with FakeLLM() as f:
-        yield f
+from tests.support.fixtures import fake_llm as fake  # noqa: F401
 
 
 @pytest.fixture

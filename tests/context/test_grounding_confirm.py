@@ -15,15 +15,18 @@ import pytest
 from bot.models import DraftResult
 from tests.fakes.telegram import FakeTelegram
 from tests.support.desk import op
+from tests.support.fixtures import fake_telegram
 from tests.support.telegram_world import (
     ANNA,
     BO,
     SUPPORT_CHAT,
-    TOKEN_ENV,
     World,
     _buttons,
+    start_world,
     write_config,
 )
+
+fake = fake_telegram  # the fixture here: a fake Telegram (context/conftest's is a model)
 
 #: "€25" and "14 days" are in no source: the email asks only where the order is.
 CLAIMS = "Hi Alice, your order left today. We take €25 off and refund within 14 days."
@@ -45,14 +48,7 @@ class ClaimingDrafter:
 
 
 @pytest.fixture
-def fake():
-    with FakeTelegram() as f:
-        yield f
-
-
-@pytest.fixture
 async def worlds(tmp_path, fake, monkeypatch):
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
     made: list[World] = []
 
     async def make(grounding: str, quorum: int = 1, body: str = CLAIMS) -> World:
@@ -62,10 +58,8 @@ async def worlds(tmp_path, fake, monkeypatch):
             "approval: {channel: telegram, chat: 1001}",
             f"approval: {{channel: telegram, chat: 1001, quorum: {quorum}}}")
             + f"drafter: {{grounding: {grounding}}}\n")
-        w = World(tmp_path, fake, cfg)
-        w.drafter = ClaimingDrafter(body)  # type: ignore[assignment]
-        made.append(await w.start())
-        return w
+        return await start_world(tmp_path, fake, monkeypatch, made, cfg,
+                                 drafter=lambda w: ClaimingDrafter(body))
 
     yield make
     for w in made:

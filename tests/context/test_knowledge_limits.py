@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli.main import main
+from tests._pg import pg_url_fixture
 from tests.support.context_world import KNOWLEDGE, Deployment, cli, eml
 
 ZEBRA = "## Zebra crossing\n\nThe zebra code for the back door is ZEBRA-991.\n\n"
@@ -147,14 +148,7 @@ async def test_slash_status_names_a_knowledge_file_left_out(tmp_path, monkeypatc
 
 # -- indexing off the drafting path -----------------------------------------------------------
 
-@pytest.fixture
-async def pg_url():
-    from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
-
-    dsn = await require_pg_dsn()
-    schema = new_schema_name("kb")
-    yield with_schema(dsn, schema)
-    await drop_schema(dsn, schema)
+pg_url = pg_url_fixture("kb")  # a fresh PostgreSQL schema per test
 
 
 async def _until(check, timeout: float = 60.0) -> None:

@@ -18,18 +18,11 @@ import pytest
 
 from bot.__main__ import main
 from bot.approvals import cards, console
-from tests.fakes.telegram import FakeTelegram
 from tests.support.team import team_config
 from tests.support.telegram_world import ANNA, BO, SUPPORT_CHAT, TOKEN_ENV, World
 
 WAIT = 30.0
 NOT_YOURS = "Not yours to decide: support's cards are decided by its approval.operators."
-
-
-@pytest.fixture
-def fake():
-    with FakeTelegram() as f:
-        yield f
 
 
 @pytest.fixture

@@ -10,10 +10,12 @@ import pytest
 from bot.clock import utc_day
 from bot.desk.chrf import chrf, corpus_chrf
 from bot.models import STATUSES
-from tests.fakes.llm import FakeLLM
 from tests.support.context_world import Deployment, cli, eml
 from tests.support.desk import op
+from tests.support.fixtures import fake_llm
 from tests.support.triage import is_triage
+
+fake = fake_llm  # the fixture here: a fake model server (desk/conftest's is Telegram)
 
 #: (hypothesis, reference, chrF) as sacrebleu 2.6.0 printed them
 #: (``CHRF().sentence_score(h, [r]).score``), and its corpus score of all of them.
@@ -42,12 +44,6 @@ def test_chrf_is_sacrebleus():
         assert chrf(hypothesis, reference) == pytest.approx(expected, abs=1e-9)
     assert corpus_chrf([(h, r) for h, r, _ in SACREBLEU]) == pytest.approx(SACREBLEU_CORPUS,
                                                                            abs=1e-9)
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
 
 
 @pytest.fixture

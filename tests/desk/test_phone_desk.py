@@ -13,44 +13,19 @@ import pytest
 
 from bot.engine.engine import Engine
 from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
-from tests.fakes.telegram import FakeTelegram
+from tests.support.clock import Clock
 from tests.support.team import team_config
-from tests.support.telegram_world import ANNA, BO, TOKEN_ENV, World
+from tests.support.telegram_world import ANNA, BO, TOKEN_ENV, World, start_world
 
 WAIT = 30.0
 T0 = 1_796_000_000.0  # a fixed instant: the engine's clock starts here
 
 
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def fake():
-    with FakeTelegram() as f:
-        yield f
-
-
-@pytest.fixture
-async def worlds():
-    started: list[World] = []
-    yield started
-    for w in started:
-        await w.stop()
-
-
 async def _world(tmp_path, fake, monkeypatch, worlds, approval: str = "undo: 10s",
                  cfg=None) -> tuple[World, Clock]:
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
-    w = World(tmp_path, fake, cfg or team_config(tmp_path, fake, approval))
-    clock = Clock()
-    w.now = clock
-    await w.start()
-    worlds.append(w)
+    clock = Clock(T0)
+    w = await start_world(tmp_path, fake, monkeypatch, worlds,
+                          cfg or team_config(tmp_path, fake, approval), now=clock)
     return w, clock
 
 
@@ -445,7 +420,7 @@ async def test_attach_pages_the_folder_makes_a_new_version_and_its_sent_mime_car
     monkeypatch.setenv(TOKEN_ENV, fake.token)
     w = World(tmp_path, fake, cfg)
     w.sender = build_sender(w.settings.pipeline("support"), w.settings)  # the real outbox
-    clock = Clock()
+    clock = Clock(T0)
     w.now = clock
     await w.start()
     worlds.append(w)

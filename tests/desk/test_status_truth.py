@@ -125,12 +125,26 @@ def test_a_long_retry_after_holds_drafting_until_then(tmp_path, capsys, monkeypa
     assert row["hold"]["until"] is not None and "asked to wait" in row["problem"]
 
 
-def test_a_spent_budget_holds_drafting(deployment, capsys):
-    async def spend():
+def _on_store(deployment, fn) -> None:
+    """``await fn(store)`` on the deployment's store, opened for it and closed after."""
+    async def go():
         async with create_store(f"sqlite:///{deployment.parent}/state.db") as store:
-            await store.add_tokens("demo", 1000)
+            await fn(store)
 
-    asyncio.run(spend())
+    asyncio.run(go())
+
+
+async def _tick_ended(store, counts: dict) -> None:
+    """A tick of demo started and ended ok with ``counts``."""
+    run_id = await store.start_run("demo")
+    await store.end_run(run_id, "ok", counts)
+
+
+def test_a_spent_budget_holds_drafting(deployment, capsys):
+    async def spend(store):
+        await store.add_tokens("demo", 1000)
+
+    _on_store(deployment, spend)
     pipeline = deployment.parent / "pipelines" / "demo.yaml"
     pipeline.write_text(pipeline.read_text() + "daily_token_budget: 100\n")
     assert run(capsys, "run", "--once", "-c", str(deployment))[0] == 0
@@ -145,27 +159,20 @@ def test_items_waiting_longer_than_two_ticks_are_a_backlog(deployment, capsys):
 
     from bot.models import Item, Message
 
-    async def queue_long_ago():
-        async with create_store(f"sqlite:///{deployment.parent}/state.db") as store:
-            run_id = await store.start_run("demo")
-            await store.end_run(run_id, "ok", {"fetched": 0})
-            await store.admit("demo", "maildir", "v1", [Item("old", Message(subject="s"))],
-                              now=time.time() - 3600)
+    async def queue_long_ago(store):
+        await _tick_ended(store, {"fetched": 0})
+        await store.admit("demo", "maildir", "v1", [Item("old", Message(subject="s"))],
+                          now=time.time() - 3600)
 
-    asyncio.run(queue_long_ago())
+    _on_store(deployment, queue_long_ago)
     row = _status(capsys, deployment)["demo"]
     assert row["health"] == "backlog" and row["queued"] == 1
     assert "1 item(s) waiting to be drafted since" in row["problem"]
 
 
 def test_a_tick_whose_every_draft_failed_is_failing(deployment, capsys):
-    async def record():
-        async with create_store(f"sqlite:///{deployment.parent}/state.db") as store:
-            run_id = await store.start_run("demo")
-            await store.end_run(run_id, "ok", {"fetched": 2, "new": 2, "drafted": 0,
-                                               "failed": 2})
-
-    asyncio.run(record())
+    _on_store(deployment, lambda store: _tick_ended(
+        store, {"fetched": 2, "new": 2, "drafted": 0, "failed": 2}))
     row = _status(capsys, deployment)["demo"]
     assert row["health"] == "failing" and "every draft of the last tick failed" in row["problem"]
 

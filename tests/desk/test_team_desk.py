@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.fakes.telegram import FakeTelegram
+from tests.support.clock import Clock
 from tests.support.team import (  # noqa: F401
     CY,
     team_config,
@@ -23,45 +24,16 @@ from tests.support.telegram_world import (
     BO,
     OPS_CHAT,
     SUPPORT_CHAT,
-    TOKEN_ENV,
     World,
+    start_world,
 )
 
 WAIT = 30.0
 
 
-
-
-class Clock:
-    """The engine's clock, moved by the test (reminders and the digest read it)."""
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def fake():
-    with FakeTelegram() as f:
-        yield f
-
-
-@pytest.fixture
-async def stop_worlds():
-    worlds: list[World] = []
-    yield worlds
-    for w in worlds:
-        await w.stop()
-
-
 async def _start(tmp_path, fake, monkeypatch, worlds, approval: str, **kw) -> World:
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
-    w = World(tmp_path, fake, team_config(tmp_path, fake, approval, **kw))
-    await w.start()
-    worlds.append(w)
-    return w
+    return await start_world(tmp_path, fake, monkeypatch, worlds,
+                             team_config(tmp_path, fake, approval, **kw))
 
 
 async def tap(w: World, d, action: str, user: int, name: str) -> str:
@@ -82,10 +54,10 @@ async def say(w: World, text: str, user: int = ANNA, name: str = "Anna",
 # -- quorum -------------------------------------------------------------------------------------
 
 async def test_quorum_two_one_approval_sends_nothing_a_second_operator_sends_once(
-        tmp_path, fake, monkeypatch, stop_worlds):
+        tmp_path, fake, monkeypatch, worlds):
     """The card shows ✅ 1/2 · Anna after Anna's approval; Anna again changes nothing;
     Bo's approval sends exactly once."""
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "quorum: 2")
+    w = await _start(tmp_path, fake, monkeypatch, worlds, "quorum: 2")
     d = await w.deliver(1)
     assert "👥 needs 2 approvals" in w.card(d).text
     assert await tap(w, d, "ap", ANNA, "Anna") == "✅ Your approval counts (1/2); it sends at 2."
@@ -106,8 +78,8 @@ async def test_quorum_two_one_approval_sends_nothing_a_second_operator_sends_onc
 
 
 async def test_an_edit_after_one_approval_needs_two_new_approvals(
-        tmp_path, fake, monkeypatch, stop_worlds):
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "quorum: 2")
+        tmp_path, fake, monkeypatch, worlds):
+    w = await _start(tmp_path, fake, monkeypatch, worlds, "quorum: 2")
     d = await w.deliver(1)
     await tap(w, d, "ap", ANNA, "Anna")
     answer = await say(w, "Edited by Bo.", user=BO, name="Bo",
@@ -124,10 +96,10 @@ async def test_an_edit_after_one_approval_needs_two_new_approvals(
 
 @pytest.mark.parametrize("quorum,sends", [(2, 1), (3, 0)])
 async def test_two_operators_approving_in_one_getupdates_batch(
-        tmp_path, fake, monkeypatch, stop_worlds, quorum, sends):
+        tmp_path, fake, monkeypatch, worlds, quorum, sends):
     """Both taps arrive in one batch and are handled concurrently: quorum 2 sends
     exactly one email, quorum 3 none (and the card shows 2/3)."""
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, f"quorum: {quorum}")
+    w = await _start(tmp_path, fake, monkeypatch, worlds, f"quorum: {quorum}")
     d = await w.deliver(1)
     with fake.cond:  # both queued before the next getUpdates answers
         u1 = fake.tap(ANNA, SUPPORT_CHAT, int(d.approval_message_id), f"ap:{d.id}:1", "Anna")
@@ -144,8 +116,8 @@ async def test_two_operators_approving_in_one_getupdates_batch(
 # -- per-pipeline operators -------------------------------------------------------------------
 
 async def test_an_operator_not_listed_for_the_pipeline_cannot_decide_and_sees_none_of_it(
-        tmp_path, fake, monkeypatch, stop_worlds):
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, f"operators: [{ANNA}]")
+        tmp_path, fake, monkeypatch, worlds):
+    w = await _start(tmp_path, fake, monkeypatch, worlds, f"operators: [{ANNA}]")
     d = await w.deliver(1)
     before = w.card(d).text
     for action in ("ap", "rj", "ed"):
@@ -172,8 +144,8 @@ async def test_an_operator_not_listed_for_the_pipeline_cannot_decide_and_sees_no
 # -- on demand ---------------------------------------------------------------------------------
 
 async def test_reply_drafts_a_skipped_item_with_the_instruction_and_emails_lists_five(
-        tmp_path, fake, monkeypatch, stop_worlds):
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "quorum: 1",
+        tmp_path, fake, monkeypatch, worlds):
+    w = await _start(tmp_path, fake, monkeypatch, worlds, "quorum: 1",
                      extra='filters: {skip_subjects: ["^Order 3$"]}\n')
     for n in range(1, 7):
         await w.deliver(n)
@@ -227,8 +199,8 @@ def _reminders(fake: FakeTelegram, d) -> list:
 
 
 async def test_reminders_one_per_interval_at_most_three_none_doubled_after_a_restart(
-        tmp_path, fake, monkeypatch, stop_worlds):
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "remind_after: 2s")
+        tmp_path, fake, monkeypatch, worlds):
+    w = await _start(tmp_path, fake, monkeypatch, worlds, "remind_after: 2s")
     clock = Clock(time.time())
     w.now = clock
     d, decided = await w.deliver(1), await w.deliver(2)
@@ -254,10 +226,10 @@ async def test_reminders_one_per_interval_at_most_three_none_doubled_after_a_res
 
 
 async def test_after_downtime_a_card_gets_only_its_newest_due_reminder_once(
-        tmp_path, fake, monkeypatch, stop_worlds):
+        tmp_path, fake, monkeypatch, worlds):
     """draftgate was down for three and a half intervals: the card gets reminder 3 of
     3, not 1, 2 and 3 in a burst, and the next pass sends nothing."""
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "remind_after: 2s")
+    w = await _start(tmp_path, fake, monkeypatch, worlds, "remind_after: 2s")
     clock = Clock(time.time())
     w.now = clock
     d = await w.deliver(1)
@@ -271,11 +243,11 @@ async def test_after_downtime_a_card_gets_only_its_newest_due_reminder_once(
 
 
 async def test_a_reminder_telegram_refuses_is_not_repeated_and_the_others_go_out(
-        tmp_path, fake, monkeypatch, stop_worlds, caplog):
+        tmp_path, fake, monkeypatch, worlds, caplog):
     """Telegram refuses one card's reminder: the pass goes on to the next card, the
     refusal is logged, and the refused reminder is not sent again (once beats twice);
     the card's next reminder comes at the next interval."""
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "remind_after: 2s")
+    w = await _start(tmp_path, fake, monkeypatch, worlds, "remind_after: 2s")
     clock = Clock(time.time())
     w.now = clock
     first, second = await w.deliver(1), await w.deliver(2)
@@ -297,8 +269,8 @@ async def test_a_reminder_telegram_refuses_is_not_repeated_and_the_others_go_out
 # -- the digest ---------------------------------------------------------------------------------
 
 async def test_the_digest_goes_to_the_ops_chat_once_per_slot(
-        tmp_path, fake, monkeypatch, stop_worlds):
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "quorum: 1",
+        tmp_path, fake, monkeypatch, worlds):
+    w = await _start(tmp_path, fake, monkeypatch, worlds, "quorum: 1",
                      digest="0 8 * * *")
     eight = (time.time() // 86400) * 86400 + 8 * 3600
     clock = Clock(eight - 3600)
@@ -323,16 +295,13 @@ async def test_the_digest_goes_to_the_ops_chat_once_per_slot(
 
 
 async def test_the_digest_follows_telegram_timezone_for_its_slot_window_and_header(
-        tmp_path, fake, monkeypatch, stop_worlds):
+        tmp_path, fake, monkeypatch, worlds):
     """telegram.timezone: Asia/Tokyo (UTC+9) and digest "0 8 * * *": the digest goes
     at 08:00 in Tokyo (23:00 UTC), counts what happened since 08:00 Tokyo the day
     before, and its header names Tokyo times and the zone."""
-    monkeypatch.setenv(TOKEN_ENV, fake.token)
     cfg = team_config(tmp_path, fake, "quorum: 1", digest="0 8 * * *")
     cfg.write_text(cfg.read_text() + "  timezone: Asia/Tokyo\n")
-    w = World(tmp_path, fake, cfg)
-    await w.start()
-    stop_worlds.append(w)
+    w = await start_world(tmp_path, fake, monkeypatch, worlds, cfg)
     # 08:00 in Tokyo is 23:00 UTC of the day before.
     eight = (time.time() // 86400) * 86400 - 3600
     clock = Clock(eight - 86400 - 1800)  # 07:30 Tokyo yesterday: before the window
@@ -354,10 +323,10 @@ async def test_the_digest_follows_telegram_timezone_for_its_slot_window_and_head
     assert line.startswith("support: drafted 1 · ")
 
 
-async def test_draftgate_run_sends_reminders_on_its_own(tmp_path, fake, monkeypatch, stop_worlds):
+async def test_draftgate_run_sends_reminders_on_its_own(tmp_path, fake, monkeypatch, worlds):
     """The engine's loop (what `draftgate run` drives) looks for due reminders without
     being asked: a card older than remind_after gets its reminder."""
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "remind_after: 1m")
+    w = await _start(tmp_path, fake, monkeypatch, worlds, "remind_after: 1m")
     clock = Clock(time.time())
     w.now = clock
     d = await w.deliver(1)
@@ -374,11 +343,11 @@ async def test_draftgate_run_sends_reminders_on_its_own(tmp_path, fake, monkeypa
 
 
 async def test_the_emails_command_lists_the_newest_items_and_is_audited(
-        tmp_path, fake, monkeypatch, stop_worlds, capsys):
+        tmp_path, fake, monkeypatch, worlds, capsys):
     """`draftgate emails support -n 2`: the same listing as /emails, from the terminal."""
     from bot.__main__ import main
 
-    w = await _start(tmp_path, fake, monkeypatch, stop_worlds, "quorum: 1",
+    w = await _start(tmp_path, fake, monkeypatch, worlds, "quorum: 1",
                      extra='filters: {skip_subjects: ["^Order 2$"]}\n')
     for n in (1, 2, 3):
         await w.deliver(n)

@@ -22,14 +22,6 @@ from tests.support.llm import (  # noqa: F401
 SECRET = "sk-test-secret-value-123"
 
 
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
-
-
-
-
 def make(tmp: Path, provider: str, fake: FakeLLM, **kw):
     url = fake.openai_url if provider == "openai" else fake.url
     settings = load_settings(write_config(tmp, provider, url, **kw))
@@ -196,14 +188,7 @@ async def test_401_is_a_setup_error_naming_the_env_var_but_never_the_key(tmp_pat
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_403_and_404_are_setup_errors_saying_what_to_check(tmp_path, fake, provider):
     fake.script(fake.error(403, "no access to this model"), fake.error(404, "no such model"))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterSetupError) as denied:
-            await d.draft(request())
-        with pytest.raises(DrafterSetupError) as missing:
-            await d.draft(request())
-    finally:
-        await d.close()
+    denied, missing = await _two_setup_errors(make(tmp_path, provider, fake))
     assert "HTTP 403" in str(denied.value) and "no access to this model" in str(denied.value)
     assert KEY_ENV in str(denied.value) and "models.llm.model" in str(denied.value)
     assert "HTTP 404" in str(missing.value) and "no such model" in str(missing.value)
@@ -258,14 +243,7 @@ async def test_an_exhausted_quota_is_a_setup_error_about_billing_not_a_rate_limi
     and holding the pipeline for a Retry-After would never end it."""
     fake.script(fake.error(429, "You exceeded your current quota", code="insufficient_quota"),
                 fake.error(402, "Your credit balance is too low"))
-    d = make(tmp_path, provider, fake)
-    try:
-        with pytest.raises(DrafterSetupError) as quota:
-            await d.draft(request())
-        with pytest.raises(DrafterSetupError) as credit:
-            await d.draft(request())
-    finally:
-        await d.close()
+    quota, credit = await _two_setup_errors(make(tmp_path, provider, fake))
     for err in (quota, credit):
         assert "check the billing/quota of the account" in str(err.value)
         assert KEY_ENV in str(err.value)
@@ -743,6 +721,19 @@ async def _raised(d, kind):
     finally:
         await d.close()
     return info
+
+
+async def _two_setup_errors(d):
+    """Draft two requests with drafter ``d`` (closed after): the DrafterSetupError each
+    raised, as pytest's ExceptionInfo."""
+    try:
+        with pytest.raises(DrafterSetupError) as first:
+            await d.draft(request())
+        with pytest.raises(DrafterSetupError) as second:
+            await d.draft(request())
+    finally:
+        await d.close()
+    return first, second
 
 
 async def _draft_error(settings, kind):

@@ -17,16 +17,10 @@ import pytest
 
 from bot.context.embedders import RemoteEmbedder
 from bot.drafters.triage import SCHEMA
-from tests.fakes.llm import FakeLLM, request_problem
+from tests.fakes.llm import request_problem
 
 MESSAGES = [{"role": "user", "content": "Where is my order?"}]
 OPEN = {"type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]}
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
 
 
 async def test_openai_refuses_an_unknown_field_and_a_schema_strict_mode_rejects(fake):

@@ -20,7 +20,7 @@ from bot.store import create_store
 from tests._stores import get_draft_by_key
 from tests.fakes.llm import FakeLLM
 from tests.support.desk import started
-from tests.support.engine_world import Cards, Clock
+from tests.support.engine_world import Cards, Clock, llm_yaml, shop_folders
 from tests.support.triage import (  # noqa: F401
     is_triage,
 )
@@ -37,14 +37,9 @@ def email(n: int, body: str = "Where is my order? It was due Friday.") -> bytes:
 
 
 def deploy(tmp: Path, fake: FakeLLM, provider: str = "openai", triage: str = "") -> Path:
-    (tmp / "pipelines").mkdir()
-    (tmp / "inbox").mkdir()
-    (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
-    url = fake.openai_url if provider == "openai" else fake.url
-    (tmp / "draftgate.yaml").write_text(
-        f"store: sqlite:///{tmp}/state.db\n"
-        f"models:\n  llm:\n    provider: {provider}\n    base_url: {url}\n    model: m\n"
-        f"    timeout: 10s\n    retries: 1\n    backoff: 10ms\n")
+    shop_folders(tmp)
+    (tmp / "draftgate.yaml").write_text(f"store: sqlite:///{tmp}/state.db\n"
+                                        + llm_yaml(fake, provider))
     triage = triage or "triage:\n  rules: |\n" + textwrap.indent(RULES, "    ") + "\n"
     (tmp / "pipelines" / "support.yaml").write_text(
         "name: support\nschedule: 5m\nsource: {type: maildir, path: inbox}\n"
@@ -85,12 +80,6 @@ class World:
     async def close(self):
         await self.engine.stop()
         await self.store.close()
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
 
 
 @pytest.fixture(params=["openai", "anthropic"])

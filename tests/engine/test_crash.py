@@ -20,7 +20,7 @@ from bot.config.load import load_settings
 from bot.models import TERMINAL_STATUSES
 from bot.store import create_store
 from tests._proc import (
-    ORDER_EMAIL,
+    console_model_config,
     gmail_every_second,
     reap,
     rows_once_migrated,
@@ -33,25 +33,11 @@ from tests.support.desk import op, started
 pytestmark = pytest.mark.slow
 
 
-
 def _config(tmp_path: Path, llm_url: str) -> Path:
-    (tmp_path / "inbox").mkdir()
-    (tmp_path / "inbox" / "1.eml").write_bytes(ORDER_EMAIL)
-    (tmp_path / "prompt.md").write_text("You answer customer email for Acme.\n")
-    (tmp_path / "pipelines").mkdir()
-    (tmp_path / "pipelines" / "crash.yaml").write_text(
-        "name: crash\nschedule: 1s\n"
-        "source: {type: maildir, path: inbox}\n"
-        "drafter: {model: local, prompt: prompt.md}\n"
-        "approval: {channel: console}\n"
-        "sender: {type: outbox, path: outbox, from: 'Acme <support@acme.example>'}\n"
-        "lease: 3s\nmax_attempts: 3\n")
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text(
-        f"store: sqlite:///{tmp_path}/state.db\npipelines: pipelines/*.yaml\n"
-        f"models:\n  local:\n    provider: openai\n    base_url: {llm_url}\n"
-        f"    model: fake-model\n    timeout: 2s\n    retries: 0\n")
-    return cfg
+    return console_model_config(
+        tmp_path, pipeline="crash", lease="3s", model="local",
+        model_yaml=f"    provider: openai\n    base_url: {llm_url}\n    model: fake-model\n"
+                   "    timeout: 2s\n    retries: 0\n")
 
 
 def _start(cfg: Path, log: Path) -> subprocess.Popen:

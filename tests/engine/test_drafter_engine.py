@@ -21,12 +21,9 @@ from tests.support.engine_world import (  # noqa: F401
     deploy,
     email,
 )
+from tests.support.fixtures import fake_llm
 
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
+fake = fake_llm  # the fixture: a fake model server (support/fixtures.py)
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from bot.models import DraftResult, FetchResult, Item, Message, SendResult
 from bot.stages import PostedRef
 from bot.store import create_store
 from tests.support.desk import op, started
+from tests.support.held import Held
 
 T0 = 1_764_410_400.0  # 2025-11-29T10:00:00Z
 
@@ -368,15 +369,8 @@ async def test_a_tick_that_loses_its_pipeline_lock_stops_before_posting(world):
     tick finishes the drafts in hand but posts nothing, so no two ticks overlap."""
     world.engine.leases.ttl = 0.3
     world.sources["alpha"].messages = [msg(1), msg(2)]
-    entered, release = asyncio.Event(), asyncio.Event()
-    plain = world.drafter.draft
-
-    async def slow(request):
-        entered.set()
-        await release.wait()
-        return await plain(request)
-
-    world.drafter.draft = slow
+    world.drafter.draft = held = Held(world.drafter.draft)
+    entered, release = held.entered, held.release
     tick = asyncio.create_task(world.engine.tick("alpha"))
     await entered.wait()
     world.clock.t += 60  # the lease ran out; another host takes the pipeline

@@ -9,13 +9,19 @@ in total, one card, one draft.
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
 
+from tests._proc import sqlite_rows
 from tests.fakes.llm import FakeLLM
-from tests.support.drafting_crash import Bot, _config, await_drafts
+from tests.support.drafting_crash import (
+    REPLY,
+    _config,
+    assert_one_card,
+    killed_while_held,
+    restarted_to_one_draft,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -32,39 +38,18 @@ def test_sigkill_between_triage_and_drafting_triages_once_and_posts_one_card(tmp
         triage = fake.reply(json.dumps({"action": "reply", "reason": "A customer asks "
                                                                      "about an order."}))
         held = fake.hold(then=fake.reply("LATE answer of the killed process"))
-        fake.script(triage, held, fake.reply("Hi Alice, your order ships today."))
+        fake.script(triage, held, fake.reply(REPLY))
         cfg = _with_triage(_config(tmp_path, fake.url))
 
-        first = Bot(cfg)
-        try:
-            assert held.arrived.wait(30), "".join(first.lines)
+        def decided() -> None:
             # The decision is stored with the draft before drafting starts.
-            con_rows = _rows(tmp_path / "state.db")
+            con_rows = sqlite_rows(tmp_path / "state.db",
+                                   "SELECT status, triage, triage_reason FROM drafts")
             assert con_rows == [("drafting", "reply", "A customer asks about an order.")]
-        finally:
-            assert first.stop(signal.SIGKILL) == -signal.SIGKILL
 
-        second = Bot(cfg)
-        try:
-            second.wait_for("Hi Alice, your order ships today.")
-            held.release()
-            assert held.finished.wait(10)
-            want = [("awaiting", 1, "Hi Alice, your order ships today.")]
-            assert await_drafts(tmp_path / "state.db", want) == want
-        finally:
-            assert second.stop(signal.SIGTERM) == 0, "".join(second.lines)
+        first = killed_while_held(cfg, held, decided)
+        second = restarted_to_one_draft(cfg, held)
 
-        cards = [line for line in first.lines + second.lines if line.startswith("📨 support")]
-        assert cards == ["📨 support · #1 v1\n"]
+        assert_one_card(first, second)
         asked = ["output_config" in r.body for r in fake.requests]
         assert asked == [True, False, False]  # one triage call, two drafting calls
-
-
-def _rows(db: Path) -> list[tuple]:
-    import sqlite3
-
-    con = sqlite3.connect(db, timeout=10)
-    try:
-        return con.execute("SELECT status, triage, triage_reason FROM drafts").fetchall()
-    finally:
-        con.close()

@@ -36,6 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes._common import send_json, take_fault
+
 QUOTA = {"getProfile": 1, "messages.list": 5, "messages.get": 5, "messages.send": 100,
          "threads.get": 10,
          "messages.modify": 5, "history.list": 2, "drafts.create": 10, "drafts.list": 5,
@@ -312,14 +314,7 @@ class FakeGmail:
             return self._holds[route][0]
 
     def _take_fault(self, route: str) -> _Fault | None:
-        faults = self._faults.get(route)
-        if not faults:
-            return None
-        fault = faults[0]
-        fault.times -= 1
-        if fault.times <= 0:
-            faults.pop(0)
-        return fault
+        return take_fault(self._faults, route)
 
     # -- query language (the subset draftgate uses) ---------------------------------------------
     def _matches(self, m: StoredMessage, q: str) -> bool:
@@ -459,15 +454,8 @@ class FakeGmail:
     def _answer(self, h: "_Handler", call: Call, status: int, payload: Any,
                 headers: dict | None = None) -> None:
         call.status = status
-        data = json.dumps(payload).encode()
         try:
-            h.send_response(status)
-            h.send_header("Content-Type", "application/json; charset=UTF-8")
-            h.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                h.send_header(k, v)
-            h.end_headers()
-            h.wfile.write(data)
+            send_json(h, status, payload, headers, "application/json; charset=UTF-8")
         except OSError:  # the client gave up (timeout test): nobody to answer
             h.close_connection = True
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.fakes._common import send_head
+
 __all__ = ["FakeLLM", "Reply", "Error", "Raw", "Hold", "request_problem"]
 
 # The documented top-level request fields (required ones first) of each endpoint:
@@ -497,12 +499,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_bytes(self, status: int, data: bytes, content_type: str,
                     headers: dict[str, str] | None = None, *, trickle: float = 0.0) -> bool:
         try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
+            send_head(self, status, content_type, len(data), headers)
             if trickle:
                 for i in range(0, len(data), 16):
                     self.wfile.write(data[i:i + 16])

@@ -25,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qsl
 
+from tests.fakes._common import send_json, take_fault
+
 MAX_TEXT = 4096
 _ALLOWED_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span",
                  "tg-spoiler", "a", "code", "pre", "blockquote", "tg-emoji"}
@@ -217,6 +219,14 @@ class FakeTelegram:
     @property
     def base_file_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/file/bot"
+
+    def config_yaml(self, token_env: str, operators: list[int], approvals_chat: int,
+                    poll_timeout: str = "5s", extra: str = "") -> str:
+        """draftgate.yaml's ``telegram:`` section on this fake (its token in ``token_env``),
+        then ``extra`` (more keys of it, indented two)."""
+        return (f"telegram:\n  token_env: {token_env}\n  base_url: {self.base_url}\n"
+                f"  base_file_url: {self.base_file_url}\n  operators: {operators}\n"
+                f"  approvals_chat: {approvals_chat}\n  poll_timeout: {poll_timeout}\n" + extra)
 
     # -- test controls -------------------------------------------------------------
     def fail(self, method: str, status: int, description: str, *, times: int = 1,
@@ -443,24 +453,12 @@ class FakeTelegram:
             pass
 
     def _take_failure(self, method: str) -> _Failure | None:
-        queue = self._failures.get(method)
-        if not queue:
-            return None
-        f = queue[0]
-        f.times -= 1
-        if f.times <= 0:
-            queue.pop(0)
-        return f
+        return take_fault(self._failures, method)
 
     @staticmethod
     def _reply(req: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
         try:
-            req.send_response(status)
-            req.send_header("Content-Type", "application/json")
-            req.send_header("Content-Length", str(len(data)))
-            req.end_headers()
-            req.wfile.write(data)
+            send_json(req, status, payload)
         except OSError:
             pass
 
@@ -617,17 +615,23 @@ class FakeTelegram:
             return int(p["reply_to_message_id"])
         return None
 
+    def _post(self, chat_id: int, text: str, raw: str, markup, p: dict,
+              **kw) -> tuple[int, Any]:
+        """A new message in ``chat_id`` (replying as ``p`` says; ``kw``: StoredMessage's
+        other fields), unless rate limited: the API's answer."""
+        limited = self._rate_limited()
+        if limited:
+            return 429, limited
+        m = StoredMessage(chat_id, self._new_mid(chat_id), text, raw, markup,
+                          self._reply_to(p), **kw)
+        self.messages[(chat_id, m.message_id)] = m
+        return 200, {"ok": True, "result": self.message_json(m)}
+
     def _m_sendMessage(self, p: dict) -> tuple[int, Any]:
         chat_id = self._chat_id(p)
         raw, visible = self._text(p)
         markup = self._check_markup(p.get("reply_markup"))
-        limited = self._rate_limited()
-        if limited:
-            return 429, limited
-        m = StoredMessage(chat_id, self._new_mid(chat_id), visible, raw, markup,
-                          self._reply_to(p))
-        self.messages[(chat_id, m.message_id)] = m
-        return 200, {"ok": True, "result": self.message_json(m)}
+        return self._post(chat_id, visible, raw, markup, p)
 
     def _m_sendDocument(self, p: dict) -> tuple[int, Any]:
         chat_id = self._chat_id(p)
@@ -636,14 +640,8 @@ class FakeTelegram:
             raise _ApiError(400, "Bad Request: there is no document in the request")
         if p.get("caption"):
             self._text(p, "caption")
-        limited = self._rate_limited()
-        if limited:
-            return 429, limited
-        m = StoredMessage(chat_id, self._new_mid(chat_id), p.get("caption", ""), "",
-                          None, self._reply_to(p), kind="document",
+        return self._post(chat_id, p.get("caption", ""), "", None, p, kind="document",
                           document=doc["content"], filename=doc["filename"])
-        self.messages[(chat_id, m.message_id)] = m
-        return 200, {"ok": True, "result": self.message_json(m)}
 
     def _m_sendPhoto(self, p: dict) -> tuple[int, Any]:
         """A photo uploaded as multipart (a file id or URL is not accepted here)."""
@@ -655,14 +653,8 @@ class FakeTelegram:
             self._text(p, "caption")
             if _utf16_len(p["caption"]) > 1024:
                 raise _ApiError(400, "Bad Request: message caption is too long")
-        limited = self._rate_limited()
-        if limited:
-            return 429, limited
-        m = StoredMessage(chat_id, self._new_mid(chat_id), p.get("caption", ""), "",
-                          None, self._reply_to(p), kind="photo",
+        return self._post(chat_id, p.get("caption", ""), "", None, p, kind="photo",
                           document=photo["content"], filename=photo["filename"])
-        self.messages[(chat_id, m.message_id)] = m
-        return 200, {"ok": True, "result": self.message_json(m)}
 
     def _stored(self, p: dict) -> StoredMessage:
         chat_id = self._chat_id(p)

@@ -31,6 +31,8 @@ import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.fakes._common import send_json
+
 __all__ = ["FakeWebhook", "Request"]
 
 
@@ -102,14 +104,7 @@ class FakeWebhook:
                 return req
 
             def _answer(self, status: int, data, headers: dict | None = None) -> None:
-                raw = json.dumps(data).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(raw)
+                send_json(self, status, data, headers)
 
             def do_POST(self):
                 req = self._record()

@@ -7,11 +7,9 @@ import base64
 import email
 import email.policy
 
-import pytest
-
 from bot.models import Status
-from tests.fakes.gmail import GmailWorld
 from tests.support.desk import op
+from tests.support.fixtures import gmail_world
 
 H = "From: Bob <bob@customer.example>\r\nTo: support@example.com\r\n"
 
@@ -69,13 +67,7 @@ CORPUS: dict[str, bytes] = {
 }
 
 
-@pytest.fixture
-async def world(tmp_path):
-    w = await GmailWorld(tmp_path).open()
-    try:
-        yield w
-    finally:
-        await w.close()
+world = gmail_world  # the fixture: an opened GmailWorld (support/fixtures.py)
 
 
 async def test_awkward_corpus_never_stops_a_tick(world):

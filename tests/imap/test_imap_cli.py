@@ -14,25 +14,17 @@ import pytest
 
 from tests._dovecot import PASSWORD, USERS, Dovecot, SmtpRelay
 from tests._imap_world import env, order_mail, write_deployment
-from tests._proc import ROOT, reap, sqlite_rows
+from tests._proc import ROOT, reap, run_cli, sqlite_rows, template_console_config, two_new_mails
 
 
 def cli(*args: str, environ: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bot", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=environ or env())
+    return run_cli(*args, env=environ or env())
 
 
 def deployment(tmp_path, account: str, pipeline: str = "source: {type: imap, account: shop}\n"
                "sender: {type: smtp_reply, account: shop}\n"):
-    (tmp_path / "pipelines").mkdir()
-    (tmp_path / "draftgate.yaml").write_text(
-        f"store: sqlite:///{tmp_path}/s.db\npipelines: pipelines/*.yaml\n"
-        f"imap:\n  accounts:\n    shop:\n{account}")
-    (tmp_path / "reply.txt").write_text("Hi {first_name}\n")
-    (tmp_path / "pipelines" / "shop.yaml").write_text(
-        f"name: shop\nschedule: 5m\n{pipeline}drafter: {{model: template, prompt: reply.txt}}\n"
-        "approval: {channel: console}\n")
-    return str(tmp_path / "draftgate.yaml")
+    return template_console_config(tmp_path, "shop", f"imap:\n  accounts:\n    shop:\n{account}",
+                                   pipeline)
 
 
 GOOD = ("      host: imap.example.net\n      username: support@shop.example\n"
@@ -86,12 +78,7 @@ def awaiting(db) -> list[tuple]:
 
 def test_run_gives_new_mail_a_card_and_a_restart_drafts_nothing_twice(tmp_path, dovecot):
     cfg = write_deployment(tmp_path, dovecot, None, sender="{type: imap_draft, account: shop}")
-    assert cli("run", "--once", "-c", str(cfg)).returncode == 0  # first run: the cursor
-    dovecot.deliver(order_mail(1))
-    dovecot.deliver(order_mail(2))
-    r = cli("run", "--once", "-c", str(cfg))
-    assert r.returncode == 0, r.stderr
-    assert "Where is my order #1?" in r.stdout and "Where is my order #2?" in r.stdout
+    r = two_new_mails(cli, cfg, dovecot.deliver, order_mail)
     assert PASSWORD not in r.stdout + r.stderr
     db = tmp_path / "state.db"
     assert awaiting(db) == [("<order-1@customer.test>", "awaiting"),

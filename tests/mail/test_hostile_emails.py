@@ -21,8 +21,9 @@ from bot.drafters.prompt import defuse
 from bot.engine.build import build_drafter
 from bot.mail.mime import parse_email
 from bot.models import DraftRequest, Message
-from tests.fakes.llm import FakeLLM, Request
+from tests.fakes.llm import Request
 from tests.support.desk import op
+from tests.support.fixtures import fake_llm
 from tests.support.hostile import (  # noqa: F401
     CORPUS,
 )
@@ -35,10 +36,7 @@ def test_the_corpus_has_at_least_ten_hostile_emails():
     assert len(CORPUS) >= 10
 
 
-@pytest.fixture
-def fake():
-    with FakeLLM() as f:
-        yield f
+fake = fake_llm  # the fixture: a fake model server (support/fixtures.py)
 
 
 def _boundaries(req: Request) -> tuple[str, str, str, str]:

@@ -7,21 +7,10 @@ from __future__ import annotations
 import email
 import email.policy
 
-import pytest
-
 from bot.mail.reply import reply_message_id
 from bot.models import Status
-from tests.fakes.microsoft import FakeGraph
 from tests.support.desk import CONSOLE
 from tests.support.microsoft_world import MicrosoftWorld, customer_mail
-
-
-@pytest.fixture
-def fake(tmp_path):
-    (tmp_path / "fake").mkdir()
-    f = FakeGraph(tmp_path / "fake").start()
-    yield f
-    f.stop()
 
 
 async def world(tmp_path, fake, **kw) -> MicrosoftWorld:

@@ -14,22 +14,13 @@ import sys
 
 import pytest
 
-from tests._proc import ROOT, reap, sqlite_rows
+from tests._proc import ROOT, reap, run_cli, sqlite_rows, template_console_config, two_new_mails
 from tests.fakes.microsoft import FakeGraph
 from tests.support.microsoft_world import CLIENT_ID, customer_mail, sign_in, write_deployment
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bot", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ))
-
-
-@pytest.fixture
-def fake(tmp_path):
-    (tmp_path / "fake").mkdir()
-    f = FakeGraph(tmp_path / "fake").start()
-    yield f
-    f.stop()
+    return run_cli(*args, timeout=120)
 
 
 def account(extra: str = "") -> str:
@@ -38,14 +29,7 @@ def account(extra: str = "") -> str:
 
 def deployment(tmp_path, text: str, pipeline: str = "source: {type: microsoft, account: office}\n"
                "sender: {type: microsoft_reply}\n") -> str:
-    (tmp_path / "pipelines").mkdir(exist_ok=True)
-    (tmp_path / "draftgate.yaml").write_text(
-        f"store: sqlite:///{tmp_path}/s.db\npipelines: pipelines/*.yaml\n{text}")
-    (tmp_path / "reply.txt").write_text("Hi {first_name}\n")
-    (tmp_path / "pipelines" / "office.yaml").write_text(
-        f"name: office\nschedule: 5m\n{pipeline}drafter: {{model: template, prompt: reply.txt}}\n"
-        "approval: {channel: console}\n")
-    return str(tmp_path / "draftgate.yaml")
+    return template_console_config(tmp_path, "office", text, pipeline)
 
 
 def test_validate_accepts_a_microsoft_account(tmp_path):
@@ -136,12 +120,7 @@ def drafts(tmp_path) -> list[tuple]:
 def test_run_gives_new_mail_a_card_and_a_restart_drafts_nothing_twice(tmp_path, fake):
     cfg = write_deployment(tmp_path, fake)
     sign_in(fake, cfg)
-    assert cli("run", "--once", "-c", str(cfg)).returncode == 0  # first run: the cursor
-    fake.deliver(customer_mail(1))
-    fake.deliver(customer_mail(2))
-    r = cli("run", "--once", "-c", str(cfg))
-    assert r.returncode == 0, r.stderr
-    assert "Where is my order #1?" in r.stdout and "Where is my order #2?" in r.stdout
+    two_new_mails(cli, cfg, fake.deliver, customer_mail)
     assert drafts(tmp_path) == [("<order-1@customer.test>", "awaiting"),
                                 ("<order-2@customer.test>", "awaiting")]
     r = cli("run", "--once", "-c", str(cfg))  # a restart

@@ -16,6 +16,7 @@ from bot.mail.reply import reply_message_id
 from bot.models import Status
 from tests.fakes.gmail import GmailWorld, simple_message
 from tests.support.desk import op
+from tests.support.fixtures import gmail_world
 
 
 async def _awaiting(w: GmailWorld, *raws: bytes, labels=("INBOX", "UNREAD")):
@@ -29,13 +30,7 @@ async def _awaiting(w: GmailWorld, *raws: bytes, labels=("INBOX", "UNREAD")):
     return sorted(drafts, key=lambda d: d.id)
 
 
-@pytest.fixture
-async def world(tmp_path):
-    w = await GmailWorld(tmp_path).open()
-    try:
-        yield w
-    finally:
-        await w.close()
+world = gmail_world  # the fixture: an opened GmailWorld (support/fixtures.py)
 
 
 def _parsed(raw: bytes):

@@ -14,6 +14,8 @@ from bot.senders import webhook
 from bot.stages import Sender
 from tests._stage import pipeline
 from tests.fakes.webhook import FakeWebhook
+from tests.support.configs import write_raw
+from tests.support.fixtures import fake_webhook
 
 ALICE = Message(message_id="<order-1234@customer.example>", from_name="Alice Buyer",
                 from_addr="alice@customer.example", reply_to="alice@customer.example",
@@ -36,10 +38,7 @@ def _create(**opts) -> webhook.WebhookSender:
                                                       store="x", pipelines=[]))
 
 
-@pytest.fixture
-def hook():
-    with FakeWebhook() as fake:
-        yield fake
+hook = fake_webhook  # the fixture: a fake webhook receiver (support/fixtures.py)
 
 
 @pytest.fixture
@@ -209,12 +208,9 @@ def test_create_reports_urls_that_would_fail_at_send_time(opts, expected):
 def test_validate_names_a_malformed_webhook_url_instead_of_a_traceback(tmp_path, capsys):
     from bot.__main__ import main
 
-    (tmp_path / "pipelines").mkdir()
-    (tmp_path / "pipelines" / "a.yaml").write_text(
-        "name: a\nsource: {type: maildir, path: inbox}\n"
-        "sender: {type: webhook, url: 'http://[::1'}\n")
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text("store: sqlite:///s.db\n")
+    cfg = write_raw(tmp_path, {"a.yaml": "name: a\nsource: {type: maildir, path: inbox}\n"
+                                         "sender: {type: webhook, url: 'http://[::1'}\n"},
+                    "store: sqlite:///s.db\n")
     assert main(["validate", "-c", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "pipelines/a.yaml: sender.url: expected an http:// or https:// URL" in err

@@ -59,13 +59,7 @@ def _config(tmp_path: Path, fake: FakeTelegram, port: int, *, schedule: str = "1
         pipelines: pipelines/*.yaml
         observability:
           listen: 127.0.0.1:{port}
-        telegram:
-          token_env: DG_SVC_TELEGRAM_TOKEN
-          base_url: {fake.base_url}
-          base_file_url: {fake.base_file_url}
-          operators: [{ANNA}]
-          approvals_chat: {CHAT}
-          poll_timeout: 2s
+        """) + fake.config_yaml("DG_SVC_TELEGRAM_TOKEN", [ANNA], CHAT, "2s") + textwrap.dedent("""\
         models:
           unused:
             provider: openai

@@ -8,8 +8,11 @@ from bot.config.load import Checker
 from bot.config.options import FilterOptions, parse_filters
 from bot.models import Message
 from bot.sources.filters import skip_reason
+from tests.support.configs import write_raw
 
 OWN = ["support@shop.example"]
+A_PIPELINE = ("name: a\nsource: {type: maildir, path: inbox}\n"
+              "sender: {type: outbox, path: out, from: s@shop.example}\n")
 
 
 def _msg(**kw) -> Message:
@@ -113,12 +116,8 @@ def test_a_switch_written_without_a_value_keeps_its_loop_protection(tmp_path, ke
     off (filters.get(key, True) returned None)."""
     from bot.config.load import load_settings
 
-    (tmp_path / "pipelines").mkdir()
-    (tmp_path / "pipelines" / "a.yaml").write_text(
-        "name: a\nsource: {type: maildir, path: inbox}\nsender: {type: outbox, path: out, from: s@shop.example}\n"
-        f"filters:\n  {key}:\n")
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text("store: sqlite:///s.db\n")
+    cfg = write_raw(tmp_path, {"a.yaml": A_PIPELINE + f"filters:\n  {key}:\n"},
+                    "store: sqlite:///s.db\n")
     [p] = load_settings(cfg).pipelines
     assert p.filters == FilterOptions()
     assert skip_reason(_msg(**fields), p.filters, own_addresses=OWN) == reason
@@ -128,12 +127,8 @@ def test_a_switch_written_without_a_value_keeps_its_loop_protection(tmp_path, ke
 def test_a_max_body_of_nothing_is_refused(tmp_path, capsys, size):
     from bot.__main__ import main
 
-    (tmp_path / "pipelines").mkdir()
-    (tmp_path / "pipelines" / "a.yaml").write_text(
-        "name: a\nsource: {type: maildir, path: inbox}\nsender: {type: outbox, path: out, from: s@shop.example}\n"
-        f"filters: {{max_body: {size}}}\n")
-    cfg = tmp_path / "draftgate.yaml"
-    cfg.write_text("store: sqlite:///s.db\n")
+    cfg = write_raw(tmp_path, {"a.yaml": A_PIPELINE + f"filters: {{max_body: {size}}}\n"},
+                    "store: sqlite:///s.db\n")
     assert main(["validate", "-c", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "pipelines/a.yaml: filters.max_body: expected a size of at least 1 byte like 200kB" in err

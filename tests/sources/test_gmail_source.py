@@ -15,15 +15,9 @@ from bot.models import Status
 from tests._stores import set_cursor
 from tests.fakes.gmail import GmailWorld, simple_message
 from tests.support.desk import op
+from tests.support.fixtures import gmail_world
 
-
-@pytest.fixture
-async def world(tmp_path):
-    w = await GmailWorld(tmp_path).open()
-    try:
-        yield w
-    finally:
-        await w.close()
+world = gmail_world  # the fixture: an opened GmailWorld (support/fixtures.py)
 
 
 async def _started(w: GmailWorld):
@@ -355,6 +349,18 @@ def _without_configured_address(w: GmailWorld) -> None:
                               if "address:" not in line))
 
 
+async def _contact_form_mail(w: GmailWorld):
+    """After the first run, a contact form's message From: our own address (Reply-To:
+    the visitor) and a tick: its draft and the tick's counts."""
+    await _started(w)
+    gid = w.fake.add_message(simple_message(
+        1, sender=f"Website <{w.fake.address}>",
+        extra_headers="Reply-To: visitor@customer.example\r\n"))
+    counts = await w.tick()
+    (d,) = await w.store.item_drafts("support", gid)
+    return d, counts
+
+
 @pytest.mark.parametrize("configured", [True, False])
 async def test_mail_from_our_own_address_is_skipped_with_the_reason(tmp_path, configured):
     """A contact form sending From: our own address (Reply-To: the visitor) is not lost
@@ -365,12 +371,7 @@ async def test_mail_from_our_own_address_is_skipped_with_the_reason(tmp_path, co
         _without_configured_address(w)
     await w.open()
     try:
-        await _started(w)
-        gid = w.fake.add_message(simple_message(
-            1, sender=f"Website <{w.fake.address}>",
-            extra_headers="Reply-To: visitor@customer.example\r\n"))
-        counts = await w.tick()
-        (d,) = await w.store.item_drafts("support", gid)
+        d, counts = await _contact_form_mail(w)
         assert d.status == Status.SKIPPED
         assert d.error == f"sent from our own address {w.fake.address}"
         assert counts.skipped == 1 and counts.new == 0
@@ -389,12 +390,7 @@ async def test_skip_own_false_drafts_mail_from_our_own_address(tmp_path, configu
     pipeline.write_text(pipeline.read_text() + "filters: {skip_own: false}\n")
     await w.open()
     try:
-        await _started(w)
-        gid = w.fake.add_message(simple_message(
-            1, sender=f"Website <{w.fake.address}>",
-            extra_headers="Reply-To: visitor@customer.example\r\n"))
-        counts = await w.tick()
-        (d,) = await w.store.item_drafts("support", gid)
+        d, counts = await _contact_form_mail(w)
         assert d.status == Status.AWAITING and counts.new == 1
         after = await w.desk.approve(op("op"), d.id, d.version)
         assert after.status == "sent"

@@ -15,6 +15,7 @@ import pytest
 from bot.__main__ import main
 from bot.store import chain, create_store
 from bot.store.schema import MIGRATIONS
+from tests._pg import pg_url_fixture
 from tests.support.demo import demo_deployment, flow_demo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -339,14 +340,7 @@ async def test_audit_command_gives_the_history_of_an_item(world):
 
 # -- PostgreSQL: several writers, one chain ------------------------------------------------
 
-@pytest.fixture
-async def pg_url():
-    from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
-
-    dsn = await require_pg_dsn()
-    schema = new_schema_name("audit")
-    yield with_schema(dsn, schema)
-    await drop_schema(dsn, schema)
+pg_url = pg_url_fixture("audit")  # a fresh PostgreSQL schema per test
 
 
 async def _pg_exec(url: str, *statements: str | tuple) -> list:

@@ -14,18 +14,13 @@ from bot.cli.migrate import _Bar, add_cli, migrate_store, run_cli
 from bot.errors import StoreError
 from bot.models import Item, Message
 from bot.store import create_store
-from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+from tests._pg import pg_url_fixture
 from tests._stores import get_draft_by_key
 
 SEEN = 10_000
 
 
-@pytest.fixture
-async def pg_url():
-    dsn = await require_pg_dsn()
-    schema = new_schema_name("mig")
-    yield with_schema(dsn, schema)
-    await drop_schema(dsn, schema)
+pg_url = pg_url_fixture("mig")  # a fresh PostgreSQL schema per test
 
 
 def _item(i: int) -> Item:

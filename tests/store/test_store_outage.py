@@ -48,14 +48,7 @@ def _config(tmp_path: Path, fake: FakeTelegram, port: int, store: str,
         observability:
           listen: 127.0.0.1:{port}
         logging: {{format: json}}
-        telegram:
-          token_env: DG_OUT_TELEGRAM_TOKEN
-          base_url: {fake.base_url}
-          base_file_url: {fake.base_file_url}
-          operators: [{ANNA}]
-          approvals_chat: {CHAT}
-          poll_timeout: 1s
-        """))
+        """) + fake.config_yaml("DG_OUT_TELEGRAM_TOKEN", [ANNA], CHAT, "1s"))
     return cfg
 
 

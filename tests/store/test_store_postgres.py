@@ -19,20 +19,14 @@ from bot.models import Item, Message
 from bot.store import create_store
 from bot.store.pg_schema import MIGRATIONS
 from bot.store.postgres import PostgresStore
-from tests._pg import drop_schema, new_schema_name, require_pg_dsn, with_schema
+from tests._pg import drop_schema, new_schema_name, pg_url_fixture, require_pg_dsn, with_schema
 
 pytestmark = pytest.mark.postgres
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-async def pg_url():
-    """A URL for a fresh, empty schema, dropped after the test."""
-    dsn = await require_pg_dsn()
-    schema = new_schema_name()
-    yield with_schema(dsn, schema)
-    await drop_schema(dsn, schema)
+pg_url = pg_url_fixture()  # a URL for a fresh, empty schema, dropped after the test
 
 
 def _items(n: int, start: int = 0) -> list[Item]:

@@ -3,44 +3,27 @@
 from __future__ import annotations
 
 import os
-import sqlite3
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository (this file is in tests/support)
+from tests._proc import ORDER_EMAIL, ROOT, console_model_config, sqlite_rows
 
-
-EMAIL = b"""From: Alice Buyer <alice@customer.example>
-To: support@shop.example
-Subject: Where is my order #1234?
-Message-ID: <order-1234@customer.example>
-Date: Sat, 29 Nov 2025 10:02:00 +0000
-
-Hi, where is my order #1234? It was due Friday.
-"""
+#: The order email of tests/_proc.py, to the Example Shop, a year earlier.
+EMAIL = ORDER_EMAIL.replace(b"support@acme.example", b"support@shop.example").replace(
+    b"Sun, 29 Nov 2026", b"Sat, 29 Nov 2025")
 
 
 def _config(tmp: Path, url: str) -> Path:
-    (tmp / "inbox").mkdir()
-    (tmp / "inbox" / "1.eml").write_bytes(EMAIL)
-    (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
-    (tmp / "pipelines").mkdir()
     # lease 2s > timeout 0.5s x 1 attempt: a healthy call never outlives its claim.
-    (tmp / "pipelines" / "support.yaml").write_text(
-        "name: support\nschedule: 1s\nsource: {type: maildir, path: inbox}\n"
-        "drafter: {model: claude, prompt: prompt.md}\napproval: {channel: console}\n"
-        "sender: {type: outbox, path: outbox, from: 'Shop <support@shop.example>'}\n"
-        "lease: 2s\nmax_attempts: 3\n")
-    cfg = tmp / "draftgate.yaml"
-    cfg.write_text(
-        f"store: sqlite:///{tmp}/state.db\n"
-        f"models:\n  claude:\n    provider: anthropic\n    base_url: {url}\n"
-        f"    model: claude-test\n    api_key_env: DG_CRASH_KEY\n    timeout: 0.5s\n"
-        f"    retries: 0\n")
-    return cfg
+    return console_model_config(
+        tmp, email=EMAIL, pipeline="support", lease="2s", model="claude",
+        model_yaml=f"    provider: anthropic\n    base_url: {url}\n    model: claude-test\n"
+                   f"    api_key_env: DG_CRASH_KEY\n    timeout: 0.5s\n    retries: 0\n",
+        prompt_for="Example Shop", sender="Shop <support@shop.example>")
 
 
 class Bot:
@@ -83,11 +66,7 @@ class Bot:
 
 
 def _drafts(db: Path) -> list[tuple[str, int, str]]:
-    con = sqlite3.connect(db, timeout=10)
-    try:
-        return con.execute("SELECT status, version, body FROM drafts").fetchall()
-    finally:
-        con.close()
+    return sqlite_rows(db, "SELECT status, version, body FROM drafts")
 
 
 def await_drafts(db: Path, want: list, timeout: float = 30) -> list:
@@ -99,3 +78,41 @@ def await_drafts(db: Path, want: list, timeout: float = 30) -> list:
     return found
 
 
+
+
+REPLY = "Hi Alice, your order ships today."  # what the drafting call after the restart says
+
+
+def killed_while_held(cfg: Path, held, check) -> Bot:
+    """Run the bot until the fake model holds its drafting request (``held``), call
+    ``check()`` then, and SIGKILL it; the killed bot (its output lines)."""
+    first = Bot(cfg)
+    try:
+        assert held.arrived.wait(30), "".join(first.lines)
+        check()
+    finally:
+        assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+    return first
+
+
+def restarted_to_one_draft(cfg: Path, held, after_release=lambda: None) -> Bot:
+    """Run the bot again until it drafts REPLY; release the abandoned call (``held``),
+    call ``after_release()``; the store ends with one draft of REPLY, awaiting; stop the
+    bot with SIGTERM (exit 0). The stopped bot."""
+    second = Bot(cfg)
+    try:
+        second.wait_for(REPLY)
+        held.release()
+        assert held.finished.wait(10)
+        after_release()
+        want = [("awaiting", 1, REPLY)]
+        assert await_drafts(cfg.parent / "state.db", want) == want
+    finally:
+        assert second.stop(signal.SIGTERM) == 0, "".join(second.lines)
+    return second
+
+
+def assert_one_card(*bots: Bot) -> None:
+    """The bots' output, together, shows one card: #1 v1 of support."""
+    cards = [line for bot in bots for line in bot.lines if line.startswith("📨 support")]
+    assert cards == ["📨 support · #1 v1\n"]

@@ -57,18 +57,27 @@ def email(n: int) -> bytes:
             f"Date: Sat, 29 Nov 2025 09:0{n % 10}:00 +0000\n\nWhere is order #{n}?\n").encode()
 
 
-def deploy(tmp: Path, fake: FakeLLM, *, provider: str = "openai", budget: int | None = None,
-           in_flight: int = 4, emails: int = 0) -> Path:
+def shop_folders(tmp: Path) -> None:
+    """The Example Shop's folders in ``tmp``: pipelines/, inbox/ and its prompt.md."""
     (tmp / "pipelines").mkdir()
     (tmp / "inbox").mkdir()
+    (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
+
+
+def llm_yaml(fake: FakeLLM, provider: str) -> str:
+    """draftgate.yaml's ``models:`` with ``llm``, the ``provider`` API of ``fake``."""
+    url = fake.openai_url if provider == "openai" else fake.url
+    return (f"models:\n  llm:\n    provider: {provider}\n    base_url: {url}\n    model: m\n"
+            f"    timeout: 10s\n    retries: 1\n    backoff: 10ms\n")
+
+
+def deploy(tmp: Path, fake: FakeLLM, *, provider: str = "openai", budget: int | None = None,
+           in_flight: int = 4, emails: int = 0) -> Path:
+    shop_folders(tmp)
     for n in range(1, emails + 1):
         (tmp / "inbox" / f"{n}.eml").write_bytes(email(n))
-    (tmp / "prompt.md").write_text("You answer customer email for Example Shop.\n")
-    url = fake.openai_url if provider == "openai" else fake.url
     (tmp / "draftgate.yaml").write_text(
-        f"store: sqlite:///{tmp}/state.db\nmax_in_flight: {in_flight}\n"
-        f"models:\n  llm:\n    provider: {provider}\n    base_url: {url}\n    model: m\n"
-        f"    timeout: 10s\n    retries: 1\n    backoff: 10ms\n")
+        f"store: sqlite:///{tmp}/state.db\nmax_in_flight: {in_flight}\n" + llm_yaml(fake, provider))
     (tmp / "pipelines" / "support.yaml").write_text(
         "name: support\nschedule: 5m\nsource: {type: maildir, path: inbox}\n"
         "drafter: {model: llm, prompt: prompt.md, signature: '-- Shop'}\n"

@@ -89,19 +89,10 @@ def write_config(tmp_path: Path, fake: FakeTelegram, receive: str = "polling",
                  webhook: str = "") -> Path:
     for d in ("mail-support", "mail-sales", "pipelines"):
         (tmp_path / d).mkdir(exist_ok=True)
-    (tmp_path / "draftgate.yaml").write_text(textwrap.dedent(f"""\
-        store: sqlite:///state.db
-        pipelines: pipelines/*.yaml
-        telegram:
-          token_env: {TOKEN_ENV}
-          base_url: {fake.base_url}
-          base_file_url: {fake.base_file_url}
-          operators: [{ANNA}, {BO}]
-          approvals_chat: {SUPPORT_CHAT}
-          ops_chat: {OPS_CHAT}
-          poll_timeout: 5s
-          receive: {receive}
-        """) + webhook)
+    (tmp_path / "draftgate.yaml").write_text(
+        "store: sqlite:///state.db\npipelines: pipelines/*.yaml\n"
+        + fake.config_yaml(TOKEN_ENV, [ANNA, BO], SUPPORT_CHAT,
+                           extra=f"  ops_chat: {OPS_CHAT}\n  receive: {receive}\n") + webhook)
     for name, chat in (("support", SUPPORT_CHAT), ("sales", SALES_CHAT)):
         (tmp_path / "pipelines" / f"{name}.yaml").write_text(textwrap.dedent(f"""\
             name: {name}
@@ -192,6 +183,22 @@ class World:
             lambda: len(self.fake.chat_messages(chat)[before:]) >= answers
             and self.fake.chat_messages(chat)[before:], 10)
         return msgs[-1].text
+
+
+async def start_world(tmp_path: Path, fake: FakeTelegram, monkeypatch, worlds: list,
+                      cfg: Path, now=None, drafter=None) -> World:
+    """Start a :class:`World` of ``cfg`` (its token in the environment, its clock ``now``
+    and its drafter ``drafter(world)`` when given) and add it to ``worlds`` (the fixture
+    that stops them)."""
+    monkeypatch.setenv(TOKEN_ENV, fake.token)
+    w = World(tmp_path, fake, cfg)
+    if now is not None:
+        w.now = now
+    if drafter is not None:
+        w.drafter = drafter(w)
+    await w.start()
+    worlds.append(w)
+    return w
 
 
 def _buttons(markup) -> list[str]:
