@@ -126,3 +126,16 @@ async def test_examples_read_again_keep_their_matrix_until_one_is_new(
     finally:
         await builder.close()
         await store.close()
+
+
+async def test_the_local_model_in_small_batches_gives_the_vectors_of_one_batch():
+    """LOCAL_BATCH keeps the padded intermediate arrays small (resident memory); the
+    padding only adds zeros, so the vectors are those of one big batch, to the bit."""
+    from bot.context.embedders import LOCAL_BATCH, LocalEmbedder
+
+    texts = [f"Refunds\n{'A refund takes five business days. ' * n}" for n in range(1, 30)]
+    emb = LocalEmbedder()
+    small = await emb.embed(texts)
+    assert len(texts) > LOCAL_BATCH
+    one = np.asarray(emb._model.embed(texts, norm=True, batch_size=len(texts)), dtype=np.float32)
+    assert np.array_equal(small, one)
