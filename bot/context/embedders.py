@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 LOCAL_MODEL = "wordllama:l2_supercat:256"
@@ -34,20 +35,30 @@ class Embedder(Protocol):
 
 
 class LocalEmbedder:
-    """The bundled model, loaded in a worker thread at first use."""
+    """The bundled model, loaded in a worker thread at first use: always the same one,
+    so the memory its batches free is reused, not kept by each thread that ran one
+    (measured: 47 MB of `draftgate run`'s resident memory with asyncio.to_thread)."""
 
     model = LOCAL_MODEL
 
     def __init__(self) -> None:
         self._model: Any = None
         self._lock = threading.Lock()
+        self._thread: ThreadPoolExecutor | None = None
 
     @property
     def loaded(self) -> bool:
         return self._model is not None
 
     async def embed(self, texts: list[str]) -> Any:
-        return await asyncio.to_thread(self._embed, texts)
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="draftgate-embed")
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._embed, texts)
+
+    async def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
 
     def embed_now(self, texts: list[str]) -> Any:
         """``texts`` embedded in the caller's thread if the model is loaded and not busy
