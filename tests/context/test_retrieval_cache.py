@@ -128,14 +128,25 @@ async def test_examples_read_again_keep_their_matrix_until_one_is_new(
         await store.close()
 
 
-async def test_the_local_model_in_small_batches_gives_the_vectors_of_one_batch():
-    """LOCAL_BATCH keeps the padded intermediate arrays small (resident memory); the
-    padding only adds zeros, so the vectors are those of one big batch, to the bit."""
+async def test_the_local_model_gives_wordllamas_vectors_to_the_bit():
+    """Read and averaged here (LOCAL_BATCH texts at a time, the table in float16) for
+    resident memory, the vectors are those wordllama's own loader gives in one batch:
+    the vectors already stored stay valid."""
+    from pathlib import Path
+
+    import wordllama
+    from wordllama import WordLlama
+
     from bot.context.embedders import LOCAL_BATCH, LocalEmbedder
 
     texts = [f"Refunds\n{'A refund takes five business days. ' * n}" for n in range(1, 30)]
+    texts += ["When is my cash returned?", "Grüße, naïve café ☃ 東京", "x" * 5000]
     emb = LocalEmbedder()
-    small = await emb.embed(texts)
+    ours = await emb.embed(texts)
     assert len(texts) > LOCAL_BATCH
-    one = np.asarray(emb._model.embed(texts, norm=True, batch_size=len(texts)), dtype=np.float32)
-    assert np.array_equal(small, one)
+    theirs = WordLlama.load(config="l2_supercat", dim=256, disable_download=True,
+                            cache_dir=Path(wordllama.__file__).parent)
+    want = np.asarray(theirs.embed(texts, norm=True, batch_size=len(texts)), dtype=np.float32)
+    assert ours.dtype == np.float32 and np.array_equal(ours, want)
+    assert np.array_equal(emb.embed_now(texts[-3:-2]), want[-3:-2])  # a query's path
+    await emb.close()
