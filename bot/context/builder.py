@@ -54,7 +54,7 @@ class ContextBuilder:
                  settings: Settings | None = None, retrieval: Retrieval | None = None):
         self.store, self._source = store, source
         self._knowledge: dict[str, Knowledge] = {}
-        self._generation: dict[str, int] = {}  # the Knowledge.generation last searched
+        self._searched: dict[str, str | None] = {}  # the Knowledge.version last searched
         self.retrieval = retrieval or Retrieval(store, settings)
 
     async def build(self, p: PipelineConfig, d: Draft,
@@ -91,14 +91,16 @@ class ContextBuilder:
         knowledge = self._knowledge.get(p.name)
         if knowledge is None or knowledge.pipeline is not p:
             knowledge = self._knowledge[p.name] = Knowledge(self.store, p)
-            self._generation.pop(p.name, None)  # a new index object: search it afresh
         # A draft waits for an index pass it started at most half the time its context
         # may take; for one already running, not at all (see Knowledge.refresh).
         await knowledge.refresh(wait=_context_time(p) / 2)
         # The searches' in-memory index is read again after any pass that changed the
-        # store's, also one that ended after the draft that started it went on.
-        reread = self._generation.get(p.name) != knowledge.generation
-        self._generation[p.name] = knowledge.generation
+        # store's, also one that ended after the draft that started it went on; not
+        # for a new Knowledge object of the same files (a reload), nor on every draft
+        # when two take turns (they did in scripts/bench_context: 25 ms a draft).
+        version = knowledge.version
+        reread = self._searched.get(p.name, "") != version
+        self._searched[p.name] = version
         return await self.retrieval.passages(p, query, PASSAGES, reread=reread)
 
     async def close(self) -> None:

@@ -99,6 +99,22 @@ class Knowledge:
         #: Moves on with every pass that changed the index (a file indexed or dropped),
         #: also one that ended after the draft that started it stopped waiting.
         self.generation = 0
+        self._version: tuple[int, str] | None = None  # (generation, version) of `version`
+
+    @property
+    def version(self) -> str | None:
+        """What the store's index holds for the pipeline: a digest of each indexed file's
+        path and content hash (None until a pass read them). Unlike :attr:`generation`
+        it is the same for every object indexing the same files, so a search re-reads
+        its copy of the passages only when they changed (not when the configuration
+        was reloaded, giving a new object)."""
+        if self._known is None:
+            return None
+        if self._version is None or self._version[0] != self.generation:
+            files = sorted((path, stamp[2]) for path, stamp in self._known.items())
+            digest = hashlib.sha256(repr(files).encode()).hexdigest()
+            self._version = (self.generation, digest)
+        return self._version[1]
 
     async def refresh(self, wait: float = INDEX_WAIT) -> None:
         """Bring the index in step with the files, off the drafting path: a draft

@@ -116,6 +116,7 @@ class _Index:
     rows: list[int] = field(default_factory=list)  # positions of items that have a vector
     row_of: dict[int, int] = field(default_factory=dict)  # position -> row of the matrix
     matrix: Any = None
+    missing: list[int] = field(default_factory=list)  # positions without a vector at build
 
 
 def fuse(lexical_sims: list[float | None], sims: dict[Any, float], lexical: list[Any],
@@ -284,10 +285,15 @@ class Retrieval:
             time.monotonic() - index.read_at > EXAMPLES_TTL
         if index is None or reread or stale:
             items = await read()
-            index = _Index(items, [sha(text(x)) for x in items], time.monotonic(),
-                           {key(x): i for i, x in enumerate(items)})
-            self._indexes[k] = index
-            await self._load_vectors(emb.model, index, [text(x) for x in items])
+            texts = [text(x) for x in items]
+            if index is None or items != index.items:  # the same texts: hashes, matrix kept
+                known = {} if index is None else \
+                    dict(zip(map(text, index.items), index.shas, strict=True))
+                index = _Index(items, [known.get(t) or sha(t) for t in texts], 0.0,
+                               {key(x): i for i, x in enumerate(items)})
+                self._indexes[k] = index
+            index.read_at = time.monotonic()
+            await self._load_vectors(emb.model, index, texts)  # e.g. embedded elsewhere
         return index
 
     async def _load_vectors(self, model: str, index: _Index, texts: list[str]) -> None:
@@ -308,10 +314,17 @@ class Retrieval:
             self._start()
 
     def _build(self, model: str, index: _Index) -> None:
+        """The matrix of ``index``'s texts that have a vector, built again only when one
+        of those it lacked got one (vectors are added, never changed or dropped)."""
         import numpy as np
 
+        if index.built >= 0 and not any((model, index.shas[i]) in self._vectors
+                                        for i in index.missing):
+            index.built = self.generation  # new vectors, none of them this index's
+            return
         index.rows = [i for i, s in enumerate(index.shas) if (model, s) in self._vectors]
         index.row_of = {i: r for r, i in enumerate(index.rows)}
+        index.missing = [i for i in range(len(index.shas)) if i not in index.row_of]
         index.matrix = np.vstack([self._vectors[(model, index.shas[i])] for i in index.rows]) \
             if index.rows else None
         index.built = self.generation
