@@ -125,7 +125,10 @@ class _Local:
             count = np.maximum(mask.sum(axis=1, keepdims=True), 1.0).astype(np.float32)
             pooled = np.sum(rows * mask[..., np.newaxis], axis=1, dtype=np.float32) / count
             if norm:
-                pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+                # A text with no token (empty, or only spaces) stays a zero vector, which
+                # matches nothing, rather than NaNs (wordllama's own result).
+                norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+                pooled /= np.where(norms == 0, 1, norms)
             out[i:i + len(pooled)] = pooled
         return out
 

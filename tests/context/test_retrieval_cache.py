@@ -149,4 +149,8 @@ async def test_the_local_model_gives_wordllamas_vectors_to_the_bit():
     want = np.asarray(theirs.embed(texts, norm=True, batch_size=len(texts)), dtype=np.float32)
     assert ours.dtype == np.float32 and np.array_equal(ours, want)
     assert np.array_equal(emb.embed_now(texts[-3:-2]), want[-3:-2])  # a query's path
+    # A text with no token (empty) is a zero vector (wordllama gives NaNs), so it matches nothing.
+    blank = await emb.embed(["", "Refunds", ""])
+    assert not np.isnan(blank).any() and not blank[0].any() and not blank[2].any()
+    assert blank[1].any()
     await emb.close()
