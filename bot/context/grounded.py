@@ -10,7 +10,6 @@ from ..config.load import PipelineConfig
 from ..drafters.prompt import load_prompt
 from ..errors import DrafterSetupError
 from ..models import Draft, DraftRequest
-from .grounding import source_keys, unsupported_by
 
 #: Keys of ``Draft.used``: the claims no source supports, as the draft wrote them, and
 #: the normalised keys of its sources (an edited version is checked against them).
@@ -43,6 +42,10 @@ def check(p: PipelineConfig, request: DraftRequest, body: str,
     (unchanged when the pipeline's ``grounding`` is off)."""
     if p.drafter.grounding == "off":
         return used
+    # Imported here: its patterns take 50 ms to compile, which only a process that
+    # drafts pays (not `status` or `pending`).
+    from .grounding import source_keys, unsupported_by
+
     keys = source_keys(request_sources(p, request))
     return {**used, UNSUPPORTED: unsupported_by(body, keys), SOURCE_KEYS: sorted(keys)}
 
@@ -52,6 +55,8 @@ def recheck(grounding: str, used: dict[str, Any], body: str) -> dict[str, Any]:
     replaces (an edit adds no source)."""
     if grounding == "off" or SOURCE_KEYS not in used:
         return used
+    from .grounding import unsupported_by
+
     return {**used, UNSUPPORTED: unsupported_by(body, set(used[SOURCE_KEYS]))}
 
 
