@@ -210,12 +210,13 @@ class Retrieval:
                     key: Callable[[Any], Any]) -> list:
         """Both rankings fused, each text at most once, floors applied (see
         :func:`fuse`)."""
+        if not index.items:
+            # Nothing to rank by meaning (no knowledge, no team memory yet): neither the
+            # model nor numpy is loaded for it (tens of MB a pipeline without context
+            # never needs).
+            return lexical[:limit]
         import numpy as np
 
-        if not index.items:
-            # Nothing to rank by meaning (no knowledge, no team memory yet): the model
-            # is not loaded for it (tens of MB a pipeline without context never needs).
-            return lexical[:limit]
         scores = await self._scores(emb, index, query)
         if scores is None:
             return lexical[:limit]
@@ -298,10 +299,10 @@ class Retrieval:
 
     async def _load_vectors(self, model: str, index: _Index, texts: list[str]) -> None:
         """Vectors of ``index`` from the store into memory; the missing ones queued."""
-        import numpy as np
-
         unknown = [s for s in index.shas if (model, s) not in self._vectors]
         stored = await self.store.vectors(model, list(dict.fromkeys(unknown))) if unknown else {}
+        if stored:
+            import numpy as np
         for s, blob in stored.items():
             self._vectors[(model, s)] = np.frombuffer(blob, dtype=np.float32)
         if stored:
