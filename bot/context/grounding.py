@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -255,30 +258,63 @@ def source_keys(texts: Iterable[str]) -> set[str]:
     the days of a range of weekdays ("Mo–Fr")."""
     keys: set[str] = set()
     for text in texts:
-        if not text:
-            continue
-        for c in claims(text):
-            for part in c.parts:
-                keys |= part
-        for m in _NUM.finditer(text):
-            n = value(m.group(0))
-            if n is not None:
-                keys.add(f"num:{canonical(n)}")
-        for token in re.findall(r"[A-Za-z0-9][A-Za-z0-9-]*", text):
-            if any(ch.isdigit() for ch in token):
-                keys.add("ref:" + token.replace("-", "").upper())
-        for a, b in _DAY_RANGE.findall(text):
-            first, last = _day(a), _day(b)
-            for i in range(7):
-                day = (first + i) % 7
-                keys.add(f"wd:{day}")
-                if day == last:
-                    break
+        if text:
+            keys |= _text_keys(text)
     for k in [k for k in keys if k.startswith("date:") and k.count("-") == 2]:
         keys.add("date:" + k[10:])  # "12 March" is supported by "12 March 2026"
         with contextlib.suppress(ValueError):  # and "Thursday" by the date it falls on
             keys.add(f"wd:{datetime.date.fromisoformat(k[5:]).weekday()}")
     return keys
+
+
+#: The keys of recently read texts, by a digest of the text: the prompt, the
+#: signature, the style notes, examples and passages come back draft after draft, and
+#: reading them again was most of the check's cost (~0.7 ms a draft). Bounded (least
+#: recently used out), thread-safe (checks run in worker threads); a digest rather than
+#: the text itself, so a long text is not kept alive by the cache.
+_CACHE_SIZE = 1024
+_cache: OrderedDict[bytes, frozenset[str]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _text_keys(text: str) -> frozenset[str]:
+    """:func:`_read_keys` of ``text``, from the cache when it was read lately."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    with _cache_lock:
+        found = _cache.get(digest)
+        if found is not None:
+            _cache.move_to_end(digest)
+            return found
+    found = _read_keys(text)
+    with _cache_lock:
+        _cache[digest] = found
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return found
+
+
+def _read_keys(text: str) -> frozenset[str]:
+    """The keys one source text supports (before :func:`source_keys` adds what its
+    dates imply, which needs every text's keys)."""
+    keys: set[str] = set()
+    for c in claims(text):
+        for part in c.parts:
+            keys |= part
+    for m in _NUM.finditer(text):
+        n = value(m.group(0))
+        if n is not None:
+            keys.add(f"num:{canonical(n)}")
+    for token in re.findall(r"[A-Za-z0-9][A-Za-z0-9-]*", text):
+        if any(ch.isdigit() for ch in token):
+            keys.add("ref:" + token.replace("-", "").upper())
+    for a, b in _DAY_RANGE.findall(text):
+        first, last = _day(a), _day(b)
+        for i in range(7):
+            day = (first + i) % 7
+            keys.add(f"wd:{day}")
+            if day == last:
+                break
+    return frozenset(keys)
 
 
 def _day(name: str) -> int:
