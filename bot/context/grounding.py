@@ -27,7 +27,7 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from .numbers import NUMBER, canonical, value
 
@@ -100,6 +100,7 @@ _WEEKDAY = re.compile(r"\b(" + "|".join(_WEEKDAYS) + r")s?\b", _I)
 _DAY_ABBR = {"mo": 0, "mon": 0, "di": 1, "tue": 1, "tues": 1, "mi": 2, "wed": 2, "do": 3,
              "thu": 3, "thurs": 3, "fr": 4, "fri": 4, "sa": 5, "sat": 5, "so": 6, "sun": 6}
 _DAY_ANY = "|".join([*_WEEKDAYS, *_DAY_ABBR])
+_DIGIT_RUN = re.compile(r"(?<![A-Za-z0-9-])[A-Za-z0-9-]*[0-9][A-Za-z0-9-]*")
 _DAY_RANGE = re.compile(rf"\b({_DAY_ANY})\.?\s?(?:-|–|to|bis|through)\s?({_DAY_ANY})\b\.?", _I)
 
 
@@ -221,6 +222,9 @@ _READERS = [
     ("duration", _DURATION, _duration),
     ("weekday", _WEEKDAY, lambda m: [frozenset({f"wd:{_WEEKDAYS[m.group(1).lower()]}"})]),
     ("reference", _REF, _ref), ("number", _NUM, _number)]
+#: What a source is read with: plain numbers are read on their own, all of them
+#: (:func:`_read_keys`), which covers what the "number" reader would add.
+_SOURCE_READERS = [r for r in _READERS if r[0] != "number"]
 
 
 def _url(text: str) -> str:
@@ -230,9 +234,22 @@ def _url(text: str) -> str:
 
 def claims(text: str) -> list[Claim]:
     """The checkable claims of ``text`` in reading order, each once."""
+    found = [(m.start(), Claim(" ".join(m.group(0).split()).rstrip(".,;:"), kind, tuple(parts)))
+             for kind, m, parts in _read(text, _READERS)]
+    seen: set[tuple[frozenset[str], ...]] = set()
+    out = []
+    for _, c in sorted(found, key=lambda f: f[0]):
+        if c.parts not in seen:
+            seen.add(c.parts)
+            out.append(c)
+    return out
+
+
+def _read(text: str, readers: list) -> Iterator[tuple[str, re.Match, list[frozenset[str]]]]:
+    """Each match of ``readers`` in ``text`` that reads as a claim (kind, match, parts),
+    in the readers' order; a span taken by one is not read again."""
     taken = bytearray(len(text))
-    found: list[tuple[int, Claim]] = []
-    for kind, pattern, read in _READERS:
+    for kind, pattern, read in readers:
         for m in pattern.finditer(text):
             start, end = m.span()
             if end == start or any(taken[start:end]):
@@ -241,15 +258,7 @@ def claims(text: str) -> list[Claim]:
             if not parts:
                 continue
             taken[start:end] = b"\x01" * (end - start)
-            found.append((start, Claim(" ".join(m.group(0).split()).rstrip(".,;:"), kind,
-                                       tuple(parts))))
-    seen: set[tuple[frozenset[str], ...]] = set()
-    out = []
-    for _, c in sorted(found, key=lambda f: f[0]):
-        if c.parts not in seen:
-            seen.add(c.parts)
-            out.append(c)
-    return out
+            yield kind, m, parts
 
 
 def source_keys(texts: Iterable[str]) -> set[str]:
@@ -297,16 +306,18 @@ def _read_keys(text: str) -> frozenset[str]:
     """The keys one source text supports (before :func:`source_keys` adds what its
     dates imply, which needs every text's keys)."""
     keys: set[str] = set()
-    for c in claims(text):
-        for part in c.parts:
+    # The claims' keys, but for plain numbers: the last reader, and every number is
+    # read below anyway (one scan for them, not two).
+    for _, _, parts in _read(text, _SOURCE_READERS):
+        for part in parts:
             keys |= part
     for m in _NUM.finditer(text):
         n = value(m.group(0))
         if n is not None:
             keys.add(f"num:{canonical(n)}")
-    for token in re.findall(r"[A-Za-z0-9][A-Za-z0-9-]*", text):
-        if any(ch.isdigit() for ch in token):
-            keys.add("ref:" + token.replace("-", "").upper())
+    # Every run of [A-Za-z0-9-] with a digit in it, whole (one scan, no test per word).
+    for token in _DIGIT_RUN.findall(text):
+        keys.add("ref:" + token.replace("-", "").upper())
     for a, b in _DAY_RANGE.findall(text):
         first, last = _day(a), _day(b)
         for i in range(7):
