@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from .numbers import NUMBER, canonical, value
 
@@ -97,6 +100,7 @@ _WEEKDAY = re.compile(r"\b(" + "|".join(_WEEKDAYS) + r")s?\b", _I)
 _DAY_ABBR = {"mo": 0, "mon": 0, "di": 1, "tue": 1, "tues": 1, "mi": 2, "wed": 2, "do": 3,
              "thu": 3, "thurs": 3, "fr": 4, "fri": 4, "sa": 5, "sat": 5, "so": 6, "sun": 6}
 _DAY_ANY = "|".join([*_WEEKDAYS, *_DAY_ABBR])
+_DIGIT_RUN = re.compile(r"(?<![A-Za-z0-9-])[A-Za-z0-9-]*[0-9][A-Za-z0-9-]*")
 _DAY_RANGE = re.compile(rf"\b({_DAY_ANY})\.?\s?(?:-|–|to|bis|through)\s?({_DAY_ANY})\b\.?", _I)
 
 
@@ -218,6 +222,9 @@ _READERS = [
     ("duration", _DURATION, _duration),
     ("weekday", _WEEKDAY, lambda m: [frozenset({f"wd:{_WEEKDAYS[m.group(1).lower()]}"})]),
     ("reference", _REF, _ref), ("number", _NUM, _number)]
+#: What a source is read with: plain numbers are read on their own, all of them
+#: (:func:`_read_keys`), which covers what the "number" reader would add.
+_SOURCE_READERS = [r for r in _READERS if r[0] != "number"]
 
 
 def _url(text: str) -> str:
@@ -227,19 +234,8 @@ def _url(text: str) -> str:
 
 def claims(text: str) -> list[Claim]:
     """The checkable claims of ``text`` in reading order, each once."""
-    taken = bytearray(len(text))
-    found: list[tuple[int, Claim]] = []
-    for kind, pattern, read in _READERS:
-        for m in pattern.finditer(text):
-            start, end = m.span()
-            if end == start or any(taken[start:end]):
-                continue
-            parts = read(m)
-            if not parts:
-                continue
-            taken[start:end] = b"\x01" * (end - start)
-            found.append((start, Claim(" ".join(m.group(0).split()).rstrip(".,;:"), kind,
-                                       tuple(parts))))
+    found = [(m.start(), Claim(" ".join(m.group(0).split()).rstrip(".,;:"), kind, tuple(parts)))
+             for kind, m, parts in _read(text, _READERS)]
     seen: set[tuple[frozenset[str], ...]] = set()
     out = []
     for _, c in sorted(found, key=lambda f: f[0]):
@@ -249,36 +245,87 @@ def claims(text: str) -> list[Claim]:
     return out
 
 
+def _read(text: str, readers: list) -> Iterator[tuple[str, re.Match, list[frozenset[str]]]]:
+    """Each match of ``readers`` in ``text`` that reads as a claim (kind, match, parts),
+    in the readers' order; a span taken by one is not read again."""
+    taken = bytearray(len(text))
+    for kind, pattern, read in readers:
+        for m in pattern.finditer(text):
+            start, end = m.span()
+            if end == start or any(taken[start:end]):
+                continue
+            parts = read(m)
+            if not parts:
+                continue
+            taken[start:end] = b"\x01" * (end - start)
+            yield kind, m, parts
+
+
 def source_keys(texts: Iterable[str]) -> set[str]:
     """Every key the sources support: their claims' keys, and more loosely every
     number and every token with a digit in it (an order number said without "#"), and
     the days of a range of weekdays ("Mo–Fr")."""
     keys: set[str] = set()
     for text in texts:
-        if not text:
-            continue
-        for c in claims(text):
-            for part in c.parts:
-                keys |= part
-        for m in _NUM.finditer(text):
-            n = value(m.group(0))
-            if n is not None:
-                keys.add(f"num:{canonical(n)}")
-        for token in re.findall(r"[A-Za-z0-9][A-Za-z0-9-]*", text):
-            if any(ch.isdigit() for ch in token):
-                keys.add("ref:" + token.replace("-", "").upper())
-        for a, b in _DAY_RANGE.findall(text):
-            first, last = _day(a), _day(b)
-            for i in range(7):
-                day = (first + i) % 7
-                keys.add(f"wd:{day}")
-                if day == last:
-                    break
+        if text:
+            keys |= _text_keys(text)
     for k in [k for k in keys if k.startswith("date:") and k.count("-") == 2]:
         keys.add("date:" + k[10:])  # "12 March" is supported by "12 March 2026"
         with contextlib.suppress(ValueError):  # and "Thursday" by the date it falls on
             keys.add(f"wd:{datetime.date.fromisoformat(k[5:]).weekday()}")
     return keys
+
+
+#: The keys of recently read texts, by a digest of the text: the prompt, the
+#: signature, the style notes, examples and passages come back draft after draft, and
+#: reading them again was most of the check's cost (~0.7 ms a draft). Bounded (least
+#: recently used out), thread-safe (checks run in worker threads); a digest rather than
+#: the text itself, so a long text is not kept alive by the cache.
+_CACHE_SIZE = 1024
+_cache: OrderedDict[bytes, frozenset[str]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _text_keys(text: str) -> frozenset[str]:
+    """:func:`_read_keys` of ``text``, from the cache when it was read lately."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    with _cache_lock:
+        found = _cache.get(digest)
+        if found is not None:
+            _cache.move_to_end(digest)
+            return found
+    found = _read_keys(text)
+    with _cache_lock:
+        _cache[digest] = found
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return found
+
+
+def _read_keys(text: str) -> frozenset[str]:
+    """The keys one source text supports (before :func:`source_keys` adds what its
+    dates imply, which needs every text's keys)."""
+    keys: set[str] = set()
+    # The claims' keys, but for plain numbers: the last reader, and every number is
+    # read below anyway (one scan for them, not two).
+    for _, _, parts in _read(text, _SOURCE_READERS):
+        for part in parts:
+            keys |= part
+    for m in _NUM.finditer(text):
+        n = value(m.group(0))
+        if n is not None:
+            keys.add(f"num:{canonical(n)}")
+    # Every run of [A-Za-z0-9-] with a digit in it, whole (one scan, no test per word).
+    for token in _DIGIT_RUN.findall(text):
+        keys.add("ref:" + token.replace("-", "").upper())
+    for a, b in _DAY_RANGE.findall(text):
+        first, last = _day(a), _day(b)
+        for i in range(7):
+            day = (first + i) % 7
+            keys.add(f"wd:{day}")
+            if day == last:
+                break
+    return frozenset(keys)
 
 
 def _day(name: str) -> int:

@@ -57,3 +57,23 @@ def test_a_claim_found_nowhere_is_named_as_the_draft_wrote_it():
 def test_text_without_claims_has_nothing_to_flag():
     """Plain words and single digits are no claims."""
     assert unsupported("Thanks, I have passed this on to our 2 colleagues.", []) == []
+
+
+def test_a_source_read_again_comes_from_the_cache_with_the_same_keys(monkeypatch):
+    """The keys of a text read lately are kept (bounded, by a digest of the text):
+    the same keys as a first reading, and a caller's set is its own to change."""
+    from bot.context import grounding
+
+    monkeypatch.setattr(grounding, "_cache", type(grounding._cache)())
+    monkeypatch.setattr(grounding, "_CACHE_SIZE", 3)
+    sources = ["Refunds take 14 days.", "Call +49 30 1234567 Mo-Fr 9-17 Uhr.", "On 12 March 2026."]
+    first = grounding.source_keys(sources)
+    first.add("num:999")
+    again = grounding.source_keys(sources)
+    assert "num:999" not in again
+    assert again == {k for k in first if k != "num:999"}
+    assert "wd:3" in again  # 12 March 2026 is a Thursday: derived after the union
+    assert len(grounding._cache) == 3
+    grounding.source_keys(["Order 4711.", "Order 4712."])
+    assert len(grounding._cache) == 3  # the oldest out
+    assert unsupported("within 14 days, order 4711", sources + ["Order 4711."]) == []
