@@ -58,7 +58,7 @@ def _trie(words: list[str]) -> str:
 #: One number word (the longest that fits, so "twenty-five" wins over "twenty").
 WORD = _trie(list(WORDS))
 #: A number in digits: "25", "25,00", "1.234,50", "1,234.50", "1 234" (thin groups).
-DIGITS = r"\d{1,3}(?:[.,\u202f\u00a0 ]\d{3})+(?:[.,]\d{1,2})?(?!\d)|\d+(?:[.,]\d{1,2}(?!\d))?"
+DIGITS = r"(?<!\d)(?:\d{1,3}(?:[.,\u202f\u00a0 ]\d{3})+(?:[.,]\d{1,2})?(?!\d)|\d+(?:[.,]\d{1,2}(?!\d))?)"
 #: Either form.
 NUMBER = rf"(?:{DIGITS}|\b{WORD}\b)"
 

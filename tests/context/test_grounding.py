@@ -77,3 +77,22 @@ def test_a_source_read_again_comes_from_the_cache_with_the_same_keys(monkeypatch
     grounding.source_keys(["Order 4711.", "Order 4712."])
     assert len(grounding._cache) == 3  # the oldest out
     assert unsupported("within 14 days, order 4711", sources + ["Order 4711."]) == []
+
+
+@pytest.mark.parametrize("text", ["1" * 8000, "1." * 4000, "1-" * 4000, "a-" * 4000,
+                                  "a." * 4000, "1a-" * 2666, "a.b@" * 2000, "1/" * 4000],
+                         ids=["digits", "digit-dots", "digit-hyphens", "letter-hyphens",
+                              "letter-dots", "tokens", "at-signs", "slashes"])
+def test_a_hostile_email_is_read_in_linear_time(text):
+    """An email cut to max_input (8,000 characters) but made of one long run of digits,
+    dots or hyphens once cost 1-24 s of CPU per draft (patterns retried from every
+    position); each is now read in a few hundredths of a second. CPU time, not wall
+    time, with a bound 10x above what it takes, so a busy machine does not fail it."""
+    import time
+
+    from bot.context.grounding import source_keys
+
+    start = time.process_time()
+    claims(text)
+    source_keys([text + " "])  # another text: not the cache's
+    assert time.process_time() - start < 1.0
